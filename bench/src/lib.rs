@@ -1,0 +1,1 @@
+//! rustccl-bench (being written).

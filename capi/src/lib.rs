@@ -1,0 +1,1 @@
+//! rustccl-capi (being written).

@@ -1,0 +1,1 @@
+//! Device backends (being written).

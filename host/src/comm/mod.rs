@@ -1,0 +1,1 @@
+//! Communicator (being written).

@@ -1,0 +1,10 @@
+//! rustccl: a GPU collective-communication library (the system NCCL and RCCL are), with a
+//! host-memory backend for CPU tensors and CI.
+//!
+//! Modules follow NCCL's split: [`bootstrap`] (rendezvous and out-of-band messages between
+//! ranks), [`comm`] (the communicator lifecycle), [`backend`] (device backends behind one
+//! trait), plus the cross-cutting [`error`], [`params`], [`config`] and [`log`].
+
+pub mod error;
+pub mod params;
+pub mod version;

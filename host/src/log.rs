@@ -1,0 +1,1 @@
+//! Logging (being written).

@@ -1,0 +1,39 @@
+//! Version numbers: the NCCL ABI rustccl presents, and the wire protocol its ranks speak.
+
+/// NCCL's version code for `major.minor.patch` (NCCL_VERSION in nccl.h).
+pub const fn nccl_version(major: i32, minor: i32, patch: i32) -> i32 {
+    if major > 2 || (major == 2 && minor > 8) {
+        major * 10000 + minor * 100 + patch
+    } else {
+        major * 1000 + minor * 100 + patch
+    }
+}
+
+/// The NCCL version whose ABI rustccl presents (2.28.9); `ncclGetVersion` returns it.
+pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 28, 9);
+
+/// rustccl's own version, as the crate says it.
+pub const RUSTCCL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Version of the bootstrap wire protocol; ranks with different values refuse each other.
+pub const WIRE_PROTOCOL: u32 = 1;
+
+/// The version a rank announces to its peers at init: rustccl's version and the wire protocol.
+/// `RUSTCCL_TEST_VERSION_OVERRIDE` replaces it, so that tests can start a mismatched rank.
+pub fn announced_version() -> String {
+    match std::env::var("RUSTCCL_TEST_VERSION_OVERRIDE") {
+        Ok(v) if !v.is_empty() => v,
+        _ => format!("rustccl {RUSTCCL_VERSION} (nccl abi {NCCL_VERSION_CODE}, wire {WIRE_PROTOCOL})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn version_code_matches_nccl_formula() {
+        assert_eq!(NCCL_VERSION_CODE, 22809);
+        assert_eq!(nccl_version(2, 8, 4), 2804);
+        assert_eq!(nccl_version(2, 14, 0), 21400);
+    }
+}

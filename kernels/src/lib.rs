@@ -1,0 +1,1 @@
+//! rustccl-kernels (being written).

@@ -1,0 +1,1 @@
+//! rustccl-plugin-api (being written).

@@ -1,0 +1,1 @@
+//! rustccl-net-ib (being written).

@@ -1,0 +1,1 @@
+//! rustccl-net-socket (being written).

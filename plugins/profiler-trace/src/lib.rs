@@ -1,0 +1,1 @@
+//! rustccl-profiler-trace (being written).

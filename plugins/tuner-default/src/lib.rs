@@ -1,0 +1,1 @@
+//! rustccl-tuner-default (being written).

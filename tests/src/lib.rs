@@ -1,0 +1,1 @@
+//! rustccl-tests (being written).
