@@ -1,1 +1,330 @@
-//! Config (being written).
+//! Communicator configuration: [`CommConfig`] mirrors `ncclConfig_t` field for field (an
+//! unset int is [`UNDEF_INT`], as `NCCL_CONFIG_UNDEF_INT`), and [`CommConfig::resolve`]
+//! validates it, fills defaults and merges the environment into a [`ResolvedConfig`].
+//!
+//! Precedence: a field the caller set wins; the environment (`NCCL_COMM_BLOCKING`, ...)
+//! applies to fields left unset; defaults fill the rest. Where the environment disagrees with
+//! a value the caller set, the log says which one was kept.
+
+use crate::error::{Error, Result};
+use crate::params;
+use crate::version::{nccl_version, NCCL_VERSION_CODE};
+
+/// `NCCL_CONFIG_UNDEF_INT`: the value of an int field the caller did not set.
+pub const UNDEF_INT: i32 = i32::MIN;
+/// `ncclConfig_t.magic` of a config made by `NCCL_CONFIG_INITIALIZER`.
+pub const CONFIG_MAGIC: u32 = 0xcafe_beef;
+/// Most channels (CTAs) a collective may use.
+pub const MAX_CHANNELS: i32 = 64;
+/// Largest CGA cluster size.
+pub const MAX_CGA_CLUSTER_SIZE: i32 = 8;
+
+/// `ncclConfig_t` (NCCL 2.28's `ncclConfig_v22800`), with strings as Rust strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommConfig {
+    pub magic: u32,
+    pub version: u32,
+    pub blocking: i32,
+    pub cga_cluster_size: i32,
+    pub min_ctas: i32,
+    pub max_ctas: i32,
+    pub net_name: Option<String>,
+    pub split_share: i32,
+    pub traffic_class: i32,
+    pub comm_name: Option<String>,
+    pub collnet_enable: i32,
+    pub cta_policy: i32,
+    pub shrink_share: i32,
+    pub nvls_ctas: i32,
+    pub n_channels_per_net_peer: i32,
+    pub nvlink_centric_sched: i32,
+}
+
+impl Default for CommConfig {
+    /// `NCCL_CONFIG_INITIALIZER`.
+    fn default() -> Self {
+        CommConfig {
+            magic: CONFIG_MAGIC,
+            version: NCCL_VERSION_CODE as u32,
+            blocking: UNDEF_INT,
+            cga_cluster_size: UNDEF_INT,
+            min_ctas: UNDEF_INT,
+            max_ctas: UNDEF_INT,
+            net_name: None,
+            split_share: UNDEF_INT,
+            traffic_class: UNDEF_INT,
+            comm_name: None,
+            collnet_enable: UNDEF_INT,
+            cta_policy: UNDEF_INT,
+            shrink_share: UNDEF_INT,
+            nvls_ctas: UNDEF_INT,
+            n_channels_per_net_peer: UNDEF_INT,
+            nvlink_centric_sched: UNDEF_INT,
+        }
+    }
+}
+
+/// A configuration with every field decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedConfig {
+    pub blocking: bool,
+    pub cga_cluster_size: i32,
+    pub min_ctas: i32,
+    pub max_ctas: i32,
+    pub net_name: Option<String>,
+    pub split_share: bool,
+    /// `None`: the network's default traffic class.
+    pub traffic_class: Option<i32>,
+    pub comm_name: Option<String>,
+    pub collnet_enable: bool,
+    pub cta_policy: i32,
+    pub shrink_share: bool,
+    /// `None`: chosen by the planner.
+    pub nvls_ctas: Option<i32>,
+    pub n_channels_per_net_peer: Option<i32>,
+    pub nvlink_centric_sched: bool,
+}
+
+/// Source of environment values; the real one reads the process environment, tests give maps.
+pub trait EnvSource {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment, through [`params::env_str`] (which logs values the user set).
+pub struct ProcessEnv;
+
+impl EnvSource for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        params::env_str(name)
+    }
+}
+
+fn check_flag(name: &str, v: i32) -> Result<()> {
+    if v == UNDEF_INT || v == 0 || v == 1 {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(format!("config.{name} = {v}: must be 0 or 1")))
+    }
+}
+
+fn check_positive(name: &str, v: i32) -> Result<()> {
+    if v == UNDEF_INT || v > 0 {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(format!("config.{name} = {v}: must be positive")))
+    }
+}
+
+/// Picks the caller's value when set, else the environment's, else the default; logs when the
+/// environment was overruled by the caller.
+fn pick(
+    env: &dyn EnvSource,
+    field: &str,
+    user: i32,
+    var: &str,
+    default: i32,
+    env_ok: impl Fn(i64) -> bool,
+) -> i32 {
+    let from_env = env.get(var).and_then(|v| match v.trim().parse::<i64>() {
+        Ok(n) if env_ok(n) => Some(n as i32),
+        _ => {
+            tracing::info!(target: "ENV", "{var}={v:?} is not a valid value for {field}; ignored");
+            None
+        }
+    });
+    match (user != UNDEF_INT, from_env) {
+        (true, Some(e)) if e != user => {
+            tracing::info!(target: "ENV", "{var}={e} ignored: config.{field} = {user} was set by the caller");
+            user
+        }
+        (true, _) => user,
+        (false, Some(e)) => e,
+        (false, None) => default,
+    }
+}
+
+impl CommConfig {
+    /// The defaults of a non-blocking communicator.
+    pub fn non_blocking() -> CommConfig {
+        CommConfig { blocking: 0, ..CommConfig::default() }
+    }
+
+    /// Validates the caller's fields, then merges the environment and defaults.
+    pub fn resolve(&self) -> Result<ResolvedConfig> {
+        self.resolve_with(&ProcessEnv)
+    }
+
+    pub fn resolve_with(&self, env: &dyn EnvSource) -> Result<ResolvedConfig> {
+        if self.magic != CONFIG_MAGIC {
+            return Err(Error::invalid_argument(format!(
+                "config magic is {:#x}, expected {CONFIG_MAGIC:#x}: the ncclConfig_t was not initialised with NCCL_CONFIG_INITIALIZER",
+                self.magic
+            )));
+        }
+        let mut c = self.clone();
+        // Fields that did not exist in the caller's NCCL version take their defaults.
+        if (c.version as i32) < nccl_version(2, 14, 0) {
+            c.blocking = UNDEF_INT;
+        }
+        if (c.version as i32) < nccl_version(2, 17, 0) {
+            c.cga_cluster_size = UNDEF_INT;
+            c.min_ctas = UNDEF_INT;
+            c.max_ctas = UNDEF_INT;
+            c.net_name = None;
+        }
+        check_flag("blocking", c.blocking)?;
+        check_flag("splitShare", c.split_share)?;
+        check_flag("collnetEnable", c.collnet_enable)?;
+        check_flag("shrinkShare", c.shrink_share)?;
+        check_flag("nvlinkCentricSched", c.nvlink_centric_sched)?;
+        if c.cga_cluster_size != UNDEF_INT && c.cga_cluster_size < 0 {
+            return Err(Error::invalid_argument(format!(
+                "config.cgaClusterSize = {}: must not be negative",
+                c.cga_cluster_size
+            )));
+        }
+        check_positive("minCTAs", c.min_ctas)?;
+        check_positive("maxCTAs", c.max_ctas)?;
+        check_positive("nvlsCTAs", c.nvls_ctas)?;
+        check_positive("nChannelsPerNetPeer", c.n_channels_per_net_peer)?;
+        if c.min_ctas != UNDEF_INT && c.max_ctas != UNDEF_INT && c.min_ctas > c.max_ctas {
+            return Err(Error::invalid_argument(format!(
+                "config.minCTAs = {} is larger than config.maxCTAs = {}",
+                c.min_ctas, c.max_ctas
+            )));
+        }
+        if c.traffic_class != UNDEF_INT && c.traffic_class < 0 {
+            return Err(Error::invalid_argument(format!(
+                "config.trafficClass = {}: must not be negative",
+                c.traffic_class
+            )));
+        }
+        if !matches!(c.cta_policy, UNDEF_INT | 0 | 1 | 2) {
+            return Err(Error::invalid_argument(format!(
+                "config.CTAPolicy = {}: must be NCCL_CTA_POLICY_DEFAULT, _EFFICIENCY or _ZERO",
+                c.cta_policy
+            )));
+        }
+
+        let flag = |v: i64| v == 0 || v == 1;
+        let blocking = pick(env, "blocking", c.blocking, "NCCL_COMM_BLOCKING", 1, flag) == 1;
+        let split_share =
+            pick(env, "splitShare", c.split_share, "NCCL_COMM_SPLIT_SHARE_RESOURCES", 0, flag) == 1;
+        let shrink_share =
+            pick(env, "shrinkShare", c.shrink_share, "NCCL_COMM_SHRINK_SHARE_RESOURCES", 0, flag) == 1;
+        let cga = pick(env, "cgaClusterSize", c.cga_cluster_size, "NCCL_CGA_CLUSTER_SIZE", 4, |v| v >= 0);
+        let positive = |v: i64| v > 0;
+        let mut min_ctas = pick(env, "minCTAs", c.min_ctas, "NCCL_MIN_CTAS", 1, positive);
+        let mut max_ctas = pick(env, "maxCTAs", c.max_ctas, "NCCL_MAX_CTAS", MAX_CHANNELS, positive);
+        let cga_cluster_size = if cga > MAX_CGA_CLUSTER_SIZE {
+            tracing::info!(target: "INIT", "cgaClusterSize {cga} is larger than {MAX_CGA_CLUSTER_SIZE}; using {MAX_CGA_CLUSTER_SIZE}");
+            MAX_CGA_CLUSTER_SIZE
+        } else {
+            cga
+        };
+        if max_ctas > MAX_CHANNELS {
+            tracing::info!(target: "INIT", "maxCTAs {max_ctas} is larger than {MAX_CHANNELS}; using {MAX_CHANNELS}");
+            max_ctas = MAX_CHANNELS;
+        }
+        if min_ctas > max_ctas {
+            tracing::info!(target: "INIT", "minCTAs {min_ctas} is larger than maxCTAs {max_ctas}; using {max_ctas}");
+            min_ctas = max_ctas;
+        }
+        let net_name = match (&c.net_name, env.get("NCCL_NET")) {
+            (Some(user), Some(e)) if &e != user => {
+                tracing::info!(target: "ENV", "NCCL_NET={e} ignored: config.netName = {user} was set by the caller");
+                Some(user.clone())
+            }
+            (Some(user), _) => Some(user.clone()),
+            (None, e) => e,
+        };
+        let undef_to_none = |v: i32| if v == UNDEF_INT { None } else { Some(v) };
+        Ok(ResolvedConfig {
+            blocking,
+            cga_cluster_size,
+            min_ctas,
+            max_ctas,
+            net_name,
+            split_share,
+            traffic_class: undef_to_none(c.traffic_class),
+            comm_name: c.comm_name.clone(),
+            collnet_enable: c.collnet_enable == 1,
+            cta_policy: if c.cta_policy == UNDEF_INT { 0 } else { c.cta_policy },
+            shrink_share,
+            nvls_ctas: undef_to_none(c.nvls_ctas),
+            n_channels_per_net_peer: undef_to_none(c.n_channels_per_net_peer),
+            nvlink_centric_sched: c.nvlink_centric_sched == 1,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct MapEnv(HashMap<&'static str, &'static str>);
+    impl EnvSource for MapEnv {
+        fn get(&self, name: &str) -> Option<String> {
+            self.0.get(name).map(|s| s.to_string())
+        }
+    }
+    fn env(pairs: &[(&'static str, &'static str)]) -> MapEnv {
+        MapEnv(pairs.iter().cloned().collect())
+    }
+
+    #[test]
+    fn defaults() {
+        let r = CommConfig::default().resolve_with(&env(&[])).unwrap();
+        assert!(r.blocking);
+        assert_eq!((r.cga_cluster_size, r.min_ctas, r.max_ctas), (4, 1, MAX_CHANNELS));
+        assert!(!r.split_share);
+        assert_eq!(r.net_name, None);
+    }
+
+    #[test]
+    fn bad_magic_and_bad_values_are_invalid_arguments() {
+        let bad = CommConfig { magic: 0, ..Default::default() };
+        let e = bad.resolve_with(&env(&[])).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::InvalidArgument);
+        assert!(e.message.contains("NCCL_CONFIG_INITIALIZER"));
+        for c in [
+            CommConfig { blocking: 2, ..Default::default() },
+            CommConfig { split_share: -1, ..Default::default() },
+            CommConfig { cga_cluster_size: -3, ..Default::default() },
+            CommConfig { min_ctas: 0, ..Default::default() },
+            CommConfig { min_ctas: 8, max_ctas: 4, ..Default::default() },
+            CommConfig { cta_policy: 7, ..Default::default() },
+        ] {
+            assert_eq!(c.resolve_with(&env(&[])).unwrap_err().code, crate::error::ResultCode::InvalidArgument, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn min_ctas_alone_is_accepted() {
+        // NCCL compares minCTAs with an unset maxCTAs (INT_MIN) and refuses; we do not.
+        let r = CommConfig { min_ctas: 4, ..Default::default() }.resolve_with(&env(&[])).unwrap();
+        assert_eq!((r.min_ctas, r.max_ctas), (4, MAX_CHANNELS));
+    }
+
+    #[test]
+    fn env_fills_unset_fields_but_caller_wins() {
+        let e = env(&[("NCCL_COMM_BLOCKING", "0"), ("NCCL_NET", "Socket"), ("NCCL_MAX_CTAS", "100")]);
+        let r = CommConfig::default().resolve_with(&e).unwrap();
+        assert!(!r.blocking);
+        assert_eq!(r.net_name.as_deref(), Some("Socket"));
+        assert_eq!(r.max_ctas, MAX_CHANNELS, "capped");
+        let user = CommConfig { blocking: 1, net_name: Some("IB".into()), ..Default::default() };
+        let r = user.resolve_with(&e).unwrap();
+        assert!(r.blocking);
+        assert_eq!(r.net_name.as_deref(), Some("IB"));
+    }
+
+    #[test]
+    fn old_versions_ignore_newer_fields() {
+        let old = CommConfig { version: 21300, blocking: 0, min_ctas: 3, ..Default::default() };
+        let r = old.resolve_with(&env(&[])).unwrap();
+        assert!(r.blocking, "blocking did not exist before 2.14");
+        assert_eq!(r.min_ctas, 1, "minCTAs did not exist before 2.17");
+    }
+}

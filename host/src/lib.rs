@@ -5,6 +5,9 @@
 //! ranks), [`comm`] (the communicator lifecycle), [`backend`] (device backends behind one
 //! trait), plus the cross-cutting [`error`], [`params`], [`config`] and [`log`].
 
+pub mod bootstrap;
+pub mod config;
 pub mod error;
+pub mod log;
 pub mod params;
 pub mod version;

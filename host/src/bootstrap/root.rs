@@ -1,0 +1,348 @@
+//! The root of a rendezvous: a thread started by `ncclGetUniqueId` (or by rank 0 when
+//! `NCCL_COMM_ID` is set) that collects every rank's address and hands out the table.
+//!
+//! With several ids (`ncclCommInitRankScalable`) each root serves a contiguous subset of the
+//! ranks; the lowest rank of each subset (its leader) reports the subset to root 0, receives
+//! the whole table and passes it back through its own root, which forwards it.
+//!
+//! Whatever goes wrong (a rank that never arrives, ranks that disagree about the size,
+//! two processes claiming one rank, mismatched versions), every rank that did arrive receives
+//! a `Fail` message saying what, so each fails with the same clear error.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::ops::Range;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::id::Secret;
+use super::wire::{Cancel, Conn};
+use crate::error::{Error, Result, ResultCode};
+
+/// Largest control message a root accepts.
+pub const MAX_CONTROL_BYTES: u64 = 16 << 20;
+/// How long an accepted connection has to prove the secret and say what it wants.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a rank tells the others about itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub rank: u32,
+    /// Where its peer listener accepts connections.
+    pub listen: SocketAddr,
+    pub version: String,
+    /// Identity of its host (ranks with equal hashes share a node).
+    pub host_hash: u64,
+    pub hostname: String,
+    pub pid: u32,
+    pub device: i32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum RootMsg {
+    /// Rank → its root.
+    Register { nranks: u32, n_ids: u32, root_index: u32, info: PeerInfo },
+    /// Leader of subset `root_index` → root 0.
+    Report { nranks: u32, n_ids: u32, root_index: u32, peers: Vec<PeerInfo> },
+    /// Root k → the leader of its subset.
+    Subset { peers: Vec<PeerInfo> },
+    /// The whole table, to every rank.
+    Table { peers: Vec<PeerInfo> },
+    /// The rendezvous failed; `code` is an `ncclResult_t` value.
+    Fail { code: i32, message: String },
+}
+
+/// The ranks that root `k` of `n_ids` serves.
+pub fn subset(nranks: u32, n_ids: u32, k: u32) -> Range<u32> {
+    let start = (k as u64 * nranks as u64 / n_ids as u64) as u32;
+    let end = ((k as u64 + 1) * nranks as u64 / n_ids as u64) as u32;
+    start..end
+}
+
+/// Which root serves `rank`.
+pub fn root_of(nranks: u32, n_ids: u32, rank: u32) -> u32 {
+    (0..n_ids).find(|&k| subset(nranks, n_ids, k).contains(&rank)).unwrap_or(0)
+}
+
+/// Starts a root thread on `listener`. It waits without limit for the first rank; from then
+/// on the others have `timeout` to arrive.
+pub fn spawn(listener: TcpListener, secret: Secret, timeout: Duration) -> Result<()> {
+    listener.set_nonblocking(true).map_err(|e| Error::io("bootstrap root listener", &e))?;
+    let addr = listener.local_addr().map_err(|e| Error::io("bootstrap root listener", &e))?;
+    std::thread::Builder::new()
+        .name("rustccl-root".into())
+        .spawn(move || {
+            Root::new(secret, timeout, addr).run(listener);
+        })
+        .map_err(|e| Error::io("starting the bootstrap root thread", &e))?;
+    tracing::info!(target: "BOOTSTRAP", "Bootstrap root listening on {addr}");
+    Ok(())
+}
+
+struct Expect {
+    nranks: u32,
+    n_ids: u32,
+    root_index: u32,
+}
+
+struct Root {
+    secret: Secret,
+    timeout: Duration,
+    addr: SocketAddr,
+    deadline: Option<Instant>,
+    expect: Option<Expect>,
+    members: BTreeMap<u32, (Conn, PeerInfo)>,
+    reports: BTreeMap<u32, (Conn, Vec<PeerInfo>)>,
+}
+
+fn fail(conn: &mut Conn, code: ResultCode, message: &str) {
+    let cancel = Cancel::after(Duration::from_secs(2), "bootstrap root: sending a failure");
+    let _ = conn.send_json(&RootMsg::Fail { code: code as i32, message: message.to_string() }, &cancel);
+}
+
+impl Root {
+    fn new(secret: Secret, timeout: Duration, addr: SocketAddr) -> Root {
+        Root { secret, timeout, addr, deadline: None, expect: None, members: BTreeMap::new(), reports: BTreeMap::new() }
+    }
+
+    fn run(mut self, listener: TcpListener) {
+        let (tx, rx) = mpsc::channel::<(Conn, RootMsg)>();
+        loop {
+            match listener.accept() {
+                Ok((stream, from)) => self.spawn_handshake(stream, from, tx.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: accept failed: {e}", self.addr),
+            }
+            match rx.recv_timeout(Duration::from_millis(10)) {
+                Ok((conn, msg)) => {
+                    if let Err(e) = self.on_message(conn, msg) {
+                        self.fail_all(e.code, &e.message);
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => unreachable!("the root holds a sender"),
+            }
+            if self.complete() {
+                if let Err(e) = self.finish() {
+                    self.fail_all(e.code, &e.message);
+                }
+                return;
+            }
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                let message = self.timeout_message();
+                self.fail_all(ResultCode::RemoteError, &message);
+                return;
+            }
+        }
+    }
+
+    /// Handshake and first message on a thread of their own, so that a slow or silent
+    /// connection cannot hold up the rendezvous.
+    fn spawn_handshake(&self, stream: std::net::TcpStream, from: SocketAddr, tx: mpsc::Sender<(Conn, RootMsg)>) {
+        let secret = self.secret;
+        let addr = self.addr;
+        let _ = std::thread::Builder::new().name("rustccl-root-hs".into()).spawn(move || {
+            let cancel = Cancel::after(HANDSHAKE_TIMEOUT, "bootstrap root handshake");
+            let result = (|| {
+                let _ = stream.set_nonblocking(false);
+                let mut conn = Conn::new(stream, MAX_CONTROL_BYTES)?;
+                conn.challenge(&secret, &cancel)?;
+                let msg: RootMsg = conn.recv_json(&cancel)?;
+                Ok::<_, Error>((conn, msg))
+            })();
+            match result {
+                Ok(pair) => {
+                    let _ = tx.send(pair);
+                }
+                Err(e) => tracing::warn!(
+                    target: "BOOTSTRAP",
+                    "Bootstrap root {addr}: dropped connection from {from}: {}", e.message
+                ),
+            }
+        });
+    }
+
+    fn start_clock(&mut self) {
+        if self.deadline.is_none() {
+            self.deadline = Some(Instant::now() + self.timeout);
+        }
+    }
+
+    /// Checks that a rank's view of the communicator agrees with what the root expects.
+    fn check_shape(&mut self, nranks: u32, n_ids: u32, root_index: u32, who: &str) -> Result<()> {
+        if nranks == 0 || n_ids == 0 || n_ids > nranks || root_index >= n_ids {
+            return Err(Error::invalid_argument(format!(
+                "{who} announced an impossible shape: nranks {nranks}, {n_ids} ids, root index {root_index}"
+            )));
+        }
+        match &self.expect {
+            None => {
+                self.expect = Some(Expect { nranks, n_ids, root_index });
+                Ok(())
+            }
+            Some(e) if e.nranks != nranks || e.n_ids != n_ids => Err(Error::invalid_usage(format!(
+                "ranks disagree about the communicator: {who} says nranks={nranks} with {n_ids} id(s), others said nranks={} with {} id(s)",
+                e.nranks, e.n_ids
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn on_message(&mut self, mut conn: Conn, msg: RootMsg) -> Result<()> {
+        self.start_clock();
+        match msg {
+            RootMsg::Register { nranks, n_ids, root_index, info } => {
+                let who = format!("rank {} (pid {} on {})", info.rank, info.pid, info.hostname);
+                self.check_shape(nranks, n_ids, root_index, &who)?;
+                let mine = self.expect.as_ref().map(|e| e.root_index).unwrap_or(0);
+                if root_index != mine || !subset(nranks, n_ids, mine).contains(&info.rank) {
+                    return Err(Error::invalid_usage(format!(
+                        "{who} registered with root {root_index}, but root {mine} serves ranks {:?}; ranks were given the ids in different orders",
+                        subset(nranks, n_ids, mine)
+                    )));
+                }
+                if let Some((_, other)) = self.members.get(&info.rank) {
+                    return Err(Error::invalid_usage(format!(
+                        "two processes claim rank {}: pid {} on {} and pid {} on {}",
+                        info.rank, other.pid, other.hostname, info.pid, info.hostname
+                    )));
+                }
+                tracing::debug!(target: "BOOTSTRAP", "Bootstrap root {}: {who} joined", self.addr);
+                self.members.insert(info.rank, (conn, info));
+            }
+            RootMsg::Report { nranks, n_ids, root_index, peers } => {
+                let who = format!("the leader of root {root_index}");
+                self.check_shape(nranks, n_ids, 0, &who)?;
+                if self.expect.as_ref().map(|e| e.root_index) != Some(0) || root_index == 0 {
+                    fail(&mut conn, ResultCode::InvalidUsage, "only root 0 collects subset reports");
+                    return Ok(());
+                }
+                let want: Vec<u32> = subset(nranks, n_ids, root_index).collect();
+                let got: Vec<u32> = peers.iter().map(|p| p.rank).collect();
+                if want != got || self.reports.contains_key(&root_index) {
+                    return Err(Error::invalid_usage(format!(
+                        "{who} reported ranks {got:?}, expected {want:?} once"
+                    )));
+                }
+                self.reports.insert(root_index, (conn, peers));
+            }
+            other => {
+                tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: dropped {} which sent {other:?} first", self.addr, conn.peer());
+            }
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        let Some(e) = &self.expect else { return false };
+        let members_done = self.members.len() == subset(e.nranks, e.n_ids, e.root_index).len();
+        let reports_done = e.root_index != 0 || self.reports.len() as u32 == e.n_ids - 1;
+        members_done && reports_done
+    }
+
+    fn timeout_message(&self) -> String {
+        let Some(e) = &self.expect else { return "bootstrap root timed out".into() };
+        let range = subset(e.nranks, e.n_ids, e.root_index);
+        let missing: Vec<u32> = range.clone().filter(|r| !self.members.contains_key(r)).collect();
+        let shown: Vec<String> = missing.iter().take(16).map(|r| r.to_string()).collect();
+        let mut msg = format!(
+            "bootstrap: {} of {} ranks joined within {:.1}s (RUSTCCL_BOOTSTRAP_TIMEOUT); rank(s) {}{} never arrived at the root {}; check that every rank was started with the same unique id and can reach that address",
+            self.members.len(),
+            range.len(),
+            self.timeout.as_secs_f64(),
+            shown.join(", "),
+            if missing.len() > 16 { ", ..." } else { "" },
+            self.addr
+        );
+        if e.root_index == 0 && e.n_ids > 1 {
+            let missing_roots: Vec<u32> = (1..e.n_ids).filter(|k| !self.reports.contains_key(k)).collect();
+            if !missing_roots.is_empty() {
+                msg.push_str(&format!("; subsets of roots {missing_roots:?} never reported"));
+            }
+        }
+        msg
+    }
+
+    fn fail_all(&mut self, code: ResultCode, message: &str) {
+        tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: {message}", self.addr);
+        for (conn, _) in self.members.values_mut() {
+            fail(conn, code, message);
+        }
+        for (conn, _) in self.reports.values_mut() {
+            fail(conn, code, message);
+        }
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let e = self.expect.as_ref().expect("complete() implies a shape");
+        let mut all: Vec<PeerInfo> = self.members.values().map(|(_, i)| i.clone()).collect();
+        for (_, peers) in self.reports.values() {
+            all.extend(peers.iter().cloned());
+        }
+        all.sort_by_key(|p| p.rank);
+        if let Some(first) = all.first() {
+            if let Some(odd) = all.iter().find(|p| p.version != first.version) {
+                return Err(Error::invalid_usage(format!(
+                    "version mismatch: rank {} runs \"{}\" but rank {} runs \"{}\"; every rank must use the same rustccl",
+                    first.rank, first.version, odd.rank, odd.version
+                )));
+            }
+        }
+        let cancel = Cancel::after(self.timeout, "bootstrap root: sending the table");
+        if e.root_index == 0 {
+            let table = RootMsg::Table { peers: all };
+            for (conn, _) in self.members.values_mut() {
+                conn.send_json(&table, &cancel)?;
+            }
+            for (conn, _) in self.reports.values_mut() {
+                conn.send_json(&table, &cancel)?;
+            }
+            return Ok(());
+        }
+        // Root k: the leader takes the subset to root 0 and brings the table back.
+        let leader = *self.members.keys().next().expect("a complete subset is not empty");
+        let (conn, _) = self.members.get_mut(&leader).unwrap();
+        conn.send_json(&RootMsg::Subset { peers: all }, &cancel)?;
+        let reply: RootMsg = conn.recv_json(&cancel).map_err(|e| e.context("waiting for the subset leader"))?;
+        match reply {
+            RootMsg::Table { .. } => {
+                for (rank, (conn, _)) in self.members.iter_mut() {
+                    if *rank != leader {
+                        conn.send_json(&reply, &cancel)?;
+                    }
+                }
+                Ok(())
+            }
+            RootMsg::Fail { code, message } => {
+                Err(Error::new(ResultCode::from_i32(code).unwrap_or(ResultCode::RemoteError), message))
+            }
+            other => Err(Error::remote(format!("subset leader sent {other:?} instead of the table"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsets_cover_every_rank_once() {
+        for nranks in 1..40u32 {
+            for n_ids in 1..=nranks.min(9) {
+                let mut seen = vec![0; nranks as usize];
+                for k in 0..n_ids {
+                    let s = subset(nranks, n_ids, k);
+                    assert!(!s.is_empty(), "nranks {nranks} ids {n_ids} root {k}");
+                    for r in s {
+                        seen[r as usize] += 1;
+                        assert_eq!(root_of(nranks, n_ids, r), k);
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1));
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The bootstrap wire: framed messages over TCP, every read and write bounded by a deadline
+//! and interruptible by a stop flag, and the handshake by which a connecting side proves it
+//! knows the unique id's secret.
+//!
+//! A frame is a 16-byte header (magic `RCF1`, kind as u32 LE, payload length as u64 LE) and
+//! the payload. The accepting side sends a 16-byte nonce (a `Challenge` frame); the connecting
+//! side answers with HMAC-SHA256(secret, context || nonce) (a `Proof` frame). A peer that
+//! answers wrongly, sends garbage, or stops half-way is dropped.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use super::id::{random_bytes, Secret};
+use crate::error::{Error, Result};
+
+const FRAME_MAGIC: &[u8; 4] = b"RCF1";
+const HEADER_BYTES: usize = 16;
+/// How often a blocked read or write wakes up to look at the stop flags and the deadline.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+const PROOF_CONTEXT: &[u8] = b"rustccl bootstrap proof v1";
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Kind {
+    Challenge = 1,
+    Proof = 2,
+    /// JSON control message (rendezvous).
+    Control = 3,
+    /// First frame of a peer connection: the sender's rank (u32 LE).
+    Hello = 4,
+    /// Peer data: tag (u64 LE) followed by the bytes.
+    Data = 5,
+    /// The sender closes this connection on purpose (its communicator is being destroyed).
+    Bye = 6,
+    /// The sender saw a rank fail: rank (u32 LE) followed by a UTF-8 reason.
+    PeerFailed = 7,
+}
+
+impl Kind {
+    fn from_u32(v: u32) -> Option<Kind> {
+        use Kind::*;
+        Some(match v {
+            1 => Challenge,
+            2 => Proof,
+            3 => Control,
+            4 => Hello,
+            5 => Data,
+            6 => Bye,
+            7 => PeerFailed,
+            _ => return None,
+        })
+    }
+}
+
+/// When a blocking wait must give up: a deadline, and flags that stop it early.
+#[derive(Clone, Copy)]
+pub struct Cancel<'a> {
+    pub deadline: Instant,
+    /// Set when the communicator is aborted.
+    pub abort: Option<&'a AtomicBool>,
+    /// Set when the communicator is revoked.
+    pub revoked: Option<&'a AtomicBool>,
+    /// What is being waited for, for the timeout message.
+    pub what: &'a str,
+}
+
+impl<'a> Cancel<'a> {
+    pub fn after(timeout: Duration, what: &'a str) -> Cancel<'a> {
+        Cancel { deadline: Instant::now() + timeout, abort: None, revoked: None, what }
+    }
+
+    /// An error if the wait must stop now.
+    pub fn check(&self) -> Result<()> {
+        if self.abort.is_some_and(|f| f.load(Ordering::Acquire)) {
+            return Err(Error::invalid_usage(format!("{}: the communicator was aborted", self.what)));
+        }
+        if self.revoked.is_some_and(|f| f.load(Ordering::Acquire)) {
+            return Err(Error::invalid_usage(format!("{}: the communicator was revoked", self.what)));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(Error::remote(format!(
+                "{}: timed out (RUSTCCL_BOOTSTRAP_TIMEOUT sets the limit)",
+                self.what
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// One framed TCP connection.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    max_payload: u64,
+}
+
+impl Conn {
+    /// Wraps a connected stream; payloads larger than `max_payload` are refused.
+    pub fn new(stream: TcpStream, max_payload: u64) -> Result<Conn> {
+        let peer = stream.peer_addr().map_err(|e| Error::io("peer address", &e))?;
+        stream.set_nodelay(true).map_err(|e| Error::io("TCP_NODELAY", &e))?;
+        stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| Error::io("read timeout", &e))?;
+        stream.set_write_timeout(Some(POLL_INTERVAL)).map_err(|e| Error::io("write timeout", &e))?;
+        Ok(Conn { stream, peer, max_payload })
+    }
+
+    /// Connects to `addr`, retrying refused connections (the listener may not be up yet)
+    /// until the deadline.
+    pub fn connect(addr: SocketAddr, max_payload: u64, cancel: &Cancel) -> Result<Conn> {
+        loop {
+            cancel.check().map_err(|e| e.context(format!("connecting to {addr}")))?;
+            let step = cancel.remaining().min(Duration::from_secs(2)).max(Duration::from_millis(10));
+            match TcpStream::connect_timeout(&addr, step) {
+                Ok(s) => return Conn::new(s, max_payload),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::WouldBlock | ErrorKind::Interrupted
+                    ) =>
+                {
+                    std::thread::sleep(POLL_INTERVAL.min(cancel.remaining()));
+                }
+                Err(e) => return Err(Error::io(format!("connecting to {addr}"), &e)),
+            }
+        }
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub fn try_clone(&self) -> Result<Conn> {
+        let stream = self.stream.try_clone().map_err(|e| Error::io("cloning a socket", &e))?;
+        Ok(Conn { stream, peer: self.peer, max_payload: self.max_payload })
+    }
+
+    /// Closes both directions now; a thread blocked on this connection wakes up.
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn read_exact(&mut self, mut buf: &mut [u8], cancel: &Cancel, started: bool) -> Result<()> {
+        let mut got_any = started;
+        while !buf.is_empty() {
+            match self.stream.read(buf) {
+                Ok(0) => {
+                    return Err(Error::remote(if got_any {
+                        format!("{}: connection from {} closed in the middle of a message", cancel.what, self.peer)
+                    } else {
+                        format!("{}: connection from {} closed", cancel.what, self.peer)
+                    }))
+                }
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    got_any = true;
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    cancel.check()?
+                }
+                Err(e) => return Err(Error::remote(format!("{}: reading from {}: {e}", cancel.what, self.peer))),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_all(&mut self, mut buf: &[u8], cancel: &Cancel) -> Result<()> {
+        while !buf.is_empty() {
+            match self.stream.write(buf) {
+                Ok(0) => return Err(Error::remote(format!("{}: {} stopped accepting data", cancel.what, self.peer))),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    cancel.check()?
+                }
+                Err(e) => return Err(Error::remote(format!("{}: writing to {}: {e}", cancel.what, self.peer))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one frame made of `parts` concatenated.
+    pub fn send(&mut self, kind: Kind, parts: &[&[u8]], cancel: &Cancel) -> Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut header = [0u8; HEADER_BYTES];
+        header[0..4].copy_from_slice(FRAME_MAGIC);
+        header[4..8].copy_from_slice(&(kind as u32).to_le_bytes());
+        header[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        if len <= 64 * 1024 {
+            // Small frames go out in one write.
+            let mut buf = Vec::with_capacity(HEADER_BYTES + len);
+            buf.extend_from_slice(&header);
+            parts.iter().for_each(|p| buf.extend_from_slice(p));
+            return self.write_all(&buf, cancel);
+        }
+        self.write_all(&header, cancel)?;
+        for p in parts {
+            self.write_all(p, cancel)?;
+        }
+        Ok(())
+    }
+
+    /// Receives one frame. A frame with a bad magic, an unknown kind or an oversized length is
+    /// a protocol error (the caller drops the connection).
+    pub fn recv(&mut self, cancel: &Cancel) -> Result<(Kind, Vec<u8>)> {
+        let mut header = [0u8; HEADER_BYTES];
+        self.read_exact(&mut header, cancel, false)?;
+        if &header[0..4] != FRAME_MAGIC {
+            return Err(Error::remote(format!("{}: {} sent bytes that are not a rustccl frame", cancel.what, self.peer)));
+        }
+        let raw_kind = u32::from_le_bytes(header[4..8].try_into().unwrap());
+        let kind = Kind::from_u32(raw_kind).ok_or_else(|| {
+            Error::remote(format!("{}: {} sent a frame of unknown kind {raw_kind}", cancel.what, self.peer))
+        })?;
+        let len = u64::from_le_bytes(header[8..16].try_into().unwrap());
+        if len > self.max_payload {
+            return Err(Error::remote(format!(
+                "{}: {} announced a {len}-byte message, more than the {} allowed here",
+                cancel.what, self.peer, self.max_payload
+            )));
+        }
+        let mut payload = vec![0u8; len as usize];
+        self.read_exact(&mut payload, cancel, true)?;
+        Ok((kind, payload))
+    }
+
+    /// Receives a frame that must be of `kind`.
+    pub fn expect(&mut self, kind: Kind, cancel: &Cancel) -> Result<Vec<u8>> {
+        let (got, payload) = self.recv(cancel)?;
+        if got != kind {
+            return Err(Error::remote(format!("{}: {} sent {got:?} where {kind:?} was expected", cancel.what, self.peer)));
+        }
+        Ok(payload)
+    }
+
+    /// Sends a JSON control message.
+    pub fn send_json<T: serde::Serialize>(&mut self, msg: &T, cancel: &Cancel) -> Result<()> {
+        let bytes = serde_json::to_vec(msg).map_err(|e| Error::internal(format!("encoding a message: {e}")))?;
+        self.send(Kind::Control, &[&bytes], cancel)
+    }
+
+    /// Receives a JSON control message; one that does not parse is a protocol error.
+    pub fn recv_json<T: serde::de::DeserializeOwned>(&mut self, cancel: &Cancel) -> Result<T> {
+        let payload = self.expect(Kind::Control, cancel)?;
+        serde_json::from_slice(&payload)
+            .map_err(|e| Error::remote(format!("{}: {} sent a malformed message: {e}", cancel.what, self.peer)))
+    }
+
+    /// Accepting side of the handshake: challenges the peer and checks its proof.
+    pub fn challenge(&mut self, secret: &Secret, cancel: &Cancel) -> Result<()> {
+        let nonce: [u8; 16] = random_bytes()?;
+        self.send(Kind::Challenge, &[&nonce], cancel)?;
+        let proof = self.expect(Kind::Proof, cancel)?;
+        proof_mac(secret, &nonce)
+            .verify_slice(&proof).map_err(|_| {
+            Error::remote(format!("{}: {} does not know the unique id's secret", cancel.what, self.peer))
+        })
+    }
+
+    /// Connecting side of the handshake: answers the challenge.
+    pub fn prove(&mut self, secret: &Secret, cancel: &Cancel) -> Result<()> {
+        let nonce = self.expect(Kind::Challenge, cancel)?;
+        if nonce.len() != 16 {
+            return Err(Error::remote(format!("{}: {} sent a malformed challenge", cancel.what, self.peer)));
+        }
+        let proof = proof_mac(secret, &nonce).finalize().into_bytes();
+        self.send(Kind::Proof, &[&proof], cancel)
+    }
+}
+
+fn proof_mac(secret: &Secret, nonce: &[u8]) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(PROOF_CONTEXT);
+    mac.update(nonce);
+    mac
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair() -> (Conn, Conn) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = Conn::connect(addr, 1 << 20, &Cancel::after(Duration::from_secs(5), "test")).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, Conn::new(s, 1 << 20).unwrap())
+    }
+
+    #[test]
+    fn frames_round_trip_small_and_large() {
+        let (mut a, mut b) = pair();
+        let cancel = Cancel::after(Duration::from_secs(5), "test");
+        let big = vec![0xabu8; 300_000];
+        let t = std::thread::spawn(move || {
+            let c = Cancel::after(Duration::from_secs(5), "test");
+            a.send(Kind::Data, &[b"tag12345", b"hello"], &c).unwrap();
+            a.send(Kind::Data, &[&big], &c).unwrap();
+        });
+        assert_eq!(b.recv(&cancel).unwrap(), (Kind::Data, b"tag12345hello".to_vec()));
+        let (k, p) = b.recv(&cancel).unwrap();
+        assert_eq!((k, p.len(), p[299_999]), (Kind::Data, 300_000, 0xab));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn handshake_accepts_right_secret_and_refuses_wrong_one() {
+        for (client_secret, ok) in [([1u8; 16], true), ([2u8; 16], false)] {
+            let (mut c, mut s) = pair();
+            let t = std::thread::spawn(move || {
+                let cancel = Cancel::after(Duration::from_secs(5), "client");
+                c.prove(&client_secret, &cancel)
+            });
+            let r = s.challenge(&[1u8; 16], &Cancel::after(Duration::from_secs(5), "server"));
+            assert_eq!(r.is_ok(), ok, "{r:?}");
+            if !ok {
+                assert!(r.unwrap_err().message.contains("does not know the unique id's secret"));
+            }
+            t.join().unwrap().unwrap();
+        }
+    }
+
+    #[test]
+    fn garbage_truncation_and_oversize_are_errors_not_hangs() {
+        let cancel = Cancel::after(Duration::from_secs(5), "test");
+        // Garbage.
+        let (c, mut s) = pair();
+        let mut raw = c.stream.try_clone().unwrap();
+        raw.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        assert!(s.recv(&cancel).unwrap_err().message.contains("not a rustccl frame"));
+        // Truncated: a header announcing 100 bytes, then 3 bytes and close.
+        let (c, mut s) = pair();
+        let mut raw = c.stream.try_clone().unwrap();
+        let mut h = Vec::from(&FRAME_MAGIC[..]);
+        h.extend_from_slice(&(Kind::Data as u32).to_le_bytes());
+        h.extend_from_slice(&100u64.to_le_bytes());
+        h.extend_from_slice(b"abc");
+        raw.write_all(&h).unwrap();
+        drop(raw);
+        drop(c);
+        assert!(s.recv(&cancel).unwrap_err().message.contains("middle of a message"));
+        // Oversized length.
+        let (c, mut s) = pair();
+        let mut raw = c.stream.try_clone().unwrap();
+        let mut h = Vec::from(&FRAME_MAGIC[..]);
+        h.extend_from_slice(&(Kind::Data as u32).to_le_bytes());
+        h.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        raw.write_all(&h).unwrap();
+        assert!(s.recv(&cancel).unwrap_err().message.contains("announced"));
+    }
+
+    #[test]
+    fn silent_peer_times_out_and_abort_stops_wait() {
+        let (_c, mut s) = pair();
+        let t0 = Instant::now();
+        let e = s.recv(&Cancel::after(Duration::from_millis(200), "waiting")).unwrap_err();
+        assert!(e.message.contains("timed out"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        let flag = AtomicBool::new(true);
+        let cancel = Cancel { abort: Some(&flag), ..Cancel::after(Duration::from_secs(60), "waiting") };
+        let e = s.recv(&cancel).unwrap_err();
+        assert!(e.message.contains("aborted"));
+    }
+}
