@@ -5,9 +5,17 @@
 //! ranks), [`comm`] (the communicator lifecycle), [`backend`] (device backends behind one
 //! trait), plus the cross-cutting [`error`], [`params`], [`config`] and [`log`].
 
+pub mod backend;
 pub mod bootstrap;
+pub mod comm;
 pub mod config;
 pub mod error;
 pub mod log;
 pub mod params;
+pub mod types;
 pub mod version;
+
+pub use bootstrap::UniqueId;
+pub use comm::{get_unique_id, Communicator, ShrinkFlags, SPLIT_NOCOLOR};
+pub use config::CommConfig;
+pub use error::{Error, Result, ResultCode};

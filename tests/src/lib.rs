@@ -1,1 +1,191 @@
-//! rustccl-tests (being written).
+//! Harness for multi-rank tests: starts ranks as separate processes of the `rank-worker`
+//! program (or as threads), feeds them a unique id, and collects what each printed, killing
+//! any process that outlives its time limit, so that a hang fails a test instead of hanging it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How one rank process ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub rank: i32,
+    /// `None` when it was killed for running too long.
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+    /// Lines the worker printed as `RESULT <text>`.
+    pub fn results(&self) -> Vec<&str> {
+        self.stdout.lines().filter_map(|l| l.strip_prefix("RESULT ")).collect()
+    }
+    /// The `ERROR <code> <message>` line, if the worker printed one.
+    pub fn error(&self) -> Option<(String, String)> {
+        let line = self.stdout.lines().find_map(|l| l.strip_prefix("ERROR "))?;
+        let (code, msg) = line.split_once(' ').unwrap_or((line, ""));
+        Some((code.to_string(), msg.to_string()))
+    }
+}
+
+/// One running rank process.
+pub struct RankProc {
+    pub rank: i32,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+/// Path of the worker program: `RUSTCCL_RANK_WORKER` if set, else the one cargo builds next
+/// to the test executables (`target/<profile>/rank-worker`, tests live in `.../deps/`).
+pub fn worker_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("RUSTCCL_RANK_WORKER") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current executable");
+    let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("exe dir");
+    let path = dir.join("rank-worker");
+    assert!(path.exists(), "{} does not exist; build it with `cargo build -p rustccl-tests`", path.display());
+    path
+}
+
+/// Environment every rank gets unless a test overrides it: loopback for the bootstrap (the
+/// tests run on one machine) and warnings in the log.
+pub fn base_env() -> Vec<(String, String)> {
+    vec![("NCCL_SOCKET_IFNAME".into(), "lo".into()), ("NCCL_DEBUG".into(), "WARN".into())]
+}
+
+/// Starts `rank-worker <scenario> <nranks> <rank> <ids>` for each rank in `ranks`.
+pub fn spawn(scenario: &str, nranks: i32, ranks: &[i32], ids: &str, env: &[(&str, &str)]) -> Vec<RankProc> {
+    ranks.iter().map(|&rank| spawn_one(scenario, nranks, rank, ids, env)).collect()
+}
+
+pub fn spawn_one(scenario: &str, nranks: i32, rank: i32, ids: &str, env: &[(&str, &str)]) -> RankProc {
+    let mut cmd = Command::new(worker_path());
+    cmd.args([scenario, &nranks.to_string(), &rank.to_string(), ids]);
+    for (k, v) in base_env() {
+        cmd.env(k, v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start rank-worker");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let stdin = child.stdin.take();
+    RankProc { rank, child, stdin, lines, seen: Vec::new(), stderr }
+}
+
+impl RankProc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits until the process prints `line`; false if it does not within `timeout`.
+    pub fn wait_line(&mut self, line: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        if self.seen.iter().any(|l| l == line) {
+            return true;
+        }
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l == line;
+                    self.seen.push(l);
+                    if hit {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Writes a line to the process's standard input.
+    pub fn tell(&mut self, line: &str) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            let _ = writeln!(stdin, "{line}");
+            let _ = stdin.flush();
+        }
+    }
+
+    pub fn sigkill(&mut self) {
+        // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGKILL);
+        }
+    }
+
+    /// Waits for the process to end, killing it after `timeout`.
+    pub fn finish(mut self, timeout: Duration) -> Outcome {
+        let deadline = Instant::now() + timeout;
+        drop(self.stdin.take());
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+            }
+        };
+        // The reader thread ends at EOF, after the process exits.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.seen.push(l);
+        }
+        let stderr = self.stderr.join().unwrap_or_default();
+        Outcome { rank: self.rank, status, stdout: self.seen.join("\n"), stderr }
+    }
+}
+
+/// Waits for every process, each within `timeout` of now.
+pub fn finish_all(procs: Vec<RankProc>, timeout: Duration) -> Vec<Outcome> {
+    let deadline = Instant::now() + timeout;
+    procs
+        .into_iter()
+        .map(|p| p.finish(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100))))
+        .collect()
+}
+
+/// Panics with every rank's output unless all succeeded.
+pub fn assert_all_ok(outcomes: &[Outcome]) {
+    for o in outcomes {
+        assert!(o.ok(), "rank {} failed ({:?})\nstdout:\n{}\nstderr:\n{}", o.rank, o.status, o.stdout, o.stderr);
+    }
+}
+
+/// Ids as the worker takes them: hex, comma-separated.
+pub fn ids_arg(ids: &[rustccl::UniqueId]) -> String {
+    ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>().join(",")
+}
+
+/// Makes a unique id in this process (its root thread runs here) on loopback.
+pub fn new_id() -> rustccl::UniqueId {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    rustccl::get_unique_id().expect("get_unique_id")
+}

@@ -46,6 +46,12 @@ pub fn get_unique_id() -> Result<UniqueId> {
         let addr = netif::parse_socket_addr(env.trim()).map_err(|e| e.context("NCCL_COMM_ID"))?;
         return Ok(UniqueId::from_comm_id_env(env.trim(), addr));
     }
+    create_root_id()
+}
+
+/// Starts a root with a fresh secret on the bootstrap interface and returns its id (what
+/// `get_unique_id` does without `NCCL_COMM_ID`; split and shrink use it for their children).
+pub fn create_root_id() -> Result<UniqueId> {
     let iface = netif::bootstrap_interface()?;
     let (listener, addr) = peers::bind_listener(iface.addr)?;
     let secret = id::random_bytes()?;

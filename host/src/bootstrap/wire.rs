@@ -140,6 +140,11 @@ impl Conn {
         self.peer
     }
 
+    /// The underlying stream (tests use it to write what a broken peer would).
+    pub fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
     pub fn try_clone(&self) -> Result<Conn> {
         let stream = self.stream.try_clone().map_err(|e| Error::io("cloning a socket", &e))?;
         Ok(Conn { stream, peer: self.peer, max_payload: self.max_payload })

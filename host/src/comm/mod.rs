@@ -1,1 +1,320 @@
-//! Communicator (being written).
+//! The communicator and its lifecycle, as NCCL's `ncclComm_t`: init (blocking or not, one or
+//! several ids, several ranks in one process), split, shrink, revoke, finalize, destroy,
+//! abort, and the queries.
+//!
+//! States: `InProgress` while a non-blocking init runs, then `Ready` or `Failed`. Every call
+//! goes through [`Communicator::ready`] first, which refuses a destroyed, aborted, still
+//! initialising or failed communicator with the matching code and a message (kept as the
+//! communicator's and the process's last error).
+
+mod init;
+mod split;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+
+use crate::backend::DeviceBackend;
+use crate::bootstrap::{Bootstrap, StopFlags};
+use crate::config::{CommConfig, ResolvedConfig};
+use crate::error::{set_last_error, Error, Result, ResultCode};
+
+pub use init::get_unique_id;
+pub use split::ShrinkFlags;
+
+/// `NCCL_SPLIT_NOCOLOR`: a rank that passes it to split gets no communicator.
+pub const SPLIT_NOCOLOR: i32 = -1;
+
+/// Resources that split or shrunk children may share with their parent (`splitShare`,
+/// `shrinkShare`): the device backend and, in later issues, the proxy and its connections.
+#[derive(Debug)]
+pub struct SharedResources {
+    pub backend: Arc<dyn DeviceBackend>,
+}
+
+enum State {
+    InProgress,
+    Ready,
+    Failed(Error),
+}
+
+struct Inner {
+    rank: u32,
+    nranks: u32,
+    device: i32,
+    config: ResolvedConfig,
+    /// The caller's config, which children inherit when split or shrink gets none.
+    user_config: CommConfig,
+    comm_hash: u64,
+    stop: Arc<StopFlags>,
+    state: Mutex<State>,
+    bootstrap: OnceLock<Bootstrap>,
+    init_job: Mutex<Option<JoinHandle<()>>>,
+    finalized: AtomicBool,
+    destroyed: AtomicBool,
+    last_error: Mutex<String>,
+    shared: Arc<SharedResources>,
+    /// Number of splits and shrinks made from this communicator (all ranks count alike).
+    children: AtomicU64,
+}
+
+/// One rank's communicator.
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Communicator(rank {} of {}, device {}, hash {:016x})",
+            self.inner.rank, self.inner.nranks, self.inner.device, self.inner.comm_hash
+        )
+    }
+}
+
+impl Inner {
+    fn record(&self, e: Error) -> Error {
+        tracing::warn!(target: "INIT", "rank {}: {}", self.rank, e.message);
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = e.message.clone();
+        set_last_error(&e.message);
+        e
+    }
+}
+
+impl Communicator {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an error as this communicator's (and the process's) last error.
+    fn fail<T>(&self, e: Error) -> Result<T> {
+        Err(self.inner.record(e))
+    }
+
+    /// The gate of every call (NCCL's `ncclCommEnsureReady`).
+    fn ready(&self, what: &str) -> Result<&Bootstrap> {
+        if self.inner.destroyed.load(Ordering::Acquire) {
+            return self.fail(Error::invalid_argument(format!("{what}: the communicator has been destroyed")));
+        }
+        if self.inner.stop.abort.load(Ordering::Acquire) {
+            return self.fail(Error::invalid_usage(format!("{what}: the communicator was aborted")));
+        }
+        let state_error = match &*self.lock_state() {
+            State::InProgress => Some(Error::invalid_argument(format!(
+                "{what}: the communicator is still being initialised (non-blocking); poll async_error until it is no longer InProgress"
+            ))),
+            State::Failed(e) => Some(e.clone().context(format!("{what}: the communicator's initialisation failed"))),
+            State::Ready => None,
+        };
+        if let Some(e) = state_error {
+            return self.fail(e);
+        }
+        Ok(self.inner.bootstrap.get().expect("a ready communicator has a bootstrap"))
+    }
+
+    /// The gate of operations that move data: also refuses finalized, revoked and failed ones.
+    fn operational(&self, what: &str) -> Result<&Bootstrap> {
+        let bs = self.ready(what)?;
+        if self.inner.finalized.load(Ordering::Acquire) {
+            return self.fail(Error::invalid_usage(format!("{what}: the communicator was finalized")));
+        }
+        if self.inner.stop.revoked.load(Ordering::Acquire) {
+            return self.fail(Error::invalid_usage(format!("{what}: the communicator was revoked")));
+        }
+        if let Some(e) = bs.failure() {
+            return self.fail(e.context(what));
+        }
+        Ok(bs)
+    }
+
+    /// Runs a bootstrap operation, recording its error.
+    fn run<T>(&self, what: &str, op: impl FnOnce(&Bootstrap) -> Result<T>) -> Result<T> {
+        let _g = crate::log::rank_scope(self.inner.rank as i32);
+        let bs = self.operational(what)?;
+        op(bs).or_else(|e| self.fail(e.context(what)))
+    }
+
+    // --- Queries ---------------------------------------------------------------------------
+
+    /// `ncclCommCount`.
+    pub fn count(&self) -> Result<i32> {
+        self.ready("count")?;
+        Ok(self.inner.nranks as i32)
+    }
+
+    /// `ncclCommUserRank`.
+    pub fn user_rank(&self) -> Result<i32> {
+        self.ready("user_rank")?;
+        Ok(self.inner.rank as i32)
+    }
+
+    /// `ncclCommCuDevice`: the device this rank uses.
+    pub fn device(&self) -> Result<i32> {
+        self.ready("device")?;
+        Ok(self.inner.device)
+    }
+
+    /// `ncclCommGetAsyncError`: `InProgress` while a non-blocking init runs, then `Success`
+    /// or the error that ended it; a peer's failure shows here as `RemoteError`.
+    pub fn async_error(&self) -> ResultCode {
+        match &*self.lock_state() {
+            State::InProgress => return ResultCode::InProgress,
+            State::Failed(e) => return e.code,
+            State::Ready => {}
+        }
+        match self.inner.bootstrap.get().and_then(|b| b.failure()) {
+            Some(e) => e.code,
+            None => ResultCode::Success,
+        }
+    }
+
+    /// The error behind [`async_error`](Self::async_error), if any.
+    pub fn async_error_detail(&self) -> Option<Error> {
+        match &*self.lock_state() {
+            State::InProgress | State::Ready => {}
+            State::Failed(e) => return Some(e.clone()),
+        }
+        self.inner.bootstrap.get().and_then(|b| b.failure())
+    }
+
+    /// Waits until a non-blocking init has finished, and returns its result.
+    pub fn wait_ready(&self) -> Result<()> {
+        let job = self.inner.init_job.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(job) = job {
+            let _ = job.join();
+        }
+        match &*self.lock_state() {
+            State::Ready => Ok(()),
+            State::Failed(e) => Err(e.clone()),
+            State::InProgress => Err(Error::internal("init finished without a result")),
+        }
+    }
+
+    /// This communicator's last error message (empty when none).
+    pub fn last_error(&self) -> String {
+        self.inner.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The hash that names this communicator in logs.
+    pub fn hash(&self) -> u64 {
+        self.inner.comm_hash
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ResolvedConfig {
+        &self.inner.config
+    }
+
+    /// The device backend this communicator runs on.
+    pub fn backend(&self) -> &Arc<dyn DeviceBackend> {
+        &self.inner.shared.backend
+    }
+
+    /// Whether this communicator shares its resources with `other` (split with splitShare).
+    pub fn shares_resources_with(&self, other: &Communicator) -> bool {
+        Arc::ptr_eq(&self.inner.shared, &other.inner.shared)
+    }
+
+    /// Host identities of every rank, in rank order (ranks with equal values share a node).
+    pub fn host_hashes(&self) -> Result<Vec<u64>> {
+        Ok(self.ready("host_hashes")?.peers().iter().map(|p| p.host_hash).collect())
+    }
+
+    // --- Bootstrap operations ----------------------------------------------------------------
+
+    /// Blocks until every rank has entered the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        self.run("barrier", |bs| bs.barrier())
+    }
+
+    /// Every rank's bytes, in rank order.
+    pub fn allgather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.run("allgather", |bs| bs.allgather(mine))
+    }
+
+    /// Sends bytes to `peer` under `tag` (out-of-band, through the bootstrap network).
+    pub fn send_bytes(&self, peer: i32, tag: u64, data: &[u8]) -> Result<()> {
+        let peer = self.peer_index(peer)?;
+        self.run("send", |bs| bs.send(peer, tag, data))
+    }
+
+    /// Receives the next bytes `peer` sent under `tag`.
+    pub fn recv_bytes(&self, peer: i32, tag: u64) -> Result<Vec<u8>> {
+        let peer = self.peer_index(peer)?;
+        self.run("recv", |bs| bs.recv(peer, tag))
+    }
+
+    fn peer_index(&self, peer: i32) -> Result<u32> {
+        if peer < 0 || peer as u32 >= self.inner.nranks || peer as u32 == self.inner.rank {
+            return self.fail(Error::invalid_argument(format!(
+                "peer {peer} is not another rank of this {}-rank communicator",
+                self.inner.nranks
+            )));
+        }
+        Ok(peer as u32)
+    }
+
+    // --- End of life ---------------------------------------------------------------------------
+
+    /// `ncclCommRevoke`: stops operations in flight and refuses new ones; the communicator
+    /// can still be shrunk, finalized and destroyed.
+    pub fn revoke(&self, flags: i32) -> Result<()> {
+        if flags != 0 {
+            return self.fail(Error::invalid_argument(format!(
+                "revoke flags {flags:#x}: only NCCL_REVOKE_DEFAULT (0) is defined"
+            )));
+        }
+        self.ready("revoke")?;
+        self.inner.stop.revoked.store(true, Ordering::Release);
+        tracing::info!(target: "INIT", "rank {}: communicator {:016x} revoked", self.inner.rank, self.inner.comm_hash);
+        Ok(())
+    }
+
+    /// `ncclCommFinalize`: completes outstanding work; afterwards only destroy is allowed.
+    pub fn finalize(&self) -> Result<()> {
+        self.ready("finalize")?;
+        if self.inner.finalized.swap(true, Ordering::AcqRel) {
+            return self.fail(Error::invalid_argument("finalize: the communicator was already finalized"));
+        }
+        Ok(())
+    }
+
+    /// `ncclCommDestroy`: releases the communicator; peers are told, so they do not take
+    /// this for a failure. A second destroy is an invalid argument.
+    pub fn destroy(&self) -> Result<()> {
+        if self.inner.destroyed.swap(true, Ordering::AcqRel) {
+            return self.fail(Error::invalid_argument("destroy: the communicator has already been destroyed"));
+        }
+        let _ = self.wait_ready();
+        if let Some(bs) = self.inner.bootstrap.get() {
+            bs.close(true);
+        }
+        tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
+        Ok(())
+    }
+
+    /// `ncclCommAbort`: stops everything now, even with dead peers or a non-blocking init in
+    /// progress; always succeeds. Peers see this rank as failed.
+    pub fn abort(&self) -> Result<()> {
+        self.inner.stop.abort.store(true, Ordering::Release);
+        self.inner.destroyed.store(true, Ordering::Release);
+        if let Some(bs) = self.inner.bootstrap.get() {
+            bs.close(false);
+        }
+        let _ = self.wait_ready();
+        if let Some(bs) = self.inner.bootstrap.get() {
+            bs.close(false);
+        }
+        tracing::info!(target: "INIT", "rank {}: communicator {:016x} aborted", self.inner.rank, self.inner.comm_hash);
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(bs) = self.bootstrap.get() {
+            bs.close(!self.stop.abort.load(Ordering::Acquire));
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Creating communicators: one rank (`ncclCommInitRank[Config]`), one rank with several ids
+//! (`ncclCommInitRankScalable`), and every rank of one process (`ncclCommInitAll`).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::{Communicator, Inner, SharedResources, State};
+use crate::backend;
+use crate::bootstrap::{self, Bootstrap, JoinRequest, StopFlags, UniqueId};
+use crate::config::CommConfig;
+use crate::error::{Error, Result};
+
+/// Where a new communicator comes from.
+pub(super) struct Origin {
+    /// Resources to share with a parent, or `None` for fresh ones.
+    pub shared: Option<Arc<SharedResources>>,
+    /// The hash that names the communicator (the id's, or derived from the parent's).
+    pub comm_hash: u64,
+}
+
+/// `ncclGetUniqueId`.
+pub fn get_unique_id() -> Result<UniqueId> {
+    bootstrap::get_unique_id().map_err(|e| e.context("get_unique_id").record())
+}
+
+impl Communicator {
+    /// `ncclCommInitRank` on device 0 with the default config.
+    pub fn init_rank(nranks: i32, id: &UniqueId, rank: i32) -> Result<Communicator> {
+        Communicator::init_rank_config(nranks, id, rank, 0, &CommConfig::default())
+    }
+
+    /// `ncclCommInitRankConfig`: `device` is the device this rank uses.
+    pub fn init_rank_config(
+        nranks: i32,
+        id: &UniqueId,
+        rank: i32,
+        device: i32,
+        config: &CommConfig,
+    ) -> Result<Communicator> {
+        Communicator::init_rank_scalable(nranks, rank, std::slice::from_ref(id), device, config)
+    }
+
+    /// `ncclCommInitRankScalable`: the ranks are spread over `ids.len()` roots.
+    pub fn init_rank_scalable(
+        nranks: i32,
+        rank: i32,
+        ids: &[UniqueId],
+        device: i32,
+        config: &CommConfig,
+    ) -> Result<Communicator> {
+        crate::log::init();
+        let hash = ids.first().map(|id| id.hash()).unwrap_or(0);
+        Communicator::create(nranks, rank, ids, device, config, Origin { shared: None, comm_hash: hash })
+            .map_err(|e| e.context("init").record())
+    }
+
+    /// `ncclCommInitAll`: one communicator per device of `devices`, all in this process.
+    pub fn init_all(devices: &[i32]) -> Result<Vec<Communicator>> {
+        crate::log::init();
+        let result = (|| {
+            if devices.is_empty() {
+                return Err(Error::invalid_argument("init_all needs at least one device"));
+            }
+            let backend = backend::select_backend()?;
+            let count = backend.device_count()?;
+            let mut seen = HashSet::new();
+            for &d in devices {
+                if d < 0 || d as usize >= count {
+                    return Err(Error::invalid_argument(format!(
+                        "device {d} does not exist ({count} {} devices)",
+                        backend.kind()
+                    )));
+                }
+                if !seen.insert(d) {
+                    return Err(Error::invalid_usage(format!("device {d} appears twice in the device list")));
+                }
+            }
+            let id = bootstrap::create_root_id()?;
+            let n = devices.len() as i32;
+            let results: Vec<Result<Communicator>> = std::thread::scope(|s| {
+                let handles: Vec<_> = devices
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, &dev)| {
+                        s.spawn(move || {
+                            let origin = Origin { shared: None, comm_hash: id.hash() };
+                            Communicator::create(n, rank as i32, &[id], dev, &CommConfig::default(), origin)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("init thread panicked")))).collect()
+            });
+            let mut comms = Vec::with_capacity(results.len());
+            let mut first_err = None;
+            for r in results {
+                match r {
+                    Ok(c) => comms.push(c),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                for c in &comms {
+                    let _ = c.abort();
+                }
+                return Err(e);
+            }
+            Ok(comms)
+        })();
+        result.map_err(|e| e.context("init_all").record())
+    }
+
+    /// Validates the arguments, makes the communicator, and runs the bootstrap: inline when
+    /// blocking, on a thread of its own otherwise (the state says `InProgress` meanwhile).
+    pub(super) fn create(
+        nranks: i32,
+        rank: i32,
+        ids: &[UniqueId],
+        device: i32,
+        config: &CommConfig,
+        origin: Origin,
+    ) -> Result<Communicator> {
+        if nranks < 1 {
+            return Err(Error::invalid_argument(format!("nranks is {nranks}; it must be at least 1")));
+        }
+        if rank < 0 || rank >= nranks {
+            return Err(Error::invalid_argument(format!("rank {rank} is out of range for {nranks} ranks")));
+        }
+        if ids.is_empty() || ids.len() > nranks as usize {
+            return Err(Error::invalid_argument(format!(
+                "{} unique ids for {nranks} ranks: there must be between 1 and nranks",
+                ids.len()
+            )));
+        }
+        let resolved = config.resolve()?;
+        let shared = match origin.shared {
+            Some(s) => s,
+            None => Arc::new(SharedResources { backend: backend::select_backend()? }),
+        };
+        let count = shared.backend.device_count()?;
+        if device < 0 || device as usize >= count {
+            return Err(Error::invalid_argument(format!(
+                "device {device} does not exist ({count} {} devices)",
+                shared.backend.kind()
+            )));
+        }
+        if rank == 0 && ids.len() == 1 && crate::params::env_str("NCCL_COMM_ID").is_some() && origin.comm_hash == ids[0].hash() {
+            bootstrap::start_comm_id_root(&ids[0])?;
+        }
+        let blocking = resolved.blocking;
+        let inner = Arc::new(Inner {
+            rank: rank as u32,
+            nranks: nranks as u32,
+            device,
+            config: resolved,
+            user_config: config.clone(),
+            comm_hash: origin.comm_hash,
+            stop: Arc::new(StopFlags::default()),
+            state: Mutex::new(State::InProgress),
+            bootstrap: OnceLock::new(),
+            init_job: Mutex::new(None),
+            finalized: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
+            last_error: Mutex::new(String::new()),
+            shared,
+            children: AtomicU64::new(0),
+        });
+        let ids = ids.to_vec();
+        let job = {
+            let inner = Arc::clone(&inner);
+            move || run_init(&inner, &ids)
+        };
+        let comm = Communicator { inner };
+        if blocking {
+            job();
+            comm.wait_ready()?;
+        } else {
+            let handle = std::thread::Builder::new()
+                .name("rustccl-init".into())
+                .spawn(job)
+                .map_err(|e| Error::io("starting the init thread", &e))?;
+            *comm.inner.init_job.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        }
+        Ok(comm)
+    }
+}
+
+/// The body of init: bootstrap, then publish the result in the state.
+fn run_init(inner: &Inner, ids: &[UniqueId]) {
+    let _g = crate::log::rank_scope(inner.rank as i32);
+    let req = JoinRequest { ids, nranks: inner.nranks, rank: inner.rank, device: inner.device };
+    let result = Bootstrap::init(&req, Arc::clone(&inner.stop));
+    let mut state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+    match result {
+        Ok(bs) => {
+            let _ = inner.bootstrap.set(bs);
+            *state = State::Ready;
+            tracing::info!(
+                target: "INIT",
+                "comm {:016x} rank {} nranks {} device {} ({}) - Init COMPLETE",
+                inner.comm_hash, inner.rank, inner.nranks, inner.device, inner.shared.backend.kind()
+            );
+        }
+        Err(e) => {
+            let e = inner.record(e);
+            *state = State::Failed(e);
+        }
+    }
+}
