@@ -1,1 +1,277 @@
-//! Device backends (being written).
+//! Device backends behind one trait, [`DeviceBackend`] (the shape of wgpu-hal's `Api`): the
+//! rest of rustccl allocates, copies, synchronises, shares memory between processes and runs
+//! [`LocalPlan`]s only through it, so nothing of one backend leaks into another.
+//!
+//! Backends: [`host::HostBackend`] (host memory and CPU threads; CI and CPU tensors). CUDA
+//! (driver API: addresses are `CUdeviceptr`s, streams `CUstream`s, events `CUevent`s) and HIP
+//! are added by later issues; the handle types here are plain 64-bit values so those handles
+//! fit unchanged. [`select_backend`] picks one from `RUSTCCL_BACKEND`.
+
+pub mod handle;
+pub mod host;
+pub mod plan;
+pub mod share;
+
+use std::sync::Arc;
+
+pub use handle::{DevicePtr, Event, HostMapped, Stream};
+pub use host::HostBackend;
+pub use plan::{Access, LocalPlan, Step};
+pub use share::ShareHandle;
+
+use crate::error::{Error, Result};
+
+/// Which implementation a backend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Host,
+    Cuda,
+    Hip,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 3] = [BackendKind::Host, BackendKind::Cuda, BackendKind::Hip];
+
+    /// The name `RUSTCCL_BACKEND` uses ("host", "cuda", "hip").
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
+        }
+    }
+
+    /// The kind named `name`, ignoring case and surrounding spaces.
+    pub fn from_name(name: &str) -> Option<BackendKind> {
+        let name = name.trim();
+        BackendKind::ALL.into_iter().find(|k| k.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The byte that identifies this kind in a serialised [`ShareHandle`].
+    pub fn code(self) -> u8 {
+        match self {
+            BackendKind::Host => 1,
+            BackendKind::Cuda => 2,
+            BackendKind::Hip => 3,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<BackendKind> {
+        BackendKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A device backend. Devices are numbered `0..device_count()`.
+///
+/// Work taking a [`Stream`] is enqueued on it and runs in stream order; a backend may run it
+/// before returning (the host backend does) or later (CUDA does), so results are only
+/// guaranteed after [`synchronize`](DeviceBackend::synchronize) or an event. The exceptions
+/// are [`copy_to_device`](DeviceBackend::copy_to_device) and
+/// [`copy_from_device`](DeviceBackend::copy_from_device), which borrow host slices and so
+/// return only when the copy is complete.
+///
+/// Every pointer range a backend is given must lie inside memory it allocated, imported or
+/// registered; backends that can check this (the host backend) report a bad range as
+/// `InvalidArgument` instead of touching memory.
+pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
+    // ---- identity ----
+
+    fn kind(&self) -> BackendKind;
+
+    /// The number of devices this process can use.
+    fn device_count(&self) -> Result<usize>;
+
+    /// A human-readable name of `device` (for logs).
+    fn device_name(&self, device: usize) -> Result<String>;
+
+    // ---- memory ----
+
+    /// Allocates `bytes` of device memory on `device`, zero-filled on the host backend (not
+    /// guaranteed elsewhere).
+    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr>;
+
+    /// Frees memory from [`alloc`](DeviceBackend::alloc) or
+    /// [`alloc_shareable`](DeviceBackend::alloc_shareable). Unknown pointers and double frees
+    /// are `InvalidArgument`.
+    fn free(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Allocates pinned host memory that every device can access (see [`HostMapped`]).
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped>;
+
+    /// Frees memory from [`alloc_host_mapped`](DeviceBackend::alloc_host_mapped).
+    fn free_host_mapped(&self, mem: HostMapped) -> Result<()>;
+
+    /// Makes caller-owned host memory usable by devices and the backend's copies and plans
+    /// (`cuMemHostRegister` with `DEVICEMAP`), returning its device address. This is how
+    /// buffers a C caller allocated itself reach a backend.
+    ///
+    /// # Safety
+    /// `ptr..ptr+bytes` must be valid for reads and writes until
+    /// [`unregister_host`](DeviceBackend::unregister_host) is called.
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<DevicePtr>;
+
+    /// Ends a [`register_host`](DeviceBackend::register_host) registration (the memory stays
+    /// the caller's).
+    fn unregister_host(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Sets `bytes` bytes at `dst` to `value`, in stream order.
+    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()>;
+
+    // ---- copies ----
+
+    /// Copies `bytes` bytes from `src` to `dst` in stream order, in any direction (device,
+    /// host-mapped, imported or registered memory on either side). The ranges must not
+    /// overlap.
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()>;
+
+    /// Copies `src` from the host to `dst`; returns when the copy is complete.
+    fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()>;
+
+    /// Copies `dst.len()` bytes from `src` to the host; returns when the copy is complete.
+    fn copy_from_device(&self, dst: &mut [u8], src: DevicePtr, stream: Stream) -> Result<()>;
+
+    // ---- streams ----
+
+    /// Creates a stream on `device`.
+    fn create_stream(&self, device: usize) -> Result<Stream>;
+
+    /// Destroys a stream from [`create_stream`](DeviceBackend::create_stream) (never the
+    /// default stream).
+    fn destroy_stream(&self, stream: Stream) -> Result<()>;
+
+    /// Waits until all work enqueued on `stream` is complete.
+    fn synchronize(&self, stream: Stream) -> Result<()>;
+
+    /// Whether all work enqueued on `stream` is complete.
+    fn query(&self, stream: Stream) -> Result<bool>;
+
+    // ---- events ----
+
+    /// Creates an event on `device`.
+    fn create_event(&self, device: usize) -> Result<Event>;
+
+    /// Records `event` at the current end of `stream`.
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()>;
+
+    /// Makes work enqueued on `stream` from now on wait until `event` is complete.
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()>;
+
+    /// Whether the work before the last record of `event` is complete (true if never recorded).
+    fn query_event(&self, event: Event) -> Result<bool>;
+
+    /// Waits until the work before the last record of `event` is complete.
+    fn synchronize_event(&self, event: Event) -> Result<()>;
+
+    fn destroy_event(&self, event: Event) -> Result<()>;
+
+    // ---- sharing memory between processes ----
+
+    /// Allocates `bytes` of device memory on `device` that other processes can map, with the
+    /// handle to send them. [`free`](DeviceBackend::free) it like any allocation; importers
+    /// keep their mappings.
+    fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)>;
+
+    /// Maps memory another process (or this one) exported, for use on `device`; its size is
+    /// [`ShareHandle::bytes`]. A handle made by another backend kind is `InvalidArgument`.
+    fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr>;
+
+    /// Unmaps memory from [`import`](DeviceBackend::import).
+    fn close_import(&self, ptr: DevicePtr) -> Result<()>;
+
+    // ---- collectives ----
+
+    /// Enqueues the steps of `plan` on `stream`, in order. The whole plan is checked first
+    /// ([`LocalPlan::check`], every range, every operator/type pair), so a bad plan is an
+    /// error and runs no step.
+    fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()>;
+}
+
+/// The environment variable that picks the backend.
+pub const BACKEND_ENV: &str = "RUSTCCL_BACKEND";
+
+/// The backend `RUSTCCL_BACKEND` names (host when unset).
+pub fn select_backend() -> Result<Arc<dyn DeviceBackend>> {
+    backend_from_name(crate::params::env_str(BACKEND_ENV).as_deref())
+}
+
+/// The backend kind `name` (a `RUSTCCL_BACKEND` value) asks for: host when `None` or blank,
+/// `InvalidArgument` naming the value and the accepted ones when it is none of them.
+pub fn backend_kind_from_name(name: Option<&str>) -> Result<BackendKind> {
+    match name.map(str::trim).filter(|n| !n.is_empty()) {
+        None => Ok(BackendKind::Host),
+        Some(n) => BackendKind::from_name(n).ok_or_else(|| {
+            let accepted: Vec<&str> = BackendKind::ALL.iter().map(|k| k.name()).collect();
+            Error::invalid_argument(format!(
+                "{BACKEND_ENV}={n:?} is not a backend; accepted values are {} (case-insensitive)",
+                accepted.join(", ")
+            ))
+        }),
+    }
+}
+
+/// The backend `name` (a `RUSTCCL_BACKEND` value) asks for; see [`backend_kind_from_name`].
+/// The host backend is one per process ([`HostBackend::shared`]), so memory allocated through
+/// one handle is valid in every other.
+pub fn backend_from_name(name: Option<&str>) -> Result<Arc<dyn DeviceBackend>> {
+    match backend_kind_from_name(name)? {
+        BackendKind::Host => Ok(HostBackend::shared()?),
+        kind @ (BackendKind::Cuda | BackendKind::Hip) => Err(Error::invalid_usage(format!(
+            "{BACKEND_ENV}={kind}: the {kind} backend is not built yet (a later issue adds it); \
+             use {BACKEND_ENV}=host"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ResultCode;
+
+    #[test]
+    fn kind_names_and_codes_round_trip() {
+        for k in BackendKind::ALL {
+            assert_eq!(BackendKind::from_name(k.name()), Some(k));
+            assert_eq!(BackendKind::from_code(k.code()), Some(k));
+        }
+        assert_eq!(BackendKind::from_name(" CuDa "), Some(BackendKind::Cuda));
+        assert_eq!(BackendKind::from_code(0), None);
+    }
+
+    #[test]
+    fn backend_selection_by_name() {
+        assert_eq!(backend_from_name(None).unwrap().kind(), BackendKind::Host);
+        assert_eq!(backend_from_name(Some("")).unwrap().kind(), BackendKind::Host);
+        assert_eq!(backend_from_name(Some("HOST")).unwrap().kind(), BackendKind::Host);
+        assert_eq!(backend_from_name(Some("host")).unwrap().kind(), BackendKind::Host);
+
+        let e = backend_from_name(Some("cuda")).unwrap_err();
+        assert_eq!(e.code, ResultCode::InvalidUsage);
+        assert!(e.message.contains("not built yet"), "{}", e.message);
+        let e = backend_from_name(Some("Hip")).unwrap_err();
+        assert_eq!(e.code, ResultCode::InvalidUsage);
+        assert!(e.message.contains("hip backend"), "{}", e.message);
+
+        let e = backend_from_name(Some("opencl")).unwrap_err();
+        assert_eq!(e.code, ResultCode::InvalidArgument);
+        assert!(e.message.contains("\"opencl\""), "{}", e.message);
+        assert!(e.message.contains("host, cuda, hip"), "{}", e.message);
+    }
+
+    #[test]
+    fn host_backend_is_one_per_process() {
+        let a = backend_from_name(Some("host")).unwrap();
+        let b = backend_from_name(None).unwrap();
+        let p = a.alloc(0, 64).unwrap();
+        b.copy_to_device(p, &[7u8; 64], Stream::DEFAULT).unwrap();
+        let mut out = [0u8; 64];
+        a.copy_from_device(&mut out, p, Stream::DEFAULT).unwrap();
+        assert_eq!(out, [7u8; 64]);
+        b.free(p).unwrap();
+    }
+}

@@ -1,0 +1,242 @@
+//! Shareable host-backend memory: a file under /dev/shm, mapped `MAP_SHARED` by the process
+//! that created it and by every process that imports it.
+//!
+//! The file is sized with `posix_fallocate`, so a /dev/shm too small for it fails at once
+//! with a clear message rather than with SIGBUS on first touch. The creator unlinks the file
+//! when it frees the memory; importers keep their mappings.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+use nix::errno::Errno;
+
+use crate::error::{Error, Result};
+
+/// Where shared memory files live.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// The prefix of every file name this module creates (and the only names it imports).
+const PREFIX: &str = "rustccl-";
+
+/// Distinguishes the files one process creates.
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A mapped shared memory file.
+pub struct SharedRegion {
+    map: MmapMut,
+    ptr: NonNull<u8>,
+    /// Set for the creator: the file to unlink on drop.
+    owned_path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SharedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRegion")
+            .field("ptr", &self.ptr)
+            .field("len", &self.map.len())
+            .field("owned_path", &self.owned_path)
+            .finish()
+    }
+}
+
+impl SharedRegion {
+    /// Creates a file of `bytes` bytes in `dir` and maps it; returns the mapping and the
+    /// file's name (what importers need).
+    pub fn create(dir: &Path, bytes: usize) -> Result<(SharedRegion, String)> {
+        if bytes == 0 {
+            return Err(Error::invalid_argument("cannot allocate 0 bytes of shareable memory"));
+        }
+        let len = libc::off_t::try_from(bytes)
+            .map_err(|_| Error::invalid_argument(format!("{bytes} bytes of shareable memory is too large")))?;
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random)
+            .map_err(|e| Error::system(format!("no randomness for a shared memory name: {e}")))?;
+        let name = format!(
+            "{PREFIX}{}-{}-{:016x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            u64::from_ne_bytes(random)
+        );
+        let path = dir.join(&name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::io(format!("creating shared memory file {}", path.display()), &e))?;
+        if let Err(errno) = nix::fcntl::posix_fallocate(file.as_raw_fd(), 0, len) {
+            let _ = std::fs::remove_file(&path);
+            return Err(if errno == Errno::ENOSPC {
+                Error::system(too_small_message(dir, bytes as u64, free_bytes(dir)))
+            } else {
+                Error::system(format!(
+                    "reserving {bytes} bytes for shared memory file {}: posix_fallocate failed: {errno}",
+                    path.display()
+                ))
+            });
+        }
+        match map(&file, bytes, &path) {
+            Ok(mut region) => {
+                region.owned_path = Some(path.clone());
+                tracing::debug!(target: "SHM", "created {} ({bytes} bytes)", path.display());
+                Ok((region, name))
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps the first `bytes` bytes of the file `name` in `dir` that another
+    /// [`SharedRegion::create`] made.
+    pub fn open(dir: &Path, name: &str, bytes: usize) -> Result<SharedRegion> {
+        validate_name(name)?;
+        let path = dir.join(name);
+        let file = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::invalid_argument(format!(
+                    "shared memory {} does not exist (already freed by its exporter, or exported \
+                     on another host?)",
+                    path.display()
+                )))
+            }
+            Err(e) => return Err(Error::io(format!("opening shared memory {}", path.display()), &e)),
+        };
+        let size = file.metadata().map_err(|e| Error::io(format!("reading the size of {}", path.display()), &e))?.len();
+        if size < bytes as u64 {
+            return Err(Error::invalid_argument(format!(
+                "shared memory {} holds {size} bytes, but the handle says {bytes}",
+                path.display()
+            )));
+        }
+        let region = map(&file, bytes, &path)?;
+        tracing::debug!(target: "SHM", "imported {} ({bytes} bytes)", path.display());
+        Ok(region)
+    }
+
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        if let Some(path) = &self.owned_path {
+            match std::fs::remove_file(path) {
+                Ok(()) => tracing::debug!(target: "SHM", "unlinked {}", path.display()),
+                Err(e) => tracing::warn!(target: "SHM", "unlinking {}: {e}", path.display()),
+            }
+        }
+        // `map` unmaps when it drops, after this.
+    }
+}
+
+fn map(file: &File, bytes: usize, path: &Path) -> Result<SharedRegion> {
+    // SAFETY: the file is at least `bytes` long (fallocated by its creator, or its size
+    // checked by the importer), so every mapped page is backed. Other mappings may change
+    // the bytes at any time; the backend only reads and writes them through raw pointers,
+    // never through references into the map.
+    let mut map = unsafe { MmapOptions::new().len(bytes).map_mut(file) }
+        .map_err(|e| Error::io(format!("mapping {bytes} bytes of {}", path.display()), &e))?;
+    let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::internal("mmap returned null"))?;
+    Ok(SharedRegion { map, ptr, owned_path: None })
+}
+
+/// Checks that `name` is one [`SharedRegion::create`] makes: the prefix, then letters,
+/// digits and dashes only (so a handle cannot point outside the shared memory directory).
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = name.len() <= 100
+        && name.len() > PREFIX.len()
+        && name.starts_with(PREFIX)
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(format!("invalid share handle: {name:?} is not a rustccl shared memory name")))
+    }
+}
+
+/// Bytes free in `dir`'s filesystem, when it can be asked.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+/// The error message for a full shared memory directory.
+pub fn too_small_message(dir: &Path, asked: u64, free: Option<u64>) -> String {
+    let free = match free {
+        Some(f) => format!("only {f} bytes are free there"),
+        None => "its free space could not be read".to_string(),
+    };
+    format!(
+        "{} is too small: allocating {asked} bytes of shared memory failed (ENOSPC) and {free}. \
+         Enlarge it, e.g. `mount -o remount,size=8G {}` as root, or start the container with \
+         `docker run --shm-size=8g ...`",
+        dir.display(),
+        dir.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        validate_name("rustccl-12-0-00ff00ff00ff00ff").unwrap();
+        for bad in ["", "rustccl-", "other-1-2", "rustccl-../../etc/passwd", "rustccl-a/b", "rustccl-\0"] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_name(&format!("rustccl-{}", "a".repeat(100))).is_err());
+    }
+
+    #[test]
+    fn too_small_message_says_what_and_how() {
+        let m = too_small_message(Path::new("/dev/shm"), 1 << 30, Some(65536));
+        assert!(m.starts_with("/dev/shm is too small"), "{m}");
+        assert!(m.contains("1073741824 bytes"), "{m}");
+        assert!(m.contains("only 65536 bytes are free"), "{m}");
+        assert!(m.contains("mount -o remount,size=8G /dev/shm"), "{m}");
+        assert!(m.contains("--shm-size"), "{m}");
+    }
+
+    #[test]
+    fn a_full_directory_fails_with_enospc_message() {
+        // Ask for far more than any /dev/shm holds; posix_fallocate must refuse it now.
+        let e = SharedRegion::create(Path::new(SHM_DIR), 1 << 50).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::SystemError);
+        assert!(e.message.contains("is too small"), "{}", e.message);
+        assert!(e.message.contains(&format!("{} bytes", 1u64 << 50)), "{}", e.message);
+    }
+
+    #[test]
+    fn create_open_share_bytes_and_unlink() {
+        let dir = Path::new(SHM_DIR);
+        let (a, name) = SharedRegion::create(dir, 4096).unwrap();
+        assert!(dir.join(&name).exists());
+        let b = SharedRegion::open(dir, &name, 4096).unwrap();
+        assert_ne!(a.ptr(), b.ptr());
+        // SAFETY: both mappings are 4096 bytes long and alive.
+        unsafe {
+            a.ptr().as_ptr().add(100).write(42);
+            assert_eq!(b.ptr().as_ptr().add(100).read(), 42);
+        }
+        assert!(SharedRegion::open(dir, &name, 8192).unwrap_err().message.contains("holds 4096 bytes"));
+        drop(a);
+        assert!(!dir.join(&name).exists());
+        // SAFETY: `b` is still mapped.
+        assert_eq!(unsafe { b.ptr().as_ptr().add(100).read() }, 42);
+    }
+}
