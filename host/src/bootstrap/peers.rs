@@ -348,3 +348,94 @@ impl Drop for PeerNet {
         self.close(true);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn info(rank: u32, listen: SocketAddr) -> PeerInfo {
+        PeerInfo {
+            rank,
+            listen,
+            version: "test".into(),
+            host_hash: 1,
+            hostname: "h".into(),
+            pid: std::process::id(),
+            device: 0,
+        }
+    }
+
+    fn pair(secret: Secret) -> (PeerNet, PeerNet) {
+        let ip = "127.0.0.1".parse().unwrap();
+        let (l0, a0) = bind_listener(ip).unwrap();
+        let (l1, a1) = bind_listener(ip).unwrap();
+        let peers = vec![info(0, a0), info(1, a1)];
+        (
+            PeerNet::start(l0, 0, peers.clone(), secret).unwrap(),
+            PeerNet::start(l1, 1, peers, secret).unwrap(),
+        )
+    }
+
+    fn cancel() -> Cancel<'static> {
+        Cancel::after(Duration::from_secs(10), "test")
+    }
+
+    #[test]
+    fn messages_arrive_in_order_per_tag() {
+        let (a, b) = pair([3; 16]);
+        for i in 0..10u8 {
+            a.send(1, 5, &[i], &cancel()).unwrap();
+            a.send(1, 6, &[100 + i], &cancel()).unwrap();
+        }
+        for i in 0..10u8 {
+            assert_eq!(b.recv(0, 6, true, &cancel()).unwrap(), vec![100 + i]);
+        }
+        for i in 0..10u8 {
+            assert_eq!(b.recv(0, 5, true, &cancel()).unwrap(), vec![i]);
+        }
+        assert!(a.send(0, 1, b"self", &cancel()).is_err());
+        assert!(a.send(7, 1, b"nobody", &cancel()).is_err());
+    }
+
+    #[test]
+    fn intruders_on_the_peer_listener_are_dropped_without_harm() {
+        let (a, b) = pair([4; 16]);
+        let addr = b.peers()[1].listen;
+        // Wrong secret.
+        let mut wrong = Conn::connect(addr, 1 << 20, &cancel()).unwrap();
+        wrong.prove(&[9; 16], &cancel()).unwrap();
+        // Garbage.
+        let mut raw = TcpStream::connect(addr).unwrap();
+        raw.write_all(b"\x00\x01garbage garbage garbage").unwrap();
+        // Right secret, then a hello from an impossible rank.
+        let mut liar = Conn::connect(addr, 1 << 20, &cancel()).unwrap();
+        liar.prove(&[4; 16], &cancel()).unwrap();
+        liar.send(Kind::Hello, &[&1u32.to_le_bytes()], &cancel()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        a.send(1, 1, b"real", &cancel()).unwrap();
+        assert_eq!(b.recv(0, 1, true, &cancel()).unwrap(), b"real");
+        assert_eq!(b.failure(), None, "intruders are not taken for failed ranks");
+    }
+
+    #[test]
+    fn graceful_close_is_not_a_failure_but_a_cut_connection_is() {
+        let (a, b) = pair([5; 16]);
+        a.send(1, 1, b"x", &cancel()).unwrap();
+        assert_eq!(b.recv(0, 1, true, &cancel()).unwrap(), b"x");
+        a.close(true);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(b.failure(), None);
+        let e = b.recv(0, 2, false, &cancel()).unwrap_err();
+        assert!(e.message.contains("destroyed its communicator"), "{e}");
+
+        let (a, b) = pair([6; 16]);
+        a.send(1, 1, b"x", &cancel()).unwrap();
+        a.close(false);
+        let t0 = std::time::Instant::now();
+        let e = b.recv(0, 2, true, &cancel()).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::RemoteError);
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert!(b.failure().is_some());
+    }
+}
