@@ -1,1 +1,751 @@
-//! rustccl-plugin-api (being written).
+//! Stable-ABI definitions shared by rustccl and its plugins.
+//!
+//! **What this crate does now (first slice):** it defines the *tuner* plugin kind
+//! with [`abi_stable`]: the root module [`TunerPluginRef`] a tuner `.so` exports,
+//! the enums shared with NCCL ([`CollType`], [`Algorithm`], [`Protocol`], with
+//! NCCL's numbering), the [`CostTable`] view a tuner edits, the
+//! [`PLUGIN_ABI_VERSION`] number, a [`HandleRegistry`] that plugins use to turn
+//! their per-communicator state into an opaque [`PluginHandle`], and the loader
+//! [`load_tuner_from_path`] plus the safe wrapper [`TunerInstance`].
+//!
+//! **What a later issue adds:** the net and profiler plugin kinds, plugin
+//! discovery (`NCCL_TUNER_PLUGIN`-style names, search paths, looking inside the
+//! net plugin's library), the tuner constants / NVLink-domain arguments of
+//! NCCL's tuner v5, optional `get_chunk_size` (tuner v6) as a field after the
+//! prefix, and adapters for NCCL's C plugin structs.
+//!
+//! # Design notes
+//!
+//! * A plugin is a Rust `cdylib` that exports its root module with
+//!   `#[abi_stable::export_root_module]`. The loader checks, in order: the file
+//!   exists, it is a loadable library, it has an abi_stable root module, the root
+//!   module's base name is [`TunerPluginRef::BASE_NAME`] (so a profiler plugin is
+//!   not taken for a tuner), the abi_stable version numbers, the type layout of
+//!   the whole module, and finally the module's own `abi_version` field.
+//! * Per-communicator plugin state never crosses the boundary: the plugin keeps
+//!   it and hands out a [`PluginHandle`] (a number). A stale or foreign handle is
+//!   an error, not undefined behaviour.
+//! * Loaded libraries are never unloaded (abi_stable leaks them on purpose, so
+//!   that no function pointer can dangle).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
+use abi_stable::StableAbi;
+
+/// Version of the rustccl plugin ABI that this crate describes.
+///
+/// It is bumped whenever a change would break already-built plugins. A plugin
+/// stores the value it was built with in its root module (`abi_version`), and
+/// [`load_tuner_from_path`] refuses a plugin whose number differs.
+pub const PLUGIN_ABI_VERSION: u32 = 1;
+
+/// The abi_stable version string of the plugin root modules: its major number is
+/// [`PLUGIN_ABI_VERSION`] (a unit test checks that they agree). It is kept apart
+/// from the crate's Cargo version so that releasing rustccl does not invalidate
+/// plugins whose ABI did not change.
+const PLUGIN_VERSION_STRINGS: VersionStrings = VersionStrings::new("1.0.0");
+
+/// Cost of an (algorithm, protocol) pair that must not be used, as in NCCL
+/// (`NCCL_ALGO_PROTO_IGNORE`). Any negative, infinite or NaN cost is treated the
+/// same way; see [`is_usable_cost`].
+pub const ALGO_PROTO_IGNORE: f32 = -1.0;
+
+/// Whether a cost-table entry denotes a usable pair: a finite, non-negative time.
+pub fn is_usable_cost(cost: f32) -> bool {
+    cost.is_finite() && cost >= 0.0
+}
+
+/// Generates the numbering, naming and parsing helpers of a C-like enum.
+macro_rules! nccl_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident = $value:literal => ($display:literal, $config:literal) ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(u8)]
+        #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant = $value ),+
+        }
+
+        impl $name {
+            /// Every value, in numeric order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The NCCL numeric value (also the index into tables).
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
+            /// The value with NCCL number `index`, if there is one.
+            pub fn from_index(index: usize) -> Option<Self> {
+                Self::ALL.get(index).copied()
+            }
+
+            /// The name NCCL prints for this value (e.g. in logs).
+            pub fn name(self) -> &'static str {
+                match self { $($name::$variant => $display),+ }
+            }
+
+            /// The lower-case name used in configuration files and env vars.
+            pub fn config_name(self) -> &'static str {
+                match self { $($name::$variant => $config),+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+
+            /// Parses the configuration name or the NCCL display name,
+            /// ignoring ASCII case and surrounding spaces.
+            fn from_str(s: &str) -> Result<Self, String> {
+                let s = s.trim();
+                Self::ALL
+                    .iter()
+                    .copied()
+                    .find(|v| s.eq_ignore_ascii_case(v.config_name()) || s.eq_ignore_ascii_case(v.name()))
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = Self::ALL.iter().map(|v| v.config_name()).collect();
+                        format!(concat!("unknown ", stringify!($name), " '{}' (expected one of: {})"), s, names.join(", "))
+                    })
+            }
+        }
+    };
+}
+
+nccl_enum! {
+    /// A collective or point-to-point function, numbered as NCCL's `ncclFunc_t`.
+    pub enum CollType {
+        Broadcast = 0 => ("Broadcast", "broadcast"),
+        Reduce = 1 => ("Reduce", "reduce"),
+        AllGather = 2 => ("AllGather", "allgather"),
+        ReduceScatter = 3 => ("ReduceScatter", "reducescatter"),
+        AllReduce = 4 => ("AllReduce", "allreduce"),
+        SendRecv = 5 => ("SendRecv", "sendrecv"),
+        Send = 6 => ("Send", "send"),
+        Recv = 7 => ("Recv", "recv"),
+    }
+}
+
+impl CollType {
+    /// Number of functions a tuner is asked about (NCCL's `NCCL_NUM_FUNCTIONS`):
+    /// Broadcast through AllReduce. Send/receive are not tuned.
+    pub const NUM_TUNED: usize = 5;
+
+    /// Whether the host asks the tuner about this function.
+    pub fn is_tuned(self) -> bool {
+        self.index() < Self::NUM_TUNED
+    }
+}
+
+nccl_enum! {
+    /// A collective algorithm, numbered as NCCL's `NCCL_ALGO_*`.
+    pub enum Algorithm {
+        Tree = 0 => ("TREE", "tree"),
+        Ring = 1 => ("RING", "ring"),
+        CollNetDirect = 2 => ("COLLNET_DIRECT", "collnet_direct"),
+        CollNetChain = 3 => ("COLLNET_CHAIN", "collnet_chain"),
+        Nvls = 4 => ("NVLS", "nvls"),
+        NvlsTree = 5 => ("NVLS_TREE", "nvls_tree"),
+        Pat = 6 => ("PAT", "pat"),
+    }
+}
+
+nccl_enum! {
+    /// A wire protocol, numbered as NCCL's `NCCL_PROTO_*`.
+    pub enum Protocol {
+        Ll = 0 => ("LL", "ll"),
+        Ll128 = 1 => ("LL128", "ll128"),
+        Simple = 2 => ("SIMPLE", "simple"),
+    }
+}
+
+/// A mutable view of the `n_algo × n_proto` table of predicted times (row-major:
+/// `costs[algo * n_proto + proto]`) that the host fills and a tuner edits; the
+/// host then picks the cheapest usable entry.
+///
+/// Entries that are not usable (see [`is_usable_cost`]) mean "this pair cannot
+/// run here" and are never overwritten by [`CostTable::set`], as NCCL requires.
+#[derive(Debug)]
+pub struct CostTable<'a> {
+    costs: &'a mut [f32],
+    n_algo: usize,
+    n_proto: usize,
+}
+
+impl<'a> CostTable<'a> {
+    /// Wraps `costs`, which must hold exactly `n_algo * n_proto` entries.
+    pub fn new(costs: &'a mut [f32], n_algo: usize, n_proto: usize) -> Result<Self, String> {
+        match n_algo.checked_mul(n_proto) {
+            Some(n) if n == costs.len() => Ok(CostTable {
+                costs,
+                n_algo,
+                n_proto,
+            }),
+            _ => Err(format!(
+                "cost table has {} entries, expected {n_algo} algorithms x {n_proto} protocols",
+                costs.len()
+            )),
+        }
+    }
+
+    /// Number of algorithm rows.
+    pub fn n_algo(&self) -> usize {
+        self.n_algo
+    }
+
+    /// Number of protocol columns.
+    pub fn n_proto(&self) -> usize {
+        self.n_proto
+    }
+
+    /// The raw row-major entries.
+    pub fn as_slice(&self) -> &[f32] {
+        self.costs
+    }
+
+    /// The raw row-major entries, mutable (for passing across the ABI).
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        self.costs
+    }
+
+    fn position(&self, algo: Algorithm, proto: Protocol) -> Option<usize> {
+        (algo.index() < self.n_algo && proto.index() < self.n_proto)
+            .then(|| algo.index() * self.n_proto + proto.index())
+    }
+
+    /// The cost of `(algo, proto)`, or `None` when the table has no such entry.
+    pub fn get(&self, algo: Algorithm, proto: Protocol) -> Option<f32> {
+        self.position(algo, proto).map(|i| self.costs[i])
+    }
+
+    /// Whether `(algo, proto)` exists in the table and is usable.
+    pub fn is_enabled(&self, algo: Algorithm, proto: Protocol) -> bool {
+        self.get(algo, proto).is_some_and(is_usable_cost)
+    }
+
+    /// Sets the cost of a usable entry. Returns `false` (and changes nothing) when
+    /// the entry is missing or disabled, or when `cost` itself is not usable (use
+    /// [`CostTable::disable`] to disable).
+    pub fn set(&mut self, algo: Algorithm, proto: Protocol, cost: f32) -> bool {
+        if !is_usable_cost(cost) || !self.is_enabled(algo, proto) {
+            return false;
+        }
+        match self.position(algo, proto) {
+            Some(i) => {
+                self.costs[i] = cost;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Marks `(algo, proto)` as not usable. Returns whether the entry exists.
+    pub fn disable(&mut self, algo: Algorithm, proto: Protocol) -> bool {
+        match self.position(algo, proto) {
+            Some(i) => {
+                self.costs[i] = ALGO_PROTO_IGNORE;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The cheapest usable entry (the first one on ties, in algorithm then
+    /// protocol order, as NCCL scans), or `None` if nothing is usable.
+    pub fn best(&self) -> Option<(Algorithm, Protocol, f32)> {
+        let mut best: Option<(Algorithm, Protocol, f32)> = None;
+        for &algo in Algorithm::ALL {
+            for &proto in Protocol::ALL {
+                if let Some(cost) = self.get(algo, proto).filter(|c| is_usable_cost(*c)) {
+                    let better = match best {
+                        None => true,
+                        Some((_, _, b)) => cost < b,
+                    };
+                    if better {
+                        best = Some((algo, proto, cost));
+                    }
+                }
+            }
+        }
+        best
+    }
+}
+
+/// An opaque reference to plugin-side state (one per communicator), made by a
+/// plugin's `init` and passed back to its other functions. `0` is never valid.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PluginHandle {
+    /// The plugin-chosen number.
+    pub id: u64,
+}
+
+/// Plugin-side map from [`PluginHandle`]s to per-communicator state.
+///
+/// Thread-safe; a poisoned lock is recovered rather than propagated, because a
+/// plugin must not panic across the ABI.
+#[derive(Debug)]
+pub struct HandleRegistry<T> {
+    next_id: AtomicU64,
+    states: Mutex<BTreeMap<u64, T>>,
+}
+
+impl<T> Default for HandleRegistry<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> HandleRegistry<T> {
+    /// An empty registry (usable in a `static`).
+    pub const fn new() -> Self {
+        HandleRegistry {
+            next_id: AtomicU64::new(1),
+            states: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, T>> {
+        self.states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stores `state` and returns a fresh handle for it.
+    pub fn insert(&self, state: T) -> PluginHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, state);
+        PluginHandle { id }
+    }
+
+    /// Runs `f` on the state of `handle`; `None` if the handle is unknown.
+    pub fn with<R>(&self, handle: PluginHandle, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.lock().get_mut(&handle.id).map(f)
+    }
+
+    /// Removes and returns the state of `handle`; `None` if it is unknown.
+    pub fn remove(&self, handle: PluginHandle) -> Option<T> {
+        self.lock().remove(&handle.id)
+    }
+
+    /// Number of live handles.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no handle is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The root module of a tuner plugin: what a tuner `.so` exports.
+///
+/// Build one in the plugin with `TunerPlugin { .. }.leak_into_prefix()` inside an
+/// `#[export_root_module]` function. Fields added by later ABI revisions go after
+/// `finalize` and are read as `Option`s, so old plugins keep loading.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = TunerPluginRef)))]
+pub struct TunerPlugin {
+    /// Human-readable plugin name, used in log lines.
+    pub name: RStr<'static>,
+    /// The [`PLUGIN_ABI_VERSION`] the plugin was built against.
+    pub abi_version: u32,
+    /// Creates the state for one communicator of `nranks` ranks on `nnodes` nodes.
+    /// An error disables the tuner for that communicator.
+    pub init: extern "C" fn(nranks: usize, nnodes: usize) -> RResult<PluginHandle, RString>,
+    /// Called for each collective: the tuner may lower entries of `costs` (a
+    /// row-major `n_algo × n_proto` table; see [`CostTable`]) and may set
+    /// `*n_channels` (left unchanged means "host decides"). An error means "use
+    /// the host's default choice for this call".
+    pub get_coll_info: extern "C" fn(
+        handle: PluginHandle,
+        coll: CollType,
+        nbytes: usize,
+        costs: RSliceMut<'_, f32>,
+        n_algo: usize,
+        n_proto: usize,
+        n_channels: &mut i32,
+    ) -> RResult<(), RString>,
+    /// Destroys the state made by `init`.
+    #[sabi(last_prefix_field)]
+    pub finalize: extern "C" fn(handle: PluginHandle) -> RResult<(), RString>,
+}
+
+impl RootModule for TunerPluginRef {
+    abi_stable::declare_root_module_statics! {TunerPluginRef}
+    const BASE_NAME: &'static str = "rustccl_tuner";
+    const NAME: &'static str = "rustccl tuner plugin";
+    const VERSION_STRINGS: VersionStrings = PLUGIN_VERSION_STRINGS;
+}
+
+impl fmt::Debug for TunerPluginRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TunerPluginRef")
+            .field("name", &self.name().as_str())
+            .field("abi_version", &self.abi_version())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the `abi_version` a plugin reports against [`PLUGIN_ABI_VERSION`].
+pub fn check_abi_version(plugin_name: &str, found: u32) -> Result<(), String> {
+    if found == PLUGIN_ABI_VERSION {
+        Ok(())
+    } else {
+        Err(format!(
+            "plugin '{plugin_name}' was built for rustccl plugin ABI version {found}, \
+             but this rustccl uses version {PLUGIN_ABI_VERSION}; rebuild the plugin"
+        ))
+    }
+}
+
+/// Turns an abi_stable loading error into a one-line message naming `path`.
+fn describe_library_error(path: &Path, err: &LibraryError) -> String {
+    let path = path.display();
+    match err {
+        LibraryError::OpenError { err, .. } => {
+            format!("cannot load tuner plugin {path}: not a loadable shared library ({err})")
+        }
+        LibraryError::GetSymbolError { .. } => format!(
+            "{path} is not a rustccl plugin: it exports no abi_stable root module \
+             (build it as a cdylib with #[export_root_module])"
+        ),
+        LibraryError::InvalidAbiHeader(_) | LibraryError::InvalidCAbi { .. } => {
+            format!("tuner plugin {path} was built with an incompatible abi_stable version: {err}")
+        }
+        LibraryError::IncompatibleVersionNumber {
+            expected_version,
+            actual_version,
+            ..
+        } => format!(
+            "tuner plugin {path} has plugin ABI version {actual_version}, \
+             but this rustccl expects {expected_version}; rebuild the plugin"
+        ),
+        LibraryError::AbiInstability(_) => format!(
+            "tuner plugin {path} does not match this rustccl's tuner ABI \
+             (type layouts differ; rebuild the plugin against this rustccl-plugin-api): {err}"
+        )
+        .replace('\n', " "),
+        _ => format!("cannot load tuner plugin {path}: {err}").replace('\n', " "),
+    }
+}
+
+/// Loads the tuner plugin library at `path` and returns its checked root module.
+///
+/// Never panics; every failure is an `Err` with one line naming the path and the
+/// cause: a missing file, a file that is not a shared library, a library that is
+/// not a rustccl plugin, a plugin of another kind, or an ABI/version mismatch.
+///
+/// This uses abi_stable's `lib_header_from_path` + `LibHeader::init_root_module`,
+/// the building blocks of `RootModule::load_from_file`. `load_from_file` itself is
+/// not used because it caches the first library it opens in a per-type static,
+/// even when that library then fails the checks: after one failed attempt (or
+/// one success) it could never load a tuner from another path in the process.
+pub fn load_tuner_from_path(path: impl AsRef<Path>) -> Result<TunerPluginRef, String> {
+    let path = path.as_ref();
+    if !path.is_file() {
+        return Err(format!("tuner plugin file not found: {}", path.display()));
+    }
+    let header = lib_header_from_path(path).map_err(|e| describe_library_error(path, &e))?;
+    let base_name = header.root_mod_consts().base_name();
+    if base_name.as_str() != TunerPluginRef::BASE_NAME {
+        return Err(format!(
+            "{} is a rustccl '{}' plugin, not a '{}' plugin",
+            path.display(),
+            base_name,
+            TunerPluginRef::BASE_NAME
+        ));
+    }
+    let module = header
+        .init_root_module::<TunerPluginRef>()
+        .map_err(|e| describe_library_error(path, &e))?;
+    check_abi_version(module.name().as_str(), module.abi_version())?;
+    Ok(module)
+}
+
+/// A tuner plugin initialised for one communicator; finalised on drop.
+pub struct TunerInstance {
+    module: TunerPluginRef,
+    handle: Option<PluginHandle>,
+}
+
+impl fmt::Debug for TunerInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TunerInstance")
+            .field("plugin", &self.module.name().as_str())
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl TunerInstance {
+    /// Calls the plugin's `init` for a communicator of `nranks` ranks on `nnodes` nodes.
+    pub fn new(module: TunerPluginRef, nranks: usize, nnodes: usize) -> Result<Self, String> {
+        let handle = (module.init())(nranks, nnodes)
+            .into_result()
+            .map_err(|e| format!("tuner plugin '{}' init failed: {e}", module.name()))?;
+        Ok(TunerInstance {
+            module,
+            handle: Some(handle),
+        })
+    }
+
+    /// The plugin's name.
+    pub fn name(&self) -> &'static str {
+        self.module.name().as_str()
+    }
+
+    /// Lets the plugin edit `table` and `n_channels` for one collective call.
+    pub fn get_coll_info(
+        &self,
+        coll: CollType,
+        nbytes: usize,
+        table: &mut CostTable<'_>,
+        n_channels: &mut i32,
+    ) -> Result<(), String> {
+        let handle = self.handle.ok_or("tuner already finalized")?;
+        let (n_algo, n_proto) = (table.n_algo(), table.n_proto());
+        let costs = RSliceMut::from_mut_slice(table.as_mut_slice());
+        (self.module.get_coll_info())(handle, coll, nbytes, costs, n_algo, n_proto, n_channels)
+            .into_result()
+            .map_err(|e| format!("tuner plugin '{}' get_coll_info failed: {e}", self.name()))
+    }
+
+    /// Calls the plugin's `finalize` now and reports its result.
+    pub fn finalize(mut self) -> Result<(), String> {
+        self.finalize_inner()
+    }
+
+    fn finalize_inner(&mut self) -> Result<(), String> {
+        match self.handle.take() {
+            Some(handle) => (self.module.finalize())(handle)
+                .into_result()
+                .map_err(|e| format!("tuner plugin '{}' finalize failed: {e}", self.name())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TunerInstance {
+    fn drop(&mut self) {
+        // An error cannot be returned from drop; `finalize` reports it instead.
+        let _ = self.finalize_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn enum_numbering_matches_nccl() {
+        let colls: Vec<(CollType, usize)> = vec![
+            (CollType::Broadcast, 0),
+            (CollType::Reduce, 1),
+            (CollType::AllGather, 2),
+            (CollType::ReduceScatter, 3),
+            (CollType::AllReduce, 4),
+            (CollType::SendRecv, 5),
+            (CollType::Send, 6),
+            (CollType::Recv, 7),
+        ];
+        for (c, n) in colls {
+            assert_eq!(c.index(), n);
+            assert_eq!(CollType::from_index(n), Some(c));
+        }
+        assert_eq!(CollType::ALL.len(), 8);
+        assert!(CollType::AllReduce.is_tuned() && !CollType::SendRecv.is_tuned());
+        let algos = [
+            Algorithm::Tree,
+            Algorithm::Ring,
+            Algorithm::CollNetDirect,
+            Algorithm::CollNetChain,
+            Algorithm::Nvls,
+            Algorithm::NvlsTree,
+            Algorithm::Pat,
+        ];
+        for (n, a) in algos.iter().enumerate() {
+            assert_eq!(a.index(), n);
+        }
+        assert_eq!(Algorithm::from_index(7), None);
+        assert_eq!(Protocol::Ll as u8, 0);
+        assert_eq!(Protocol::Ll128 as u8, 1);
+        assert_eq!(Protocol::Simple as u8, 2);
+    }
+
+    #[test]
+    fn enum_names_parse() {
+        assert_eq!("allreduce".parse::<CollType>(), Ok(CollType::AllReduce));
+        assert_eq!(" AllGather ".parse::<CollType>(), Ok(CollType::AllGather));
+        assert_eq!("nvls_tree".parse::<Algorithm>(), Ok(Algorithm::NvlsTree));
+        assert_eq!(
+            "COLLNET_DIRECT".parse::<Algorithm>(),
+            Ok(Algorithm::CollNetDirect)
+        );
+        assert_eq!("ll128".parse::<Protocol>(), Ok(Protocol::Ll128));
+        let err = "warp".parse::<Protocol>().unwrap_err();
+        assert!(err.contains("'warp'") && err.contains("simple"), "{err}");
+        for &p in Protocol::ALL {
+            assert_eq!(p.config_name().parse::<Protocol>(), Ok(p));
+        }
+    }
+
+    #[test]
+    fn version_strings_follow_abi_version() {
+        let major: u32 = PLUGIN_VERSION_STRINGS
+            .version
+            .split('.')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(major, PLUGIN_ABI_VERSION);
+        assert!(check_abi_version("x", PLUGIN_ABI_VERSION).is_ok());
+        let err = check_abi_version("x", PLUGIN_ABI_VERSION + 1).unwrap_err();
+        assert!(
+            err.contains("version 2") && err.contains("rebuild"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn version_mismatch_error_is_clear() {
+        use abi_stable::sabi_types::VersionNumber;
+        let err = LibraryError::IncompatibleVersionNumber {
+            library_name: "rustccl tuner plugin",
+            expected_version: VersionNumber {
+                major: 1,
+                minor: 0,
+                patch: 0,
+            },
+            actual_version: VersionNumber {
+                major: 2,
+                minor: 0,
+                patch: 0,
+            },
+        };
+        let msg = describe_library_error(Path::new("/x/libt.so"), &err);
+        assert_eq!(
+            msg,
+            "tuner plugin /x/libt.so has plugin ABI version 2.0.0, but this rustccl expects 1.0.0; \
+             rebuild the plugin"
+        );
+    }
+
+    #[test]
+    fn cost_table_get_set_best() {
+        let mut raw = vec![5.0f32; 7 * 3];
+        {
+            let mut t = CostTable::new(&mut raw, 7, 3).unwrap();
+            assert!(t.disable(Algorithm::NvlsTree, Protocol::Ll));
+            assert!(!t.is_enabled(Algorithm::NvlsTree, Protocol::Ll));
+            assert!(
+                !t.set(Algorithm::NvlsTree, Protocol::Ll, 0.0),
+                "disabled entries stay disabled"
+            );
+            assert!(t.set(Algorithm::Ring, Protocol::Simple, 1.5));
+            assert_eq!(t.get(Algorithm::Ring, Protocol::Simple), Some(1.5));
+            assert_eq!(t.best(), Some((Algorithm::Ring, Protocol::Simple, 1.5)));
+            assert!(!t.set(Algorithm::Ring, Protocol::Ll, f32::INFINITY));
+            assert!(!t.set(Algorithm::Ring, Protocol::Ll, -3.0));
+        }
+        assert_eq!(raw[5 * 3], ALGO_PROTO_IGNORE);
+        assert_eq!(raw[3 + 2], 1.5);
+        // Infinity and NaN mean "disabled" too.
+        raw[3 + 2] = f32::INFINITY;
+        raw[0] = f32::NAN;
+        let t = CostTable::new(&mut raw, 7, 3).unwrap();
+        assert!(!t.is_enabled(Algorithm::Ring, Protocol::Simple));
+        assert!(!t.is_enabled(Algorithm::Tree, Protocol::Ll));
+        assert_eq!(t.best(), Some((Algorithm::Tree, Protocol::Ll128, 5.0)));
+    }
+
+    #[test]
+    fn cost_table_smaller_than_enums() {
+        // A host may pass fewer algorithms than this crate knows (older table).
+        let mut raw = vec![ALGO_PROTO_IGNORE; 2 * 3];
+        let mut t = CostTable::new(&mut raw, 2, 3).unwrap();
+        assert_eq!(t.best(), None);
+        assert_eq!(t.get(Algorithm::Pat, Protocol::Ll), None);
+        assert!(!t.disable(Algorithm::Pat, Protocol::Ll));
+        assert!(CostTable::new(&mut raw, 3, 3).is_err());
+        assert!(CostTable::new(&mut raw, usize::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn registry_handles() {
+        let reg: HandleRegistry<String> = HandleRegistry::new();
+        let a = reg.insert("a".into());
+        let b = reg.insert("b".into());
+        assert_ne!(a, b);
+        assert_ne!(a.id, 0);
+        assert_eq!(reg.with(b, |s| s.clone()), Some("b".to_string()));
+        reg.with(a, |s| s.push('!'));
+        assert_eq!(reg.remove(a), Some("a!".to_string()));
+        assert_eq!(reg.remove(a), None);
+        assert_eq!(reg.with(PluginHandle { id: 999 }, |_| ()), None);
+        assert_eq!(reg.len(), 1);
+    }
+
+    #[test]
+    fn loader_missing_file() {
+        let err = load_tuner_from_path("/nonexistent/dir/librustccl_none.so").unwrap_err();
+        assert_eq!(
+            err,
+            "tuner plugin file not found: /nonexistent/dir/librustccl_none.so"
+        );
+    }
+
+    #[test]
+    fn loader_rejects_non_library() {
+        let path =
+            std::env::temp_dir().join(format!("rustccl-not-a-lib-{}.so", std::process::id()));
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(b"this is not an ELF file")
+            .unwrap();
+        let err = load_tuner_from_path(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(err.contains("not a loadable shared library"), "{err}");
+        assert!(!err.contains('\n'));
+    }
+
+    /// The path of the C library this test process has mapped: a real shared
+    /// library that is not a rustccl plugin.
+    fn mapped_libc() -> std::path::PathBuf {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+        maps.lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("/libc.so") || p.contains("/libc-"))
+            .expect("libc mapped")
+            .into()
+    }
+
+    #[test]
+    fn loader_rejects_non_plugin_library() {
+        let libc = mapped_libc();
+        let err = load_tuner_from_path(&libc).unwrap_err();
+        assert!(err.contains("is not a rustccl plugin"), "{err}");
+        assert!(err.contains(&*libc.to_string_lossy()), "{err}");
+    }
+}

@@ -1,1 +1,260 @@
-//! rustccl-net-ib (being written).
+//! rustccl's InfiniBand / RoCE network transport, over RDMA verbs.
+//!
+//! **What it does now (first slice):** [`list_devices`] enumerates the RDMA
+//! devices of the machine through the `ibverbs` crate (libibverbs): each
+//! device's name and node GUID, plus, for each port, its state, rate and link
+//! layer read from sysfs (`/sys/class/infiniband/<dev>/ports/<n>/`), which costs
+//! no device context. On a machine without RDMA devices it returns `Ok` with an
+//! empty list (or an `Err` with a clear message when libibverbs cannot list
+//! devices at all, e.g. no kernel RDMA support); it never panics.
+//!
+//! **What a later issue adds:** device selection (`NCCL_IB_HCA`, GID index,
+//! traffic class), queue pairs, memory registration, the send/receive data
+//! path, and the net plugin ABI around it.
+//!
+//! # Build requirements
+//!
+//! The `ibverbs` crate builds the rdma-core sources it vendors (to generate
+//! bindings) and links the system `libibverbs`. On Debian that needs the
+//! packages in `.ci/ib-packages.txt`; this crate is therefore not a default
+//! workspace member.
+
+use std::path::{Path, PathBuf};
+
+/// Where the kernel describes RDMA devices.
+pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
+
+/// One port of an RDMA device, as sysfs describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IbPortInfo {
+    /// Port number (from 1).
+    pub port: u32,
+    /// Port state name, e.g. `ACTIVE`, `DOWN`, `INIT`; `None` if unreadable.
+    pub state: Option<String>,
+    /// Rate in Mbit/s (NCCL's unit for net speed), e.g. 400000 for NDR x4.
+    pub speed_mbps: Option<u64>,
+    /// `InfiniBand` or `Ethernet` (RoCE).
+    pub link_layer: Option<String>,
+}
+
+/// One RDMA device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IbDeviceInfo {
+    /// Device name, e.g. `mlx5_0`.
+    pub name: String,
+    /// Node GUID (host byte order), if libibverbs reports one.
+    pub guid: Option<u64>,
+    /// Ports, by number; empty if sysfs has none for this device.
+    pub ports: Vec<IbPortInfo>,
+}
+
+impl IbDeviceInfo {
+    /// The GUID in the usual `xxxx:xxxx:xxxx:xxxx` form (as `ibv_devinfo` prints).
+    pub fn guid_string(&self) -> Option<String> {
+        self.guid.map(format_guid)
+    }
+}
+
+/// Formats a GUID as four groups of four hex digits.
+pub fn format_guid(guid: u64) -> String {
+    let hex = format!("{guid:016x}");
+    format!(
+        "{}:{}:{}:{}",
+        &hex[0..4],
+        &hex[4..8],
+        &hex[8..12],
+        &hex[12..16]
+    )
+}
+
+/// Turns the `u64` that the `ibverbs` crate returns for a GUID (the raw
+/// network-order `__be64` of `ibv_get_device_guid`, read as a host integer)
+/// into the GUID's numeric value.
+fn guid_from_verbs(raw: u64) -> u64 {
+    u64::from_be(raw)
+}
+
+/// Lists the RDMA devices of this machine. See the crate documentation.
+pub fn list_devices() -> Result<Vec<IbDeviceInfo>, String> {
+    list_devices_with_sysfs(Path::new(SYSFS_INFINIBAND))
+}
+
+/// [`list_devices`] with another sysfs directory for the port details.
+pub fn list_devices_with_sysfs(sysfs: &Path) -> Result<Vec<IbDeviceInfo>, String> {
+    let list = ibverbs::devices().map_err(|e| {
+        let why = if e.raw_os_error() == Some(libc::ENOSYS) {
+            "this kernel has no RDMA support; "
+        } else {
+            ""
+        };
+        format!("cannot list RDMA devices ({why}libibverbs ibv_get_device_list failed: {e})")
+    })?;
+    let devices = list
+        .iter()
+        .map(|dev| {
+            let name = dev
+                .name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let guid = dev.guid().ok().map(|g| guid_from_verbs(u64::from(g)));
+            let ports = if name.is_empty() {
+                Vec::new()
+            } else {
+                read_ports(&sysfs.join(&name))
+            };
+            IbDeviceInfo { name, guid, ports }
+        })
+        .collect();
+    Ok(devices)
+}
+
+/// Reads the ports of the device whose sysfs directory is `device_dir`
+/// (`<device_dir>/ports/<n>/{state,rate,link_layer}`), sorted by number.
+/// Missing or unreadable files leave the field `None`.
+pub fn read_ports(device_dir: &Path) -> Vec<IbPortInfo> {
+    let Ok(entries) = std::fs::read_dir(device_dir.join("ports")) else {
+        return Vec::new();
+    };
+    let mut ports: Vec<IbPortInfo> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let port = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let dir: PathBuf = e.path();
+            let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+            Some(IbPortInfo {
+                port,
+                state: read("state").and_then(|s| parse_state(&s)),
+                speed_mbps: read("rate").and_then(|s| parse_rate_mbps(&s)),
+                link_layer: read("link_layer")
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty()),
+            })
+        })
+        .collect();
+    ports.sort_by_key(|p| p.port);
+    ports
+}
+
+/// Parses a sysfs port state such as `4: ACTIVE` into `ACTIVE`.
+pub fn parse_state(text: &str) -> Option<String> {
+    let name = match text.split_once(':') {
+        Some((_, name)) => name,
+        None => text,
+    }
+    .trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Parses a sysfs port rate such as `400 Gb/sec (4X NDR)` or `2.5 Gb/sec (1X SDR)`
+/// into Mbit/s.
+pub fn parse_rate_mbps(text: &str) -> Option<u64> {
+    let mut words = text.split_whitespace();
+    let number: f64 = words.next()?.parse().ok()?;
+    let scale = match words.next()? {
+        "Gb/sec" => 1000.0,
+        "Mb/sec" => 1.0,
+        _ => return None,
+    };
+    (number.is_finite() && number >= 0.0).then(|| (number * scale).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_devices_never_panics() {
+        // On a machine without RDMA hardware (CI), libibverbs reports either an
+        // empty list or an error; either must come back as a value.
+        match list_devices() {
+            Ok(devices) => {
+                if !Path::new(SYSFS_INFINIBAND).is_dir() {
+                    assert!(
+                        devices.is_empty(),
+                        "devices without {SYSFS_INFINIBAND}: {devices:?}"
+                    );
+                }
+                for d in &devices {
+                    assert!(!d.name.is_empty());
+                }
+            }
+            Err(message) => {
+                assert!(
+                    message.starts_with("cannot list RDMA devices ("),
+                    "{message}"
+                );
+                assert!(!message.contains('\n'));
+            }
+        }
+    }
+
+    #[test]
+    fn parses_sysfs_values() {
+        assert_eq!(parse_state("4: ACTIVE\n").as_deref(), Some("ACTIVE"));
+        assert_eq!(parse_state("1: DOWN").as_deref(), Some("DOWN"));
+        assert_eq!(parse_state("  \n"), None);
+        assert_eq!(parse_rate_mbps("400 Gb/sec (4X NDR)\n"), Some(400_000));
+        assert_eq!(parse_rate_mbps("2.5 Gb/sec (1X SDR)"), Some(2_500));
+        assert_eq!(parse_rate_mbps("100 Mb/sec"), Some(100));
+        assert_eq!(parse_rate_mbps("fast"), None);
+        assert_eq!(parse_rate_mbps("10 furlongs"), None);
+    }
+
+    #[test]
+    fn reads_ports_from_a_sysfs_tree() {
+        let dev = std::env::temp_dir().join(format!("rustccl-ib-sysfs-{}", std::process::id()));
+        for (port, state, rate, link) in [
+            ("2", "1: DOWN\n", "10 Gb/sec (4X SDR)\n", "InfiniBand\n"),
+            ("1", "4: ACTIVE\n", "200 Gb/sec (2X HDR)\n", "Ethernet\n"),
+        ] {
+            let dir = dev.join("ports").join(port);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("state"), state).unwrap();
+            std::fs::write(dir.join("rate"), rate).unwrap();
+            std::fs::write(dir.join("link_layer"), link).unwrap();
+        }
+        std::fs::create_dir_all(dev.join("ports").join("3")).unwrap(); // no files
+        std::fs::create_dir_all(dev.join("ports").join("not-a-port")).unwrap();
+        let ports = read_ports(&dev);
+        std::fs::remove_dir_all(&dev).unwrap();
+        assert_eq!(
+            ports,
+            vec![
+                IbPortInfo {
+                    port: 1,
+                    state: Some("ACTIVE".into()),
+                    speed_mbps: Some(200_000),
+                    link_layer: Some("Ethernet".into()),
+                },
+                IbPortInfo {
+                    port: 2,
+                    state: Some("DOWN".into()),
+                    speed_mbps: Some(10_000),
+                    link_layer: Some("InfiniBand".into()),
+                },
+                IbPortInfo {
+                    port: 3,
+                    state: None,
+                    speed_mbps: None,
+                    link_layer: None
+                },
+            ]
+        );
+        assert!(read_ports(Path::new("/nonexistent/rustccl")).is_empty());
+    }
+
+    #[test]
+    fn guid_conversion_and_format() {
+        // ibv_get_device_guid returns the GUID bytes in network order; read as a
+        // host integer on a little-endian machine they appear swapped.
+        let guid = 0x0002_c903_0032_4f40u64;
+        assert_eq!(guid_from_verbs(guid.to_be()), guid);
+        assert_eq!(format_guid(guid), "0002:c903:0032:4f40");
+        let info = IbDeviceInfo {
+            name: "mlx5_0".into(),
+            guid: Some(guid),
+            ports: vec![],
+        };
+        assert_eq!(info.guid_string().as_deref(), Some("0002:c903:0032:4f40"));
+    }
+}

@@ -1,1 +1,579 @@
-//! rustccl-tuner-default (being written).
+//! rustccl's default tuner plugin.
+//!
+//! **What it does now (first slice):** it is a `cdylib` exporting the
+//! [`rustccl_plugin_api::TunerPluginRef`] root module. At `init` it reads the
+//! rule table named by `NCCL_TUNER_CONFIG_FILE` (if that variable is set and not
+//! empty); for each collective the first matching rule makes its (algorithm,
+//! protocol) the cheapest entry of the cost table (cost `0.0`) and, unless the
+//! rule says `-1`, sets the channel count. Without a file it changes nothing, so
+//! the host's own model decides.
+//!
+//! **What a later issue adds:** NCCL's `numPipeOps` / `regBuff` columns as real
+//! match criteria, chunk-size rules (tuner v6), per-communicator rule files, and
+//! logging through the host's logger instead of stderr.
+//!
+//! # Rule file format
+//!
+//! The format of NCCL's example tuner. One rule per line:
+//!
+//! ```text
+//! # collective,minbytes,maxbytes,algorithm,protocol,channels,nNodes,nRanks
+//! allreduce,0,65535,tree,ll,-1,-1,-1
+//! allreduce,65536,4294967295,ring,simple,16,2,-1
+//! ```
+//!
+//! * `collective`: broadcast, reduce, allgather, reducescatter, allreduce.
+//! * `minbytes..=maxbytes`: the message-size range, both ends included.
+//! * `algorithm`: tree, ring, collnet_direct, collnet_chain, nvls, nvls_tree, pat.
+//! * `protocol`: ll, ll128, simple.
+//! * `channels`, `nNodes`, `nRanks`: a positive number, or `-1` for "any" (for
+//!   `channels`: "leave the host's choice").
+//! * Everything after `#` is a comment; blank lines are ignored. NCCL's optional
+//!   9th and 10th columns (`numPipeOps`, `regBuff`) are accepted when they are `-1`.
+//!
+//! Malformed lines are skipped with a message on stderr naming the file and line.
+//! A rule whose (algorithm, protocol) is disabled in the host's table (or missing
+//! from it) is passed over, and the next matching rule is tried.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+use abi_stable::export_root_module;
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
+use rustccl_plugin_api::{
+    Algorithm, CollType, CostTable, HandleRegistry, PluginHandle, Protocol, TunerPlugin,
+    TunerPluginRef, PLUGIN_ABI_VERSION,
+};
+
+/// Environment variable naming the rule file (same name as NCCL's example tuner).
+pub const CONFIG_ENV: &str = "NCCL_TUNER_CONFIG_FILE";
+
+/// Name reported by the plugin.
+pub const PLUGIN_NAME: &str = "rustccl-tuner-default";
+
+/// One line of the rule table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The collective it applies to.
+    pub coll: CollType,
+    /// Smallest message size (bytes) it applies to.
+    pub min_bytes: u64,
+    /// Largest message size (bytes) it applies to, included.
+    pub max_bytes: u64,
+    /// Algorithm to prefer.
+    pub algo: Algorithm,
+    /// Protocol to prefer.
+    pub proto: Protocol,
+    /// Channel count to set; `None` leaves the host's choice.
+    pub channels: Option<u32>,
+    /// Node count it applies to; `None` for any.
+    pub n_nodes: Option<usize>,
+    /// Rank count it applies to; `None` for any.
+    pub n_ranks: Option<usize>,
+    /// 1-based line number in the file, for messages.
+    pub line: usize,
+}
+
+impl Rule {
+    /// Whether this rule applies to a `coll` of `nbytes` on a communicator of
+    /// `n_ranks` ranks over `n_nodes` nodes.
+    pub fn matches(&self, coll: CollType, nbytes: u64, n_nodes: usize, n_ranks: usize) -> bool {
+        self.coll == coll
+            && (self.min_bytes..=self.max_bytes).contains(&nbytes)
+            && any_or_eq(self.n_nodes, n_nodes)
+            && any_or_eq(self.n_ranks, n_ranks)
+    }
+}
+
+/// Whether a rule column (`None` = any) accepts `value`.
+fn any_or_eq(want: Option<usize>, value: usize) -> bool {
+    match want {
+        None => true,
+        Some(w) => w == value,
+    }
+}
+
+/// A line of the rule table that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+/// The result of parsing a rule table: the good rules, in file order, and the
+/// lines that were skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParsedConfig {
+    /// Usable rules, in file order.
+    pub rules: Vec<Rule>,
+    /// Skipped malformed lines.
+    pub errors: Vec<LineError>,
+}
+
+/// Parses a "-1 means any" column: `Ok(None)` for -1, `Ok(Some(n))` for n ≥ 1.
+fn parse_optional(field: &str, what: &str) -> Result<Option<u64>, String> {
+    match field.parse::<i64>() {
+        Ok(-1) => Ok(None),
+        Ok(n) if n >= 1 => Ok(Some(n as u64)),
+        _ => Err(format!(
+            "{what} must be -1 or a positive integer, got '{field}'"
+        )),
+    }
+}
+
+/// Parses one non-comment line (already stripped of comments and blank-checked).
+fn parse_rule(text: &str, line: usize) -> Result<Rule, String> {
+    let fields: Vec<&str> = text.split(',').map(str::trim).collect();
+    if !(8..=10).contains(&fields.len()) {
+        return Err(format!(
+            "expected 8 comma-separated fields \
+             (collective,minbytes,maxbytes,algorithm,protocol,channels,nNodes,nRanks), got {}",
+            fields.len()
+        ));
+    }
+    for (extra, name) in fields[8..].iter().zip(["numPipeOps", "regBuff"]) {
+        if *extra != "-1" {
+            return Err(format!(
+                "{name} '{extra}' is not supported yet (only -1, meaning any)"
+            ));
+        }
+    }
+    let coll: CollType = fields[0].parse()?;
+    if !coll.is_tuned() {
+        return Err(format!("collective '{}' is not tuned (only broadcast, reduce, allgather, reducescatter, allreduce)", fields[0]));
+    }
+    let bytes = |s: &str, what: &str| {
+        s.parse::<u64>()
+            .map_err(|_| format!("{what} must be a non-negative integer, got '{s}'"))
+    };
+    let min_bytes = bytes(fields[1], "minbytes")?;
+    let max_bytes = bytes(fields[2], "maxbytes")?;
+    if min_bytes > max_bytes {
+        return Err(format!(
+            "minbytes {min_bytes} is larger than maxbytes {max_bytes}"
+        ));
+    }
+    let channels = parse_optional(fields[5], "channels")?
+        .map(|n| {
+            u32::try_from(n)
+                .ok()
+                .filter(|&c| c <= i32::MAX as u32)
+                .ok_or("channels is too large")
+        })
+        .transpose()?;
+    Ok(Rule {
+        coll,
+        min_bytes,
+        max_bytes,
+        algo: fields[3].parse()?,
+        proto: fields[4].parse()?,
+        channels,
+        n_nodes: parse_optional(fields[6], "nNodes")?.map(|n| n as usize),
+        n_ranks: parse_optional(fields[7], "nRanks")?.map(|n| n as usize),
+        line,
+    })
+}
+
+/// Parses a whole rule table. Never fails: bad lines are reported in `errors`.
+pub fn parse_config(text: &str) -> ParsedConfig {
+    let mut parsed = ParsedConfig::default();
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        let content = raw.split('#').next().unwrap_or("").trim();
+        if content.is_empty() {
+            continue;
+        }
+        match parse_rule(content, line) {
+            Ok(rule) => parsed.rules.push(rule),
+            Err(message) => parsed.errors.push(LineError { line, message }),
+        }
+    }
+    parsed
+}
+
+/// Reads and parses the rule file at `path`, printing one stderr line per
+/// skipped line. An unreadable file is an error.
+pub fn load_config(path: &Path) -> Result<Vec<Rule>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{PLUGIN_NAME}: cannot read {CONFIG_ENV}={}: {e}",
+            path.display()
+        )
+    })?;
+    let parsed = parse_config(&text);
+    for error in &parsed.errors {
+        eprintln!(
+            "{PLUGIN_NAME}: {}: skipped malformed {error}",
+            path.display()
+        );
+    }
+    Ok(parsed.rules)
+}
+
+/// The per-communicator state of the tuner.
+#[derive(Debug, Clone)]
+pub struct TunerState {
+    /// Ranks in the communicator.
+    pub n_ranks: usize,
+    /// Nodes in the communicator.
+    pub n_nodes: usize,
+    /// Rules, in file order.
+    pub rules: Vec<Rule>,
+}
+
+impl TunerState {
+    /// State for a communicator, with rules from the file named by `config`
+    /// (the value of [`CONFIG_ENV`]; unset or empty means no rules).
+    pub fn new(n_ranks: usize, n_nodes: usize, config: Option<OsString>) -> Result<Self, String> {
+        let rules = match config.filter(|p| !p.is_empty()) {
+            Some(path) => load_config(Path::new(&path))?,
+            None => Vec::new(),
+        };
+        Ok(TunerState {
+            n_ranks,
+            n_nodes,
+            rules,
+        })
+    }
+
+    /// Applies the first matching rule whose (algorithm, protocol) is usable in
+    /// `table`: sets that entry to `0.0` and, if the rule has a channel count,
+    /// `*n_channels`. Returns the applied rule, or `None` (table untouched).
+    pub fn apply(
+        &self,
+        coll: CollType,
+        nbytes: usize,
+        table: &mut CostTable<'_>,
+        n_channels: &mut i32,
+    ) -> Option<&Rule> {
+        let nbytes = nbytes as u64;
+        let rule = self
+            .rules
+            .iter()
+            .filter(|r| r.matches(coll, nbytes, self.n_nodes, self.n_ranks))
+            .find(|r| table.is_enabled(r.algo, r.proto))?;
+        table.set(rule.algo, rule.proto, 0.0);
+        if let Some(channels) = rule.channels {
+            // Fits: parse_rule keeps channels <= i32::MAX.
+            *n_channels = channels as i32;
+        }
+        Some(rule)
+    }
+}
+
+/// States of all communicators using this plugin instance.
+static STATES: HandleRegistry<TunerState> = HandleRegistry::new();
+
+/// Runs `f`, turning a panic into an error so that none crosses the ABI.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result.map_err(RString::from).into(),
+        Err(_) => RResult::RErr(RString::from(format!("{PLUGIN_NAME}: {what} panicked"))),
+    }
+}
+
+extern "C" fn init(n_ranks: usize, n_nodes: usize) -> RResult<PluginHandle, RString> {
+    guarded("init", || {
+        let state = TunerState::new(n_ranks, n_nodes, std::env::var_os(CONFIG_ENV))?;
+        Ok(STATES.insert(state))
+    })
+}
+
+extern "C" fn get_coll_info(
+    handle: PluginHandle,
+    coll: CollType,
+    nbytes: usize,
+    costs: RSliceMut<'_, f32>,
+    n_algo: usize,
+    n_proto: usize,
+    n_channels: &mut i32,
+) -> RResult<(), RString> {
+    guarded("get_coll_info", || {
+        let mut table = CostTable::new(costs.into_mut_slice(), n_algo, n_proto)?;
+        STATES
+            .with(handle, |state| {
+                state.apply(coll, nbytes, &mut table, n_channels);
+            })
+            .ok_or_else(|| format!("{PLUGIN_NAME}: unknown handle {}", handle.id))
+    })
+}
+
+extern "C" fn finalize(handle: PluginHandle) -> RResult<(), RString> {
+    guarded("finalize", || {
+        STATES
+            .remove(handle)
+            .map(drop)
+            .ok_or_else(|| format!("{PLUGIN_NAME}: unknown handle {}", handle.id))
+    })
+}
+
+/// The plugin's root module (exported from the `cdylib` for
+/// [`rustccl_plugin_api::load_tuner_from_path`]; also callable directly).
+#[export_root_module]
+pub fn get_library() -> TunerPluginRef {
+    TunerPlugin {
+        name: RStr::from_str(PLUGIN_NAME),
+        abi_version: PLUGIN_ABI_VERSION,
+        init,
+        get_coll_info,
+        finalize,
+    }
+    .leak_into_prefix()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustccl_plugin_api::ALGO_PROTO_IGNORE;
+
+    const GOOD: &str = "\
+# collective,minbytes,maxbytes,algorithm,protocol,channels,nNodes,nRanks
+allreduce,0,65535,tree,ll,-1,-1,-1
+
+allreduce, 65536, 4294967295, ring, simple, 16, 2, -1   # two nodes, large
+allgather,0,1024,nvls_tree,LL128,4,-1,8
+broadcast,0,100,pat,simple,-1,-1,-1,-1,-1
+";
+
+    #[test]
+    fn parses_good_lines() {
+        let parsed = parse_config(GOOD);
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        assert_eq!(parsed.rules.len(), 4);
+        assert_eq!(
+            parsed.rules[0],
+            Rule {
+                coll: CollType::AllReduce,
+                min_bytes: 0,
+                max_bytes: 65535,
+                algo: Algorithm::Tree,
+                proto: Protocol::Ll,
+                channels: None,
+                n_nodes: None,
+                n_ranks: None,
+                line: 2,
+            }
+        );
+        let r = &parsed.rules[1];
+        assert_eq!(
+            (r.algo, r.proto, r.channels, r.n_nodes, r.line),
+            (Algorithm::Ring, Protocol::Simple, Some(16), Some(2), 4)
+        );
+        assert_eq!(r.max_bytes, 4_294_967_295);
+        let r = &parsed.rules[2];
+        assert_eq!(
+            (r.coll, r.algo, r.proto, r.n_ranks),
+            (
+                CollType::AllGather,
+                Algorithm::NvlsTree,
+                Protocol::Ll128,
+                Some(8)
+            )
+        );
+        assert_eq!(parsed.rules[3].algo, Algorithm::Pat);
+    }
+
+    #[test]
+    fn skips_bad_lines_with_line_numbers() {
+        let text = "\
+allreduce,0,10,tree,ll,-1,-1,-1
+allreduce,0,10,tree,ll,-1,-1
+allreduce,0,10,warp,ll,-1,-1,-1
+allreduce,20,10,tree,ll,-1,-1,-1
+allreduce,0,10,tree,ll,0,-1,-1
+allreduce,-5,10,tree,ll,-1,-1,-1
+sendrecv,0,10,tree,ll,-1,-1,-1
+allreduce,0,10,tree,ll,-1,-1,-1,2
+gather,0,10,ring,simple,-1,-1,-1
+allreduce,0,10,ring,simple,-1,abc,-1
+ring,0,10,ring,simple,-1,-1,-1
+";
+        let parsed = parse_config(text);
+        assert_eq!(parsed.rules.len(), 1);
+        assert_eq!(parsed.rules[0].line, 1);
+        let lines: Vec<usize> = parsed.errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, (2..=11).collect::<Vec<_>>());
+        let msg = |line: usize| {
+            parsed
+                .errors
+                .iter()
+                .find(|e| e.line == line)
+                .unwrap()
+                .to_string()
+        };
+        assert!(
+            msg(2).starts_with("line 2: expected 8 comma-separated fields"),
+            "{}",
+            msg(2)
+        );
+        assert!(msg(3).contains("unknown Algorithm 'warp'"), "{}", msg(3));
+        assert!(
+            msg(4).contains("minbytes 20 is larger than maxbytes 10"),
+            "{}",
+            msg(4)
+        );
+        assert!(
+            msg(5).contains("channels must be -1 or a positive integer"),
+            "{}",
+            msg(5)
+        );
+        assert!(
+            msg(6).contains("minbytes must be a non-negative integer"),
+            "{}",
+            msg(6)
+        );
+        assert!(msg(7).contains("not tuned"), "{}", msg(7));
+        assert!(msg(8).contains("numPipeOps '2'"), "{}", msg(8));
+        assert!(msg(9).contains("unknown CollType 'gather'"), "{}", msg(9));
+        assert!(msg(10).contains("nNodes"), "{}", msg(10));
+    }
+
+    #[test]
+    fn load_config_reads_file_and_rejects_missing_file() {
+        let dir = std::env::temp_dir().join(format!("rustccl-tuner-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tuner.conf");
+        std::fs::write(&path, "allreduce,0,10,ring,ll,2,-1,-1\nbad line\n").unwrap();
+        let rules = load_config(&path).unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].channels, Some(2));
+        let err = load_config(&dir.join("missing.conf")).unwrap_err();
+        assert!(
+            err.contains("cannot read NCCL_TUNER_CONFIG_FILE=") && err.contains("missing.conf"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Unset or empty variable: no rules, no error.
+        assert!(TunerState::new(4, 1, None).unwrap().rules.is_empty());
+        assert!(TunerState::new(4, 1, Some(OsString::new()))
+            .unwrap()
+            .rules
+            .is_empty());
+    }
+
+    fn table() -> Vec<f32> {
+        (0..21).map(|i| 10.0 + i as f32).collect()
+    }
+
+    fn state(text: &str, n_ranks: usize, n_nodes: usize) -> TunerState {
+        TunerState {
+            n_ranks,
+            n_nodes,
+            rules: parse_config(text).rules,
+        }
+    }
+
+    #[test]
+    fn matches_by_size_nodes_and_ranks() {
+        let s = state(GOOD, 16, 2);
+        let run = |s: &TunerState, coll, nbytes| {
+            let mut raw = table();
+            let mut t = CostTable::new(&mut raw, 7, 3).unwrap();
+            let mut ch = -1;
+            let line = s.apply(coll, nbytes, &mut t, &mut ch).map(|r| r.line);
+            (line, t.best(), ch, raw)
+        };
+        // Small allreduce: tree/ll, channels untouched; everything else unchanged.
+        let (line, best, ch, raw) = run(&s, CollType::AllReduce, 100);
+        assert_eq!((line, ch), (Some(2), -1));
+        assert_eq!(best, Some((Algorithm::Tree, Protocol::Ll, 0.0)));
+        assert_eq!(raw[1..], table()[1..]);
+        // Range ends are inclusive.
+        assert_eq!(run(&s, CollType::AllReduce, 65535).0, Some(2));
+        let (line, best, ch, _) = run(&s, CollType::AllReduce, 65536);
+        assert_eq!((line, ch), (Some(4), 16));
+        assert_eq!(best, Some((Algorithm::Ring, Protocol::Simple, 0.0)));
+        // The large rule is for 2 nodes only.
+        assert_eq!(run(&state(GOOD, 16, 4), CollType::AllReduce, 65536).0, None);
+        // The allgather rule is for 8 ranks only.
+        assert_eq!(run(&s, CollType::AllGather, 10).0, None);
+        let (line, best, ch, _) = run(&state(GOOD, 8, 1), CollType::AllGather, 1024);
+        assert_eq!((line, ch), (Some(5), 4));
+        assert_eq!(best, Some((Algorithm::NvlsTree, Protocol::Ll128, 0.0)));
+        assert_eq!(run(&state(GOOD, 8, 1), CollType::AllGather, 1025).0, None);
+        // No rule for reduce: table untouched.
+        let (line, _, ch, raw) = run(&s, CollType::Reduce, 10);
+        assert_eq!((line, ch, raw), (None, -1, table()));
+    }
+
+    #[test]
+    fn disabled_pair_falls_through_to_next_rule() {
+        let s = state(
+            "allreduce,0,100,nvls,simple,8,-1,-1\nallreduce,0,100,ring,ll128,-1,-1,-1\n",
+            8,
+            1,
+        );
+        let mut raw = table();
+        raw[Algorithm::Nvls.index() * 3 + Protocol::Simple.index()] = ALGO_PROTO_IGNORE;
+        let mut t = CostTable::new(&mut raw, 7, 3).unwrap();
+        let mut ch = 3;
+        assert_eq!(
+            s.apply(CollType::AllReduce, 50, &mut t, &mut ch)
+                .map(|r| r.line),
+            Some(2)
+        );
+        assert_eq!(ch, 3, "the skipped rule's channels are not applied");
+        assert_eq!(
+            t.get(Algorithm::Nvls, Protocol::Simple),
+            Some(ALGO_PROTO_IGNORE)
+        );
+        assert_eq!(t.best(), Some((Algorithm::Ring, Protocol::Ll128, 0.0)));
+        // A host table with fewer algorithms than the rule names: no match.
+        let s = state("allreduce,0,100,pat,simple,8,-1,-1\n", 8, 1);
+        let mut raw = vec![1.0; 2 * 3];
+        let mut t = CostTable::new(&mut raw, 2, 3).unwrap();
+        assert!(s.apply(CollType::AllReduce, 50, &mut t, &mut ch).is_none());
+        assert_eq!(raw, vec![1.0; 6]);
+    }
+
+    #[test]
+    fn root_module_without_config_leaves_table_alone() {
+        // Calls the exported functions in-process (no env var involved: the
+        // state is inserted directly, as `init` would with the variable unset).
+        let module = get_library();
+        assert_eq!(module.name().as_str(), PLUGIN_NAME);
+        assert_eq!(module.abi_version(), PLUGIN_ABI_VERSION);
+        let handle = STATES.insert(TunerState::new(4, 1, None).unwrap());
+        let mut raw = table();
+        let mut ch = -1;
+        let r = (module.get_coll_info())(
+            handle,
+            CollType::AllReduce,
+            1 << 20,
+            RSliceMut::from_mut_slice(&mut raw),
+            7,
+            3,
+            &mut ch,
+        );
+        assert!(r.is_ok());
+        assert_eq!((raw, ch), (table(), -1));
+        let mut bad = vec![0.0; 5];
+        let err = (module.get_coll_info())(
+            handle,
+            CollType::AllReduce,
+            1,
+            RSliceMut::from_mut_slice(&mut bad),
+            7,
+            3,
+            &mut ch,
+        );
+        assert!(err
+            .into_result()
+            .unwrap_err()
+            .contains("expected 7 algorithms x 3 protocols"));
+        assert!((module.finalize())(handle).is_ok());
+        let err = (module.finalize())(handle).into_result().unwrap_err();
+        assert!(err.contains("unknown handle"), "{err}");
+    }
+}
