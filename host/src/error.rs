@@ -115,6 +115,15 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl From<rustccl_netif::Error> for Error {
+    fn from(e: rustccl_netif::Error) -> Error {
+        match e.code {
+            rustccl_netif::ResultCode::InvalidArgument => Error::invalid_argument(e.message),
+            rustccl_netif::ResultCode::SystemError => Error::system(e.message),
+        }
+    }
+}
+
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 /// Records `message` as the process-wide last error (`ncclGetLastError(NULL)`).

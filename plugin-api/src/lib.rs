@@ -40,6 +40,110 @@ use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
 use abi_stable::StableAbi;
 
+pub mod export;
+pub mod net;
+
+/// An error crossing the plugin boundary: an `ncclResult_t` code and a message.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct PluginError {
+    /// `ncclResult_t` value (2 system, 3 internal, 4 invalid argument, 5 invalid usage,
+    /// 6 remote).
+    pub code: i32,
+    pub message: RString,
+}
+
+impl PluginError {
+    pub const SYSTEM: i32 = 2;
+    pub const INTERNAL: i32 = 3;
+    pub const INVALID_ARGUMENT: i32 = 4;
+    pub const INVALID_USAGE: i32 = 5;
+    pub const REMOTE: i32 = 6;
+
+    pub fn new(code: i32, message: impl Into<String>) -> PluginError {
+        PluginError { code, message: RString::from(message.into()) }
+    }
+    pub fn system(message: impl Into<String>) -> PluginError {
+        PluginError::new(Self::SYSTEM, message)
+    }
+    pub fn internal(message: impl Into<String>) -> PluginError {
+        PluginError::new(Self::INTERNAL, message)
+    }
+    pub fn invalid_argument(message: impl Into<String>) -> PluginError {
+        PluginError::new(Self::INVALID_ARGUMENT, message)
+    }
+    pub fn invalid_usage(message: impl Into<String>) -> PluginError {
+        PluginError::new(Self::INVALID_USAGE, message)
+    }
+    pub fn remote(message: impl Into<String>) -> PluginError {
+        PluginError::new(Self::REMOTE, message)
+    }
+}
+
+impl fmt::Display for PluginError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (code {})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for PluginError {}
+
+/// The result type of every exported plugin function.
+pub type PResult<T> = RResult<T, PluginError>;
+
+/// Log levels passed to a plugin's logger (NCCL's `ncclDebugLogLevel`).
+pub mod log_level {
+    pub const WARN: i32 = 2;
+    pub const INFO: i32 = 3;
+    pub const TRACE: i32 = 5;
+}
+
+/// Subsystem flags passed to a plugin's logger (NCCL's values).
+pub mod subsys {
+    pub const INIT: u64 = 0x1;
+    pub const NET: u64 = 0x10;
+    pub const TUNING: u64 = 0x40;
+    pub const PROFILE: u64 = 0x4000;
+}
+
+/// The logger the host gives a plugin at init: level, subsystem flags, message.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct LogFn {
+    pub log: extern "C" fn(level: i32, subsys: u64, message: RStr<'_>),
+}
+
+impl LogFn {
+    pub fn warn(&self, subsys: u64, message: &str) {
+        (self.log)(log_level::WARN, subsys, RStr::from_str(message))
+    }
+    pub fn info(&self, subsys: u64, message: &str) {
+        (self.log)(log_level::INFO, subsys, RStr::from_str(message))
+    }
+}
+
+impl fmt::Debug for LogFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LogFn")
+    }
+}
+
+/// Runs a plugin function, turning a panic into an internal error: a panic must not unwind
+/// across the ABI.
+pub fn call_guarded<T>(f: impl FnOnce() -> Result<T, PluginError>) -> PResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.into(),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            RResult::RErr(PluginError::internal(format!("plugin panicked: {what}")))
+        }
+    }
+}
+
 /// Version of the rustccl plugin ABI that this crate describes.
 ///
 /// It is bumped whenever a change would break already-built plugins. A plugin

@@ -5,7 +5,6 @@
 //! stopped by the communicator's abort and revoke flags.
 
 pub mod id;
-pub mod netif;
 pub mod peers;
 pub mod root;
 pub mod wire;
@@ -23,6 +22,7 @@ use wire::{Cancel, Conn};
 
 use crate::error::{Error, Result, ResultCode};
 use crate::params;
+pub use rustccl_netif as netif;
 
 /// Flags that stop every wait of one communicator.
 #[derive(Debug, Default)]
@@ -43,7 +43,7 @@ impl StopFlags {
 pub fn get_unique_id() -> Result<UniqueId> {
     crate::log::init();
     if let Some(env) = params::env_str("NCCL_COMM_ID") {
-        let addr = netif::parse_socket_addr(env.trim()).map_err(|e| e.context("NCCL_COMM_ID"))?;
+        let addr = netif::parse_socket_addr(env.trim()).map_err(|e| Error::from(e).context("NCCL_COMM_ID"))?;
         return Ok(UniqueId::from_comm_id_env(env.trim(), addr));
     }
     create_root_id()

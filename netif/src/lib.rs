@@ -12,8 +12,42 @@ use std::sync::OnceLock;
 
 use nix::net::if_::InterfaceFlags;
 
-use crate::error::{Error, Result};
-use crate::params::env_str;
+/// What can go wrong choosing an interface: a user setting that matches nothing or does not
+/// parse (`InvalidArgument`), or a machine without a usable interface (`System`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultCode {
+    InvalidArgument,
+    SystemError,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub code: ResultCode,
+    pub message: String,
+}
+
+impl Error {
+    fn invalid_argument(message: impl Into<String>) -> Error {
+        Error { code: ResultCode::InvalidArgument, message: message.into() }
+    }
+    fn system(message: impl Into<String>) -> Error {
+        Error { code: ResultCode::SystemError, message: message.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn env_str(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
 
 /// One address of one network interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -300,7 +334,6 @@ pub fn parse_socket_addr(s: &str) -> Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ResultCode;
 
     fn iface(name: &str, addr: &str, up: bool) -> Interface {
         let addr: IpAddr = addr.parse().unwrap();
