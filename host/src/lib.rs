@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod log;
 pub mod params;
+pub mod plugin;
 pub mod types;
 pub mod version;
 

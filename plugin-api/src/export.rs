@@ -72,14 +72,19 @@ impl<T: StableAbi + 'static> PluginExport<T> {
 
 /// Looks up `kind` at `version` in `lib`. `Ok(None)`: the library does not export it.
 /// `Err`: it does, but the export is damaged or its layout differs from what this host expects.
+///
+/// The table is the library's static data: it stays valid while `lib` stays loaded, which the
+/// caller ensures by keeping the library open as long as it uses the table.
 pub fn find<T: StableAbi + 'static>(
-    lib: &'static libloading::Library,
+    lib: &libloading::Library,
     kind: PluginKind,
     version: u32,
 ) -> Result<Option<&'static T>, String> {
     let name = symbol_name(kind, version);
     // SAFETY: the symbol, if present, is a `PluginExport<T>` static by the naming contract;
     // its magic and layout are checked below before the table is used.
+    // The library stays loaded while the table is used (see above), so the export may be
+    // treated as 'static data.
     let export: &'static PluginExport<T> = unsafe {
         match lib.get::<*const PluginExport<T>>(name.as_bytes()) {
             Ok(sym) => match (*sym).as_ref() {

@@ -1,47 +1,41 @@
 //! Stable-ABI definitions shared by rustccl and its plugins.
 //!
-//! **What this crate does now (first slice):** it defines the *tuner* plugin kind
-//! with [`abi_stable`]: the root module [`TunerPluginRef`] a tuner `.so` exports,
-//! the enums shared with NCCL ([`CollType`], [`Algorithm`], [`Protocol`], with
-//! NCCL's numbering), the [`CostTable`] view a tuner edits, the
-//! [`PLUGIN_ABI_VERSION`] number, a [`HandleRegistry`] that plugins use to turn
-//! their per-communicator state into an opaque [`PluginHandle`], and the loader
-//! [`load_tuner_from_path`] plus the safe wrapper [`TunerInstance`].
+//! Three plugin kinds, each a module with the same shape: a safe trait the host uses and a
+//! plugin implements, one `#[repr(C)]` [`abi_stable::StableAbi`] table of `extern "C"` shims per
+//! ABI version, an `export_*!` macro that puts a table in a cdylib under the symbol
+//! `rustccl_<kind>_v<N>` (see [`export`]), and a client per version that implements the
+//! trait by calling a loaded table (adapting older versions to the current trait):
 //!
-//! **What a later issue adds:** the net and profiler plugin kinds, plugin
-//! discovery (`NCCL_TUNER_PLUGIN`-style names, search paths, looking inside the
-//! net plugin's library), the tuner constants / NVLink-domain arguments of
-//! NCCL's tuner v5, optional `get_chunk_size` (tuner v6) as a field after the
-//! prefix, and adapters for NCCL's C plugin structs.
+//! * [`net`]: trait [`net::Net`], table `NetV1` (`rustccl_net_v1`), `export_net_v1!`,
+//!   `NetV1Client`;
+//! * [`tuner`]: trait [`tuner::Tuner`], tables `TunerV1` (`rustccl_tuner_v1`) and `TunerV2`
+//!   (`rustccl_tuner_v2`), `export_tuner_v1!` / `export_tuner_v2!`, `TunerV1Client` /
+//!   `TunerV2Client`;
+//! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV1` (`rustccl_profiler_v1`),
+//!   `export_profiler_v1!`, `ProfilerV1Client`.
 //!
-//! # Design notes
+//! This root module holds what the kinds share: [`PluginError`] / [`PResult`] (the result of
+//! every exported function), the host's logger [`LogFn`], [`call_guarded`] (no panic crosses
+//! the ABI), the enums numbered as NCCL's ([`CollType`], [`Algorithm`], [`Protocol`]), the
+//! tuner's [`CostTable`] view, and [`PluginHandle`] / [`HandleRegistry`] (plugin-side state
+//! never crosses the boundary: the plugin hands out numbers, and a stale or foreign number
+//! is an error, never undefined behaviour).
 //!
-//! * A plugin is a Rust `cdylib` that exports its root module with
-//!   `#[abi_stable::export_root_module]`. The loader checks, in order: the file
-//!   exists, it is a loadable library, it has an abi_stable root module, the root
-//!   module's base name is [`TunerPluginRef::BASE_NAME`] (so a profiler plugin is
-//!   not taken for a tuner), the abi_stable version numbers, the type layout of
-//!   the whole module, and finally the module's own `abi_version` field.
-//! * Per-communicator plugin state never crosses the boundary: the plugin keeps
-//!   it and hands out a [`PluginHandle`] (a number). A stale or foreign handle is
-//!   an error, not undefined behaviour.
-//! * Loaded libraries are never unloaded (abi_stable leaks them on purpose, so
-//!   that no function pointer can dangle).
+//! Loaded libraries are never unloaded, so no function pointer can dangle.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
-use abi_stable::sabi_types::VersionStrings;
-use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
+use abi_stable::std_types::{RResult, RStr, RString};
 use abi_stable::StableAbi;
 
 pub mod export;
 pub mod net;
+pub mod profiler;
+pub mod tuner;
 
 /// An error crossing the plugin boundary: an `ncclResult_t` code and a message.
 #[repr(C)]
@@ -143,19 +137,6 @@ pub fn call_guarded<T>(f: impl FnOnce() -> Result<T, PluginError>) -> PResult<T>
         }
     }
 }
-
-/// Version of the rustccl plugin ABI that this crate describes.
-///
-/// It is bumped whenever a change would break already-built plugins. A plugin
-/// stores the value it was built with in its root module (`abi_version`), and
-/// [`load_tuner_from_path`] refuses a plugin whose number differs.
-pub const PLUGIN_ABI_VERSION: u32 = 1;
-
-/// The abi_stable version string of the plugin root modules: its major number is
-/// [`PLUGIN_ABI_VERSION`] (a unit test checks that they agree). It is kept apart
-/// from the crate's Cargo version so that releasing rustccl does not invalidate
-/// plugins whose ABI did not change.
-const PLUGIN_VERSION_STRINGS: VersionStrings = VersionStrings::new("1.0.0");
 
 /// Cost of an (algorithm, protocol) pair that must not be used, as in NCCL
 /// (`NCCL_ALGO_PROTO_IGNORE`). Any negative, infinite or NaN cost is treated the
@@ -460,206 +441,9 @@ impl<T> HandleRegistry<T> {
     }
 }
 
-/// The root module of a tuner plugin: what a tuner `.so` exports.
-///
-/// Build one in the plugin with `TunerPlugin { .. }.leak_into_prefix()` inside an
-/// `#[export_root_module]` function. Fields added by later ABI revisions go after
-/// `finalize` and are read as `Option`s, so old plugins keep loading.
-#[repr(C)]
-#[derive(StableAbi)]
-#[sabi(kind(Prefix(prefix_ref = TunerPluginRef)))]
-pub struct TunerPlugin {
-    /// Human-readable plugin name, used in log lines.
-    pub name: RStr<'static>,
-    /// The [`PLUGIN_ABI_VERSION`] the plugin was built against.
-    pub abi_version: u32,
-    /// Creates the state for one communicator of `nranks` ranks on `nnodes` nodes.
-    /// An error disables the tuner for that communicator.
-    pub init: extern "C" fn(nranks: usize, nnodes: usize) -> RResult<PluginHandle, RString>,
-    /// Called for each collective: the tuner may lower entries of `costs` (a
-    /// row-major `n_algo × n_proto` table; see [`CostTable`]) and may set
-    /// `*n_channels` (left unchanged means "host decides"). An error means "use
-    /// the host's default choice for this call".
-    pub get_coll_info: extern "C" fn(
-        handle: PluginHandle,
-        coll: CollType,
-        nbytes: usize,
-        costs: RSliceMut<'_, f32>,
-        n_algo: usize,
-        n_proto: usize,
-        n_channels: &mut i32,
-    ) -> RResult<(), RString>,
-    /// Destroys the state made by `init`.
-    #[sabi(last_prefix_field)]
-    pub finalize: extern "C" fn(handle: PluginHandle) -> RResult<(), RString>,
-}
-
-impl RootModule for TunerPluginRef {
-    abi_stable::declare_root_module_statics! {TunerPluginRef}
-    const BASE_NAME: &'static str = "rustccl_tuner";
-    const NAME: &'static str = "rustccl tuner plugin";
-    const VERSION_STRINGS: VersionStrings = PLUGIN_VERSION_STRINGS;
-}
-
-impl fmt::Debug for TunerPluginRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TunerPluginRef")
-            .field("name", &self.name().as_str())
-            .field("abi_version", &self.abi_version())
-            .finish_non_exhaustive()
-    }
-}
-
-/// Checks the `abi_version` a plugin reports against [`PLUGIN_ABI_VERSION`].
-pub fn check_abi_version(plugin_name: &str, found: u32) -> Result<(), String> {
-    if found == PLUGIN_ABI_VERSION {
-        Ok(())
-    } else {
-        Err(format!(
-            "plugin '{plugin_name}' was built for rustccl plugin ABI version {found}, \
-             but this rustccl uses version {PLUGIN_ABI_VERSION}; rebuild the plugin"
-        ))
-    }
-}
-
-/// Turns an abi_stable loading error into a one-line message naming `path`.
-fn describe_library_error(path: &Path, err: &LibraryError) -> String {
-    let path = path.display();
-    match err {
-        LibraryError::OpenError { err, .. } => {
-            format!("cannot load tuner plugin {path}: not a loadable shared library ({err})")
-        }
-        LibraryError::GetSymbolError { .. } => format!(
-            "{path} is not a rustccl plugin: it exports no abi_stable root module \
-             (build it as a cdylib with #[export_root_module])"
-        ),
-        LibraryError::InvalidAbiHeader(_) | LibraryError::InvalidCAbi { .. } => {
-            format!("tuner plugin {path} was built with an incompatible abi_stable version: {err}")
-        }
-        LibraryError::IncompatibleVersionNumber {
-            expected_version,
-            actual_version,
-            ..
-        } => format!(
-            "tuner plugin {path} has plugin ABI version {actual_version}, \
-             but this rustccl expects {expected_version}; rebuild the plugin"
-        ),
-        LibraryError::AbiInstability(_) => format!(
-            "tuner plugin {path} does not match this rustccl's tuner ABI \
-             (type layouts differ; rebuild the plugin against this rustccl-plugin-api): {err}"
-        )
-        .replace('\n', " "),
-        _ => format!("cannot load tuner plugin {path}: {err}").replace('\n', " "),
-    }
-}
-
-/// Loads the tuner plugin library at `path` and returns its checked root module.
-///
-/// Never panics; every failure is an `Err` with one line naming the path and the
-/// cause: a missing file, a file that is not a shared library, a library that is
-/// not a rustccl plugin, a plugin of another kind, or an ABI/version mismatch.
-///
-/// This uses abi_stable's `lib_header_from_path` + `LibHeader::init_root_module`,
-/// the building blocks of `RootModule::load_from_file`. `load_from_file` itself is
-/// not used because it caches the first library it opens in a per-type static,
-/// even when that library then fails the checks: after one failed attempt (or
-/// one success) it could never load a tuner from another path in the process.
-pub fn load_tuner_from_path(path: impl AsRef<Path>) -> Result<TunerPluginRef, String> {
-    let path = path.as_ref();
-    if !path.is_file() {
-        return Err(format!("tuner plugin file not found: {}", path.display()));
-    }
-    let header = lib_header_from_path(path).map_err(|e| describe_library_error(path, &e))?;
-    let base_name = header.root_mod_consts().base_name();
-    if base_name.as_str() != TunerPluginRef::BASE_NAME {
-        return Err(format!(
-            "{} is a rustccl '{}' plugin, not a '{}' plugin",
-            path.display(),
-            base_name,
-            TunerPluginRef::BASE_NAME
-        ));
-    }
-    let module = header
-        .init_root_module::<TunerPluginRef>()
-        .map_err(|e| describe_library_error(path, &e))?;
-    check_abi_version(module.name().as_str(), module.abi_version())?;
-    Ok(module)
-}
-
-/// A tuner plugin initialised for one communicator; finalised on drop.
-pub struct TunerInstance {
-    module: TunerPluginRef,
-    handle: Option<PluginHandle>,
-}
-
-impl fmt::Debug for TunerInstance {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TunerInstance")
-            .field("plugin", &self.module.name().as_str())
-            .field("handle", &self.handle)
-            .finish()
-    }
-}
-
-impl TunerInstance {
-    /// Calls the plugin's `init` for a communicator of `nranks` ranks on `nnodes` nodes.
-    pub fn new(module: TunerPluginRef, nranks: usize, nnodes: usize) -> Result<Self, String> {
-        let handle = (module.init())(nranks, nnodes)
-            .into_result()
-            .map_err(|e| format!("tuner plugin '{}' init failed: {e}", module.name()))?;
-        Ok(TunerInstance {
-            module,
-            handle: Some(handle),
-        })
-    }
-
-    /// The plugin's name.
-    pub fn name(&self) -> &'static str {
-        self.module.name().as_str()
-    }
-
-    /// Lets the plugin edit `table` and `n_channels` for one collective call.
-    pub fn get_coll_info(
-        &self,
-        coll: CollType,
-        nbytes: usize,
-        table: &mut CostTable<'_>,
-        n_channels: &mut i32,
-    ) -> Result<(), String> {
-        let handle = self.handle.ok_or("tuner already finalized")?;
-        let (n_algo, n_proto) = (table.n_algo(), table.n_proto());
-        let costs = RSliceMut::from_mut_slice(table.as_mut_slice());
-        (self.module.get_coll_info())(handle, coll, nbytes, costs, n_algo, n_proto, n_channels)
-            .into_result()
-            .map_err(|e| format!("tuner plugin '{}' get_coll_info failed: {e}", self.name()))
-    }
-
-    /// Calls the plugin's `finalize` now and reports its result.
-    pub fn finalize(mut self) -> Result<(), String> {
-        self.finalize_inner()
-    }
-
-    fn finalize_inner(&mut self) -> Result<(), String> {
-        match self.handle.take() {
-            Some(handle) => (self.module.finalize())(handle)
-                .into_result()
-                .map_err(|e| format!("tuner plugin '{}' finalize failed: {e}", self.name())),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for TunerInstance {
-    fn drop(&mut self) {
-        // An error cannot be returned from drop; `finalize` reports it instead.
-        let _ = self.finalize_inner();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
     fn enum_numbering_matches_nccl() {
@@ -715,48 +499,6 @@ mod tests {
     }
 
     #[test]
-    fn version_strings_follow_abi_version() {
-        let major: u32 = PLUGIN_VERSION_STRINGS
-            .version
-            .split('.')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(major, PLUGIN_ABI_VERSION);
-        assert!(check_abi_version("x", PLUGIN_ABI_VERSION).is_ok());
-        let err = check_abi_version("x", PLUGIN_ABI_VERSION + 1).unwrap_err();
-        assert!(
-            err.contains("version 2") && err.contains("rebuild"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn version_mismatch_error_is_clear() {
-        use abi_stable::sabi_types::VersionNumber;
-        let err = LibraryError::IncompatibleVersionNumber {
-            library_name: "rustccl tuner plugin",
-            expected_version: VersionNumber {
-                major: 1,
-                minor: 0,
-                patch: 0,
-            },
-            actual_version: VersionNumber {
-                major: 2,
-                minor: 0,
-                patch: 0,
-            },
-        };
-        let msg = describe_library_error(Path::new("/x/libt.so"), &err);
-        assert_eq!(
-            msg,
-            "tuner plugin /x/libt.so has plugin ABI version 2.0.0, but this rustccl expects 1.0.0; \
-             rebuild the plugin"
-        );
-    }
-
-    #[test]
     fn cost_table_get_set_best() {
         let mut raw = vec![5.0f32; 7 * 3];
         {
@@ -809,47 +551,5 @@ mod tests {
         assert_eq!(reg.remove(a), None);
         assert_eq!(reg.with(PluginHandle { id: 999 }, |_| ()), None);
         assert_eq!(reg.len(), 1);
-    }
-
-    #[test]
-    fn loader_missing_file() {
-        let err = load_tuner_from_path("/nonexistent/dir/librustccl_none.so").unwrap_err();
-        assert_eq!(
-            err,
-            "tuner plugin file not found: /nonexistent/dir/librustccl_none.so"
-        );
-    }
-
-    #[test]
-    fn loader_rejects_non_library() {
-        let path =
-            std::env::temp_dir().join(format!("rustccl-not-a-lib-{}.so", std::process::id()));
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(b"this is not an ELF file")
-            .unwrap();
-        let err = load_tuner_from_path(&path).unwrap_err();
-        std::fs::remove_file(&path).unwrap();
-        assert!(err.contains("not a loadable shared library"), "{err}");
-        assert!(!err.contains('\n'));
-    }
-
-    /// The path of the C library this test process has mapped: a real shared
-    /// library that is not a rustccl plugin.
-    fn mapped_libc() -> std::path::PathBuf {
-        let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
-        maps.lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|p| p.contains("/libc.so") || p.contains("/libc-"))
-            .expect("libc mapped")
-            .into()
-    }
-
-    #[test]
-    fn loader_rejects_non_plugin_library() {
-        let libc = mapped_libc();
-        let err = load_tuner_from_path(&libc).unwrap_err();
-        assert!(err.contains("is not a rustccl plugin"), "{err}");
-        assert!(err.contains(&*libc.to_string_lossy()), "{err}");
     }
 }

@@ -77,6 +77,11 @@ pub fn spawn_one(scenario: &str, nranks: i32, rank: i32, ids: &str, env: &[(&str
     for (k, v) in env {
         cmd.env(k, v);
     }
+    spawn_command(rank, cmd)
+}
+
+/// Starts a prepared command as rank `rank` (e.g. the worker inside `ip netns exec`).
+pub fn spawn_command(rank: i32, mut cmd: Command) -> RankProc {
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("start rank-worker");
     let stdout = child.stdout.take().unwrap();

@@ -10,6 +10,8 @@ use crate::backend;
 use crate::bootstrap::{self, Bootstrap, JoinRequest, StopFlags, UniqueId};
 use crate::config::CommConfig;
 use crate::error::{Error, Result};
+use crate::plugin::profiler::CommInfo;
+use crate::plugin::CommPlugins;
 
 /// Where a new communicator comes from.
 pub(super) struct Origin {
@@ -166,6 +168,7 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             shared,
             children: AtomicU64::new(0),
+            plugins: Mutex::new(None),
         });
         let ids = ids.to_vec();
         let job = {
@@ -191,11 +194,24 @@ impl Communicator {
 fn run_init(inner: &Inner, ids: &[UniqueId]) {
     let _g = crate::log::rank_scope(inner.rank as i32);
     let req = JoinRequest { ids, nranks: inner.nranks, rank: inner.rank, device: inner.device };
-    let result = Bootstrap::init(&req, Arc::clone(&inner.stop));
+    let result = Bootstrap::init(&req, Arc::clone(&inner.stop)).and_then(|bs| {
+        let hosts: HashSet<u64> = bs.peers().iter().map(|p| p.host_hash).collect();
+        let name = inner.config.comm_name.clone().unwrap_or_else(|| format!("{:016x}", inner.comm_hash));
+        let info = CommInfo {
+            comm_id: inner.comm_hash,
+            name: &name,
+            nnodes: hosts.len(),
+            nranks: inner.nranks as usize,
+            rank: inner.rank as usize,
+        };
+        let plugins = CommPlugins::select(&info, &inner.config)?;
+        Ok((bs, plugins))
+    });
     let mut state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
     match result {
-        Ok(bs) => {
+        Ok((bs, plugins)) => {
             let _ = inner.bootstrap.set(bs);
+            *inner.plugins.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(plugins));
             *state = State::Ready;
             tracing::info!(
                 target: "INIT",

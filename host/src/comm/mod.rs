@@ -18,6 +18,7 @@ use crate::backend::DeviceBackend;
 use crate::bootstrap::{Bootstrap, StopFlags};
 use crate::config::{CommConfig, ResolvedConfig};
 use crate::error::{set_last_error, Error, Result, ResultCode};
+use crate::plugin::CommPlugins;
 
 pub use init::get_unique_id;
 pub use split::ShrinkFlags;
@@ -56,6 +57,8 @@ struct Inner {
     shared: Arc<SharedResources>,
     /// Number of splits and shrinks made from this communicator (all ranks count alike).
     children: AtomicU64,
+    /// The plugins chosen at init (released at destroy).
+    plugins: Mutex<Option<Arc<CommPlugins>>>,
 }
 
 /// One rank's communicator.
@@ -216,6 +219,13 @@ impl Communicator {
         Arc::ptr_eq(&self.inner.shared, &other.inner.shared)
     }
 
+    /// The plugins this communicator uses: its network, and its tuner and profiler if any.
+    pub fn plugins(&self) -> Result<Arc<CommPlugins>> {
+        self.ready("plugins")?;
+        let p = self.inner.plugins.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        p.ok_or_else(|| self.inner.record(Error::invalid_usage("plugins: the communicator's plugins were released")))
+    }
+
     /// Host identities of every rank, in rank order (ranks with equal values share a node).
     pub fn host_hashes(&self) -> Result<Vec<u64>> {
         Ok(self.ready("host_hashes")?.peers().iter().map(|p| p.host_hash).collect())
@@ -290,6 +300,7 @@ impl Communicator {
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(true);
         }
+        self.release_plugins();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
         Ok(())
     }
@@ -306,8 +317,17 @@ impl Communicator {
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(false);
         }
+        self.release_plugins();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} aborted", self.inner.rank, self.inner.comm_hash);
         Ok(())
+    }
+}
+
+impl Communicator {
+    /// Drops this communicator's hold on its plugins (finalizing their per-communicator state
+    /// once no operation uses them any more).
+    fn release_plugins(&self) {
+        self.inner.plugins.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 

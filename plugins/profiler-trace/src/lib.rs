@@ -1,19 +1,26 @@
-//! rustccl's trace profiler: records communication events as a Chrome trace.
+//! rustccl's trace profiler plugin (`trace`): records communication events as a Chrome trace.
 //!
-//! **What it does now (first slice):** a thread-safe [`Recorder`] for the event
-//! hierarchy of NCCL's profiler v5 ([`EventKind`]: group → collective / p2p →
-//! proxy op → proxy step → net, and collective / p2p → kernel channel). Events
-//! are started and stopped by id from any thread, parents are checked against
-//! the hierarchy, state changes are recorded as instant events, and the whole
-//! trace is written as Chrome trace-event JSON (`{"traceEvents":[...]}`, viewable
-//! in `chrome://tracing` or Perfetto) to the file named by
-//! [`TRACE_FILE_ENV`] (`RUSTCCL_PROFILER_TRACE_FILE`).
+//! Two layers:
 //!
-//! **What a later issue adds:** the stable-ABI profiler plugin interface (the
-//! root module the host loads, with init/start/stop/record-state/finalize and an
-//! event activation mask), per-communicator recorders, the API-level events
-//! (group API, collective API, kernel launch, proxy control), a bounded event
-//! buffer, and GPU timestamps for kernel-channel events.
+//! * [`Recorder`], a thread-safe recorder for the event hierarchy of NCCL's profiler v5
+//!   ([`EventKind`]: group → collective / p2p → proxy op → proxy step → net, collective /
+//!   p2p → kernel channel, and standalone proxy-control events). Events are started and
+//!   stopped by id from any thread, parents are checked against the hierarchy, state changes
+//!   are recorded as instant events, and the whole trace is written as Chrome trace-event
+//!   JSON (`{"traceEvents":[...]}`, viewable in `chrome://tracing` or Perfetto).
+//! * [`TraceProfiler`], the [`rustccl_plugin_api::profiler::Profiler`] on top of one
+//!   process-wide recorder, exported from the `cdylib` (`librustccl_profiler_trace.so`) as
+//!   `rustccl_profiler_v1` under the name [`PLUGIN_NAME`]. Every communicator's events go to
+//!   the same trace (each event's `args` carry `rank` and `comm`); the trace is written to
+//!   the file named by [`TRACE_FILE_ENV`] (`RUSTCCL_PROFILER_TRACE_FILE`) when the last
+//!   live communicator is finalised (again, with everything so far, if more communicators
+//!   come and go later). The events it asks for come from [`EVENT_MASK_ENV`]
+//!   (`NCCL_PROFILE_EVENT_MASK`, decimal or `0x` hex; default [`DEFAULT_EVENT_MASK`] =
+//!   Group | Coll | P2p | ProxyOp). An event whose parent was not tracked (its type is not in
+//!   the mask) stands alone in the trace.
+//!
+//! Not yet: the API-level events (group API, collective API, kernel launch), a bounded
+//! event buffer, and GPU timestamps for kernel-channel events.
 //!
 //! # Output format
 //!
@@ -42,11 +49,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use rustccl_plugin_api::profiler::{event_type, state, EventDescr, Profiler, ProfilerProvider, StateArgs};
+use rustccl_plugin_api::{subsys, HandleRegistry, LogFn, PluginError, PluginHandle};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// Environment variable naming the trace output file (`%p` = process id).
 pub const TRACE_FILE_ENV: &str = "RUSTCCL_PROFILER_TRACE_FILE";
+
+/// Environment variable with the event types to record (NCCL's example profiler's name).
+pub const EVENT_MASK_ENV: &str = "NCCL_PROFILE_EVENT_MASK";
+
+/// The event types recorded when [`EVENT_MASK_ENV`] is unset: Group | Coll | P2p | ProxyOp.
+pub const DEFAULT_EVENT_MASK: u32 =
+    event_type::GROUP | event_type::COLL | event_type::P2P | event_type::PROXY_OP;
+
+/// Name of the exported profiler.
+pub const PLUGIN_NAME: &str = "trace";
 
 /// The kinds of events of NCCL's profiler v5 that this recorder knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -63,21 +82,29 @@ pub enum EventKind {
     ProxyStep,
     /// One GPU channel's part of a kernel.
     KernelCh,
+    /// The proxy thread's own activity (idle, active, sleep, ...); has no parent.
+    ProxyCtrl,
     /// An event defined by the net plugin (e.g. one network request).
     Net,
 }
 
 impl EventKind {
     /// Every kind, outermost first.
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 8] = [
         EventKind::Group,
         EventKind::Coll,
         EventKind::P2p,
         EventKind::ProxyOp,
         EventKind::ProxyStep,
+        EventKind::ProxyCtrl,
         EventKind::KernelCh,
         EventKind::Net,
     ];
+
+    /// The kind of a single NCCL event-type bit (see [`EventKind::mask_bit`]).
+    pub fn from_mask_bit(bit: u64) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.mask_bit() == bit)
+    }
 
     /// The bit of NCCL's profiler event-activation mask for this kind
     /// (`ncclProfileGroup` = 1<<0 … `ncclProfileNetPlugin` = 1<<7).
@@ -88,6 +115,7 @@ impl EventKind {
             EventKind::P2p => 1 << 2,
             EventKind::ProxyOp => 1 << 3,
             EventKind::ProxyStep => 1 << 4,
+            EventKind::ProxyCtrl => 1 << 5,
             EventKind::KernelCh => 1 << 6,
             EventKind::Net => 1 << 7,
         }
@@ -101,6 +129,7 @@ impl EventKind {
             EventKind::P2p => "p2p",
             EventKind::ProxyOp => "proxy_op",
             EventKind::ProxyStep => "proxy_step",
+            EventKind::ProxyCtrl => "proxy_ctrl",
             EventKind::KernelCh => "kernel_ch",
             EventKind::Net => "net",
         }
@@ -109,7 +138,7 @@ impl EventKind {
     /// Kinds allowed as this kind's parent.
     pub fn parent_kinds(self) -> &'static [EventKind] {
         match self {
-            EventKind::Group => &[],
+            EventKind::Group | EventKind::ProxyCtrl => &[],
             EventKind::Coll | EventKind::P2p => &[EventKind::Group],
             EventKind::ProxyOp | EventKind::KernelCh => &[EventKind::Coll, EventKind::P2p],
             EventKind::ProxyStep => &[EventKind::ProxyOp],
@@ -117,10 +146,14 @@ impl EventKind {
         }
     }
 
-    /// Whether an event of this kind must have a parent. Groups never have one;
-    /// collectives and p2p operations may stand alone (when not in a group).
+    /// Whether an event of this kind must have a parent (in a strict recorder). Groups and
+    /// proxy-control events never have one; collectives and p2p operations may stand alone
+    /// (when not in a group).
     pub fn requires_parent(self) -> bool {
-        !matches!(self, EventKind::Group | EventKind::Coll | EventKind::P2p)
+        !matches!(
+            self,
+            EventKind::Group | EventKind::ProxyCtrl | EventKind::Coll | EventKind::P2p
+        )
     }
 }
 
@@ -234,6 +267,8 @@ struct TraceEvent<'a> {
 pub struct Recorder {
     origin: Instant,
     pid: u32,
+    /// Whether kinds that [require a parent](EventKind::requires_parent) may start without.
+    allow_orphans: bool,
     inner: Mutex<Inner>,
 }
 
@@ -249,7 +284,17 @@ impl Recorder {
         Recorder {
             origin: Instant::now(),
             pid: std::process::id(),
+            allow_orphans: false,
             inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// An empty recorder that lets any event start without a parent (for when the parent's
+    /// kind is not recorded); a parent, when given, is still checked.
+    pub fn allowing_orphans() -> Self {
+        Recorder {
+            allow_orphans: true,
+            ..Self::new()
         }
     }
 
@@ -300,7 +345,9 @@ impl Recorder {
                     });
                 }
             }
-            None if kind.requires_parent() => return Err(TraceError::MissingParent(kind)),
+            None if kind.requires_parent() && !self.allow_orphans => {
+                return Err(TraceError::MissingParent(kind))
+            }
             None => {}
         }
         inner.next_id += 1;
@@ -448,6 +495,231 @@ pub fn trace_file_from(value: Option<std::ffi::OsString>, pid: u32) -> Option<Pa
         Some(PathBuf::from(value))
     }
 }
+
+/// Parses a value of [`EVENT_MASK_ENV`]: decimal or `0x` hex; bits this ABI does not know
+/// are dropped.
+pub fn parse_event_mask(text: &str) -> Result<u32, String> {
+    let t = text.trim();
+    let value = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse::<u64>(),
+    };
+    value
+        .map(|v| (v & u64::from(event_type::ALL)) as u32)
+        .map_err(|_| format!("{EVENT_MASK_ENV}={text} is not a number (decimal or 0x hex)"))
+}
+
+/// One communicator using the profiler.
+#[derive(Debug, Clone)]
+struct Context {
+    /// `comm` in the events' args: the name, or the id in hex.
+    comm: String,
+    mask: u32,
+    log: LogFn,
+}
+
+/// The profiler: one recorder for the whole process, and the live communicators.
+#[derive(Debug)]
+pub struct TraceProfiler {
+    recorder: Recorder,
+    contexts: HandleRegistry<Context>,
+    /// Serialises finalize (remove + "was it the last?" + write).
+    finalizing: Mutex<()>,
+}
+
+impl Default for TraceProfiler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn args_of(pairs: impl IntoIterator<Item = (&'static str, Value)>) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+impl TraceProfiler {
+    /// A profiler with an empty trace (its recorder accepts events whose parent is not
+    /// tracked).
+    pub fn new() -> Self {
+        TraceProfiler {
+            recorder: Recorder::allowing_orphans(),
+            contexts: HandleRegistry::new(),
+            finalizing: Mutex::new(()),
+        }
+    }
+
+    /// The recorder holding the trace.
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    fn event_name(kind: EventKind, d: &EventDescr<'_>) -> String {
+        let func = d.func.as_str();
+        match kind {
+            EventKind::Coll | EventKind::P2p if !func.is_empty() => func.to_string(),
+            _ => event_type::name(d.event_type).unwrap_or("Event").to_string(),
+        }
+    }
+
+    fn event_args(ctx: &Context, kind: EventKind, d: &EventDescr<'_>) -> Map<String, Value> {
+        let mut args = args_of([("rank", d.rank.into()), ("comm", ctx.comm.clone().into())]);
+        let s = |r: abi_stable::std_types::RStr<'_>| Value::from(r.as_str());
+        let more: Vec<(&'static str, Value)> = match kind {
+            EventKind::Coll => vec![
+                ("seq", d.seq_number.into()),
+                ("count", d.count.into()),
+                ("datatype", s(d.datatype)),
+                ("root", d.root.into()),
+                ("algo", s(d.algo)),
+                ("proto", s(d.proto)),
+                ("nChannels", d.n_channels.into()),
+                ("nWarps", d.n_warps.into()),
+            ],
+            EventKind::P2p => vec![
+                ("count", d.count.into()),
+                ("datatype", s(d.datatype)),
+                ("peer", d.peer.into()),
+                ("nChannels", d.n_channels.into()),
+            ],
+            EventKind::ProxyOp => vec![
+                ("channel", d.channel_id.into()),
+                ("peer", d.peer.into()),
+                ("nSteps", d.n_steps.into()),
+                ("chunkSize", d.chunk_size.into()),
+                ("isSend", d.is_send.into()),
+            ],
+            EventKind::ProxyStep => vec![("step", d.step.into())],
+            EventKind::KernelCh => vec![("channel", d.channel_id.into())],
+            EventKind::Net => vec![("pluginId", d.net_plugin_id.into())],
+            EventKind::Group | EventKind::ProxyCtrl => vec![],
+        };
+        args.extend(more.into_iter().map(|(k, v)| (k.to_string(), v)));
+        args
+    }
+
+    fn trace_error(e: TraceError) -> PluginError {
+        PluginError::invalid_usage(format!("{PLUGIN_NAME} profiler: {e}"))
+    }
+}
+
+impl Profiler for TraceProfiler {
+    fn init(
+        &self,
+        comm_id: u64,
+        comm_name: &str,
+        _nnodes: usize,
+        _nranks: usize,
+        rank: usize,
+        log: LogFn,
+    ) -> Result<(PluginHandle, u32), PluginError> {
+        let mask = match std::env::var(EVENT_MASK_ENV) {
+            Ok(text) if !text.trim().is_empty() => parse_event_mask(&text).unwrap_or_else(|e| {
+                log.warn(
+                    subsys::PROFILE,
+                    &format!("{PLUGIN_NAME} profiler: {e}; using {DEFAULT_EVENT_MASK:#x}"),
+                );
+                DEFAULT_EVENT_MASK
+            }),
+            _ => DEFAULT_EVENT_MASK,
+        };
+        let comm = if comm_name.is_empty() {
+            format!("{comm_id:#x}")
+        } else {
+            comm_name.to_string()
+        };
+        log.info(
+            subsys::PROFILE,
+            &format!("{PLUGIN_NAME} profiler: rank {rank} of {comm}, event mask {mask:#x}"),
+        );
+        let ctx = self.contexts.insert(Context { comm, mask, log });
+        Ok((ctx, mask))
+    }
+
+    fn start_event(&self, ctx: PluginHandle, d: &EventDescr<'_>) -> Result<PluginHandle, PluginError> {
+        let context = self
+            .contexts
+            .with(ctx, |c| c.clone())
+            .ok_or_else(|| PluginError::invalid_argument(format!("{PLUGIN_NAME} profiler: unknown context {}", ctx.id)))?;
+        let kind = match EventKind::from_mask_bit(u64::from(d.event_type)) {
+            Some(kind) if d.event_type & context.mask != 0 => kind,
+            _ => return Ok(PluginHandle { id: 0 }),
+        };
+        let parent = d.parent().map(|p| EventId(p.id));
+        let id = self
+            .recorder
+            .start_with_args(kind, Self::event_name(kind, d), parent, Self::event_args(&context, kind, d))
+            .map_err(Self::trace_error)?;
+        Ok(PluginHandle { id: id.get() })
+    }
+
+    fn stop_event(&self, event: PluginHandle) -> Result<(), PluginError> {
+        if event.id == 0 {
+            return Ok(());
+        }
+        self.recorder.stop(EventId(event.id)).map_err(Self::trace_error)
+    }
+
+    fn record_event_state(&self, event: PluginHandle, st: u32, args: &StateArgs) -> Result<(), PluginError> {
+        if event.id == 0 {
+            return Ok(());
+        }
+        let name = state::name(st).map_or_else(|| format!("State{st}"), str::to_string);
+        let mut extra = Map::new();
+        if args.trans_size != 0 {
+            extra.insert("transSize".into(), args.trans_size.into());
+        }
+        if args.appended_proxy_ops != 0 {
+            extra.insert("appendedProxyOps".into(), args.appended_proxy_ops.into());
+        }
+        if args.p_timer != 0 {
+            extra.insert("pTimer".into(), args.p_timer.into());
+        }
+        self.recorder
+            .record_state(EventId(event.id), name, extra)
+            .map_err(Self::trace_error)
+    }
+
+    fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
+        let _serial = self.finalizing.lock().unwrap_or_else(|p| p.into_inner());
+        let context = self
+            .contexts
+            .remove(ctx)
+            .ok_or_else(|| PluginError::invalid_argument(format!("{PLUGIN_NAME} profiler: unknown context {}", ctx.id)))?;
+        if !self.contexts.is_empty() {
+            return Ok(());
+        }
+        match self.recorder.write_to_env_file() {
+            Ok(Some(path)) => {
+                context.log.info(
+                    subsys::PROFILE,
+                    &format!("{PLUGIN_NAME} profiler: wrote {} events to {}", self.recorder.len(), path.display()),
+                );
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(PluginError::system(format!(
+                "{PLUGIN_NAME} profiler: cannot write the trace ({TRACE_FILE_ENV}): {e}"
+            ))),
+        }
+    }
+}
+
+/// The instance the exported table uses.
+pub fn instance() -> &'static TraceProfiler {
+    static INSTANCE: std::sync::OnceLock<TraceProfiler> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(TraceProfiler::new)
+}
+
+/// Gives the exported table [`instance`].
+pub struct Provider;
+
+impl ProfilerProvider for Provider {
+    fn get() -> &'static dyn Profiler {
+        instance()
+    }
+}
+
+rustccl_plugin_api::export_profiler_v1!("trace", provider = Provider);
 
 #[cfg(test)]
 mod tests {
@@ -606,7 +878,16 @@ mod tests {
             }
         }
         let bits: u64 = EventKind::ALL.iter().map(|k| k.mask_bit()).sum();
-        assert_eq!(bits, 0b1101_1111);
+        assert_eq!(bits, 0b1111_1111);
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::from_mask_bit(kind.mask_bit()), Some(kind));
+        }
+        assert_eq!(EventKind::from_mask_bit(3), None);
+        // Proxy-control events stand alone; a lenient recorder accepts orphans.
+        assert!(rec.start(EventKind::ProxyCtrl, "ProxyCtrl", None).is_ok());
+        let lenient = Recorder::allowing_orphans();
+        assert!(lenient.start(EventKind::ProxyStep, "s", None).is_ok());
+        assert!(lenient.start(EventKind::ProxyStep, "s", Some(EventId(99))).is_err());
     }
 
     #[test]
@@ -669,5 +950,88 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(doc["traceEvents"][0]["name"], "Group");
         assert_eq!(doc["traceEvents"][0]["cat"], "group");
+    }
+
+    extern "C" fn quiet(_level: i32, _subsys: u64, _message: abi_stable::std_types::RStr<'_>) {}
+
+    #[test]
+    fn event_mask_parsing() {
+        assert_eq!(parse_event_mask("15"), Ok(15));
+        assert_eq!(parse_event_mask(" 0xFF "), Ok(0xff));
+        assert_eq!(parse_event_mask("0x1ff"), Ok(0xff), "unknown bits dropped");
+        assert!(parse_event_mask("all").unwrap_err().contains("NCCL_PROFILE_EVENT_MASK=all"));
+        assert_eq!(DEFAULT_EVENT_MASK, 0b1111);
+    }
+
+    #[test]
+    fn profiler_records_masked_events_with_args() {
+        use abi_stable::std_types::RStr;
+        let p = TraceProfiler::new();
+        let log = LogFn { log: quiet };
+        // (Reads NCCL_PROFILE_EVENT_MASK, which no unit test sets: the default mask.)
+        let (ctx, mask) = p.init(0x42, "", 1, 2, 1, log).unwrap();
+        assert_eq!(mask, DEFAULT_EVENT_MASK);
+        let none = PluginHandle { id: 0 };
+        let group = p.start_event(ctx, &EventDescr::new(event_type::GROUP, none, 1)).unwrap();
+        let coll = p
+            .start_event(
+                ctx,
+                &EventDescr {
+                    func: RStr::from_str("AllReduce"),
+                    seq_number: 3,
+                    count: 256,
+                    datatype: RStr::from_str("ncclFloat32"),
+                    algo: RStr::from_str("RING"),
+                    proto: RStr::from_str("LL"),
+                    n_channels: 2,
+                    ..EventDescr::new(event_type::COLL, group, 1)
+                },
+            )
+            .unwrap();
+        let op = p
+            .start_event(
+                ctx,
+                &EventDescr {
+                    channel_id: 1,
+                    peer: 0,
+                    n_steps: 4,
+                    chunk_size: 1024,
+                    is_send: true,
+                    ..EventDescr::new(event_type::PROXY_OP, coll, 1)
+                },
+            )
+            .unwrap();
+        // Not in the mask: not tracked, and calls on handle 0 are accepted.
+        let step = p.start_event(ctx, &EventDescr::new(event_type::PROXY_STEP, op, 1)).unwrap();
+        assert_eq!(step.id, 0);
+        p.record_event_state(step, state::PROXY_STEP_SEND_WAIT, &StateArgs::default()).unwrap();
+        p.stop_event(step).unwrap();
+        p.record_event_state(op, state::PROXY_OP_IN_PROGRESS, &StateArgs { trans_size: 64, ..Default::default() })
+            .unwrap();
+        // A wrong parent kind is refused.
+        let wrong = EventDescr::new(event_type::PROXY_OP, group, 1);
+        assert_eq!(p.start_event(ctx, &wrong).unwrap_err().code, PluginError::INVALID_USAGE);
+        for h in [op, coll, group] {
+            p.stop_event(h).unwrap();
+        }
+        assert_eq!(p.stop_event(op).unwrap_err().code, PluginError::INVALID_USAGE);
+        assert!(p.start_event(PluginHandle { id: 999 }, &EventDescr::new(event_type::GROUP, none, 1)).is_err());
+
+        let (events, spans) = parse(p.recorder());
+        let c = &spans[&coll.id];
+        assert_eq!(c["name"], "AllReduce");
+        assert_eq!(c["args"]["parent"].as_u64(), Some(group.id));
+        assert_eq!(
+            (&c["args"]["count"], &c["args"]["algo"], &c["args"]["comm"], &c["args"]["seq"], &c["args"]["rank"]),
+            (&json!(256), &json!("RING"), &json!("0x42"), &json!(3), &json!(1))
+        );
+        let o = &spans[&op.id];
+        assert_eq!((o["name"].as_str(), o["cat"].as_str()), (Some("ProxyOp"), Some("proxy_op")));
+        assert_eq!((&o["args"]["isSend"], &o["args"]["chunkSize"]), (&json!(true), &json!(1024)));
+        let mark = events.iter().find(|e| e["ph"] == "i").unwrap();
+        assert_eq!(mark["name"], "ProxyOpInProgress");
+        assert_eq!(mark["args"]["transSize"], 64);
+        p.finalize(ctx).unwrap();
+        assert!(p.finalize(ctx).is_err());
     }
 }

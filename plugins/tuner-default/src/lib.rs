@@ -1,16 +1,19 @@
-//! rustccl's default tuner plugin.
+//! rustccl's default tuner plugin, `csv-table`: per-size overrides from an NCCL-style CSV
+//! rule table.
 //!
-//! **What it does now (first slice):** it is a `cdylib` exporting the
-//! [`rustccl_plugin_api::TunerPluginRef`] root module. At `init` it reads the
-//! rule table named by `NCCL_TUNER_CONFIG_FILE` (if that variable is set and not
-//! empty); for each collective the first matching rule makes its (algorithm,
-//! protocol) the cheapest entry of the cost table (cost `0.0`) and, unless the
-//! rule says `-1`, sets the channel count. Without a file it changes nothing, so
-//! the host's own model decides.
+//! It is a `cdylib` (`librustccl_tuner_default.so`) exporting one [`CsvTuner`] instance as
+//! both tuner ABI versions, `rustccl_tuner_v2` and `rustccl_tuner_v1`
+//! ([`rustccl_plugin_api::tuner`]), under the name [`PLUGIN_NAME`] (`"csv-table"`). At
+//! `init` it reads the rule table named by `NCCL_TUNER_CONFIG_FILE` (if that variable is
+//! set and not empty; a file that cannot be read makes `init` fail); for each collective the
+//! first matching rule makes its (algorithm, protocol) the cheapest entry of the cost table
+//! (cost `0.0`) and, unless the rule says `-1`, sets the channel count. Without a file it
+//! changes nothing, so the host's own model decides. Malformed lines are reported through
+//! the host's logger (WARN, TUNING subsystem). It has no chunk-size rules: `get_chunk_size`
+//! leaves the choice to the host.
 //!
-//! **What a later issue adds:** NCCL's `numPipeOps` / `regBuff` columns as real
-//! match criteria, chunk-size rules (tuner v6), per-communicator rule files, and
-//! logging through the host's logger instead of stderr.
+//! Not yet: NCCL's `numPipeOps` / `regBuff` columns as real match criteria, chunk-size
+//! rules, and the tuner constants of NCCL's tuner v5.
 //!
 //! # Rule file format
 //!
@@ -37,22 +40,18 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use abi_stable::export_root_module;
-use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{RResult, RSliceMut, RStr, RString};
+use rustccl_plugin_api::tuner::{Tuner, TunerProvider};
 use rustccl_plugin_api::{
-    Algorithm, CollType, CostTable, HandleRegistry, PluginHandle, Protocol, TunerPlugin,
-    TunerPluginRef, PLUGIN_ABI_VERSION,
+    subsys, Algorithm, CollType, CostTable, HandleRegistry, LogFn, PluginError, PluginHandle, Protocol,
 };
 
 /// Environment variable naming the rule file (same name as NCCL's example tuner).
 pub const CONFIG_ENV: &str = "NCCL_TUNER_CONFIG_FILE";
 
-/// Name reported by the plugin.
-pub const PLUGIN_NAME: &str = "rustccl-tuner-default";
+/// Name reported by the plugin (in both exported tables).
+pub const PLUGIN_NAME: &str = "csv-table";
 
 /// One line of the rule table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,9 +201,9 @@ pub fn parse_config(text: &str) -> ParsedConfig {
     parsed
 }
 
-/// Reads and parses the rule file at `path`, printing one stderr line per
-/// skipped line. An unreadable file is an error.
-pub fn load_config(path: &Path) -> Result<Vec<Rule>, String> {
+/// Reads and parses the rule file at `path`, calling `warn` with one message per skipped
+/// line. An unreadable file is an error.
+pub fn load_config(path: &Path, mut warn: impl FnMut(&str)) -> Result<Vec<Rule>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "{PLUGIN_NAME}: cannot read {CONFIG_ENV}={}: {e}",
@@ -213,10 +212,10 @@ pub fn load_config(path: &Path) -> Result<Vec<Rule>, String> {
     })?;
     let parsed = parse_config(&text);
     for error in &parsed.errors {
-        eprintln!(
+        warn(&format!(
             "{PLUGIN_NAME}: {}: skipped malformed {error}",
             path.display()
-        );
+        ));
     }
     Ok(parsed.rules)
 }
@@ -234,10 +233,16 @@ pub struct TunerState {
 
 impl TunerState {
     /// State for a communicator, with rules from the file named by `config`
-    /// (the value of [`CONFIG_ENV`]; unset or empty means no rules).
-    pub fn new(n_ranks: usize, n_nodes: usize, config: Option<OsString>) -> Result<Self, String> {
+    /// (the value of [`CONFIG_ENV`]; unset or empty means no rules); `warn` gets the
+    /// messages about skipped lines.
+    pub fn new(
+        n_ranks: usize,
+        n_nodes: usize,
+        config: Option<OsString>,
+        warn: impl FnMut(&str),
+    ) -> Result<Self, String> {
         let rules = match config.filter(|p| !p.is_empty()) {
-            Some(path) => load_config(Path::new(&path))?,
+            Some(path) => load_config(Path::new(&path), warn)?,
             None => Vec::new(),
         };
         Ok(TunerState {
@@ -272,65 +277,89 @@ impl TunerState {
     }
 }
 
-/// States of all communicators using this plugin instance.
-static STATES: HandleRegistry<TunerState> = HandleRegistry::new();
+/// The tuner: the states of the communicators using it.
+#[derive(Debug, Default)]
+pub struct CsvTuner {
+    states: HandleRegistry<TunerState>,
+}
 
-/// Runs `f`, turning a panic into an error so that none crosses the ABI.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(result) => result.map_err(RString::from).into(),
-        Err(_) => RResult::RErr(RString::from(format!("{PLUGIN_NAME}: {what} panicked"))),
+impl CsvTuner {
+    /// A tuner with no communicator (usable in a `static`).
+    pub const fn new() -> Self {
+        CsvTuner {
+            states: HandleRegistry::new(),
+        }
+    }
+
+    /// Number of communicators initialised and not finalised.
+    pub fn live_contexts(&self) -> usize {
+        self.states.len()
+    }
+
+    fn unknown(ctx: PluginHandle) -> PluginError {
+        PluginError::invalid_argument(format!("{PLUGIN_NAME}: unknown context {}", ctx.id))
     }
 }
 
-extern "C" fn init(n_ranks: usize, n_nodes: usize) -> RResult<PluginHandle, RString> {
-    guarded("init", || {
-        let state = TunerState::new(n_ranks, n_nodes, std::env::var_os(CONFIG_ENV))?;
-        Ok(STATES.insert(state))
-    })
-}
+impl Tuner for CsvTuner {
+    fn init(
+        &self,
+        comm_id: u64,
+        nranks: usize,
+        nnodes: usize,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
+        let warn = |m: &str| log.warn(subsys::TUNING, m);
+        let state = TunerState::new(nranks, nnodes, std::env::var_os(CONFIG_ENV), warn)
+            .map_err(PluginError::invalid_usage)?;
+        log.info(
+            subsys::TUNING,
+            &format!(
+                "{PLUGIN_NAME}: communicator {comm_id:#x} ({nranks} ranks, {nnodes} nodes): {} rules",
+                state.rules.len()
+            ),
+        );
+        Ok(self.states.insert(state))
+    }
 
-extern "C" fn get_coll_info(
-    handle: PluginHandle,
-    coll: CollType,
-    nbytes: usize,
-    costs: RSliceMut<'_, f32>,
-    n_algo: usize,
-    n_proto: usize,
-    n_channels: &mut i32,
-) -> RResult<(), RString> {
-    guarded("get_coll_info", || {
-        let mut table = CostTable::new(costs.into_mut_slice(), n_algo, n_proto)?;
-        STATES
-            .with(handle, |state| {
-                state.apply(coll, nbytes, &mut table, n_channels);
+    fn get_coll_info(
+        &self,
+        ctx: PluginHandle,
+        coll: CollType,
+        nbytes: usize,
+        _num_pipe_ops: i32,
+        costs: &mut CostTable<'_>,
+        n_channels: &mut i32,
+    ) -> Result<(), PluginError> {
+        self.states
+            .with(ctx, |state| {
+                state.apply(coll, nbytes, costs, n_channels);
             })
-            .ok_or_else(|| format!("{PLUGIN_NAME}: unknown handle {}", handle.id))
-    })
-}
-
-extern "C" fn finalize(handle: PluginHandle) -> RResult<(), RString> {
-    guarded("finalize", || {
-        STATES
-            .remove(handle)
-            .map(drop)
-            .ok_or_else(|| format!("{PLUGIN_NAME}: unknown handle {}", handle.id))
-    })
-}
-
-/// The plugin's root module (exported from the `cdylib` for
-/// [`rustccl_plugin_api::load_tuner_from_path`]; also callable directly).
-#[export_root_module]
-pub fn get_library() -> TunerPluginRef {
-    TunerPlugin {
-        name: RStr::from_str(PLUGIN_NAME),
-        abi_version: PLUGIN_ABI_VERSION,
-        init,
-        get_coll_info,
-        finalize,
+            .ok_or_else(|| Self::unknown(ctx))
     }
-    .leak_into_prefix()
+
+    fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
+        self.states
+            .remove(ctx)
+            .map(drop)
+            .ok_or_else(|| Self::unknown(ctx))
+    }
 }
+
+/// The instance both exported tables use.
+pub static TUNER: CsvTuner = CsvTuner::new();
+
+/// Gives the exported tables [`TUNER`].
+pub struct Provider;
+
+impl TunerProvider for Provider {
+    fn get() -> &'static dyn Tuner {
+        &TUNER
+    }
+}
+
+rustccl_plugin_api::export_tuner_v2!("csv-table", provider = Provider);
+rustccl_plugin_api::export_tuner_v1!("csv-table", provider = Provider);
 
 #[cfg(test)]
 mod tests {
@@ -445,18 +474,24 @@ ring,0,10,ring,simple,-1,-1,-1
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tuner.conf");
         std::fs::write(&path, "allreduce,0,10,ring,ll,2,-1,-1\nbad line\n").unwrap();
-        let rules = load_config(&path).unwrap();
+        let mut warnings = Vec::new();
+        let rules = load_config(&path, |m| warnings.push(m.to_string())).unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("tuner.conf: skipped malformed line 2: expected 8"),
+            "{warnings:?}"
+        );
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].channels, Some(2));
-        let err = load_config(&dir.join("missing.conf")).unwrap_err();
+        let err = load_config(&dir.join("missing.conf"), |_| ()).unwrap_err();
         assert!(
             err.contains("cannot read NCCL_TUNER_CONFIG_FILE=") && err.contains("missing.conf"),
             "{err}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
         // Unset or empty variable: no rules, no error.
-        assert!(TunerState::new(4, 1, None).unwrap().rules.is_empty());
-        assert!(TunerState::new(4, 1, Some(OsString::new()))
+        assert!(TunerState::new(4, 1, None, |_| ()).unwrap().rules.is_empty());
+        assert!(TunerState::new(4, 1, Some(OsString::new()), |_| ())
             .unwrap()
             .rules
             .is_empty());
@@ -538,42 +573,34 @@ ring,0,10,ring,simple,-1,-1,-1
     }
 
     #[test]
-    fn root_module_without_config_leaves_table_alone() {
-        // Calls the exported functions in-process (no env var involved: the
-        // state is inserted directly, as `init` would with the variable unset).
-        let module = get_library();
-        assert_eq!(module.name().as_str(), PLUGIN_NAME);
-        assert_eq!(module.abi_version(), PLUGIN_ABI_VERSION);
-        let handle = STATES.insert(TunerState::new(4, 1, None).unwrap());
-        let mut raw = table();
-        let mut ch = -1;
-        let r = (module.get_coll_info())(
-            handle,
-            CollType::AllReduce,
-            1 << 20,
-            RSliceMut::from_mut_slice(&mut raw),
-            7,
-            3,
-            &mut ch,
+    fn exported_tables_without_config_leave_table_alone() {
+        // Calls the tables in-process through the clients (no env var involved: the state
+        // is inserted directly, as `init` would with the variable unset).
+        use rustccl_plugin_api::tuner::{TunerV1, TunerV2, TunerV1Client, TunerV2Client};
+        static V2: TunerV2 = TunerV2::table::<Provider>(PLUGIN_NAME);
+        static V1: TunerV1 = TunerV1::table::<Provider>(PLUGIN_NAME);
+        let v2 = TunerV2Client { table: &V2 };
+        let v1 = TunerV1Client { table: &V1 };
+        assert_eq!((v1.name(), v2.name()), ("csv-table", "csv-table"));
+        let handle = TUNER.states.insert(
+            TunerState::new(4, 1, None, |_| ()).unwrap(),
         );
-        assert!(r.is_ok());
-        assert_eq!((raw, ch), (table(), -1));
-        let mut bad = vec![0.0; 5];
-        let err = (module.get_coll_info())(
-            handle,
-            CollType::AllReduce,
-            1,
-            RSliceMut::from_mut_slice(&mut bad),
-            7,
-            3,
-            &mut ch,
-        );
-        assert!(err
-            .into_result()
-            .unwrap_err()
-            .contains("expected 7 algorithms x 3 protocols"));
-        assert!((module.finalize())(handle).is_ok());
-        let err = (module.finalize())(handle).into_result().unwrap_err();
-        assert!(err.contains("unknown handle"), "{err}");
+        for client in [&v1 as &dyn Tuner, &v2] {
+            let mut raw = table();
+            let mut ch = -1;
+            let mut t = CostTable::new(&mut raw, 7, 3).unwrap();
+            client
+                .get_coll_info(handle, CollType::AllReduce, 1 << 20, 1, &mut t, &mut ch)
+                .unwrap();
+            assert_eq!((raw, ch), (table(), -1));
+            assert_eq!(
+                client.get_chunk_size(handle, CollType::AllReduce, 1, Algorithm::Ring, Protocol::Simple, 2),
+                Ok(None)
+            );
+        }
+        v2.finalize(handle).unwrap();
+        let err = v1.finalize(handle).unwrap_err();
+        assert!(err.message.contains("unknown context"), "{err}");
+        assert_eq!(err.code, PluginError::INVALID_ARGUMENT);
     }
 }

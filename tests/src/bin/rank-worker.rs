@@ -26,6 +26,8 @@ fn main() {
         "nonblocking" => nonblocking(nranks, rank, &ids),
         "split" => split(nranks, rank, &ids),
         "kill-shrink" => kill_shrink(nranks, rank, &ids),
+        "net-traffic" => net_traffic(nranks, rank, &ids),
+        "plugins" => plugins(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
@@ -170,5 +172,108 @@ fn kill_shrink(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let abort_time = t1.elapsed();
     child.destroy()?;
     println!("RESULT detect_ms {} abort_ms {} error {}", detect.as_millis(), abort_time.as_millis(), err.message);
+    Ok(())
+}
+
+/// Ranks of the first half exchange messages with their partner in the second half through
+/// the communicator's network plugin (both directions, 64 MiB each way, checked byte for
+/// byte), after checking that the halves are on different hosts.
+fn net_traffic(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    use rustccl_plugin_api::net::{RecvBuffer, PTR_HOST};
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    let hosts = comm.host_hashes()?;
+    let half = nranks / 2;
+    check(hosts[0] != hosts[half as usize], "the two halves share a host".into())?;
+    let partner = (rank + half) % nranks;
+    let plugins = comm.plugins()?;
+    let inst = &plugins.net;
+    let net = &inst.plugin.api;
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |err: rustccl_plugin_api::PluginError| Error::from(err).context(what.clone())
+    };
+    // Each side listens; handles cross through the bootstrap.
+    let (handle, listen) = net.listen(inst.ctx, 0).map_err(e("listen"))?;
+    comm.send_bytes(partner, 1, &handle.bytes)?;
+    let theirs = comm.recv_bytes(partner, 1)?;
+    let mut their_handle = rustccl_plugin_api::net::NetHandle::default();
+    their_handle.bytes.copy_from_slice(&theirs);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = net.connect(inst.ctx, 0, &their_handle).map_err(e("connect"))?;
+        }
+        if recv.is_none() {
+            recv = net.accept(listen).map_err(e("accept"))?;
+        }
+        check(Instant::now() < deadline, "connect/accept did not finish in 30 s".into())?;
+        std::thread::yield_now();
+    }
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    let size = 64 << 20;
+    let out: Vec<u8> = (0..size).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(rank as u32) as u8 >> 1).collect();
+    let mut inbox = vec![0u8; size];
+    let smr = net.reg_mr(send, out.as_ptr() as usize, size, PTR_HOST).map_err(e("reg_mr"))?;
+    let rmr = net.reg_mr(recv, inbox.as_ptr() as usize, size, PTR_HOST).map_err(e("reg_mr"))?;
+    let bufs = [RecvBuffer { data: inbox.as_mut_ptr() as usize, size, tag: 0, mr: rmr }];
+    let t0 = Instant::now();
+    // SAFETY: `inbox` and `out` stay alive and untouched until both requests complete below.
+    let rreq = loop {
+        if let Some(r) = unsafe { net.irecv(recv, &bufs) }.map_err(e("irecv"))? {
+            break r;
+        }
+    };
+    let sreq = loop {
+        if let Some(r) = unsafe { net.isend(send, out.as_ptr() as usize, size, 0, smr) }.map_err(e("isend"))? {
+            break r;
+        }
+    };
+    let mut sizes = [0usize];
+    for req in [sreq, rreq] {
+        while !net.test(req, &mut sizes).map_err(e("test"))? {
+            check(Instant::now() < deadline, "transfer did not finish in 30 s".into())?;
+            std::thread::yield_now();
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    check(sizes[0] == size, format!("received {} bytes", sizes[0]))?;
+    let expect: Vec<u8> = (0..size).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(partner as u32) as u8 >> 1).collect();
+    check(inbox == expect, "data from the other namespace arrived corrupted".into())?;
+    net.dereg_mr(send, smr).map_err(e("dereg"))?;
+    net.dereg_mr(recv, rmr).map_err(e("dereg"))?;
+    net.close_send(send).map_err(e("close"))?;
+    net.close_recv(recv).map_err(e("close"))?;
+    net.close_listen(listen).map_err(e("close"))?;
+    comm.barrier()?;
+    comm.destroy()?;
+    println!("RESULT plugin {} moved {} MiB each way in {:.3} s", inst.plugin.name, size >> 20, secs);
+    Ok(())
+}
+
+/// Reports which plugins the communicator chose, and what its tuner makes of a flat cost table.
+fn plugins(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    use rustccl_plugin_api::{CollType, CostTable};
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    let p = comm.plugins()?;
+    println!("RESULT net {} v{} {}", p.net.plugin.name, p.net.plugin.abi_version, p.net.plugin.origin);
+    match &p.tuner {
+        Some(t) => {
+            println!("RESULT tuner {} v{} {}", t.plugin.name, t.plugin.abi_version, t.plugin.origin);
+            let mut costs = vec![1.0f32; 7 * 3];
+            let mut table = CostTable::new(&mut costs, 7, 3).map_err(Error::internal)?;
+            let mut channels = -1;
+            t.plugin.api.get_coll_info(t.ctx, CollType::AllReduce, 1 << 20, 1, &mut table, &mut channels)?;
+            let (algo, proto, _) = table.best().ok_or_else(|| Error::internal("no usable entry"))?;
+            println!("RESULT best {} {}", algo.name(), proto.name());
+        }
+        None => println!("RESULT tuner none"),
+    }
+    match &p.profiler {
+        Some(pr) => println!("RESULT profiler {} v{} mask {:#x}", pr.plugin.name, pr.plugin.abi_version, pr.mask),
+        None => println!("RESULT profiler none"),
+    }
+    drop(p);
+    comm.destroy()?;
     Ok(())
 }

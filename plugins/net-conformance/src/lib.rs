@@ -1,0 +1,394 @@
+//! The net plugin conformance suite. It loads a plugin library (any rustccl net ABI version
+//! the suite knows; C plugins through the same `Net` trait once adapters exist) and checks the
+//! rules every network must keep: messages of every size from 0 B to 1 GiB arrive intact and
+//! in order, tags, a receive larger than the message, 32 outstanding requests per connection,
+//! closing with requests in flight, stale handles refused, and a peer killed mid-transfer
+//! turning into an error instead of a hang.
+//!
+//! Run it as `rustccl-net-conformance <plugin.so> [--max-size BYTES]`.
+
+use std::time::{Duration, Instant};
+
+use abi_stable::std_types::RStr;
+use rustccl_plugin_api::export::{self, PluginKind};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetV1, NetV1Client, RecvBuffer, PTR_HOST};
+use rustccl_plugin_api::{LogFn, PluginHandle};
+
+/// How long any single step may take before the suite calls it a hang.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+extern "C" fn quiet_log(level: i32, _subsys: u64, message: RStr<'_>) {
+    if level <= rustccl_plugin_api::log_level::WARN {
+        eprintln!("plugin: {}", message.as_str());
+    }
+}
+
+/// A plugin under test, loaded from its library.
+pub struct Loaded {
+    pub net: Box<dyn Net>,
+    pub name: String,
+    _lib: libloading::Library,
+}
+
+/// Loads the newest net table `path` exports.
+pub fn load(path: &str) -> Result<Loaded, String> {
+    // SAFETY: loading the library under test is the purpose of the suite.
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot load {path}: {e}"))?;
+    let table = export::find::<NetV1>(&lib, PluginKind::Net, 1)?
+        .ok_or_else(|| format!("{path} exports no rustccl net plugin"))?;
+    Ok(Loaded { net: Box::new(NetV1Client { table }), name: table.name.as_str().to_string(), _lib: lib })
+}
+
+/// One communicator's view of the plugin: its context and the device used.
+pub struct Env<'a> {
+    pub net: &'a dyn Net,
+    pub ctx: PluginHandle,
+    pub dev: i32,
+    pub max_size: usize,
+}
+
+impl<'a> Env<'a> {
+    pub fn new(net: &'a dyn Net, max_size: usize) -> Result<Env<'a>, String> {
+        let ctx = net.init(0x5eed, &NetCommConfig::default(), LogFn { log: quiet_log }).map_err(|e| format!("init: {e}"))?;
+        let n = net.devices(ctx).map_err(|e| format!("devices: {e}"))?;
+        if n < 1 {
+            return Err(format!("devices() = {n}"));
+        }
+        Ok(Env { net, ctx, dev: 0, max_size })
+    }
+}
+
+/// A connected pair (send side, receive side), both in this process.
+pub struct Pair {
+    pub send: PluginHandle,
+    pub recv: PluginHandle,
+    listen: PluginHandle,
+}
+
+fn deadline_check(start: Instant, what: &str) -> Result<(), String> {
+    if start.elapsed() > STEP_TIMEOUT {
+        Err(format!("{what}: no progress in {STEP_TIMEOUT:?} (hang)"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Listens, then drives connect and accept until both sides exist.
+pub fn connect_pair(env: &Env) -> Result<Pair, String> {
+    let (handle, listen) = env.net.listen(env.ctx, env.dev).map_err(|e| format!("listen: {e}"))?;
+    let (mut send, mut recv) = (None, None);
+    let start = Instant::now();
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = env.net.connect(env.ctx, env.dev, &handle).map_err(|e| format!("connect: {e}"))?;
+        }
+        if recv.is_none() {
+            recv = env.net.accept(listen).map_err(|e| format!("accept: {e}"))?;
+        }
+        deadline_check(start, "connect/accept")?;
+        std::thread::yield_now();
+    }
+    Ok(Pair { send: send.unwrap(), recv: recv.unwrap(), listen })
+}
+
+impl Pair {
+    pub fn close(self, env: &Env) -> Result<(), String> {
+        env.net.close_send(self.send).map_err(|e| format!("close_send: {e}"))?;
+        env.net.close_recv(self.recv).map_err(|e| format!("close_recv: {e}"))?;
+        env.net.close_listen(self.listen).map_err(|e| format!("close_listen: {e}"))
+    }
+}
+
+/// Polls `request` until done; returns the sizes it reports.
+pub fn wait(env: &Env, request: PluginHandle, nbufs: usize) -> Result<Vec<usize>, String> {
+    let mut sizes = vec![0usize; nbufs.max(1)];
+    let start = Instant::now();
+    loop {
+        if env.net.test(request, &mut sizes).map_err(|e| format!("test: {e}"))? {
+            return Ok(sizes);
+        }
+        deadline_check(start, "test")?;
+        std::thread::yield_now();
+    }
+}
+
+/// Posts with retry while the plugin says "not now".
+fn post(mut f: impl FnMut() -> Result<Option<PluginHandle>, String>) -> Result<PluginHandle, String> {
+    let start = Instant::now();
+    loop {
+        if let Some(r) = f()? {
+            return Ok(r);
+        }
+        deadline_check(start, "post")?;
+        std::thread::yield_now();
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn reg(env: &Env, comm: PluginHandle, buf: &[u8]) -> Result<PluginHandle, String> {
+    env.net.reg_mr(comm, buf.as_ptr() as usize, buf.len().max(1), PTR_HOST).map_err(|e| format!("reg_mr: {e}"))
+}
+
+fn isend(env: &Env, pair: &Pair, buf: &[u8], tag: i32, mr: PluginHandle) -> Result<PluginHandle, String> {
+    // SAFETY: every buffer passed here outlives the completion of its request (the checks wait
+    // for each request, or close the connection, before dropping buffers).
+    post(|| unsafe { env.net.isend(pair.send, buf.as_ptr() as usize, buf.len(), tag, mr) }.map_err(|e| format!("isend: {e}")))
+}
+
+fn irecv(env: &Env, pair: &Pair, buf: &mut [u8], tag: i32, mr: PluginHandle) -> Result<PluginHandle, String> {
+    let b = [RecvBuffer { data: buf.as_mut_ptr() as usize, size: buf.len(), tag, mr }];
+    // SAFETY: as for isend.
+    post(|| unsafe { env.net.irecv(pair.recv, &b) }.map_err(|e| format!("irecv: {e}")))
+}
+
+/// One message of `size` bytes; checks content and reported size.
+fn round_trip(env: &Env, pair: &Pair, size: usize, recv_extra: usize, seed: u64) -> Result<(), String> {
+    let src = pattern(size, seed);
+    let mut dst = vec![0u8; size + recv_extra];
+    let smr = reg(env, pair.send, &src)?;
+    let rmr = reg(env, pair.recv, &dst)?;
+    let r = irecv(env, pair, &mut dst, 7, rmr)?;
+    let s = isend(env, pair, &src, 7, smr)?;
+    let sent = wait(env, s, 1)?;
+    let got = wait(env, r, 1)?;
+    env.net.dereg_mr(pair.send, smr).map_err(|e| format!("dereg_mr: {e}"))?;
+    env.net.dereg_mr(pair.recv, rmr).map_err(|e| format!("dereg_mr: {e}"))?;
+    if got[0] != size {
+        return Err(format!("{size}-byte message: receive reported {} bytes", got[0]));
+    }
+    if sent[0] != size && sent[0] != 0 {
+        return Err(format!("{size}-byte message: send reported {} bytes", sent[0]));
+    }
+    if dst[..size] != src[..] {
+        let at = dst.iter().zip(&src).position(|(a, b)| a != b).unwrap_or(0);
+        return Err(format!("{size}-byte message arrived corrupted (first difference at byte {at})"));
+    }
+    Ok(())
+}
+
+/// Sizes from 0 B to `max_size`.
+pub fn check_sizes(env: &Env) -> Result<(), String> {
+    let pair = connect_pair(env)?;
+    let mut sizes = vec![0, 1, 7, 4096, 65535, 65537, 1 << 20, (8 << 20) + 3, 64 << 20, 256 << 20, 1 << 30];
+    sizes.retain(|&s| s <= env.max_size);
+    for (i, &size) in sizes.iter().enumerate() {
+        round_trip(env, &pair, size, 0, i as u64)?;
+    }
+    pair.close(env)
+}
+
+/// A receive buffer larger than the message gets the message and its real size.
+pub fn check_larger_receive(env: &Env) -> Result<(), String> {
+    let pair = connect_pair(env)?;
+    round_trip(env, &pair, 1000, 5000, 3)?;
+    round_trip(env, &pair, 0, 64, 4)?;
+    pair.close(env)
+}
+
+/// Messages posted in order arrive in order, each with its tag.
+pub fn check_ordering_and_tags(env: &Env) -> Result<(), String> {
+    let pair = connect_pair(env)?;
+    let n = 16;
+    let srcs: Vec<Vec<u8>> = (0..n).map(|i| pattern(100 + i * 37, i as u64 + 10)).collect();
+    let mut dsts: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 2000]).collect();
+    let smrs: Vec<_> = srcs.iter().map(|b| reg(env, pair.send, b)).collect::<Result<_, _>>()?;
+    let rmrs: Vec<_> = dsts.iter().map(|b| reg(env, pair.recv, b)).collect::<Result<_, _>>()?;
+    let mut rreqs = Vec::new();
+    for (i, d) in dsts.iter_mut().enumerate() {
+        rreqs.push(irecv(env, &pair, d, i as i32, rmrs[i])?);
+    }
+    let mut sreqs = Vec::new();
+    for (i, s) in srcs.iter().enumerate() {
+        sreqs.push(isend(env, &pair, s, i as i32, smrs[i])?);
+    }
+    for r in sreqs {
+        wait(env, r, 1)?;
+    }
+    for (i, r) in rreqs.into_iter().enumerate() {
+        let got = wait(env, r, 1)?[0];
+        if got != srcs[i].len() || dsts[i][..got] != srcs[i][..] {
+            return Err(format!("message {i} arrived out of order or corrupted ({got} bytes)"));
+        }
+    }
+    pair.close(env)
+}
+
+/// 32 sends and 32 receives outstanding at once.
+pub fn check_outstanding(env: &Env) -> Result<(), String> {
+    let pair = connect_pair(env)?;
+    let n = rustccl_plugin_api::net::MAX_REQUESTS;
+    let srcs: Vec<Vec<u8>> = (0..n).map(|i| pattern(70_000 + i, i as u64)).collect();
+    let mut dsts: Vec<Vec<u8>> = (0..n).map(|i| vec![0u8; 70_000 + i]).collect();
+    let smrs: Vec<_> = srcs.iter().map(|b| reg(env, pair.send, b)).collect::<Result<_, _>>()?;
+    let rmrs: Vec<_> = dsts.iter().map(|b| reg(env, pair.recv, b)).collect::<Result<_, _>>()?;
+    let sreqs: Vec<_> = srcs.iter().zip(&smrs).map(|(s, &m)| isend(env, &pair, s, 1, m)).collect::<Result<_, _>>()?;
+    let mut rreqs = Vec::new();
+    for (d, &m) in dsts.iter_mut().zip(&rmrs) {
+        rreqs.push(irecv(env, &pair, d, 1, m)?);
+    }
+    for r in sreqs {
+        wait(env, r, 1)?;
+    }
+    for (i, r) in rreqs.into_iter().enumerate() {
+        wait(env, r, 1)?;
+        if dsts[i] != srcs[i] {
+            return Err(format!("outstanding message {i} corrupted"));
+        }
+    }
+    pair.close(env)
+}
+
+/// Closing connections with requests in flight returns promptly, and the plugin still works.
+pub fn check_close_in_flight(env: &Env) -> Result<(), String> {
+    let pair = connect_pair(env)?;
+    let mut dst = vec![0u8; 1 << 20];
+    let rmr = reg(env, pair.recv, &dst)?;
+    let _pending = irecv(env, &pair, &mut dst, 1, rmr)?;
+    let big = pattern(32 << 20, 9);
+    let smr = reg(env, pair.send, &big)?;
+    let _sending = isend(env, &pair, &big, 2, smr)?;
+    let start = Instant::now();
+    pair.close(env)?;
+    if start.elapsed() > Duration::from_secs(10) {
+        return Err(format!("closing with requests in flight took {:?}", start.elapsed()));
+    }
+    drop(dst);
+    let pair = connect_pair(env)?;
+    round_trip(env, &pair, 12345, 0, 5)?;
+    pair.close(env)
+}
+
+/// Handles that are unknown or already used are errors, not crashes.
+pub fn check_stale_handles(env: &Env) -> Result<(), String> {
+    let bogus = PluginHandle { id: 0xdead_beef_0000 };
+    let mut sizes = [0usize; 1];
+    if env.net.test(bogus, &mut sizes).is_ok() {
+        return Err("test() of an unknown request succeeded".into());
+    }
+    let pair = connect_pair(env)?;
+    let src = pattern(10, 1);
+    let mut dst = vec![0u8; 10];
+    let smr = reg(env, pair.send, &src)?;
+    let rmr = reg(env, pair.recv, &dst)?;
+    let r = irecv(env, &pair, &mut dst, 0, rmr)?;
+    let s = isend(env, &pair, &src, 0, smr)?;
+    wait(env, s, 1)?;
+    wait(env, r, 1)?;
+    if env.net.test(r, &mut sizes).is_ok() {
+        return Err("test() of a completed (freed) request succeeded".into());
+    }
+    let (send, recv) = (pair.send, pair.recv);
+    pair.close(env)?;
+    // SAFETY: the buffer outlives the call; the plugin must refuse the closed connection.
+    if unsafe { env.net.isend(send, src.as_ptr() as usize, 10, 0, smr) }.is_ok() {
+        return Err("isend on a closed connection succeeded".into());
+    }
+    if env.net.close_recv(recv).is_ok() {
+        return Err("closing a connection twice succeeded".into());
+    }
+    Ok(())
+}
+
+/// A check: name and function.
+pub type Check = (&'static str, fn(&Env) -> Result<(), String>);
+
+/// Every in-process check.
+pub const CHECKS: &[Check] = &[
+    ("sizes 0 B to max", check_sizes),
+    ("receive larger than message", check_larger_receive),
+    ("ordering and tags", check_ordering_and_tags),
+    ("32 outstanding requests", check_outstanding),
+    ("close with requests in flight", check_close_in_flight),
+    ("stale handles", check_stale_handles),
+];
+
+/// Encodes a handle for the command line.
+pub fn handle_to_hex(h: &NetHandle) -> String {
+    h.bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn handle_from_hex(s: &str) -> Option<NetHandle> {
+    if s.len() != 2 * rustccl_plugin_api::net::NET_HANDLE_BYTES {
+        return None;
+    }
+    let mut h = NetHandle::default();
+    for (i, b) in h.bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(h)
+}
+
+/// The peer side of the "killed mid-transfer" check: connects to `handle` and sends 4 MiB
+/// messages until it is killed.
+pub fn run_sending_peer(env: &Env, handle: &NetHandle) -> Result<(), String> {
+    let send = post(|| env.net.connect(env.ctx, env.dev, handle).map_err(|e| format!("connect: {e}")))?;
+    let buf = pattern(4 << 20, 1);
+    let mr = env.net.reg_mr(send, buf.as_ptr() as usize, buf.len(), PTR_HOST).map_err(|e| e.to_string())?;
+    println!("CONNECTED");
+    loop {
+        // SAFETY: `buf` lives until the process is killed.
+        let r = post(|| unsafe { env.net.isend(send, buf.as_ptr() as usize, buf.len(), 0, mr) }.map_err(|e| e.to_string()))?;
+        wait(env, r, 1)?;
+    }
+}
+
+/// The receiving side of the "killed mid-transfer" check: accepts the peer started by
+/// `start_peer(handle_hex)`, receives until `kill()` is called after the first message, and
+/// expects an error (not a hang) from the next test.
+pub fn check_peer_killed(
+    env: &Env,
+    start_peer: &mut dyn FnMut(&str) -> Result<(), String>,
+    kill: &mut dyn FnMut(),
+) -> Result<(), String> {
+    let (handle, listen) = env.net.listen(env.ctx, env.dev).map_err(|e| format!("listen: {e}"))?;
+    start_peer(&handle_to_hex(&handle))?;
+    let recv = post(|| env.net.accept(listen).map_err(|e| format!("accept: {e}")))?;
+    let mut dst = vec![0u8; 4 << 20];
+    let mr = reg(env, recv, &dst)?;
+    let b = [RecvBuffer { data: dst.as_mut_ptr() as usize, size: dst.len(), tag: 0, mr }];
+    // SAFETY: `dst` outlives the request (the connection is closed before it is dropped).
+    let first = post(|| unsafe { env.net.irecv(recv, &b) }.map_err(|e| format!("irecv: {e}")))?;
+    wait(env, first, 1)?;
+    kill();
+    let start = Instant::now();
+    let result = loop {
+        // SAFETY: as above.
+        let r = match post(|| unsafe { env.net.irecv(recv, &b) }.map_err(|e| format!("irecv: {e}"))) {
+            Ok(r) => r,
+            Err(_) => break Ok(()),
+        };
+        let mut sizes = [0usize; 1];
+        let outcome = loop {
+            match env.net.test(r, &mut sizes) {
+                Ok(true) => break Ok(true),
+                Ok(false) if start.elapsed() > Duration::from_secs(20) => {
+                    break Err("a receive from a killed peer neither completed nor failed within 20 s (hang)".to_string())
+                }
+                Ok(false) => std::thread::yield_now(),
+                Err(_) => break Ok(false),
+            }
+        };
+        match outcome {
+            // Data already in flight before the kill may still arrive; keep receiving.
+            Ok(true) if start.elapsed() < Duration::from_secs(20) => continue,
+            Ok(true) => break Err("receives kept completing 20 s after the peer was killed".into()),
+            Ok(false) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = env.net.close_recv(recv);
+    let _ = env.net.close_listen(listen);
+    drop(dst);
+    result
+}

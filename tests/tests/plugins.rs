@@ -1,0 +1,158 @@
+//! Plugin discovery with real shared libraries, each rule in a process of its own (the rules
+//! read the environment): defaults, `none`, a path, a name expanded to both file-name patterns,
+//! a list, a missing plugin, a plugin whose init fails, a library that is not a plugin, one
+//! whose table layout is wrong, `NCCL_NET` choosing by name, a tuner of the older ABI, and a
+//! profiler. Each run's log must say what was chosen and why, in one line.
+
+use std::time::Duration;
+
+use rustccl_tests::*;
+
+fn lib(name: &str) -> String {
+    let dir = worker_path().parent().unwrap().to_path_buf();
+    let path = [dir.join(name), dir.join("deps").join(name)].into_iter().find(|p| p.exists());
+    path.unwrap_or_else(|| panic!("{name} is not built in {}; run `cargo build` first", dir.display()))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Runs a one-rank communicator with `env` and returns (RESULT lines, log).
+fn run(env: &[(&str, &str)]) -> (Vec<String>, String, Outcome) {
+    let ids = ids_arg(&[new_id()]);
+    let mut all = vec![("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET,TUNING,PROFILE,PLUGIN")];
+    all.extend_from_slice(env);
+    let out = spawn("plugins", 1, &[0], &ids, &all).pop().unwrap().finish(Duration::from_secs(60));
+    let results = out.results().iter().map(|s| s.to_string()).collect();
+    let log = out.stderr.clone();
+    (results, log, out)
+}
+
+fn ok_run(env: &[(&str, &str)]) -> (Vec<String>, String) {
+    let (r, log, out) = run(env);
+    assert!(out.ok(), "{out:?}");
+    (r, log)
+}
+
+#[test]
+fn default_is_the_built_in_socket_with_one_line_saying_why() {
+    let (r, log) = ok_run(&[]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert_eq!(r[1], "tuner none");
+    assert!(log.contains("NET/Plugin: could not find: librustccl-net.so, libnccl-net.so"), "{log}");
+    let using: Vec<&str> = log.lines().filter(|l| l.contains("NET/Plugin: using")).collect();
+    assert_eq!(using.len(), 1, "{log}");
+    assert!(using[0].contains("Socket (rustccl net ABI v1) from built in"), "{log}");
+    assert!(!log.contains("WARN"), "nothing worth a warning happened:\n{log}");
+    assert!(!log.to_lowercase().contains("failed to find symbol"));
+}
+
+#[test]
+fn none_disables_external_plugins() {
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", "none"), ("NCCL_TUNER_PLUGIN", "none")]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert!(log.contains("external plugins disabled (NCCL_NET_PLUGIN=none)"), "{log}");
+}
+
+#[test]
+fn a_path_loads_that_library() {
+    let path = lib("librustccl_test_net_named.so");
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &path)]);
+    assert!(r[0].starts_with("net Loopback v1 /"), "{r:?}");
+    assert!(r[0].ends_with("librustccl_test_net_named.so"));
+    assert!(log.contains(&format!("NCCL_NET_PLUGIN={path}")), "the log says why: {log}");
+}
+
+#[test]
+fn a_name_is_found_under_both_file_name_patterns() {
+    let dir = std::env::temp_dir().join(format!("rustccl-plugin-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = lib("librustccl_test_net_named.so");
+    for link in ["librustccl-net-loopy.so", "libnccl-net-viancclname.so"] {
+        let _ = std::fs::remove_file(dir.join(link));
+        std::os::unix::fs::symlink(&target, dir.join(link)).unwrap();
+    }
+    let ld = dir.to_string_lossy().into_owned();
+    for name in ["loopy", "viancclname"] {
+        let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", name), ("LD_LIBRARY_PATH", &ld)]);
+        assert!(r[0].starts_with("net Loopback v1"), "{name}: {r:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_missing_plugin_warns_once_and_falls_back() {
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", "nosuchplugin")]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    let warn: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warn.len(), 1, "{log}");
+    assert!(warn[0].contains("skipped nosuchplugin: no such library (tried nosuchplugin, librustccl-net-nosuchplugin.so, libnccl-net-nosuchplugin.so)"), "{log}");
+}
+
+#[test]
+fn a_plugin_whose_init_fails_is_skipped_for_the_next() {
+    let list = format!("{},{}", lib("librustccl_test_net_init_fails.so"), lib("librustccl_test_net_named.so"));
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &list)]);
+    assert!(r[0].starts_with("net Loopback"), "{r:?}");
+    assert!(log.contains("init failed: test plugin: init fails on purpose"), "{log}");
+    let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &lib("librustccl_test_net_init_fails.so"))]);
+    assert_eq!(r[0], "net Socket v1 built in", "falls back to the built-in");
+}
+
+#[test]
+fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &lib("librustccl_test_not_a_plugin.so"))]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert!(log.contains("exports no rustccl net plugin"), "{log}");
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &lib("librustccl_test_bad_layout.so"))]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert!(log.contains("does not match this rustccl's net v1 ABI"), "{log}");
+    let (_, log) = ok_run(&[("NCCL_NET_PLUGIN", "/etc/hostname")]);
+    assert!(log.contains("skipped /etc/hostname"), "{log}");
+}
+
+#[test]
+fn nccl_net_picks_by_name_and_an_unknown_name_fails_init_clearly() {
+    let named = lib("librustccl_test_net_named.so");
+    let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &named), ("NCCL_NET", "socket")]);
+    assert_eq!(r[0], "net Socket v1 built in", "case-insensitive name match skips Loopback");
+    let (_, _, out) = run(&[("NCCL_NET", "IB")]);
+    let (code, msg) = out.error().expect("init must fail");
+    assert_eq!(code, "InvalidUsage");
+    assert!(msg.contains("no network plugin named \"IB\""), "{msg}");
+}
+
+#[test]
+fn a_tuner_built_for_the_older_abi_still_loads() {
+    let (r, log) = ok_run(&[("NCCL_TUNER_PLUGIN", &lib("librustccl_test_tuner_v1.so"))]);
+    assert!(r[1].starts_with("tuner old-tuner v1 "), "{r:?}");
+    assert_eq!(r[2], "best RING SIMPLE", "the v1 tuner's choice reaches the host");
+    assert!(log.contains("TUNER/Plugin: using old-tuner (rustccl tuner ABI v1)"), "{log}");
+    let (r, _) = ok_run(&[("NCCL_TUNER_PLUGIN", &lib("librustccl_tuner_default.so"))]);
+    assert!(r[1].starts_with("tuner csv-table v2 "), "{r:?}");
+}
+
+#[test]
+fn the_table_tuner_applies_its_rules() {
+    let conf = std::env::temp_dir().join(format!("rustccl-tuner-{}.conf", std::process::id()));
+    std::fs::write(&conf, "# rules\nallreduce,0,4294967295,tree,ll128,-1,-1,-1\n").unwrap();
+    let conf_s = conf.to_string_lossy().into_owned();
+    let (r, _) = ok_run(&[("NCCL_TUNER_PLUGIN", &lib("librustccl_tuner_default.so")), ("NCCL_TUNER_CONFIG_FILE", &conf_s)]);
+    assert_eq!(r[2], "best TREE LL128", "{r:?}");
+    let _ = std::fs::remove_file(conf);
+}
+
+#[test]
+fn a_profiler_plugin_is_initialised_with_its_event_mask() {
+    let trace = std::env::temp_dir().join(format!("rustccl-trace-{}.json", std::process::id()));
+    let trace_s = trace.to_string_lossy().into_owned();
+    let (r, _) = ok_run(&[
+        ("NCCL_PROFILER_PLUGIN", &lib("librustccl_profiler_trace.so")),
+        ("NCCL_PROFILE_EVENT_MASK", "0x3"),
+        ("RUSTCCL_PROFILER_TRACE_FILE", &trace_s),
+    ]);
+    assert!(r.iter().any(|l| l == "profiler trace v1 mask 0x3"), "{r:?}");
+    let text = std::fs::read_to_string(&trace).expect("the profiler wrote its trace at finalize");
+    assert!(text.contains("traceEvents"), "{text}");
+    let _ = std::fs::remove_file(trace);
+}
+
