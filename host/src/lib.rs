@@ -7,16 +7,20 @@
 
 pub mod backend;
 pub mod bootstrap;
+pub mod coll;
 pub mod comm;
 pub mod config;
 pub mod error;
 pub mod log;
 pub mod params;
 pub mod plugin;
+pub mod reduce;
+pub mod transport;
 pub mod types;
 pub mod version;
 
 pub use bootstrap::UniqueId;
 pub use comm::{get_unique_id, Communicator, ShrinkFlags, SPLIT_NOCOLOR};
+pub use coll::{group_end, group_simulate_end, group_start, ReduceOp, Scalar};
 pub use config::CommConfig;
 pub use error::{Error, Result, ResultCode};

@@ -199,3 +199,39 @@ fn in_progress_communicator_refuses_calls_and_aborts_promptly() {
     assert!(t0.elapsed() < Duration::from_secs(2), "abort took {:?}", t0.elapsed());
     assert_ne!(comm.async_error(), ResultCode::Success);
 }
+
+#[test]
+fn all_reduce_across_threads_and_one_group_driving_every_rank() {
+    use rustccl::backend::Stream;
+    use rustccl::types::DataType;
+    let n = 4usize;
+    let comms = Communicator::init_all(&[0, 1, 2, 3]).unwrap();
+    let count = 300_001usize;
+    let backend = comms[0].backend().clone();
+    let bufs: Vec<_> = (0..n)
+        .map(|r| {
+            let p = backend.alloc(r, count * 4).unwrap();
+            let data: Vec<u8> = (0..count).flat_map(|i| ((r * 10 + i % 7) as f32).to_ne_bytes()).collect();
+            backend.copy_to_device(p, &data, Stream::DEFAULT).unwrap();
+            p
+        })
+        .collect();
+    // One thread drives all four ranks through one group.
+    rustccl::group_start();
+    for (r, c) in comms.iter().enumerate() {
+        c.all_reduce(bufs[r], bufs[r], count, DataType::Float32, rustccl::ReduceOp::Sum, Stream::DEFAULT).unwrap();
+    }
+    rustccl::group_end().unwrap();
+    for r in 0..n {
+        let mut out = vec![0u8; count * 4];
+        backend.copy_from_device(&mut out, bufs[r], Stream::DEFAULT).unwrap();
+        for i in [0usize, 1, 6, count / 2, count - 1] {
+            let got = f32::from_ne_bytes(out[i * 4..i * 4 + 4].try_into().unwrap());
+            let want: f32 = (0..n).map(|q| (q * 10 + i % 7) as f32).sum();
+            assert_eq!(got, want, "rank {r} element {i}");
+        }
+    }
+    for c in &comms {
+        c.destroy().unwrap();
+    }
+}

@@ -392,6 +392,10 @@ impl DeviceBackend for HostBackend {
         }
         Ok(())
     }
+
+    fn host_address(&self, ptr: DevicePtr, bytes: usize) -> Result<usize> {
+        Ok(self.read_memory().resolve(ptr, bytes, "buffer")? as usize)
+    }
 }
 
 #[cfg(test)]

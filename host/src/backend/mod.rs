@@ -190,6 +190,11 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// ([`LocalPlan::check`], every range, every operator/type pair), so a bad plan is an
     /// error and runs no step.
     fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()>;
+
+    /// The host address of device memory `ptr..ptr+bytes`, for backends whose memory the CPU
+    /// can address (the host backend, whose collectives CPU threads run); the range must lie
+    /// in one live allocation. Other backends refuse with `InvalidUsage`.
+    fn host_address(&self, ptr: DevicePtr, bytes: usize) -> Result<usize>;
 }
 
 /// The environment variable that picks the backend.

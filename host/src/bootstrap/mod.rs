@@ -181,6 +181,14 @@ impl Bootstrap {
         self.net.recv(peer, tag, false, &self.cancel("bootstrap recv"))
     }
 
+    /// The next message from `peer` under `tag`, if it has arrived (never waits).
+    pub fn try_recv(&self, peer: u32, tag: u64) -> Result<Option<Vec<u8>>> {
+        if tag & INTERNAL_TAG != 0 {
+            return Err(Error::invalid_argument("bootstrap tags at or above 2^63 are reserved"));
+        }
+        self.net.try_recv(peer, tag)
+    }
+
     /// Internal point-to-point exchange that ignores the failure of ranks other than `peer`
     /// and the stop flags (shrink uses it while the parent is aborted), bounded by the timeout.
     pub fn send_survivor(&self, peer: u32, tag: u64, data: &[u8]) -> Result<()> {

@@ -316,6 +316,19 @@ impl PeerNet {
         }
     }
 
+    /// The next message from `peer` under `tag` if one has arrived; an error if `peer` failed.
+    pub fn try_recv(&self, peer: u32, tag: u64) -> Result<Option<Vec<u8>>> {
+        self.check_peer(peer)?;
+        let mut mail = self.shared.lock();
+        if let Some(msg) = mail.queues.get_mut(&(peer, tag)).and_then(|q| q.pop_front()) {
+            return Ok(Some(msg));
+        }
+        if let Some(why) = mail.dead.get(&peer) {
+            return Err(Error::remote(why.clone()));
+        }
+        Ok(None)
+    }
+
     /// Closes every connection. Graceful: peers are told first (`Bye`), so that they do not
     /// take this rank's departure for a failure. Not graceful (abort): sockets are cut.
     pub fn close(&self, graceful: bool) {

@@ -169,6 +169,7 @@ impl Communicator {
             shared,
             children: AtomicU64::new(0),
             plugins: Mutex::new(None),
+            transports: Mutex::new(Default::default()),
         });
         let ids = ids.to_vec();
         let job = {

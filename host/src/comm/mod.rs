@@ -18,7 +18,16 @@ use crate::backend::DeviceBackend;
 use crate::bootstrap::{Bootstrap, StopFlags};
 use crate::config::{CommConfig, ResolvedConfig};
 use crate::error::{set_last_error, Error, Result, ResultCode};
+use crate::coll::program::Link;
 use crate::plugin::CommPlugins;
+use crate::transport::{proxy::Proxy, Connection, Context, Dir};
+
+/// A communicator's connections, made on first use and kept until destroy.
+#[derive(Default)]
+pub(crate) struct Transports {
+    conns: std::collections::HashMap<(Link, Dir), Arc<Connection>>,
+    proxy: Option<Proxy>,
+}
 
 pub use init::get_unique_id;
 pub use split::ShrinkFlags;
@@ -59,6 +68,8 @@ struct Inner {
     children: AtomicU64,
     /// The plugins chosen at init (released at destroy).
     plugins: Mutex<Option<Arc<CommPlugins>>>,
+    /// Connections made so far, and the proxy thread of the network ones.
+    transports: Mutex<Transports>,
 }
 
 /// One rank's communicator.
@@ -323,10 +334,104 @@ impl Communicator {
     }
 }
 
+/// What the collective machinery needs from a communicator.
+impl Communicator {
+    pub(crate) fn handle(&self) -> Communicator {
+        Communicator { inner: Arc::clone(&self.inner) }
+    }
+
+    pub(crate) fn same_as(&self, other: &Communicator) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn nranks_unchecked(&self) -> u32 {
+        self.inner.nranks
+    }
+
+    pub(crate) fn rank_unchecked(&self) -> u32 {
+        self.inner.rank
+    }
+
+    /// Records an error as this communicator's (and the process's) last error.
+    pub(crate) fn record_error(&self, e: Error) -> Error {
+        self.inner.record(e)
+    }
+
+    /// The gate of a collective call.
+    pub(crate) fn check_collective_ready(&self, what: &str) -> Result<()> {
+        self.operational(what).map(|_| ())
+    }
+
+    /// Whether operations may go on (checked while they wait): not aborted, not revoked, no
+    /// failed peer. Does not record.
+    pub(crate) fn check_running(&self, what: &str) -> Result<()> {
+        if self.inner.stop.abort.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(format!("{what}: the communicator was aborted")));
+        }
+        if self.inner.stop.revoked.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(format!("{what}: the communicator was revoked")));
+        }
+        match self.inner.bootstrap.get().and_then(|b| b.failure()) {
+            Some(e) => Err(e.context(what)),
+            None => Ok(()),
+        }
+    }
+
+    fn lock_transports(&self) -> std::sync::MutexGuard<'_, Transports> {
+        self.inner.transports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connections of `wanted` already made, and those still to make.
+    pub(crate) fn cached_connections(
+        &self,
+        wanted: &[(Link, Dir)],
+    ) -> (std::collections::HashMap<(Link, Dir), Arc<Connection>>, Vec<(Link, Dir)>) {
+        let t = self.lock_transports();
+        let mut have = std::collections::HashMap::new();
+        let mut missing = Vec::new();
+        for key in wanted {
+            match t.conns.get(key) {
+                Some(c) => {
+                    have.insert(*key, Arc::clone(c));
+                }
+                None => missing.push(*key),
+            }
+        }
+        (have, missing)
+    }
+
+    pub(crate) fn cache_connection(&self, link: Link, dir: Dir, conn: Arc<Connection>) {
+        self.lock_transports().conns.insert((link, dir), conn);
+    }
+
+    /// Runs `f` with what making a connection needs.
+    pub(crate) fn with_transport<T>(&self, f: impl FnOnce(&Context) -> Result<T>) -> Result<T> {
+        let bs = self.ready("connect")?;
+        let plugins = self.plugins()?;
+        let mut t = self.lock_transports();
+        let proxy = t.proxy.get_or_insert_with(|| Proxy::new(Arc::clone(&plugins.net.plugin.api)));
+        let cx = Context {
+            bootstrap: bs,
+            backend: &self.inner.shared.backend,
+            device: self.inner.device as usize,
+            net: &plugins.net,
+            proxy,
+            shm_disabled: crate::params::env_int_or("NCCL_SHM_DISABLE", 0) == 1,
+        };
+        f(&cx)
+    }
+}
+
 impl Communicator {
     /// Drops this communicator's hold on its plugins (finalizing their per-communicator state
     /// once no operation uses them any more).
     fn release_plugins(&self) {
+        // Connections and the proxy first: they use the network plugin's context.
+        let transports = std::mem::take(&mut *self.lock_transports());
+        if let Some(p) = &transports.proxy {
+            p.stop();
+        }
+        drop(transports);
         self.inner.plugins.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }

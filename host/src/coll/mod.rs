@@ -1,0 +1,235 @@
+//! Collective and point-to-point operations: the API (`Communicator::all_reduce` and the
+//! others), argument checks as NCCL makes them, and groups. A call becomes a [`Task`]; at the
+//! end of the outermost group (at once, outside a group) the tasks of every communicator in the
+//! group are planned ([`plan`]) into programs ([`program`]), their connections are made, and
+//! the executor ([`exec`]) runs them.
+//!
+//! On the host backend an operation has completed when its call (or the outermost
+//! `group_end`) returns; the stream argument orders nothing more.
+
+pub mod exec;
+pub mod group;
+pub mod plan;
+pub mod program;
+
+use crate::backend::{DevicePtr, Stream};
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::types::{DataType, RedOp};
+
+pub use group::{group_end, group_start, group_simulate_end};
+
+/// A reduction operator, as a caller gives it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    /// Each rank's input is multiplied by its own scalar before the sum.
+    PreMulSum(Scalar),
+}
+
+/// The scalar of a PreMulSum.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    /// Given by value (`ncclScalarHostImmediate`).
+    Host(f64),
+    /// Read from device memory when the operation runs (`ncclScalarDevice`): one element of
+    /// the operation's type.
+    Device(DevicePtr),
+}
+
+impl ReduceOp {
+    pub fn red_op(&self) -> RedOp {
+        match self {
+            ReduceOp::Sum => RedOp::Sum,
+            ReduceOp::Prod => RedOp::Prod,
+            ReduceOp::Max => RedOp::Max,
+            ReduceOp::Min => RedOp::Min,
+            ReduceOp::Avg => RedOp::Avg,
+            ReduceOp::PreMulSum(_) => RedOp::PreMulSum,
+        }
+    }
+}
+
+/// What an operation does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CollKind {
+    AllReduce,
+    Broadcast { root: u32 },
+    Reduce { root: u32 },
+    AllGather,
+    ReduceScatter,
+    Send { peer: u32 },
+    Recv { peer: u32 },
+}
+
+impl CollKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CollKind::AllReduce => "AllReduce",
+            CollKind::Broadcast { .. } => "Broadcast",
+            CollKind::Reduce { .. } => "Reduce",
+            CollKind::AllGather => "AllGather",
+            CollKind::ReduceScatter => "ReduceScatter",
+            CollKind::Send { .. } => "Send",
+            CollKind::Recv { .. } => "Recv",
+        }
+    }
+}
+
+/// One operation of one rank, as enqueued. Counts are in elements: for AllGather the count
+/// each rank sends, for ReduceScatter the count each rank receives.
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub kind: CollKind,
+    pub send: DevicePtr,
+    pub recv: DevicePtr,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+}
+
+impl Communicator {
+    fn check_root(&self, root: i32, what: &str) -> Result<u32> {
+        let n = self.nranks_unchecked();
+        if root < 0 || root as u32 >= n {
+            return Err(Error::invalid_argument(format!("{what}: root {root} is out of range for {n} ranks")));
+        }
+        Ok(root as u32)
+    }
+
+    /// Checks an operation's arguments and hands it to the group (runs it now outside one).
+    fn submit(&self, task: Task) -> Result<()> {
+        let what = task.kind.name();
+        self.check_collective_ready(what)?;
+        let checked = (|| {
+            if task.count > 0 && (task.send.is_null() && !matches!(task.kind, CollKind::Recv { .. })) {
+                return Err(Error::invalid_argument(format!("{what}: send buffer is NULL")));
+            }
+            if task.count > 0 && task.recv.is_null() && !matches!(task.kind, CollKind::Send { .. }) {
+                return Err(Error::invalid_argument(format!("{what}: receive buffer is NULL")));
+            }
+            if let ReduceOp::PreMulSum(Scalar::Device(p)) = task.op {
+                if p.is_null() {
+                    return Err(Error::invalid_argument(format!("{what}: PreMulSum scalar pointer is NULL")));
+                }
+            }
+            Ok(())
+        })();
+        checked.map_err(|e| self.record_error(e))?;
+        group::enqueue(self, task).map_err(|e| self.record_error(e))
+    }
+
+    /// `ncclAllReduce`.
+    pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, _stream: Stream) -> Result<()> {
+        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op })
+    }
+
+    /// `ncclBroadcast`.
+    pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, _stream: Stream) -> Result<()> {
+        let root = self.check_root(root, "Broadcast").map_err(|e| self.record_error(e))?;
+        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum })
+    }
+
+    /// `ncclReduce`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, _stream: Stream) -> Result<()> {
+        let root = self.check_root(root, "Reduce").map_err(|e| self.record_error(e))?;
+        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op })
+    }
+
+    /// `ncclAllGather`: `send_count` elements from each rank.
+    pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, _stream: Stream) -> Result<()> {
+        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum })
+    }
+
+    /// `ncclReduceScatter`: `recv_count` elements to each rank.
+    pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, _stream: Stream) -> Result<()> {
+        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op })
+    }
+
+    /// `ncclSend`.
+    pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, _stream: Stream) -> Result<()> {
+        let peer = self.check_root(peer, "Send").map_err(|e| self.record_error(e))?;
+        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum })
+    }
+
+    /// `ncclRecv`.
+    pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, _stream: Stream) -> Result<()> {
+        let peer = self.check_root(peer, "Recv").map_err(|e| self.record_error(e))?;
+        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum })
+    }
+
+    /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).
+    pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, stream: Stream) -> Result<()> {
+        let n = self.nranks_unchecked() as usize;
+        let counts = vec![count; n];
+        let displs: Vec<usize> = (0..n).map(|i| i * count).collect();
+        self.all_to_allv(send, &counts, &displs, recv, &counts, &displs, dtype, stream)
+    }
+
+    /// AlltoAllv (rustccl's own; NCCL has none): to rank `i`, `send_counts[i]` elements from
+    /// `send + send_displs[i]`; from rank `i`, `recv_counts[i]` elements into
+    /// `recv + recv_displs[i]` (counts and displacements in elements).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_allv(
+        &self,
+        send: DevicePtr,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: DevicePtr,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DataType,
+        stream: Stream,
+    ) -> Result<()> {
+        let n = self.nranks_unchecked() as usize;
+        if [send_counts.len(), send_displs.len(), recv_counts.len(), recv_displs.len()].iter().any(|&l| l != n) {
+            return Err(self.record_error(Error::invalid_argument(format!(
+                "AlltoAllv: counts and displacements need one entry per rank ({n})"
+            ))));
+        }
+        let e = dtype.size();
+        group_start();
+        let result = (0..n).try_for_each(|peer| {
+            self.send(send.offset(send_displs[peer] * e), send_counts[peer], dtype, peer as i32, stream)?;
+            self.recv(recv.offset(recv_displs[peer] * e), recv_counts[peer], dtype, peer as i32, stream)
+        });
+        let end = group_end();
+        result.and(end)
+    }
+
+    /// `ncclGather`: every rank's `count` elements to `root`, in rank order.
+    pub fn gather(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
+        let root_u = self.check_root(root, "Gather").map_err(|e| self.record_error(e))?;
+        let me = self.rank_unchecked();
+        let e = count * dtype.size();
+        group_start();
+        let mut result = self.send(send, count, dtype, root, stream);
+        if me == root_u && result.is_ok() {
+            result = (0..self.nranks_unchecked()).try_for_each(|p| self.recv(recv.offset(p as usize * e), count, dtype, p as i32, stream));
+        }
+        let end = group_end();
+        result.and(end)
+    }
+
+    /// `ncclScatter`: block `i` of `root`'s buffer to rank `i`.
+    pub fn scatter(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
+        let root_u = self.check_root(root, "Scatter").map_err(|e| self.record_error(e))?;
+        let me = self.rank_unchecked();
+        let e = count * dtype.size();
+        group_start();
+        let mut result = Ok(());
+        if me == root_u {
+            result = (0..self.nranks_unchecked()).try_for_each(|p| self.send(send.offset(p as usize * e), count, dtype, p as i32, stream));
+        }
+        if result.is_ok() {
+            result = self.recv(recv, count, dtype, root, stream);
+        }
+        let end = group_end();
+        result.and(end)
+    }
+}

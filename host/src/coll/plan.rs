@@ -1,0 +1,314 @@
+//! The planner: turns one communicator's tasks into work items — each a program of steps over
+//! links, with the buffers and reduction it applies — choosing for each collective the
+//! algorithm (ring or tree), the protocol, the number of channels and the chunk size. The
+//! choice comes from a cost model, which `NCCL_ALGO` / `NCCL_PROTO` restrict and the tuner
+//! plugin may override (NCCL's cost-table contract).
+//!
+//! Work items are keyed by the links they use: all collectives on ring channel `c` go, in call
+//! order, into one item; each peer's sends into one item and its receives into another; so
+//! that every FIFO carries its messages in the order both ends expect.
+
+use rustccl_plugin_api::{Algorithm, CollType, CostTable, Protocol, ALGO_PROTO_IGNORE};
+
+use super::program::{self, Ring, Step};
+use super::{CollKind, ReduceOp, Scalar, Task};
+use crate::backend::DevicePtr;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::params;
+use crate::reduce::{DevOp, Reducer};
+use crate::transport::SLOT_BYTES;
+use crate::types::DataType;
+
+/// The buffers and the reduction of one task, as the executor needs them.
+pub struct OpCtx {
+    /// Host address of the source buffer (0 when the rank reads none).
+    pub src: usize,
+    /// Host address of the destination buffer (0 when the rank writes none).
+    pub dst: usize,
+    pub reducer: Reducer,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ItemKey {
+    Ring(u32),
+    Tree(u32),
+    SendTo(u32),
+    RecvFrom(u32),
+    Local,
+}
+
+/// Steps that run in order, each with the index of its task's [`OpCtx`].
+pub struct WorkItem {
+    pub steps: Vec<(usize, Step)>,
+    pub pc: usize,
+}
+
+/// One communicator's share of a group.
+pub struct CommRun {
+    pub comm: Communicator,
+    pub ctxs: Vec<OpCtx>,
+    pub items: Vec<WorkItem>,
+}
+
+/// What the planner chose for one collective.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    pub algo: Algorithm,
+    pub proto: Protocol,
+    pub channels: u32,
+    pub chunk_bytes: usize,
+    /// Estimated time, microseconds.
+    pub time_us: f32,
+}
+
+fn coll_type(kind: &CollKind) -> CollType {
+    match kind {
+        CollKind::AllReduce => CollType::AllReduce,
+        CollKind::Broadcast { .. } => CollType::Broadcast,
+        CollKind::Reduce { .. } => CollType::Reduce,
+        CollKind::AllGather => CollType::AllGather,
+        CollKind::ReduceScatter => CollType::ReduceScatter,
+        CollKind::Send { .. } => CollType::Send,
+        CollKind::Recv { .. } => CollType::Recv,
+    }
+}
+
+/// Bytes a task moves per rank (NCCL's `nBytes` for the tuner).
+fn task_bytes(task: &Task, nranks: usize) -> usize {
+    let b = task.count * task.dtype.size();
+    match task.kind {
+        CollKind::AllGather | CollKind::ReduceScatter => b * nranks,
+        _ => b,
+    }
+}
+
+/// Per-step latency (us) and bandwidth (GB/s) of each protocol on the host backend.
+fn proto_model(p: Protocol) -> (f32, f32, usize) {
+    match p {
+        Protocol::Ll => (4.0, 1.5, 16 * 1024),
+        Protocol::Ll128 => (6.0, 3.0, 128 * 1024),
+        Protocol::Simple => (12.0, 6.0, SLOT_BYTES),
+    }
+}
+
+/// The cost model: time of `algo`/`proto` for `bytes` on `n` ranks, or IGNORE if unusable.
+fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize) -> f32 {
+    let (lat, bw, _) = proto_model(proto);
+    let nf = n as f32;
+    let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
+    match (kind, algo) {
+        (CollKind::AllReduce, Algorithm::Ring) => 2.0 * (nf - 1.0) * lat + 2.0 * (nf - 1.0) / nf * gb / bw,
+        (CollKind::AllReduce, Algorithm::Tree) => 2.0 * nf.log2().ceil().max(1.0) * lat + 2.0 * gb / bw,
+        (CollKind::AllGather | CollKind::ReduceScatter, Algorithm::Ring) => (nf - 1.0) * lat + (nf - 1.0) / nf * gb / bw,
+        (CollKind::Broadcast { .. } | CollKind::Reduce { .. }, Algorithm::Ring) => (nf - 1.0) * lat + gb / bw,
+        (CollKind::Send { .. } | CollKind::Recv { .. }, Algorithm::Ring) => lat + gb / bw,
+        _ => ALGO_PROTO_IGNORE,
+    }
+}
+
+/// Names allowed by `NCCL_ALGO` / `NCCL_PROTO` (comma list; `^` excludes); `None`: all.
+fn allowed(var: &str, name: &str) -> bool {
+    let Some(v) = params::env_str(var) else { return true };
+    let (exclude, list) = match v.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, v.as_str()),
+    };
+    let hit = list.split(',').any(|x| x.trim().eq_ignore_ascii_case(name));
+    hit != exclude
+}
+
+/// Chooses algorithm, protocol, channels and chunk for a task.
+pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
+    let n = comm.nranks_unchecked() as usize;
+    let bytes = task_bytes(task, n);
+    let n_algo = Algorithm::ALL.len();
+    let n_proto = Protocol::ALL.len();
+    let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
+    for &a in Algorithm::ALL {
+        for &p in Protocol::ALL {
+            if allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
+                costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n);
+            }
+        }
+    }
+    let mut channels = -1i32;
+    let plugins = comm.plugins()?;
+    let mut table = CostTable::new(&mut costs, n_algo, n_proto).map_err(Error::internal)?;
+    if let Some(t) = &plugins.tuner {
+        if let Err(e) = t.plugin.api.get_coll_info(t.ctx, coll_type(&task.kind), bytes, 1, &mut table, &mut channels) {
+            tracing::info!(target: "TUNING", "tuner {} declined ({}); using the cost model", t.plugin.name, e.message);
+        }
+    }
+    let (algo, proto, time_us) = table.best().ok_or_else(|| {
+        Error::invalid_usage(format!(
+            "{}: no algorithm and protocol left to use (check NCCL_ALGO / NCCL_PROTO)",
+            task.kind.name()
+        ))
+    })?;
+    let config = comm.config();
+    let by_size = if bytes >= 4 << 20 { 2 } else { 1 };
+    let wanted = if channels > 0 { channels as u32 } else { by_size };
+    let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(4));
+    let mut chunk_bytes = proto_model(proto).2;
+    if let Some(t) = &plugins.tuner {
+        if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, coll_type(&task.kind), bytes, algo, proto, channels as i32) {
+            chunk_bytes = c.clamp(task.dtype.size(), SLOT_BYTES);
+        }
+    }
+    Ok(Choice { algo, proto, channels, chunk_bytes, time_us })
+}
+
+/// The cost model's estimate for a task, in microseconds (`ncclGroupSimulateEnd`).
+pub fn estimate(comm: &Communicator, task: &Task) -> Result<f32> {
+    if task.count == 0 || comm.nranks_unchecked() == 1 {
+        return Ok(0.0);
+    }
+    Ok(choose(comm, task)?.time_us)
+}
+
+/// Reads a PreMulSum scalar that lives in device memory.
+fn scalar_value(comm: &Communicator, op: ReduceOp, dtype: DataType) -> Result<Option<f64>> {
+    Ok(match op {
+        ReduceOp::PreMulSum(Scalar::Host(v)) => Some(v),
+        ReduceOp::PreMulSum(Scalar::Device(p)) => {
+            let mut bytes = vec![0u8; dtype.size()];
+            comm.backend().copy_from_device(&mut bytes, p, crate::backend::Stream::DEFAULT)?;
+            Some(crate::reduce::decode_scalar(dtype, &bytes))
+        }
+        _ => None,
+    })
+}
+
+fn address(comm: &Communicator, ptr: DevicePtr, bytes: usize, what: &str) -> Result<usize> {
+    if bytes == 0 {
+        return Ok(0);
+    }
+    comm.backend().host_address(ptr, bytes).map_err(|e| e.context(what))
+}
+
+/// Builds the work of one communicator's tasks.
+pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
+    let n = comm.nranks_unchecked();
+    let rank = comm.rank_unchecked();
+    let mut ctxs = Vec::new();
+    let mut items: Vec<(ItemKey, Vec<(usize, Step)>)> = Vec::new();
+    let mut push = |key: ItemKey, ctx: usize, steps: Vec<Step>| {
+        let list = match items.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, l)) => l,
+            None => {
+                items.push((key, Vec::new()));
+                &mut items.last_mut().unwrap().1
+            }
+        };
+        list.extend(steps.into_iter().map(|s| (ctx, s)));
+    };
+    let mut self_sends: Vec<(usize, usize)> = Vec::new();
+    let mut self_recvs: Vec<(usize, usize)> = Vec::new();
+    for task in tasks {
+        if task.count == 0 {
+            continue;
+        }
+        let e = task.dtype.size();
+        let b = task.count * e;
+        let nb = b * n as usize;
+        let scalar = scalar_value(comm, task.op, task.dtype)?;
+        let op = DevOp::from_user(task.op.red_op(), scalar, task.dtype, n as usize)?;
+        let name = task.kind.name();
+        let (src_len, dst_len) = match task.kind {
+            CollKind::AllReduce => (b, b),
+            CollKind::AllGather => (b, nb),
+            CollKind::ReduceScatter => (nb, b),
+            CollKind::Broadcast { root } => (if rank == root { b } else { 0 }, b),
+            CollKind::Reduce { root } => (b, if rank == root { b } else { 0 }),
+            CollKind::Send { .. } => (b, 0),
+            CollKind::Recv { .. } => (0, b),
+        };
+        let ctx = OpCtx {
+            src: address(comm, task.send, src_len, &format!("{name}: send buffer"))?,
+            dst: address(comm, task.recv, dst_len, &format!("{name}: receive buffer"))?,
+            reducer: Reducer::new(task.dtype, op),
+        };
+        let ci = ctxs.len();
+        ctxs.push(ctx);
+        if n == 1 || matches!(task.kind, CollKind::Send { peer } | CollKind::Recv { peer } if peer == rank) {
+            match task.kind {
+                CollKind::Send { .. } => self_sends.push((ci, b)),
+                CollKind::Recv { .. } => self_recvs.push((ci, b)),
+                _ => {
+                    // One rank: the result is this rank's input, through the op (pre and post).
+                    let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
+                    let local = local_steps(b, reduce);
+                    push(ItemKey::Local, ci, local);
+                }
+            }
+            continue;
+        }
+        match task.kind {
+            CollKind::Send { peer } => {
+                push(ItemKey::SendTo(peer), ci, program::p2p_send(peer, b, SLOT_BYTES));
+                continue;
+            }
+            CollKind::Recv { peer } => {
+                push(ItemKey::RecvFrom(peer), ci, program::p2p_recv(peer, b, SLOT_BYTES));
+                continue;
+            }
+            _ => {}
+        }
+        let choice = choose(comm, task)?;
+        let chunk = (choice.chunk_bytes / e).max(1);
+        tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
+        for c in 0..choice.channels {
+            let ring = Ring { rank, nranks: n, channel: c };
+            let range = program::channel_range(task.count, c, choice.channels);
+            let (key, steps) = match (&task.kind, choice.algo) {
+                (CollKind::AllReduce, Algorithm::Tree) => (ItemKey::Tree(c), program::tree_all_reduce(rank, n, c, range, chunk, e)),
+                (CollKind::AllReduce, _) => (ItemKey::Ring(c), program::ring_all_reduce(ring, range, chunk, e)),
+                (CollKind::AllGather, _) => (ItemKey::Ring(c), program::ring_all_gather(ring, range, task.count, chunk, e)),
+                (CollKind::ReduceScatter, _) => (ItemKey::Ring(c), program::ring_reduce_scatter(ring, range, task.count, chunk, e)),
+                (CollKind::Broadcast { root }, _) => (ItemKey::Ring(c), program::ring_broadcast(ring, *root, range, chunk, e)),
+                (CollKind::Reduce { root }, _) => (ItemKey::Ring(c), program::ring_reduce(ring, *root, range, chunk, e)),
+                (CollKind::Send { .. } | CollKind::Recv { .. }, _) => unreachable!("handled above"),
+            };
+            push(key, ci, steps);
+        }
+    }
+    if self_sends.len() != self_recvs.len() {
+        return Err(Error::invalid_usage(format!(
+            "{} send(s) to self but {} receive(s) from self in this group; they must pair up",
+            self_sends.len(),
+            self_recvs.len()
+        )));
+    }
+    for ((s, sb), (r, rb)) in self_sends.into_iter().zip(self_recvs) {
+        if sb != rb {
+            return Err(Error::invalid_usage(format!("a send to self of {sb} bytes meets a receive from self of {rb} bytes")));
+        }
+        // The receive's context gets the send's source.
+        ctxs[r].src = ctxs[s].src;
+        push(ItemKey::Local, r, local_steps(sb, false));
+    }
+    let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
+    Ok(CommRun { comm: comm.handle(), ctxs, items })
+}
+
+/// Steps that copy (or, with `reduce`, pass through the op) `bytes` from src to dst locally.
+fn local_steps(bytes: usize, reduce: bool) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut off = 0;
+    while off < bytes {
+        let len = SLOT_BYTES.min(bytes - off);
+        steps.push(Step {
+            recv: vec![],
+            send: vec![],
+            src: Some(off),
+            dst: Some(off),
+            bytes: len,
+            reduce,
+            post: reduce,
+            src_in_dst: false,
+        });
+        off += len;
+    }
+    steps
+}

@@ -1,0 +1,229 @@
+//! The FIFO between a producer and a consumer of fixed-size slots, in memory both can see:
+//! `STEPS` slots of `slot_bytes`, a `tail` the producer advances after filling a slot and a
+//! `head` the consumer advances after emptying one, and the byte count of each slot.
+//!
+//! Every transport is one of these: over shared memory the producer is one rank and the
+//! consumer another; over the network the proxy thread is the consumer of the sender's FIFO
+//! and the producer of the receiver's. The executor only ever sees FIFOs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Slots per FIFO (NCCL_STEPS).
+pub const STEPS: usize = 8;
+
+/// The control block at the start of a FIFO's memory.
+#[repr(C)]
+pub struct FifoHeader {
+    /// Slots the consumer has emptied.
+    pub head: AtomicU64,
+    _pad0: [u64; 7],
+    /// Slots the producer has filled.
+    pub tail: AtomicU64,
+    _pad1: [u64; 7],
+    /// Bytes in each slot.
+    pub sizes: [AtomicU64; STEPS],
+}
+
+/// Bytes of memory a FIFO with slots of `slot_bytes` needs.
+pub fn fifo_bytes(slot_bytes: usize) -> usize {
+    header_bytes() + STEPS * slot_bytes
+}
+
+fn header_bytes() -> usize {
+    // Slots start on a 4 KiB boundary.
+    std::mem::size_of::<FifoHeader>().div_ceil(4096) * 4096
+}
+
+/// A view of a FIFO at a fixed address. The memory is owned by the connection that holds
+/// this view, which keeps it mapped for the view's lifetime.
+pub struct Fifo {
+    base: *mut u8,
+    slot_bytes: usize,
+}
+
+// SAFETY: the header is atomics; slot contents are handed over through the head/tail protocol
+// (a slot is written only by the producer between acquiring it and advancing tail, and read
+// only by the consumer between seeing tail and advancing head).
+unsafe impl Send for Fifo {}
+unsafe impl Sync for Fifo {}
+
+impl Fifo {
+    /// A FIFO over `fifo_bytes(slot_bytes)` bytes at `base`, zeroed by the creator.
+    ///
+    /// # Safety
+    /// `base` must point to that many bytes, 8-byte aligned, valid while the `Fifo` exists,
+    /// used by at most one producer and one consumer.
+    pub unsafe fn new(base: *mut u8, slot_bytes: usize) -> Fifo {
+        Fifo { base, slot_bytes }
+    }
+
+    fn header(&self) -> &FifoHeader {
+        // SAFETY: `new`'s contract: the header is at `base`.
+        unsafe { &*(self.base as *const FifoHeader) }
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    fn slot_ptr(&self, index: u64) -> *mut u8 {
+        let i = (index % STEPS as u64) as usize;
+        // SAFETY: within the region given to `new`.
+        unsafe { self.base.add(header_bytes() + i * self.slot_bytes) }
+    }
+
+    /// Producer: the next free slot (its index and memory), if any.
+    pub fn free_slot(&self) -> Option<(u64, &mut [u8])> {
+        let h = self.header();
+        let tail = h.tail.load(Ordering::Relaxed);
+        if tail - h.head.load(Ordering::Acquire) >= STEPS as u64 {
+            return None;
+        }
+        // SAFETY: the slot is the producer's until it advances tail (see the type's SAFETY).
+        Some((tail, unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(tail), self.slot_bytes) }))
+    }
+
+    /// Producer: publishes slot `index` holding `bytes`.
+    pub fn push(&self, index: u64, bytes: usize) {
+        let h = self.header();
+        h.sizes[(index % STEPS as u64) as usize].store(bytes as u64, Ordering::Relaxed);
+        h.tail.store(index + 1, Ordering::Release);
+    }
+
+    /// Consumer: the oldest filled slot, if any.
+    pub fn ready_slot(&self) -> Option<(u64, &[u8])> {
+        let h = self.header();
+        let head = h.head.load(Ordering::Relaxed);
+        if h.tail.load(Ordering::Acquire) <= head {
+            return None;
+        }
+        let len = h.sizes[(head % STEPS as u64) as usize].load(Ordering::Relaxed) as usize;
+        // SAFETY: filled and published by the producer; the consumer's until head advances.
+        Some((head, unsafe { std::slice::from_raw_parts(self.slot_ptr(head), len.min(self.slot_bytes)) }))
+    }
+
+    /// Consumer: slot `index` (and all before it) may be reused.
+    pub fn pop(&self, index: u64) {
+        self.header().head.store(index + 1, Ordering::Release);
+    }
+
+    /// Filled slots not yet consumed, and the index of the oldest.
+    pub fn pending(&self) -> (u64, u64) {
+        let h = self.header();
+        let head = h.head.load(Ordering::Acquire);
+        (h.tail.load(Ordering::Acquire) - head, head)
+    }
+
+    /// Address and capacity of slot `index` (for the proxy, which hands slots to the network).
+    pub fn slot_raw(&self, index: u64) -> (*mut u8, usize) {
+        (self.slot_ptr(index), self.slot_bytes)
+    }
+
+    /// Base address and length of the slot area (registered with the network once).
+    pub fn slots_region(&self) -> (*mut u8, usize) {
+        (self.slot_ptr(0), STEPS * self.slot_bytes)
+    }
+
+    /// Producer side for the proxy: the slot count filled so far.
+    pub fn tail(&self) -> u64 {
+        self.header().tail.load(Ordering::Acquire)
+    }
+
+    pub fn head(&self) -> u64 {
+        self.header().head.load(Ordering::Acquire)
+    }
+
+    /// Size recorded for slot `index`.
+    pub fn size_of(&self, index: u64) -> usize {
+        self.header().sizes[(index % STEPS as u64) as usize].load(Ordering::Acquire) as usize
+    }
+}
+
+/// Zeroed, 4 KiB-aligned memory owned by this process (FIFOs the proxy shares with the executor).
+pub struct LocalMemory {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: plain memory; access is coordinated by the FIFO protocol.
+unsafe impl Send for LocalMemory {}
+unsafe impl Sync for LocalMemory {}
+
+impl LocalMemory {
+    pub fn new(bytes: usize) -> LocalMemory {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(4096), 4096).expect("FIFO layout");
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        LocalMemory { ptr, layout }
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for LocalMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_flow_in_order_and_fill_up() {
+        let mem = LocalMemory::new(fifo_bytes(64));
+        // SAFETY: `mem` outlives the FIFO and is zeroed.
+        let f = unsafe { Fifo::new(mem.ptr(), 64) };
+        assert!(f.ready_slot().is_none());
+        for i in 0..STEPS as u64 {
+            let (idx, slot) = f.free_slot().expect("free");
+            assert_eq!(idx, i);
+            slot[0] = i as u8;
+            f.push(idx, 1 + i as usize);
+        }
+        assert!(f.free_slot().is_none(), "full after STEPS pushes");
+        let (idx, data) = f.ready_slot().unwrap();
+        assert_eq!((idx, data.len(), data[0]), (0, 1, 0));
+        f.pop(idx);
+        assert_eq!(f.free_slot().unwrap().0, STEPS as u64);
+        assert_eq!(f.pending(), (STEPS as u64 - 1, 1));
+    }
+
+    #[test]
+    fn threads_pass_many_messages() {
+        let mem = LocalMemory::new(fifo_bytes(16));
+        // SAFETY: as above; the scope ends before `mem` is dropped.
+        let f = unsafe { Fifo::new(mem.ptr(), 16) };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..10_000u64 {
+                    loop {
+                        if let Some((idx, slot)) = f.free_slot() {
+                            slot[..8].copy_from_slice(&i.to_le_bytes());
+                            f.push(idx, 8);
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            for i in 0..10_000u64 {
+                loop {
+                    if let Some((idx, d)) = f.ready_slot() {
+                        assert_eq!(u64::from_le_bytes(d.try_into().unwrap()), i);
+                        f.pop(idx);
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,228 @@
+//! Transports: how a FIFO between two ranks is made. Ranks on one host (same host identity)
+//! share the FIFO's memory (`shm`, unless `NCCL_SHM_DISABLE=1`); others each keep a local
+//! FIFO and the proxy thread moves slots through the network plugin (`net`).
+//!
+//! The receiving side creates the connection and tells the sender, through the bootstrap, how
+//! to reach it (a shared-memory handle or a network handle). Making a connection is a
+//! non-blocking state machine ([`Establish`]), so that every connection of a group, across
+//! every communicator in it, is made at once without either side waiting for the other.
+
+pub mod fifo;
+pub mod proxy;
+
+use std::sync::{Arc, Mutex};
+
+use rustccl_plugin_api::net::{NetHandle, NET_HANDLE_BYTES, PTR_HOST};
+use rustccl_plugin_api::PluginHandle;
+
+use crate::backend::{DeviceBackend, DevicePtr, ShareHandle};
+use crate::bootstrap::Bootstrap;
+use crate::coll::program::{Link, Purpose};
+use crate::error::{Error, Result};
+use crate::plugin::net::NetInstance;
+use fifo::{fifo_bytes, Fifo, LocalMemory};
+
+/// Which end of a link this rank holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dir {
+    Send,
+    Recv,
+}
+
+/// How a connection moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Shm,
+    Net,
+}
+
+/// Where a connection's FIFO memory comes from; released with the connection.
+enum Memory {
+    /// Exported by this rank (the receiver) through the backend.
+    Exported { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
+    /// Imported from the receiver.
+    Imported { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
+    Local(#[allow(dead_code)] LocalMemory),
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        match self {
+            Memory::Exported { backend, ptr } => {
+                let _ = backend.free(*ptr);
+            }
+            Memory::Imported { backend, ptr } => {
+                let _ = backend.close_import(*ptr);
+            }
+            Memory::Local(_) => {}
+        }
+    }
+}
+
+/// One end of a connection: a FIFO, and the error the proxy reports if the network fails.
+pub struct Connection {
+    pub link: Link,
+    pub dir: Dir,
+    pub kind: Kind,
+    pub fifo: Fifo,
+    pub error: Mutex<Option<Error>>,
+    _memory: Memory,
+}
+
+impl Connection {
+    /// The error the proxy saw on this connection, if any.
+    pub fn failure(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Bytes of each FIFO slot.
+pub const SLOT_BYTES: usize = 512 * 1024;
+
+/// The bootstrap tag under which the receiver of `link` sends its handle.
+fn handle_tag(purpose: Purpose) -> u64 {
+    let code = match purpose {
+        Purpose::Ring(c) => (1 << 20) | c as u64,
+        Purpose::TreeUp(c) => (2 << 20) | c as u64,
+        Purpose::TreeDown(c) => (3 << 20) | c as u64,
+        Purpose::P2p => 4 << 20,
+    };
+    (1 << 62) | code
+}
+
+/// What a communicator offers connection making.
+pub struct Context<'a> {
+    pub bootstrap: &'a Bootstrap,
+    pub backend: &'a Arc<dyn DeviceBackend>,
+    pub device: usize,
+    pub net: &'a NetInstance,
+    pub proxy: &'a proxy::Proxy,
+    pub shm_disabled: bool,
+}
+
+impl Context<'_> {
+    /// The transport between this rank and `peer`.
+    pub fn kind_for(&self, peer: u32) -> Kind {
+        let peers = self.bootstrap.peers();
+        let same_host = peers[peer as usize].host_hash == peers[self.bootstrap.rank() as usize].host_hash;
+        if same_host && !self.shm_disabled {
+            Kind::Shm
+        } else {
+            Kind::Net
+        }
+    }
+}
+
+/// A connection being made.
+pub enum Establish {
+    /// Receiver, shared memory: made at once, handle sent.
+    Start { link: Link, dir: Dir },
+    /// Sender: waiting for the receiver's handle.
+    AwaitHandle { link: Link },
+    /// Receiver, network: listening, waiting for the sender.
+    Accepting { link: Link, listen: PluginHandle, mem: LocalMemory },
+    /// Sender, network: connecting.
+    Connecting { link: Link, handle: NetHandle, mem: LocalMemory },
+    Done,
+}
+
+impl Establish {
+    pub fn new(link: Link, dir: Dir) -> Establish {
+        match dir {
+            Dir::Recv => Establish::Start { link, dir },
+            Dir::Send => Establish::AwaitHandle { link },
+        }
+    }
+
+    /// Advances; returns the connection once made.
+    pub fn poll(&mut self, cx: &Context) -> Result<Option<Arc<Connection>>> {
+        let zeroed_fifo = |slot: usize| LocalMemory::new(fifo_bytes(slot));
+        match std::mem::replace(self, Establish::Done) {
+            Establish::Start { link, .. } => match cx.kind_for(link.peer) {
+                Kind::Shm => {
+                    let bytes = fifo_bytes(SLOT_BYTES);
+                    let (ptr, handle) = cx.backend.alloc_shareable(cx.device, bytes)?;
+                    let base = cx.backend.host_address(ptr, bytes)?;
+                    let mut msg = vec![0u8];
+                    msg.extend_from_slice(&handle.to_bytes());
+                    cx.bootstrap.send(link.peer, handle_tag(link.purpose), &msg)?;
+                    let memory = Memory::Exported { backend: Arc::clone(cx.backend), ptr };
+                    // SAFETY: the region is fifo_bytes(SLOT_BYTES) of zeroed shared memory that
+                    // `memory` keeps mapped as long as the connection lives.
+                    let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
+                    Ok(Some(Arc::new(Connection { link, dir: Dir::Recv, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: memory })))
+                }
+                Kind::Net => {
+                    let net = &cx.net.plugin.api;
+                    let (handle, listen) = net.listen(cx.net.ctx, 0).map_err(Error::from)?;
+                    let mut msg = vec![1u8];
+                    msg.extend_from_slice(&handle.bytes);
+                    cx.bootstrap.send(link.peer, handle_tag(link.purpose), &msg)?;
+                    *self = Establish::Accepting { link, listen, mem: zeroed_fifo(SLOT_BYTES) };
+                    self.poll(cx)
+                }
+            },
+            Establish::AwaitHandle { link } => {
+                let Some(msg) = cx.bootstrap.try_recv(link.peer, handle_tag(link.purpose))? else {
+                    *self = Establish::AwaitHandle { link };
+                    return Ok(None);
+                };
+                match (msg.first(), cx.kind_for(link.peer)) {
+                    (Some(0), Kind::Shm) => {
+                        let handle = ShareHandle::from_bytes(&msg[1..])?;
+                        let ptr = cx.backend.import(cx.device, &handle)?;
+                        let base = cx.backend.host_address(ptr, fifo_bytes(SLOT_BYTES))?;
+                        let memory = Memory::Imported { backend: Arc::clone(cx.backend), ptr };
+                        // SAFETY: the receiver's zeroed FIFO region, mapped while `memory` lives.
+                        let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
+                        Ok(Some(Arc::new(Connection { link, dir: Dir::Send, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: memory })))
+                    }
+                    (Some(1), Kind::Net) if msg.len() == 1 + NET_HANDLE_BYTES => {
+                        let mut handle = NetHandle::default();
+                        handle.bytes.copy_from_slice(&msg[1..]);
+                        *self = Establish::Connecting { link, handle, mem: zeroed_fifo(SLOT_BYTES) };
+                        self.poll(cx)
+                    }
+                    _ => Err(Error::internal(format!(
+                        "rank {} sent a connection handle this rank cannot use (transport mismatch)",
+                        link.peer
+                    ))),
+                }
+            }
+            Establish::Accepting { link, listen, mem } => {
+                let net = &cx.net.plugin.api;
+                match net.accept(listen).map_err(Error::from)? {
+                    None => {
+                        *self = Establish::Accepting { link, listen, mem };
+                        Ok(None)
+                    }
+                    Some(comm) => {
+                        let _ = net.close_listen(listen);
+                        Ok(Some(self.net_connection(cx, link, Dir::Recv, comm, mem)?))
+                    }
+                }
+            }
+            Establish::Connecting { link, handle, mem } => {
+                let net = &cx.net.plugin.api;
+                match net.connect(cx.net.ctx, 0, &handle).map_err(Error::from)? {
+                    None => {
+                        *self = Establish::Connecting { link, handle, mem };
+                        Ok(None)
+                    }
+                    Some(comm) => Ok(Some(self.net_connection(cx, link, Dir::Send, comm, mem)?)),
+                }
+            }
+            Establish::Done => Err(Error::internal("connection polled after it was made")),
+        }
+    }
+
+    fn net_connection(&self, cx: &Context, link: Link, dir: Dir, comm: PluginHandle, mem: LocalMemory) -> Result<Arc<Connection>> {
+        // SAFETY: `mem` is zeroed and sized for the FIFO; the connection owns it.
+        let fifo = unsafe { Fifo::new(mem.ptr(), SLOT_BYTES) };
+        let (base, len) = fifo.slots_region();
+        let mr = cx.net.plugin.api.reg_mr(comm, base as usize, len, PTR_HOST).map_err(Error::from)?;
+        let conn = Arc::new(Connection { link, dir, kind: Kind::Net, fifo, error: Mutex::new(None), _memory: Memory::Local(mem) });
+        cx.proxy.add(Arc::clone(&conn), comm, mr);
+        Ok(conn)
+    }
+}

@@ -1,0 +1,184 @@
+//! The proxy thread of a communicator: it moves network connections' FIFO slots through the
+//! net plugin. For a send connection it is the FIFO's consumer (a filled slot is sent, and
+//! freed when the send completes); for a receive connection it is the producer (a free slot
+//! gets a receive posted, and is published when it completes). Requests complete in order per
+//! connection, so slots are handed over in order.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustccl_plugin_api::net::{Net, RecvBuffer};
+use rustccl_plugin_api::PluginHandle;
+
+use super::fifo::STEPS;
+use super::{Connection, Dir};
+use crate::error::Error;
+
+/// One network connection the proxy drives.
+struct Driven {
+    conn: Arc<Connection>,
+    comm: PluginHandle,
+    mr: PluginHandle,
+    /// Posted requests: (slot index, request), oldest first.
+    inflight: VecDeque<(u64, PluginHandle)>,
+    /// Next slot index to post.
+    next: u64,
+    failed: bool,
+}
+
+pub struct Proxy {
+    net: Arc<dyn Net>,
+    add: Mutex<Option<mpsc::Sender<Driven>>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Proxy {
+    /// A proxy for `net`; its thread starts with the first connection.
+    pub fn new(net: Arc<dyn Net>) -> Proxy {
+        Proxy { net, add: Mutex::new(None), stop: Arc::new(AtomicBool::new(false)), thread: Mutex::new(None) }
+    }
+
+    /// Hands a network connection to the proxy.
+    pub fn add(&self, conn: Arc<Connection>, comm: PluginHandle, mr: PluginHandle) {
+        let mut add = self.add.lock().unwrap_or_else(|p| p.into_inner());
+        if add.is_none() {
+            let (tx, rx) = mpsc::channel();
+            let (net, stop) = (Arc::clone(&self.net), Arc::clone(&self.stop));
+            let handle = std::thread::Builder::new()
+                .name("rustccl-proxy".into())
+                .spawn(move || run(net, rx, stop))
+                .expect("start the proxy thread");
+            *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+            *add = Some(tx);
+        }
+        let d = Driven { conn, comm, mr, inflight: VecDeque::new(), next: 0, failed: false };
+        let _ = add.as_ref().unwrap().send(d);
+    }
+
+    /// Stops the thread and closes its connections.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.add.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>) {
+    let mut conns: Vec<Driven> = Vec::new();
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        while let Ok(d) = rx.try_recv() {
+            conns.push(d);
+        }
+        let mut busy = false;
+        for d in conns.iter_mut().filter(|d| !d.failed) {
+            let r = match d.conn.dir {
+                Dir::Send => progress_send(&*net, d),
+                Dir::Recv => progress_recv(&*net, d),
+            };
+            match r {
+                Ok(progress) => busy |= progress,
+                Err(e) => {
+                    d.failed = true;
+                    *d.conn.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+            }
+        }
+        if busy {
+            idle = 0;
+        } else {
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 1024 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+    for d in conns {
+        let _ = net.dereg_mr(d.comm, d.mr);
+        let _ = match d.conn.dir {
+            Dir::Send => net.close_send(d.comm),
+            Dir::Recv => net.close_recv(d.comm),
+        };
+    }
+}
+
+fn net_error(d: &Driven, e: rustccl_plugin_api::PluginError) -> Error {
+    Error::from(e).context(format!("network connection with rank {}", d.conn.link.peer))
+}
+
+/// Sends filled slots; frees them as sends complete.
+fn progress_send(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
+    let fifo = &d.conn.fifo;
+    let mut progress = false;
+    while d.next < fifo.tail() && d.inflight.len() < STEPS {
+        let (ptr, _) = fifo.slot_raw(d.next);
+        let len = fifo.size_of(d.next);
+        // SAFETY: the slot stays untouched until the request completes: the executor does not
+        // reuse it before the proxy pops it, which happens only after completion.
+        match unsafe { net.isend(d.comm, ptr as usize, len, 0, d.mr) }.map_err(|e| net_error(d, e))? {
+            Some(req) => {
+                d.inflight.push_back((d.next, req));
+                d.next += 1;
+                progress = true;
+            }
+            None => break,
+        }
+    }
+    while let Some(&(index, req)) = d.inflight.front() {
+        let mut sizes = [0usize];
+        if !net.test(req, &mut sizes).map_err(|e| net_error(d, e))? {
+            break;
+        }
+        d.inflight.pop_front();
+        fifo.pop(index);
+        progress = true;
+    }
+    Ok(progress)
+}
+
+/// Posts receives into free slots; publishes them as they complete.
+fn progress_recv(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
+    let fifo = &d.conn.fifo;
+    let mut progress = false;
+    while d.next - fifo.head() < STEPS as u64 && d.inflight.len() < STEPS {
+        let (ptr, cap) = fifo.slot_raw(d.next);
+        let bufs = [RecvBuffer { data: ptr as usize, size: cap, tag: 0, mr: d.mr }];
+        // SAFETY: the slot is free (the consumer popped it) and is not given to the executor
+        // before the receive completes.
+        match unsafe { net.irecv(d.comm, &bufs) }.map_err(|e| net_error(d, e))? {
+            Some(req) => {
+                d.inflight.push_back((d.next, req));
+                d.next += 1;
+                progress = true;
+            }
+            None => break,
+        }
+    }
+    while let Some(&(index, req)) = d.inflight.front() {
+        let mut sizes = [0usize];
+        if !net.test(req, &mut sizes).map_err(|e| net_error(d, e))? {
+            break;
+        }
+        d.inflight.pop_front();
+        fifo.push(index, sizes[0]);
+        progress = true;
+    }
+    Ok(progress)
+}

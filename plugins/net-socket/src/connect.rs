@@ -1,0 +1,449 @@
+//! Setting up a connection without blocking: the connecting side's [`Dialer`] and the
+//! listening side's [`Acceptor`]. Each call advances them as far as the sockets allow and
+//! returns; the caller calls again until the connection is [`Established`].
+//!
+//! A connection is one control socket plus `nsocks` data sockets, all TCP to the listener.
+//! Each socket first sends a [`Hello`] naming the listener (its random magic, from the
+//! handle), the connection (a random id the dialer picks) and its place in the connection.
+//! The acceptor groups arriving sockets by connection id and hands out a connection once all
+//! of its sockets are there; sockets with a wrong magic (stale or foreign) are closed.
+//! The dialer is done when every socket is connected and has written its hello: it does not
+//! wait for the acceptor, so one thread may finish `connect` before it starts `accept`.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::SocketAddr;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::striping::{SocketConfig, MAX_SOCKETS, MAX_THREADS};
+use crate::wire::{Hello, CONTROL_SOCKET, HELLO_BYTES};
+
+/// A connection whose sockets are all there.
+#[derive(Debug)]
+pub struct Established {
+    /// The other side's address (of its control socket).
+    pub peer: SocketAddr,
+    pub ctrl: Socket,
+    /// Data sockets, by index.
+    pub data: Vec<Socket>,
+    /// Helper threads the sending side drives the data sockets with (the receiver uses as many).
+    pub nthreads: usize,
+}
+
+/// `send` flags: never raise SIGPIPE in the host process when the peer is gone.
+pub const SEND_FLAGS: libc::c_int = libc::MSG_NOSIGNAL;
+
+/// A fresh non-blocking TCP socket with Nagle off, for `addr`'s family.
+fn tcp_socket(addr: &SocketAddr) -> io::Result<Socket> {
+    let sock = Socket::new(
+        Domain::for_address(*addr),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    sock.set_nonblocking(true)?;
+    sock.set_tcp_nodelay(true)?;
+    Ok(sock)
+}
+
+/// Sets the IP traffic class (`NCCL_IB_TC`-like, from the communicator config); -1: leave it.
+fn set_traffic_class(sock: &Socket, peer: &SocketAddr, traffic_class: i32) -> io::Result<()> {
+    if traffic_class < 0 {
+        return Ok(());
+    }
+    match peer {
+        SocketAddr::V4(_) => sock.set_tos_v4(traffic_class as u32),
+        SocketAddr::V6(_) => sock.set_tclass_v6(traffic_class as u32),
+    }
+}
+
+/// A socket being connected.
+struct Outgoing {
+    sock: Socket,
+    hello: [u8; HELLO_BYTES],
+    sent: usize,
+    connected: bool,
+}
+
+impl Outgoing {
+    /// Advances; `Ok(true)` once connected and the hello is written.
+    fn progress(&mut self) -> io::Result<bool> {
+        if !self.connected {
+            if let Some(e) = self.sock.take_error()? {
+                return Err(e);
+            }
+            match self.sock.peer_addr() {
+                Ok(_) => self.connected = true,
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        while self.sent < HELLO_BYTES {
+            match self
+                .sock
+                .send_with_flags(&self.hello[self.sent..], SEND_FLAGS)
+            {
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The connecting side of one connection.
+pub struct Dialer {
+    peer: SocketAddr,
+    /// The control socket, then the data sockets in order.
+    sockets: Vec<Outgoing>,
+    nthreads: usize,
+}
+
+impl Dialer {
+    /// Starts connecting every socket to `peer` (non-blocking).
+    pub fn start(
+        peer: SocketAddr,
+        listen_magic: u64,
+        config: SocketConfig,
+        traffic_class: i32,
+    ) -> io::Result<Dialer> {
+        let nsocks = config.nsocks();
+        let conn_id = random_u64()?;
+        let mut sockets = Vec::with_capacity(nsocks + 1);
+        for i in 0..=nsocks {
+            let sock = tcp_socket(&peer)?;
+            set_traffic_class(&sock, &peer, traffic_class)?;
+            match sock.connect(&SockAddr::from(peer)) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+                Err(e) => return Err(e),
+            }
+            let hello = Hello {
+                listen_magic,
+                conn_id,
+                socket: if i == 0 {
+                    CONTROL_SOCKET
+                } else {
+                    (i - 1) as u32
+                },
+                nsocks: nsocks as u16,
+                nthreads: config.nthreads as u16,
+            };
+            sockets.push(Outgoing {
+                sock,
+                hello: hello.encode(),
+                sent: 0,
+                connected: false,
+            });
+        }
+        Ok(Dialer {
+            peer,
+            sockets,
+            nthreads: config.nthreads,
+        })
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Advances every socket; `Ok(true)` when all are connected and have sent their hello.
+    pub fn progress(&mut self) -> io::Result<bool> {
+        let mut done = true;
+        for s in &mut self.sockets {
+            done &= s.progress()?;
+        }
+        Ok(done)
+    }
+
+    /// The connection, once [`Dialer::progress`] said it is done.
+    pub fn finish(self) -> Established {
+        let mut sockets = self.sockets.into_iter().map(|s| s.sock);
+        let ctrl = sockets.next().expect("the control socket");
+        Established {
+            peer: self.peer,
+            ctrl,
+            data: sockets.collect(),
+            nthreads: self.nthreads,
+        }
+    }
+}
+
+/// A random number from the operating system (listen magics, connection ids).
+pub fn random_u64() -> io::Result<u64> {
+    getrandom::u64().map_err(|e| io::Error::other(format!("getrandom failed: {e}")))
+}
+
+/// An accepted socket whose hello is not complete yet.
+struct Arriving {
+    sock: Socket,
+    peer: SocketAddr,
+    hello: [u8; HELLO_BYTES],
+    got: usize,
+}
+
+/// The sockets of one connection that have arrived so far.
+struct Group {
+    nsocks: usize,
+    nthreads: usize,
+    ctrl: Option<(Socket, SocketAddr)>,
+    data: Vec<Option<Socket>>,
+}
+
+impl Group {
+    fn is_complete(&self) -> bool {
+        self.ctrl.is_some() && self.data.iter().all(Option::is_some)
+    }
+}
+
+/// The listening side: a bound, listening socket and the connections forming on it.
+pub struct Acceptor {
+    listener: Socket,
+    addr: SocketAddr,
+    magic: u64,
+    arriving: Vec<Arriving>,
+    groups: HashMap<u64, Group>,
+}
+
+impl Acceptor {
+    /// Listens on `ip` (an ephemeral port) with a fresh random magic.
+    pub fn bind(ip: std::net::IpAddr) -> io::Result<Acceptor> {
+        let want = SocketAddr::new(ip, 0);
+        let listener = tcp_socket(&want)?;
+        listener.bind(&SockAddr::from(want))?;
+        // The kernel caps the backlog at net.core.somaxconn; every socket of a connection
+        // waits there until `accept` is called.
+        listener.listen(16384)?;
+        let addr = listener
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("listening socket has no IP address"))?;
+        Ok(Acceptor {
+            listener,
+            addr,
+            magic: random_u64()?,
+            arriving: Vec::new(),
+            groups: HashMap::new(),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn magic(&self) -> u64 {
+        self.magic
+    }
+
+    /// Accepts what has arrived and reads hellos; returns a connection once all of its
+    /// sockets are there. Refused sockets are closed and described through `warn`.
+    pub fn progress(&mut self, warn: &mut dyn FnMut(String)) -> io::Result<Option<Established>> {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, from)) => {
+                    let peer = from
+                        .as_socket()
+                        .ok_or_else(|| io::Error::other("accepted a non-IP socket"))?;
+                    sock.set_nonblocking(true)?;
+                    sock.set_tcp_nodelay(true)?;
+                    self.arriving.push(Arriving {
+                        sock,
+                        peer,
+                        hello: [0; HELLO_BYTES],
+                        got: 0,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut i = 0;
+        while i < self.arriving.len() {
+            match read_hello(&mut self.arriving[i]) {
+                Ok(false) => i += 1,
+                Ok(true) => {
+                    let a = self.arriving.swap_remove(i);
+                    if let Err(why) = self.place(a.sock, a.peer, &a.hello) {
+                        warn(format!(
+                            "NET/Socket : refused a connection from {}: {why}",
+                            a.peer
+                        ));
+                    }
+                }
+                Err(e) => {
+                    let a = self.arriving.swap_remove(i);
+                    warn(format!(
+                        "NET/Socket : dropped a connection from {} before its hello: {e}",
+                        a.peer
+                    ));
+                }
+            }
+        }
+        let complete = self
+            .groups
+            .iter()
+            .find(|(_, g)| g.is_complete())
+            .map(|(id, _)| *id);
+        Ok(complete.map(|id| {
+            let g = self.groups.remove(&id).expect("the group just found");
+            let (ctrl, peer) = g.ctrl.expect("complete");
+            Established {
+                peer,
+                ctrl,
+                data: g.data.into_iter().map(|s| s.expect("complete")).collect(),
+                nthreads: g.nthreads,
+            }
+        }))
+    }
+
+    /// Puts a socket with a complete hello into its connection's group.
+    fn place(
+        &mut self,
+        sock: Socket,
+        peer: SocketAddr,
+        bytes: &[u8; HELLO_BYTES],
+    ) -> Result<(), String> {
+        let hello = Hello::decode(bytes).ok_or("it is not a rustccl socket-plugin connection")?;
+        if hello.listen_magic != self.magic {
+            return Err("it was meant for another listener (stale or foreign handle)".into());
+        }
+        let nsocks = hello.nsocks as usize;
+        let nthreads = hello.nthreads as usize;
+        if !(1..=MAX_SOCKETS).contains(&nsocks) || !(1..=MAX_THREADS).contains(&nthreads) {
+            return Err(format!("bad hello: {nsocks} sockets, {nthreads} threads"));
+        }
+        let group = self.groups.entry(hello.conn_id).or_insert_with(|| Group {
+            nsocks,
+            nthreads,
+            ctrl: None,
+            data: (0..nsocks).map(|_| None).collect(),
+        });
+        if group.nsocks != nsocks || group.nthreads != nthreads {
+            return Err("its hello disagrees with the rest of its connection".into());
+        }
+        let slot_taken = if hello.socket == CONTROL_SOCKET {
+            group.ctrl.replace((sock, peer)).is_some()
+        } else {
+            match group.data.get_mut(hello.socket as usize) {
+                Some(slot) => slot.replace(sock).is_some(),
+                None => {
+                    return Err(format!(
+                        "bad hello: data socket {} of {nsocks}",
+                        hello.socket
+                    ))
+                }
+            }
+        };
+        if slot_taken {
+            return Err(format!(
+                "socket {} of its connection arrived twice",
+                hello.socket
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads what has arrived of a hello; `Ok(true)` when complete.
+fn read_hello(a: &mut Arriving) -> io::Result<bool> {
+    while a.got < HELLO_BYTES {
+        match (&a.sock).read(&mut a.hello[a.got..]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed")),
+            Ok(n) => a.got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    fn until<T>(mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn dial_then_accept_groups_sockets_and_refuses_strangers() {
+        let mut acceptor = Acceptor::bind("127.0.0.1".parse().unwrap()).unwrap();
+        let mut warnings = Vec::new();
+        // A stranger with a wrong magic, and one that is not ours at all.
+        let config = SocketConfig {
+            nthreads: 2,
+            nsocks_per_thread: 2,
+        };
+        let mut stale = Dialer::start(acceptor.addr(), acceptor.magic() ^ 1, config, -1).unwrap();
+        until(|| stale.progress().unwrap().then_some(()));
+        let mut junk = std::net::TcpStream::connect(acceptor.addr()).unwrap();
+        junk.write_all(&[7u8; HELLO_BYTES]).unwrap();
+
+        let mut dialer = Dialer::start(acceptor.addr(), acceptor.magic(), config, -1).unwrap();
+        until(|| dialer.progress().unwrap().then_some(()));
+        let sent = dialer.finish();
+        let got = until(|| acceptor.progress(&mut |w| warnings.push(w)).unwrap());
+        assert_eq!((got.data.len(), got.nthreads), (4, 2));
+        assert_eq!(
+            got.peer,
+            sent.ctrl.local_addr().unwrap().as_socket().unwrap()
+        );
+        for (s, r) in sent.data.iter().zip(&got.data) {
+            assert_eq!(
+                s.local_addr().unwrap().as_socket(),
+                r.peer_addr().unwrap().as_socket()
+            );
+        }
+        until(|| {
+            (warnings.len() >= 6).then_some(()).or_else(|| {
+                acceptor.progress(&mut |w| warnings.push(w)).unwrap();
+                None
+            })
+        });
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("stale or foreign"))
+                .count(),
+            5,
+            "{warnings:?}"
+        );
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("not a rustccl"))
+                .count(),
+            1,
+            "{warnings:?}"
+        );
+        assert!(acceptor.groups.is_empty());
+    }
+
+    #[test]
+    fn dialing_a_closed_port_fails() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let mut d = Dialer::start(port, 1, SocketConfig::default(), -1).unwrap();
+        let err = until(|| d.progress().err());
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+    }
+}

@@ -1,0 +1,225 @@
+//! Byte formats, all little-endian and fixed-size:
+//!
+//! * the **listen handle** ([`ListenInfo`]) a listener gives out: its address and a random
+//!   per-listen magic number;
+//! * the **hello** ([`Hello`]) every socket of a connection sends first: which listener it is
+//!   meant for (the magic), which connection it belongs to (a random id chosen by the
+//!   connecting side) and which socket of it it is (the control socket or data socket `i`);
+//! * the **message header** ([`Header`]) the sender writes on the control socket for each
+//!   message: sequence number, size, tag and the socket of its first chunk.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use rustccl_plugin_api::net::{NetHandle, NET_HANDLE_BYTES};
+
+/// `b"RCCLSOCK"`: the first bytes of a listen handle and of every hello.
+pub const PROTO_MAGIC: u64 = u64::from_le_bytes(*b"RCCLSOCK");
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// What a listen handle carries.
+///
+/// Layout (of the 128 handle bytes): `0..8` [`PROTO_MAGIC`], `8` address family (4 or 6),
+/// `10..12` port, `12..28` IP address (IPv4 in the first 4 bytes), `28..36` listen magic,
+/// `36..40` IPv6 scope id; the rest is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenInfo {
+    pub addr: SocketAddr,
+    pub magic: u64,
+}
+
+impl ListenInfo {
+    pub fn encode(&self) -> NetHandle {
+        let mut h = NetHandle::default();
+        let b = &mut h.bytes;
+        b[0..8].copy_from_slice(&PROTO_MAGIC.to_le_bytes());
+        b[10..12].copy_from_slice(&self.addr.port().to_le_bytes());
+        match self.addr {
+            SocketAddr::V4(a) => {
+                b[8] = 4;
+                b[12..16].copy_from_slice(&a.ip().octets());
+            }
+            SocketAddr::V6(a) => {
+                b[8] = 6;
+                b[12..28].copy_from_slice(&a.ip().octets());
+                b[36..40].copy_from_slice(&a.scope_id().to_le_bytes());
+            }
+        }
+        b[28..36].copy_from_slice(&self.magic.to_le_bytes());
+        h
+    }
+
+    pub fn decode(h: &NetHandle) -> Result<ListenInfo, String> {
+        let b = &h.bytes;
+        if u64_at(b, 0) != PROTO_MAGIC {
+            return Err("the handle was not made by the socket plugin's listen".into());
+        }
+        let port = u16_at(b, 10);
+        let addr = match b[8] {
+            4 => {
+                let octets: [u8; 4] = b[12..16].try_into().expect("4 bytes");
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::from(octets)), port)
+            }
+            6 => {
+                let octets: [u8; 16] = b[12..28].try_into().expect("16 bytes");
+                let ip = Ipv6Addr::from(octets);
+                SocketAddr::V6(std::net::SocketAddrV6::new(ip, port, 0, u32_at(b, 36)))
+            }
+            other => return Err(format!("the handle has an unknown address family {other}")),
+        };
+        if port == 0 {
+            return Err("the handle has port 0".into());
+        }
+        Ok(ListenInfo {
+            addr,
+            magic: u64_at(b, 28),
+        })
+    }
+}
+
+const _: () = assert!(NET_HANDLE_BYTES >= 40);
+
+/// Size of a [`Hello`] on the wire.
+pub const HELLO_BYTES: usize = 32;
+
+/// [`Hello::socket`] of the control socket.
+pub const CONTROL_SOCKET: u32 = u32::MAX;
+
+/// The first bytes every socket of a connection sends.
+///
+/// Layout: `0..8` [`PROTO_MAGIC`], `8..16` listen magic, `16..24` connection id, `24..28`
+/// socket ([`CONTROL_SOCKET`] or a data socket index), `28..30` data sockets in the
+/// connection, `30..32` helper threads the sender uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub listen_magic: u64,
+    pub conn_id: u64,
+    pub socket: u32,
+    pub nsocks: u16,
+    pub nthreads: u16,
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_BYTES] {
+        let mut b = [0u8; HELLO_BYTES];
+        b[0..8].copy_from_slice(&PROTO_MAGIC.to_le_bytes());
+        b[8..16].copy_from_slice(&self.listen_magic.to_le_bytes());
+        b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
+        b[24..28].copy_from_slice(&self.socket.to_le_bytes());
+        b[28..30].copy_from_slice(&self.nsocks.to_le_bytes());
+        b[30..32].copy_from_slice(&self.nthreads.to_le_bytes());
+        b
+    }
+
+    /// `None` when the bytes do not start with [`PROTO_MAGIC`] (not one of our sockets).
+    pub fn decode(b: &[u8; HELLO_BYTES]) -> Option<Hello> {
+        (u64_at(b, 0) == PROTO_MAGIC).then(|| Hello {
+            listen_magic: u64_at(b, 8),
+            conn_id: u64_at(b, 16),
+            socket: u32_at(b, 24),
+            nsocks: u16_at(b, 28),
+            nthreads: u16_at(b, 30),
+        })
+    }
+}
+
+/// Size of a [`Header`] on the wire.
+pub const HEADER_BYTES: usize = 24;
+
+/// The control-socket record that announces one message.
+///
+/// Layout: `0..8` sequence number (0, 1, 2, ... per connection), `8..16` size in bytes,
+/// `16..20` tag, `20..24` data socket of the first chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub seq: u64,
+    pub size: u64,
+    pub tag: i32,
+    pub first_socket: u32,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.size.to_le_bytes());
+        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
+        b[20..24].copy_from_slice(&self.first_socket.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Header {
+        Header {
+            seq: u64_at(b, 0),
+            size: u64_at(b, 8),
+            tag: u32_at(b, 16) as i32,
+            first_socket: u32_at(b, 20),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_handles_round_trip() {
+        for addr in [
+            "10.1.2.3:4567",
+            "127.0.0.1:1",
+            "[2001:db8::7]:65535",
+            "[::1]:80",
+        ] {
+            let info = ListenInfo {
+                addr: addr.parse().unwrap(),
+                magic: 0xdead_beef_0123_4567,
+            };
+            let h = info.encode();
+            assert_eq!(ListenInfo::decode(&h), Ok(info), "{addr}");
+            assert!(h.bytes[40..].iter().all(|&b| b == 0));
+        }
+        let mut h = ListenInfo {
+            addr: "1.2.3.4:5".parse().unwrap(),
+            magic: 1,
+        }
+        .encode();
+        assert_eq!(&h.bytes[12..16], &[1, 2, 3, 4]);
+        h.bytes[8] = 5;
+        assert!(ListenInfo::decode(&h).unwrap_err().contains("family 5"));
+        let err = ListenInfo::decode(&NetHandle::default()).unwrap_err();
+        assert!(err.contains("not made by the socket plugin"), "{err}");
+    }
+
+    #[test]
+    fn hellos_and_headers_round_trip() {
+        let hello = Hello {
+            listen_magic: 7,
+            conn_id: u64::MAX - 3,
+            socket: CONTROL_SOCKET,
+            nsocks: 64,
+            nthreads: 16,
+        };
+        assert_eq!(Hello::decode(&hello.encode()), Some(hello));
+        let mut bytes = hello.encode();
+        bytes[0] ^= 1;
+        assert_eq!(Hello::decode(&bytes), None);
+
+        let header = Header {
+            seq: 41,
+            size: 1 << 30,
+            tag: -5,
+            first_socket: 3,
+        };
+        let bytes = header.encode();
+        assert_eq!(Header::decode(&bytes), header);
+        assert_eq!(&bytes[8..16], &(1u64 << 30).to_le_bytes());
+    }
+}
