@@ -17,15 +17,26 @@ use crate::transport::{Connection, Dir, SLOT_BYTES};
 /// How often (in idle rounds) failures are checked.
 const CHECK_EVERY: u32 = 256;
 
-/// Runs every item of every communicator to completion (connections are made first).
+/// Runs every item of every communicator to completion (connections are made first). When
+/// it fails after data started moving, every communicator of the group is marked broken.
 pub fn run(runs: &mut [CommRun]) -> Result<()> {
     let conns = connect(runs)?;
+    let result = execute(runs, &conns);
+    if let Err(e) = &result {
+        for run in runs.iter() {
+            run.comm.mark_broken(e);
+        }
+    }
+    result
+}
+
+fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     let mut scratch = vec![0u8; SLOT_BYTES];
     let mut idle = 0u32;
     loop {
         let mut progressed = false;
         let mut pending = false;
-        for (run, links) in runs.iter_mut().zip(&conns) {
+        for (run, links) in runs.iter_mut().zip(conns) {
             for item in run.items.iter_mut() {
                 while let Some((ci, step)) = item.steps.get(item.pc) {
                     let ok = try_step(step, &run.ctxs[*ci], links, &mut scratch)
@@ -48,7 +59,7 @@ pub fn run(runs: &mut [CommRun]) -> Result<()> {
         }
         idle += 1;
         if idle % CHECK_EVERY == 0 {
-            for (run, links) in runs.iter().zip(&conns) {
+            for (run, links) in runs.iter().zip(conns) {
                 run.comm.check_running("collective").map_err(|e| run.comm.record_error(e))?;
                 if let Some(e) = links.values().find_map(|c| c.failure()) {
                     return Err(run.comm.record_error(e));

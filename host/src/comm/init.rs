@@ -170,6 +170,7 @@ impl Communicator {
             children: AtomicU64::new(0),
             plugins: Mutex::new(None),
             transports: Mutex::new(Default::default()),
+            broken: Mutex::new(None),
         });
         let ids = ids.to_vec();
         let job = {

@@ -70,6 +70,9 @@ struct Inner {
     plugins: Mutex<Option<Arc<CommPlugins>>>,
     /// Connections made so far, and the proxy thread of the network ones.
     transports: Mutex<Transports>,
+    /// Set when an operation failed half-way: the FIFOs may hold stale data, so later
+    /// operations are refused with this error instead of running on them.
+    broken: Mutex<Option<Error>>,
 }
 
 /// One rank's communicator.
@@ -139,6 +142,10 @@ impl Communicator {
         if let Some(e) = bs.failure() {
             return self.fail(e.context(what));
         }
+        let broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(e) = broken {
+            return self.fail(e.context(format!("{what}: an earlier operation failed half-way")));
+        }
         Ok(bs)
     }
 
@@ -176,6 +183,9 @@ impl Communicator {
             State::InProgress => return ResultCode::InProgress,
             State::Failed(e) => return e.code,
             State::Ready => {}
+        }
+        if let Some(e) = &*self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()) {
+            return e.code;
         }
         match self.inner.bootstrap.get().and_then(|b| b.failure()) {
             Some(e) => e.code,
@@ -355,6 +365,11 @@ impl Communicator {
     /// Records an error as this communicator's (and the process's) last error.
     pub(crate) fn record_error(&self, e: Error) -> Error {
         self.inner.record(e)
+    }
+
+    /// Marks the communicator unusable after an operation failed half-way.
+    pub(crate) fn mark_broken(&self, e: &Error) {
+        self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.clone());
     }
 
     /// The gate of a collective call.
