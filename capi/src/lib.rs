@@ -1,1 +1,58 @@
-//! rustccl-capi (being written).
+//! `libnccl.so.2`: rustccl behind NCCL 2.28.9's C ABI (see `include/nccl.h`). Every function
+//! also exists with the `pnccl` prefix. Arguments are checked as NCCL checks them; a failure
+//! returns the matching `ncclResult_t`, is logged, and is kept for `ncclGetLastError`.
+//!
+//! With `RUSTCCL_BACKEND=host` the whole API runs on host memory: buffers are ordinary host
+//! pointers, the stream argument is ignored (NULL is fine), and an operation has completed when
+//! its call (or the outermost `ncclGroupEnd`) returns.
+
+mod buffers;
+mod comm_api;
+mod coll_api;
+mod handles;
+mod mem_api;
+mod types;
+
+use rustccl::{Error, ResultCode};
+
+pub use types::*;
+
+/// Runs an API body: a panic becomes `ncclInternalError`, an error is recorded (log and
+/// `ncclGetLastError`) and returned as its code.
+pub(crate) fn guard(what: &str, f: impl FnOnce() -> Result<(), Error>) -> NcclResult {
+    rustccl::log::init();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    match r {
+        Ok(Ok(())) => ResultCode::Success as NcclResult,
+        Ok(Err(e)) => {
+            if e.code != ResultCode::InProgress {
+                let e = e.context(what);
+                tracing::warn!(target: "CALL", "{}", e.message);
+                rustccl::error::set_last_error(&e.message);
+                return e.code as NcclResult;
+            }
+            e.code as NcclResult
+        }
+        Err(_) => {
+            let msg = format!("{what}: internal panic (please report this issue)");
+            rustccl::error::set_last_error(&msg);
+            ResultCode::InternalError as NcclResult
+        }
+    }
+}
+
+/// Exports each function under its `nccl` name and its `pnccl` profiling alias.
+macro_rules! nccl_api {
+    ($( $(#[$m:meta])* fn $name:ident / $pname:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty $body:block )*) => {$(
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($arg: $ty),*) -> $ret {
+            // SAFETY: same contract as the function it forwards to.
+            unsafe { $name($($arg),*) }
+        }
+    )*};
+}
+pub(crate) use nccl_api;

@@ -6,9 +6,11 @@
 //!   vendor headers, element types, warp size, shuffles, atomics, fences),
 //!   `reduce_ops.h` (sum/prod/min/max/premulsum functors for all NCCL element
 //!   types: integers, half, bfloat16, float, double, fp8 where the toolkit has
-//!   it) and `copy_reduce.cu` (an element-wise copy/reduce kernel, one
+//!   it), `copy_reduce.cu` (an element-wise copy/reduce kernel, one
 //!   `extern "C"` entry point per operator and type; see
-//!   [`copy_reduce_kernel_name`]).
+//!   [`copy_reduce_kernel_name`]) and `reduce.cu` (the n-input reduce kernels
+//!   a plan's reduce step runs, bit for bit the host reference `Reducer`: one
+//!   per [`DeviceOp`] and type, see [`reduce_kernel_name`] and [`ReduceArgs`]).
 //! * [`KernelCache`]: compiled blobs (PTX/CUBIN/code objects) stored under
 //!   `RUSTCCL_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/rustccl/kernels`, else
 //!   `~/.cache/rustccl/kernels`, keyed by a [`CacheKey`] (SHA-256 of the
@@ -17,13 +19,13 @@
 //!   key, length, SHA-256 of the blob) so a corrupt or truncated file is
 //!   detected and treated as a miss.
 //!
-//! The device code is **not compiled by this crate or its tests**: compiling
-//! needs NVRTC/hipRTC and a GPU toolkit, which the build machines do not have.
+//! The device code is **not compiled by this crate or its tests**: the host's
+//! CUDA backend (`rustccl::backend::cuda`) compiles `reduce.cu` with NVRTC at
+//! run time for each GPU architecture, caches the CUBIN with [`KernelCache`]
+//! and loads it; its tests compile it wherever NVRTC is found (no GPU needed).
 //!
-//! **What a later issue adds:** the run-time compilation itself (NVRTC and
-//! hipRTC through the host's device backend, feeding [`sources`] as named
-//! headers), module loading and launch, the collective kernels (ring/tree
-//! primitives, LL/LL128/Simple protocols), and cache size limits.
+//! **What a later issue adds:** hipRTC compilation, the collective kernels
+//! (ring/tree primitives, LL/LL128/Simple protocols), and cache size limits.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -42,8 +44,25 @@ pub fn sources() -> &'static [(&'static str, &'static str)] {
         ("port.h", include_str!("device/port.h")),
         ("reduce_ops.h", include_str!("device/reduce_ops.h")),
         (COPY_REDUCE_SOURCE, include_str!("device/copy_reduce.cu")),
+        (REDUCE_SOURCE, include_str!("device/reduce.cu")),
     ];
     SOURCES
+}
+
+/// The headers among [`sources`] (the `.h` files), for NVRTC/hipRTC's named headers.
+pub fn headers() -> impl Iterator<Item = (&'static str, &'static str)> {
+    sources()
+        .iter()
+        .copied()
+        .filter(|(name, _)| name.ends_with(".h"))
+}
+
+/// The text of the source file `name` among [`sources`].
+pub fn source(name: &str) -> Option<&'static str> {
+    sources()
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| *text)
 }
 
 /// Name of the kernel source file among [`sources`] (the compilation unit).
@@ -102,6 +121,111 @@ pub const FP8_DTYPES: [i32; 2] = [10, 11];
 pub fn copy_reduce_kernel_name(op: ReduceKind, dtype: i32) -> Option<String> {
     let ty = DTYPE_SUFFIXES.get(usize::try_from(dtype).ok()?)?;
     Some(format!("rustccl_copy_reduce_{}_{}", op.suffix(), ty))
+}
+
+/// Name of the n-input reduce kernels' source among [`sources`] (a compilation unit): what a
+/// host backend runs for a plan's reduce step. See [`reduce_kernel_name`] and [`ReduceArgs`].
+pub const REDUCE_SOURCE: &str = "reduce.cu";
+
+/// The most inputs one reduce kernel launch takes (`RUSTCCL_REDUCE_MAX_SRCS`); more are
+/// reduced by chaining launches (the output of one is the accumulated first input of the
+/// next, see [`REDUCE_ACC_FIRST`]).
+pub const REDUCE_MAX_SRCS: usize = 32;
+
+/// [`ReduceArgs::flags`] bit: `srcs[0]` is an already reduced partial result, so PreMulSum
+/// does not multiply it by the scalar.
+pub const REDUCE_ACC_FIRST: u32 = 1;
+
+/// [`ReduceArgs::flags`] bit: apply the post-op (SumPostDiv's division by `divisor`) to the
+/// result.
+pub const REDUCE_POST: u32 = 2;
+
+/// The operators of the reduce kernels (NCCL's device ops, `ncclDevRedOp_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceOp {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    /// Each input multiplied by [`ReduceArgs::scalar`] (element-type bits), then summed.
+    PreMulSum,
+    /// Summed, then divided by [`ReduceArgs::divisor`] (integer types only).
+    SumPostDiv,
+}
+
+impl DeviceOp {
+    pub const ALL: [DeviceOp; 6] = [
+        DeviceOp::Sum,
+        DeviceOp::Prod,
+        DeviceOp::Min,
+        DeviceOp::Max,
+        DeviceOp::PreMulSum,
+        DeviceOp::SumPostDiv,
+    ];
+
+    /// The `<op>` part of the reduce kernels' names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            DeviceOp::Sum => "sum",
+            DeviceOp::Prod => "prod",
+            DeviceOp::Min => "min",
+            DeviceOp::Max => "max",
+            DeviceOp::PreMulSum => "premulsum",
+            DeviceOp::SumPostDiv => "sumpostdiv",
+        }
+    }
+}
+
+/// Whether `ncclDataType_t` value `dtype` is an integer type (Int8 .. Uint64).
+fn is_integer_dtype(dtype: i32) -> bool {
+    (0..=5).contains(&dtype)
+}
+
+/// The `extern "C"` name of the reduce kernel of `reduce.cu` for `op` on elements of
+/// `ncclDataType_t` value `dtype`, e.g. `rustccl_reduce_sum_f32`; `None` for an unknown
+/// type and for SumPostDiv on a floating type (which NCCL never uses: float Avg is
+/// PreMulSum with 1/n).
+pub fn reduce_kernel_name(op: DeviceOp, dtype: i32) -> Option<String> {
+    let ty = DTYPE_SUFFIXES.get(usize::try_from(dtype).ok()?)?;
+    if op == DeviceOp::SumPostDiv && !is_integer_dtype(dtype) {
+        return None;
+    }
+    Some(format!("rustccl_reduce_{}_{}", op.suffix(), ty))
+}
+
+/// The one parameter of every reduce kernel, passed by value (`RustcclReduceArgs` in
+/// `reduce.cu`, same layout: eight-byte fields, then two four-byte ones, no padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReduceArgs {
+    /// Output address (may equal one of `srcs`).
+    pub dst: u64,
+    /// Input addresses; the first `nsrcs` are used.
+    pub srcs: [u64; REDUCE_MAX_SRCS],
+    /// Number of elements.
+    pub n: u64,
+    /// PreMulSum: the scalar's bits in the element type (zero-extended).
+    pub scalar: u64,
+    /// SumPostDiv: the divisor (>= 1).
+    pub divisor: u64,
+    /// 1 ..= [`REDUCE_MAX_SRCS`].
+    pub nsrcs: u32,
+    /// [`REDUCE_ACC_FIRST`], [`REDUCE_POST`].
+    pub flags: u32,
+}
+
+impl Default for ReduceArgs {
+    fn default() -> Self {
+        ReduceArgs {
+            dst: 0,
+            srcs: [0; REDUCE_MAX_SRCS],
+            n: 0,
+            scalar: 0,
+            divisor: 1,
+            nsrcs: 0,
+            flags: 0,
+        }
+    }
 }
 
 /// Environment variable that sets the cache directory.
@@ -339,7 +463,16 @@ mod tests {
     #[test]
     fn sources_are_embedded() {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["port.h", "reduce_ops.h", "copy_reduce.cu"]);
+        assert_eq!(
+            names,
+            ["port.h", "reduce_ops.h", "copy_reduce.cu", "reduce.cu"]
+        );
+        let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
+        assert_eq!(headers, ["port.h", "reduce_ops.h"]);
+        assert!(source(REDUCE_SOURCE)
+            .unwrap()
+            .contains("#include \"port.h\""));
+        assert_eq!(source("nope.cu"), None);
         let text = |name: &str| sources().iter().find(|(n, _)| *n == name).unwrap().1;
         assert!(text("port.h").contains("__HIP_PLATFORM_AMD__"));
         assert!(text("reduce_ops.h").contains("#include \"port.h\""));
@@ -384,6 +517,52 @@ mod tests {
         );
         assert_eq!(copy_reduce_kernel_name(ReduceKind::Max, 12), None);
         assert_eq!(copy_reduce_kernel_name(ReduceKind::Max, -1), None);
+    }
+
+    #[test]
+    fn reduce_kernel_names_match_the_instantiations() {
+        let cu = source(REDUCE_SOURCE).unwrap();
+        assert!(cu.contains(&format!(
+            "#define RUSTCCL_REDUCE_MAX_SRCS {REDUCE_MAX_SRCS}\n"
+        )));
+        assert!(cu.contains(&format!(
+            "#define RUSTCCL_REDUCE_ACC_FIRST {REDUCE_ACC_FIRST}u\n"
+        )));
+        assert!(cu.contains(&format!("#define RUSTCCL_REDUCE_POST {REDUCE_POST}u\n")));
+        assert!(cu.contains("rustccl_reduce_##opname##_##tname"));
+        for (dtype, ty) in DTYPE_SUFFIXES.iter().enumerate() {
+            let int = dtype <= 5;
+            let macro_name = if int {
+                "RUSTCCL_REDUCE_INT_TYPE"
+            } else {
+                "RUSTCCL_REDUCE_FLOAT_TYPE"
+            };
+            assert!(cu.contains(&format!("{macro_name}({ty}, ")), "{ty}");
+            for op in DeviceOp::ALL {
+                let name = reduce_kernel_name(op, dtype as i32);
+                assert_eq!(
+                    name.is_some(),
+                    int || op != DeviceOp::SumPostDiv,
+                    "{op:?} {ty}"
+                );
+            }
+        }
+        let guarded = cu
+            .split("#if RUSTCCL_HAVE_FP8\nRUSTCCL_REDUCE")
+            .nth(1)
+            .unwrap();
+        assert!(guarded.contains("(f8e4m3, ") && guarded.contains("(f8e5m2, "));
+        assert_eq!(
+            reduce_kernel_name(DeviceOp::SumPostDiv, 4).as_deref(),
+            Some("rustccl_reduce_sumpostdiv_i64")
+        );
+        assert_eq!(reduce_kernel_name(DeviceOp::Min, 12), None);
+        // The argument block's layout matches the device struct: 296 bytes, no padding.
+        assert_eq!(
+            std::mem::size_of::<ReduceArgs>(),
+            8 * (REDUCE_MAX_SRCS + 4) + 8
+        );
+        assert_eq!(std::mem::align_of::<ReduceArgs>(), 8);
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! rest of rustccl allocates, copies, synchronises, shares memory between processes and runs
 //! [`LocalPlan`]s only through it, so nothing of one backend leaks into another.
 //!
-//! Backends: [`host::HostBackend`] (host memory and CPU threads; CI and CPU tensors). CUDA
-//! (driver API: addresses are `CUdeviceptr`s, streams `CUstream`s, events `CUevent`s) and HIP
-//! are added by later issues; the handle types here are plain 64-bit values so those handles
-//! fit unchanged. [`select_backend`] picks one from `RUSTCCL_BACKEND`.
+//! Backends: [`host::HostBackend`] (host memory and CPU threads; CI and CPU tensors) and
+//! [`cuda::CudaBackend`] (the driver API loaded at run time: addresses are `CUdeviceptr`s,
+//! streams `CUstream`s, events `CUevent`s; kernels compiled by NVRTC). HIP is added by a later
+//! issue; the handle types here are plain 64-bit values so those handles fit unchanged.
+//! [`select_backend`] picks one from `RUSTCCL_BACKEND`.
 
+pub mod cuda;
 pub mod handle;
 pub mod host;
 pub mod plan;
@@ -15,6 +17,7 @@ pub mod share;
 use std::sync::Arc;
 
 pub use handle::{DevicePtr, Event, HostMapped, Stream};
+pub use cuda::CudaBackend;
 pub use host::HostBackend;
 pub use plan::{Access, LocalPlan, Step};
 pub use share::ShareHandle;
@@ -221,12 +224,15 @@ pub fn backend_kind_from_name(name: Option<&str>) -> Result<BackendKind> {
 }
 
 /// The backend `name` (a `RUSTCCL_BACKEND` value) asks for; see [`backend_kind_from_name`].
-/// The host backend is one per process ([`HostBackend::shared`]), so memory allocated through
-/// one handle is valid in every other.
+/// The host and CUDA backends are one per process ([`HostBackend::shared`],
+/// [`CudaBackend::shared`]), so memory allocated through one handle is valid in every other.
+/// Without a CUDA driver, "cuda" is an `UnhandledCudaError` that says so ("no CUDA driver:
+/// libcuda.so.1 not found ...", or `cuInit`'s error), never a panic.
 pub fn backend_from_name(name: Option<&str>) -> Result<Arc<dyn DeviceBackend>> {
     match backend_kind_from_name(name)? {
         BackendKind::Host => Ok(HostBackend::shared()?),
-        kind @ (BackendKind::Cuda | BackendKind::Hip) => Err(Error::invalid_usage(format!(
+        BackendKind::Cuda => Ok(CudaBackend::shared()?),
+        kind @ BackendKind::Hip => Err(Error::invalid_usage(format!(
             "{BACKEND_ENV}={kind}: the {kind} backend is not built yet (a later issue adds it); \
              use {BACKEND_ENV}=host"
         ))),
@@ -255,9 +261,14 @@ mod tests {
         assert_eq!(backend_from_name(Some("HOST")).unwrap().kind(), BackendKind::Host);
         assert_eq!(backend_from_name(Some("host")).unwrap().kind(), BackendKind::Host);
 
-        let e = backend_from_name(Some("cuda")).unwrap_err();
-        assert_eq!(e.code, ResultCode::InvalidUsage);
-        assert!(e.message.contains("not built yet"), "{}", e.message);
+        // CUDA: the backend on a machine with a driver, else a clear error (never a panic).
+        match backend_from_name(Some("cuda")) {
+            Ok(b) => assert_eq!(b.kind(), BackendKind::Cuda),
+            Err(e) => {
+                assert_eq!(e.code, ResultCode::UnhandledCudaError);
+                assert!(e.message.contains("CUDA driver") || e.message.contains("cuInit"), "{}", e.message);
+            }
+        }
         let e = backend_from_name(Some("Hip")).unwrap_err();
         assert_eq!(e.code, ResultCode::InvalidUsage);
         assert!(e.message.contains("hip backend"), "{}", e.message);

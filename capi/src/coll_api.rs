@@ -1,0 +1,267 @@
+//! Collectives, point-to-point, groups and reduction operators.
+
+use std::os::raw::{c_int, c_void};
+
+use rustccl::backend::{DevicePtr, Stream};
+use rustccl::types::{DataType, RedOp};
+use rustccl::{Error, ReduceOp, Scalar};
+
+use crate::handles::{self, CComm, CommHandle};
+use crate::{buffers, guard, nccl_api, NcclResult, NcclSimInfo, SIM_INFO_MAGIC};
+
+/// `ncclScalarResidence_t`.
+const SCALAR_DEVICE: c_int = 0;
+const SCALAR_HOST_IMMEDIATE: c_int = 1;
+
+fn dtype(v: c_int, what: &str) -> Result<DataType, Error> {
+    DataType::from_i32(v).ok_or_else(|| Error::invalid_argument(format!("{what}: invalid data type {v}")))
+}
+
+fn op(c: &CComm, v: c_int, what: &str) -> Result<ReduceOp, Error> {
+    Ok(match RedOp::from_i32(v) {
+        Some(RedOp::Sum) => ReduceOp::Sum,
+        Some(RedOp::Prod) => ReduceOp::Prod,
+        Some(RedOp::Max) => ReduceOp::Max,
+        Some(RedOp::Min) => ReduceOp::Min,
+        Some(RedOp::Avg) => ReduceOp::Avg,
+        _ => *c.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&v).ok_or_else(|| {
+            Error::invalid_argument(format!("{what}: invalid reduction operator {v} (not built in, and not made by ncclRedOpCreatePreMulSum on this communicator)"))
+        })?,
+    })
+}
+
+fn ptr(p: *const c_void) -> DevicePtr {
+    DevicePtr(p as u64)
+}
+
+fn stream(s: *mut c_void) -> Stream {
+    Stream(s as u64)
+}
+
+/// Registers the operation's buffers (host backend), runs `f`, and ends the registrations of
+/// operations that have completed.
+fn with_buffers(c: &CComm, ranges: &[(*const c_void, usize)], f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    let ranges: Vec<(usize, usize)> = ranges.iter().map(|&(p, b)| (p as usize, b)).collect();
+    with_ranges(c, ranges, f)
+}
+
+/// As [`with_buffers`], with the scalar of a device-resident PreMulSum operator too.
+fn with_op_buffers(
+    c: &CComm,
+    o: ReduceOp,
+    t: DataType,
+    ranges: &[(*const c_void, usize)],
+    f: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), Error> {
+    let mut ranges: Vec<(usize, usize)> = ranges.iter().map(|&(p, b)| (p as usize, b)).collect();
+    if let ReduceOp::PreMulSum(Scalar::Device(p)) = o {
+        ranges.push((p.0 as usize, t.size()));
+    }
+    with_ranges(c, ranges, f)
+}
+
+fn with_ranges(c: &CComm, ranges: Vec<(usize, usize)>, f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    let r = buffers::prepare(c.comm.backend(), &ranges).and_then(|_| f());
+    buffers::finish();
+    r
+}
+
+nccl_api! {
+    fn ncclAllReduce / pncclAllReduce(
+        send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, red: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclAllReduce", || {
+            let c = handles::get(comm, "ncclAllReduce")?;
+            let (t, o) = (dtype(datatype, "ncclAllReduce")?, op(c, red, "ncclAllReduce")?);
+            let b = count * t.size();
+            with_op_buffers(c, o, t, &[(send, b), (recv, b)], || c.comm.all_reduce(ptr(send), ptr(recv), count, t, o, stream(s)))
+        })
+    }
+
+    fn ncclBroadcast / pncclBroadcast(
+        send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclBroadcast", || {
+            let c = handles::get(comm, "ncclBroadcast")?;
+            let t = dtype(datatype, "ncclBroadcast")?;
+            let b = count * t.size();
+            let me = c.comm.user_rank()?;
+            let src = if me == root { b } else { 0 };
+            with_buffers(c, &[(send, src), (recv, b)], || c.comm.broadcast(ptr(send), ptr(recv), count, t, root, stream(s)))
+        })
+    }
+
+    fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void) -> NcclResult {
+        // SAFETY: same contract as ncclBroadcast, in place.
+        unsafe { ncclBroadcast(buff, buff, count, datatype, root, comm, s) }
+    }
+
+    fn ncclReduce / pncclReduce(
+        send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, red: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclReduce", || {
+            let c = handles::get(comm, "ncclReduce")?;
+            let (t, o) = (dtype(datatype, "ncclReduce")?, op(c, red, "ncclReduce")?);
+            let b = count * t.size();
+            let dst = if c.comm.user_rank()? == root { b } else { 0 };
+            with_op_buffers(c, o, t, &[(send, b), (recv, dst)], || c.comm.reduce(ptr(send), ptr(recv), count, t, o, root, stream(s)))
+        })
+    }
+
+    fn ncclAllGather / pncclAllGather(
+        send: *const c_void, recv: *mut c_void, sendcount: usize, datatype: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclAllGather", || {
+            let c = handles::get(comm, "ncclAllGather")?;
+            let t = dtype(datatype, "ncclAllGather")?;
+            let b = sendcount * t.size();
+            let n = c.comm.count()? as usize;
+            with_buffers(c, &[(send, b), (recv, b * n)], || c.comm.all_gather(ptr(send), ptr(recv), sendcount, t, stream(s)))
+        })
+    }
+
+    fn ncclReduceScatter / pncclReduceScatter(
+        send: *const c_void, recv: *mut c_void, recvcount: usize, datatype: c_int, red: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclReduceScatter", || {
+            let c = handles::get(comm, "ncclReduceScatter")?;
+            let (t, o) = (dtype(datatype, "ncclReduceScatter")?, op(c, red, "ncclReduceScatter")?);
+            let b = recvcount * t.size();
+            let n = c.comm.count()? as usize;
+            with_op_buffers(c, o, t, &[(send, b * n), (recv, b)], || c.comm.reduce_scatter(ptr(send), ptr(recv), recvcount, t, o, stream(s)))
+        })
+    }
+
+    fn ncclAlltoAll / pncclAlltoAll(
+        send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclAlltoAll", || {
+            let c = handles::get(comm, "ncclAlltoAll")?;
+            let t = dtype(datatype, "ncclAlltoAll")?;
+            let b = count * t.size() * c.comm.count()? as usize;
+            with_buffers(c, &[(send, b), (recv, b)], || c.comm.all_to_all(ptr(send), ptr(recv), count, t, stream(s)))
+        })
+    }
+
+    fn ncclGather / pncclGather(
+        send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclGather", || {
+            let c = handles::get(comm, "ncclGather")?;
+            let t = dtype(datatype, "ncclGather")?;
+            let b = count * t.size();
+            let dst = if c.comm.user_rank()? == root { b * c.comm.count()? as usize } else { 0 };
+            with_buffers(c, &[(send, b), (recv, dst)], || c.comm.gather(ptr(send), ptr(recv), count, t, root, stream(s)))
+        })
+    }
+
+    fn ncclScatter / pncclScatter(
+        send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclScatter", || {
+            let c = handles::get(comm, "ncclScatter")?;
+            let t = dtype(datatype, "ncclScatter")?;
+            let b = count * t.size();
+            let src = if c.comm.user_rank()? == root { b * c.comm.count()? as usize } else { 0 };
+            with_buffers(c, &[(send, src), (recv, b)], || c.comm.scatter(ptr(send), ptr(recv), count, t, root, stream(s)))
+        })
+    }
+
+    fn ncclSend / pncclSend(send: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: CommHandle, s: *mut c_void) -> NcclResult {
+        guard("ncclSend", || {
+            let c = handles::get(comm, "ncclSend")?;
+            let t = dtype(datatype, "ncclSend")?;
+            with_buffers(c, &[(send, count * t.size())], || c.comm.send(ptr(send), count, t, peer, stream(s)))
+        })
+    }
+
+    fn ncclRecv / pncclRecv(recv: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: CommHandle, s: *mut c_void) -> NcclResult {
+        guard("ncclRecv", || {
+            let c = handles::get(comm, "ncclRecv")?;
+            let t = dtype(datatype, "ncclRecv")?;
+            with_buffers(c, &[(recv, count * t.size())], || c.comm.recv(ptr(recv), count, t, peer, stream(s)))
+        })
+    }
+
+    fn ncclGroupStart / pncclGroupStart() -> NcclResult {
+        guard("ncclGroupStart", || {
+            buffers::enter_group();
+            rustccl::group_start();
+            Ok(())
+        })
+    }
+
+    fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
+        guard("ncclGroupEnd", || {
+            let r = rustccl::group_end();
+            if r.is_ok() || !matches!(&r, Err(e) if e.message.contains("without a matching group_start")) {
+                buffers::leave_group();
+            }
+            buffers::finish();
+            r
+        })
+    }
+
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(info: *mut NcclSimInfo) -> NcclResult {
+        guard("ncclGroupSimulateEnd", || {
+            if !info.is_null() {
+                // SAFETY: checked non-null; the magic is read before anything is written.
+                let magic = unsafe { (*info).magic };
+                if magic != SIM_INFO_MAGIC {
+                    return Err(Error::invalid_argument("simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER (bad magic)"));
+                }
+            }
+            let t = rustccl::group_simulate_end();
+            buffers::leave_group();
+            buffers::finish();
+            let t = t?;
+            if !info.is_null() {
+                // SAFETY: checked above.
+                unsafe { (*info).estimated_time = t };
+            }
+            Ok(())
+        })
+    }
+
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        out: *mut c_int, scalar: *mut c_void, datatype: c_int, residence: c_int, comm: CommHandle,
+    ) -> NcclResult {
+        guard("ncclRedOpCreatePreMulSum", || {
+            let c = handles::get(comm, "ncclRedOpCreatePreMulSum")?;
+            if out.is_null() || scalar.is_null() {
+                return Err(Error::invalid_argument("op or scalar is NULL"));
+            }
+            let t = dtype(datatype, "ncclRedOpCreatePreMulSum")?;
+            let read_now = || {
+                // SAFETY: the caller's scalar holds one element of `t`.
+                let bytes = unsafe { std::slice::from_raw_parts(scalar as *const u8, t.size()) };
+                rustccl::reduce::decode_scalar(t, bytes)
+            };
+            // A device scalar is read when each operation using the operator is planned (on the
+            // host backend it is host memory, registered for that operation like the buffers).
+            let value = match residence {
+                SCALAR_HOST_IMMEDIATE => Scalar::Host(read_now()),
+                SCALAR_DEVICE => Scalar::Device(DevicePtr(scalar as u64)),
+                r => return Err(Error::invalid_argument(format!("invalid scalar residence {r}"))),
+            };
+            let mut ops = c.ops.lock().unwrap_or_else(|p| p.into_inner());
+            let id = (5..i32::MAX).find(|v| !ops.contains_key(v)).ok_or_else(|| Error::internal("no operator numbers left"))?;
+            ops.insert(id, ReduceOp::PreMulSum(value));
+            // SAFETY: checked non-null.
+            unsafe { *out = id };
+            Ok(())
+        })
+    }
+
+    fn ncclRedOpDestroy / pncclRedOpDestroy(red: c_int, comm: CommHandle) -> NcclResult {
+        guard("ncclRedOpDestroy", || {
+            let c = handles::get(comm, "ncclRedOpDestroy")?;
+            if (0..5).contains(&red) {
+                return Err(Error::invalid_argument(format!("operator {red} is built in and cannot be destroyed")));
+            }
+            c.ops.lock().unwrap_or_else(|p| p.into_inner()).remove(&red).map(|_| ()).ok_or_else(|| {
+                Error::invalid_argument(format!("operator {red} was not made by ncclRedOpCreatePreMulSum on this communicator"))
+            })
+        })
+    }
+}

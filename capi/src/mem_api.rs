@@ -1,0 +1,184 @@
+//! Memory (`ncclMemAlloc`, registration), symmetric windows and the device API. Windows and
+//! device communicators need symmetric memory, which a later issue brings: until then they
+//! are refused with `ncclInvalidUsage` and a message, never a crash.
+
+use std::os::raw::{c_int, c_void};
+use std::sync::Mutex;
+
+use rustccl::backend::{DeviceBackend, DevicePtr};
+use rustccl::Error;
+
+use crate::handles::{self, CommHandle};
+use crate::{guard, nccl_api, NcclResult, NcclTeam};
+
+/// Allocations made by `ncclMemAlloc`, with their backend, so `ncclMemFree` needs no comm.
+static ALLOCS: Mutex<Vec<(u64, std::sync::Arc<dyn DeviceBackend>)>> = Mutex::new(Vec::new());
+
+/// A registration made by `ncclCommRegister` (the handle points to one).
+struct Registration {
+    ptr: DevicePtr,
+    /// Registered with the backend by this call (host memory it did not know yet).
+    owned: bool,
+}
+
+const NOT_YET: &str = "symmetric memory windows and device communicators are not supported by rustccl yet";
+
+nccl_api! {
+    fn ncclMemAlloc / pncclMemAlloc(out: *mut *mut c_void, size: usize) -> NcclResult {
+        guard("ncclMemAlloc", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("ptr is NULL"));
+            }
+            if size == 0 {
+                return Err(Error::invalid_argument("size is 0"));
+            }
+            let backend = rustccl::backend::select_backend()?;
+            let device = std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let p = backend.alloc(device, size)?;
+            ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).push((p.0, backend));
+            // SAFETY: checked non-null.
+            unsafe { *out = p.0 as *mut c_void };
+            Ok(())
+        })
+    }
+
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> NcclResult {
+        guard("ncclMemFree", || {
+            let mut allocs = ALLOCS.lock().unwrap_or_else(|e| e.into_inner());
+            let i = allocs.iter().position(|(p, _)| *p == ptr as u64).ok_or_else(|| {
+                Error::invalid_argument(format!("{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"))
+            })?;
+            let (p, backend) = allocs.swap_remove(i);
+            backend.free(DevicePtr(p))
+        })
+    }
+
+    fn ncclCommRegister / pncclCommRegister(comm: CommHandle, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> NcclResult {
+        guard("ncclCommRegister", || {
+            let c = handles::get(comm, "ncclCommRegister")?;
+            if buff.is_null() || handle.is_null() || size == 0 {
+                return Err(Error::invalid_argument("buff or handle is NULL, or size is 0"));
+            }
+            let backend = c.comm.backend();
+            let known = backend.kind() != rustccl::backend::BackendKind::Host
+                || backend.host_address(DevicePtr(buff as u64), size).is_ok();
+            let reg = if known {
+                Registration { ptr: DevicePtr(buff as u64), owned: false }
+            } else {
+                // SAFETY: the caller registers memory it keeps valid until ncclCommDeregister.
+                Registration { ptr: unsafe { backend.register_host(buff as *mut u8, size)? }, owned: true }
+            };
+            // SAFETY: checked non-null.
+            unsafe { *handle = Box::into_raw(Box::new(reg)) as *mut c_void };
+            Ok(())
+        })
+    }
+
+    fn ncclCommDeregister / pncclCommDeregister(comm: CommHandle, handle: *mut c_void) -> NcclResult {
+        guard("ncclCommDeregister", || {
+            let c = handles::get(comm, "ncclCommDeregister")?;
+            if handle.is_null() {
+                return Err(Error::invalid_argument("handle is NULL"));
+            }
+            // SAFETY: a handle from ncclCommRegister (the caller's contract, as with NCCL).
+            let reg = unsafe { Box::from_raw(handle as *mut Registration) };
+            if reg.owned {
+                c.comm.backend().unregister_host(reg.ptr)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: CommHandle, _buff: *mut c_void, _size: usize, win: *mut *mut c_void, _flags: c_int,
+    ) -> NcclResult {
+        guard("ncclCommWindowRegister", || {
+            handles::get(comm, "ncclCommWindowRegister")?;
+            if !win.is_null() {
+                // SAFETY: checked non-null.
+                unsafe { *win = std::ptr::null_mut() };
+            }
+            Err(Error::invalid_usage(NOT_YET))
+        })
+    }
+
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: CommHandle, _win: *mut c_void) -> NcclResult {
+        guard("ncclCommWindowDeregister", || {
+            handles::get(comm, "ncclCommWindowDeregister")?;
+            Err(Error::invalid_usage(NOT_YET))
+        })
+    }
+
+    fn ncclDevCommCreate / pncclDevCommCreate(comm: CommHandle, _reqs: *const c_void, _out: *mut c_void) -> NcclResult {
+        guard("ncclDevCommCreate", || {
+            handles::get(comm, "ncclDevCommCreate")?;
+            Err(Error::invalid_usage(NOT_YET))
+        })
+    }
+
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: CommHandle, _dev: *const c_void) -> NcclResult {
+        guard("ncclDevCommDestroy", || {
+            handles::get(comm, "ncclDevCommDestroy")?;
+            Err(Error::invalid_usage(NOT_YET))
+        })
+    }
+
+    fn ncclLsaBarrierCreateRequirement / pncclLsaBarrierCreateRequirement(
+        _team: NcclTeam, _n: c_int, _handle: *mut c_void, _req: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclLsaBarrierCreateRequirement", || Err(Error::invalid_usage(NOT_YET)))
+    }
+
+    fn ncclGinBarrierCreateRequirement / pncclGinBarrierCreateRequirement(
+        _comm: CommHandle, _team: NcclTeam, _n: c_int, _handle: *mut c_void, _req: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclGinBarrierCreateRequirement", || Err(Error::invalid_usage(NOT_YET)))
+    }
+
+    fn ncclLLA2ACreateRequirement / pncclLLA2ACreateRequirement(
+        _blocks: c_int, _slots: c_int, _handle: *mut c_void, _req: *mut c_void,
+    ) -> NcclResult {
+        guard("ncclLLA2ACreateRequirement", || Err(Error::invalid_usage(NOT_YET)))
+    }
+
+    fn ncclLLA2ACalcSlots / pncclLLA2ACalcSlots(_max_elts: c_int, _max_elt_size: c_int) -> c_int {
+        0
+    }
+
+    /// Every rank, stride 1.
+    fn ncclTeamWorld / pncclTeamWorld(comm: CommHandle) -> NcclTeam {
+        match handles::get(comm, "ncclTeamWorld") {
+            Ok(c) => NcclTeam { n_ranks: c.comm.count().unwrap_or(0), rank: c.comm.user_rank().unwrap_or(0), stride: 1 },
+            Err(_) => NcclTeam::default(),
+        }
+    }
+
+    /// The ranks that can address each other's memory directly: without symmetric memory,
+    /// each rank alone.
+    fn ncclTeamLsa / pncclTeamLsa(comm: CommHandle) -> NcclTeam {
+        match handles::get(comm, "ncclTeamLsa") {
+            Ok(_) => NcclTeam { n_ranks: 1, rank: 0, stride: 1 },
+            Err(_) => NcclTeam::default(),
+        }
+    }
+
+    /// The ranks with the same LSA rank: with one-rank LSA teams, every rank.
+    fn ncclTeamRail / pncclTeamRail(comm: CommHandle) -> NcclTeam {
+        // SAFETY: same contract.
+        unsafe { ncclTeamWorld(comm) }
+    }
+
+    fn ncclTeamRankToWorld / pncclTeamRankToWorld(comm: CommHandle, team: NcclTeam, rank: c_int) -> c_int {
+        match handles::get(comm, "ncclTeamRankToWorld") {
+            Ok(c) => c.comm.user_rank().unwrap_or(0) + (rank - team.rank) * team.stride,
+            Err(_) => -1,
+        }
+    }
+
+    fn ncclTeamRankToLsa / pncclTeamRankToLsa(comm: CommHandle, team: NcclTeam, rank: c_int) -> c_int {
+        match handles::get(comm, "ncclTeamRankToLsa") {
+            Ok(_) => (rank - team.rank) * team.stride,
+            Err(_) => -1,
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The C types of NCCL 2.28's ABI.
+
+use std::os::raw::{c_char, c_int, c_uint};
+
+pub type NcclResult = c_int;
+
+/// `ncclUniqueId`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NcclUniqueId {
+    pub internal: [c_char; 128],
+}
+
+/// `ncclConfig_t` (`ncclConfig_v22800`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NcclConfig {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub blocking: c_int,
+    pub cga_cluster_size: c_int,
+    pub min_ctas: c_int,
+    pub max_ctas: c_int,
+    pub net_name: *const c_char,
+    pub split_share: c_int,
+    pub traffic_class: c_int,
+    pub comm_name: *const c_char,
+    pub collnet_enable: c_int,
+    pub cta_policy: c_int,
+    pub shrink_share: c_int,
+    pub nvls_ctas: c_int,
+    pub n_channels_per_net_peer: c_int,
+    pub nvlink_centric_sched: c_int,
+}
+
+impl Default for NcclConfig {
+    /// `NCCL_CONFIG_INITIALIZER`.
+    fn default() -> Self {
+        let u = rustccl::config::UNDEF_INT;
+        NcclConfig {
+            size: std::mem::size_of::<NcclConfig>(),
+            magic: rustccl::config::CONFIG_MAGIC,
+            version: rustccl::version::NCCL_VERSION_CODE as c_uint,
+            blocking: u,
+            cga_cluster_size: u,
+            min_ctas: u,
+            max_ctas: u,
+            net_name: std::ptr::null(),
+            split_share: u,
+            traffic_class: u,
+            comm_name: std::ptr::null(),
+            collnet_enable: u,
+            cta_policy: u,
+            shrink_share: u,
+            nvls_ctas: u,
+            n_channels_per_net_peer: u,
+            nvlink_centric_sched: u,
+        }
+    }
+}
+
+/// `ncclSimInfo_t`.
+#[repr(C)]
+pub struct NcclSimInfo {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub estimated_time: f32,
+}
+
+pub const SIM_INFO_MAGIC: c_uint = 0x7468_5283;
+
+/// `ncclTeam_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NcclTeam {
+    pub n_ranks: c_int,
+    pub rank: c_int,
+    pub stride: c_int,
+}
