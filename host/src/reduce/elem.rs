@@ -106,7 +106,11 @@ macro_rules! float_min_max {
             let (x_nan, y_nan) = (x != x, y != y);
             let r = if y < x || x_nan { b } else { a };
             let r = if x == y { a | b } else { r };
-            if x_nan && y_nan { $nan } else { r }
+            if x_nan && y_nan {
+                $nan
+            } else {
+                r
+            }
         }
         #[inline(always)]
         fn max(_: Self::Ctx, a: $raw, b: $raw) -> $raw {
@@ -115,7 +119,11 @@ macro_rules! float_min_max {
             let (x_nan, y_nan) = (x != x, y != y);
             let r = if y > x || x_nan { b } else { a };
             let r = if x == y { a & b } else { r };
-            if x_nan && y_nan { $nan } else { r }
+            if x_nan && y_nan {
+                $nan
+            } else {
+                r
+            }
         }
     };
 }
@@ -174,35 +182,48 @@ ieee_elem!(F64, f64, u64, 0x7fff_ffff_ffff_ffff);
 
 // ---- half, bfloat16: the exact result rounded once --------------------------------------
 
-/// Half bits to `f32`, exact, without branches (so that loops vectorise).
+/// Half bits to `f32`, exact, without branches (so that loops vectorise). Signed 32-bit
+/// arithmetic throughout: baseline x86-64 (SSE2) has signed vector compares and
+/// int-to-float conversion, not unsigned ones.
 #[inline(always)]
 fn h2f(h: u16) -> f32 {
-    let h = u32::from(h);
+    let h = i32::from(h);
     let em = h & 0x7fff;
     // Normal: rebias the exponent (15 -> 127). Subnormal: em * 2^-24, exact in f32 (and no
     // f32 subnormal on the way). Infinity and NaN: all-ones exponent, mantissa kept.
     let normal = (em << 13) + (112 << 23);
-    let sub = (em as f32 * f32::from_bits(0x3380_0000)).to_bits(); // 2^-24
+    let sub = (em as f32 * f32::from_bits(0x3380_0000)).to_bits() as i32; // 2^-24
     let special = 0x7f80_0000 | (em & 0x3ff) << 13;
-    let bits = if em < 0x400 { sub } else if em >= 0x7c00 { special } else { normal };
-    f32::from_bits(bits | (h & 0x8000) << 16)
+    let bits = if em < 0x400 {
+        sub
+    } else if em >= 0x7c00 {
+        special
+    } else {
+        normal
+    };
+    f32::from_bits((bits | (h & 0x8000) << 16) as u32)
 }
 
 /// `f32` to half bits, rounding to nearest even (subnormals kept, overflow to infinity, NaN
-/// to 0x7fff), without branches.
+/// to 0x7fff), without branches; signed arithmetic as in [`h2f`].
 #[inline(always)]
 fn f2h(f: f32) -> u16 {
-    let b = f.to_bits();
+    let b = f.to_bits() as i32;
     let sign = (b >> 16) & 0x8000;
     let a = b & 0x7fff_ffff;
     // A normal half: rebias, then round at bit 13 (a carry bumps the exponent, up to inf).
+    // No overflow: a <= 0x7fff_ffff, minus 112 << 23, plus 0x1000 at most.
     let odd = (a >> 13) & 1;
-    let normal = (a.wrapping_sub(112 << 23).wrapping_add(0xfff + odd) >> 13).min(0x7c00);
+    let normal = ((a - (112 << 23) + 0xfff + odd) >> 13).min(0x7c00);
     // A subnormal half (|f| < 2^-14): adding 0.5, whose ulp is 2^-24, rounds to the
     // subnormal grid; the bits above 0.5's are the half's (1024 being the smallest normal).
-    let sub = (f32::from_bits(a) + 0.5).to_bits().wrapping_sub(0x3f00_0000);
+    let sub = (f32::from_bits(a as u32) + 0.5).to_bits() as i32 - 0x3f00_0000;
     let r = if a < 113 << 23 { sub } else { normal };
-    if a > 0x7f80_0000 { F16_NAN } else { (r | sign) as u16 }
+    if a > 0x7f80_0000 {
+        F16_NAN
+    } else {
+        (r | sign) as u16
+    }
 }
 
 /// Bfloat16 bits to `f32` (exact).
@@ -217,7 +238,11 @@ fn b2f(b: u16) -> f32 {
 fn f2b(f: f32) -> u16 {
     let b = f.to_bits();
     let r = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    if b & 0x7fff_ffff > 0x7f80_0000 { BF16_NAN } else { r }
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        BF16_NAN
+    } else {
+        r
+    }
 }
 
 macro_rules! narrow_elem {

@@ -17,16 +17,20 @@
 //! * **Float32, Float64**: IEEE arithmetic in the type (`a + b`, `a * b` rounded once, to
 //!   nearest even). Min/Max like `fminf`/`fmaxf`: a NaN operand is ignored.
 //! * **Float16, Bfloat16**: `__hadd`/`__hmul`: the exact result, rounded once to the type
-//!   (nearest even, subnormals kept, overflow to infinity). Computed as `f64` (exact for half;
-//!   for bfloat16 sums, `f64`'s 53 bits are more than the 2p+2 = 18 that make the second
-//!   rounding harmless) and rounded once from `f64` — never through `f32`.
+//!   (nearest even, subnormals kept, overflow to infinity). The reference is "compute in
+//!   `f64`, round once from `f64`" (exact for half; for bfloat16 sums `f64`'s 53 bits exceed
+//!   the 2p + 2 = 18 that make a second rounding harmless) — never rounding an `f32` result
+//!   that was itself rounded from something wider. The loops compute in `f32` and round the
+//!   `f32` to the type, which gives the same bits for one operation on two operands of the type
+//!   (a product is exact in `f32`; for a sum `f32` has at least 2p + 1 bits); an ignored test
+//!   checks all 2^32 pairs of each type, Sum and Prod, against the `f64` reference.
 //! * **Float8e4m3, Float8e5m2**: as NCCL does it: both operands widened to half (exact), the
 //!   half operation (`__hadd`/`__hmul`/`__hmin`/`__hmax`, rounded to half), then
 //!   `__nv_cvt_halfraw_to_fp8(h, __NV_SATFINITE, fmt)`: nearest even, magnitudes past the
 //!   largest finite value (infinity included) saturate to it (e4m3 ±448, e5m2 ±57344), NaN
 //!   becomes 0x7f. So with e5m2, any operation on an infinity — Min/Max too — gives ±57344.
 //!   See [`fp8`]. Implemented with 64 KiB lookup tables per (format, operation), built once
-//!   from that reference path.
+//!   (on first use) from that reference path.
 //! * **Min/Max of every float type**: a NaN operand is ignored (the other one is the result);
 //!   two NaNs give the type's canonical NaN (f32 0x7fffffff, f64 0x7fff..., half and bfloat16
 //!   0x7fff, fp8 0x7f); -0 counts as less than +0 (so min(-0, +0) = -0, max = +0) whatever
@@ -39,32 +43,31 @@
 //!   [`DevOp::Prod`]. The product is rounded to the element type *before* it is added: NCCL's
 //!   `FuncPreMulSum<half>` is `__hmul`, then the sum is `__hadd`.
 //!
-//! # Relation to `kernels/src/device/reduce_ops.h`
+//! # Relation to the device code in `kernels/src/device/`
 //!
-//! Two differences from this crate's own (not yet launched) CUDA functors, which compute in
-//! `float` for the 16- and 8-bit types and round only at the store:
-//! * Their `copy_reduce` does `store(op(pre(load(src0)), load(src1)))` without storing
-//!   `pre`'s product in between, so for PreMulSum on half, bfloat16 and fp8 the product is
-//!   not rounded to the element type before the add (two roundings fewer than NCCL). Here
-//!   [`Reducer::pre_combine`] rounds the product, as NCCL does.
-//! * Their `FuncMin`/`FuncMax` are `b < a ? b : a` / `a < b ? b : a`: with a NaN operand they
-//!   return the first operand, NaN or not. Here a NaN is ignored, like `fminf`.
-//!
-//! Everything else gives the same bits: for a single Sum/Prod on two operands of a p-bit
-//! format, computing in `float` (24 >= 2p+2 for half, bfloat16 and fp8) and rounding the
-//! `float` gives the correctly rounded result; and for fp8, going through half or straight
-//! from `float` gives the same fp8 (the tests check all 65536 pairs).
+//! `reduce.cu` (the n-input reduce kernels) implements these semantics element for element.
+//! The older `copy_reduce.cu` / `reduce_ops.h` functors differ in two ways, so they do *not*
+//! give these bits:
+//! * `copy_reduce` does `store(op(pre(load(src0)), load(src1)))` in `float` for the 16- and
+//!   8-bit types, without storing `pre`'s product in between: for PreMulSum on half, bfloat16
+//!   and fp8 the product is not rounded to the element type before the add. NCCL (and
+//!   [`Reducer::pre_combine`]) rounds it: `FuncPreMulSum<half>` is `__hmul`, then `__hadd`.
+//! * `FuncMin`/`FuncMax` are `b < a ? b : a` / `a < b ? b : a`: with a NaN operand they return
+//!   the first operand, NaN or not, where NCCL (`fminf`, `__hmin`) and this module ignore it.
 //!
 //! # Performance
 //!
 //! The element type and the operation are dispatched once per call; each (type, operation)
-//! pair is its own loop over elements (generic over [`elem::Elem`]), which the compiler
-//! vectorises for the integer and IEEE types.
+//! pair is its own loop (generic over `elem::Elem`), in blocks of 64 elements that the
+//! compiler vectorises (integers, f32/f64, bfloat16, and half without F16C). On x86-64 with
+//! F16C, half Sum/Prod/PreMulSum use the hardware conversions (`simd.rs`), same bits. fp8 uses
+//! 64 KiB tables per (format, operation).
 
 pub mod float;
 pub mod fp8;
 
 mod elem;
+mod simd;
 #[cfg(test)]
 mod tests;
 
@@ -81,9 +84,13 @@ pub enum DevOp {
     Min,
     Max,
     /// Each rank's input multiplied by `scalar` (in the element type), then summed.
-    PreMulSum { scalar: f64 },
+    PreMulSum {
+        scalar: f64,
+    },
     /// Summed, then the result divided by `n` (integer Avg; `n >= 1`).
-    SumPostDiv { n: u64 },
+    SumPostDiv {
+        n: u64,
+    },
 }
 
 impl DevOp {
@@ -257,38 +264,23 @@ impl Reducer {
     /// converted to the element type, the product rounded to the element type); otherwise a
     /// copy.
     pub fn pre(&self, src: &[u8], dst: &mut [u8]) {
-        self.check(dst.len(), &[src.len()]);
-        match self.op {
-            DevOp::PreMulSum { scalar } => with_elem!(self.dtype, T => {
-                let (c, s) = (T::ctx(), T::scalar(scalar));
-                map::<T>(src, dst, |x| T::mul(c, x, s))
-            }),
-            _ => dst.copy_from_slice(src),
-        }
+        self.pre_impl(src, dst, true)
     }
 
     /// [`Reducer::pre`] in place.
     pub fn pre_in_place(&self, buf: &mut [u8]) {
-        self.check(buf.len(), &[]);
-        if let DevOp::PreMulSum { scalar } = self.op {
-            with_elem!(self.dtype, T => {
-                let (c, s) = (T::ctx(), T::scalar(scalar));
-                map_in_place::<T>(buf, |x| T::mul(c, x, s))
-            })
-        }
+        self.pre_in_place_impl(buf, true)
     }
 
     /// `out = a ⊕ b` elementwise (Sum, PreMulSum, SumPostDiv add; Prod multiplies; Min/Max),
     /// each result rounded to the element type.
     pub fn combine(&self, a: &[u8], b: &[u8], out: &mut [u8]) {
-        self.check(out.len(), &[a.len(), b.len()]);
-        with_elem!(self.dtype, T => with_binop!(T, self.op, f => zip::<T>(a, b, out, f)))
+        self.combine_impl(a, b, out, true)
     }
 
     /// `acc = acc ⊕ b`: [`Reducer::combine`] with the output over the first input.
     pub fn combine_into(&self, acc: &mut [u8], b: &[u8]) {
-        self.check(acc.len(), &[b.len()]);
-        with_elem!(self.dtype, T => with_binop!(T, self.op, f => zip_into::<T>(acc, b, f)))
+        self.combine_into_impl(acc, b, true)
     }
 
     /// After the last step: SumPostDiv divides by `n` (integers: truncating toward zero, as
@@ -304,38 +296,150 @@ impl Reducer {
     /// `out = pre(local) ⊕ incoming` in one pass (a kernel's "recvReduce" step): the same bits
     /// as [`Reducer::pre`] into a temporary, then [`Reducer::combine`].
     pub fn pre_combine(&self, local: &[u8], incoming: &[u8], out: &mut [u8]) {
-        match self.op {
-            DevOp::PreMulSum { scalar } => {
-                self.check(out.len(), &[local.len(), incoming.len()]);
-                with_elem!(self.dtype, T => {
-                    let (c, s) = (T::ctx(), T::scalar(scalar));
-                    zip::<T>(local, incoming, out, |x, y| T::add(c, T::mul(c, x, s), y))
-                })
-            }
-            _ => self.combine(local, incoming, out),
-        }
+        self.pre_combine_impl(local, incoming, out, true)
     }
 
     /// `acc = pre(local) ⊕ acc`: [`Reducer::pre_combine`] with the output over the incoming
     /// data (e.g. a receive buffer reduced in place).
     pub fn pre_combine_into(&self, acc: &mut [u8], local: &[u8]) {
+        self.pre_combine_into_impl(acc, local, true)
+    }
+
+    // The implementations; `fast` lets the tests turn the SIMD path off to compare.
+
+    /// The half value of the PreMulSum scalar, for the SIMD path.
+    fn f16_scalar(scalar: f64) -> f32 {
+        float::f16_to_f32(float::f64_to_f16(scalar))
+    }
+
+    /// The SIMD op for a combine step, if there is one for this reduction.
+    fn simd_combine_op(&self, fast: bool) -> Option<simd::Op> {
+        if !fast || self.dtype != DataType::Float16 {
+            return None;
+        }
+        match self.op {
+            DevOp::Sum | DevOp::PreMulSum { .. } | DevOp::SumPostDiv { .. } => Some(simd::Op::Add),
+            DevOp::Prod => Some(simd::Op::Mul),
+            DevOp::Min | DevOp::Max => None,
+        }
+    }
+
+    /// The PreMulSum scalar, when the SIMD path applies to its pre step.
+    fn simd_pre_scalar(&self, fast: bool) -> Option<f32> {
+        match self.op {
+            DevOp::PreMulSum { scalar } if fast && self.dtype == DataType::Float16 => Some(Self::f16_scalar(scalar)),
+            _ => None,
+        }
+    }
+
+    fn pre_impl(&self, src: &[u8], dst: &mut [u8], fast: bool) {
+        self.check(dst.len(), &[src.len()]);
+        let DevOp::PreMulSum { scalar } = self.op else {
+            return dst.copy_from_slice(src);
+        };
+        let done = self.simd_pre_scalar(fast).map_or(0, |s| simd::binary(simd::Op::MulScalar(s), src, src, dst));
+        let (src, dst) = (&src[done..], &mut dst[done..]);
+        with_elem!(self.dtype, T => {
+            let (c, s) = (T::ctx(), T::scalar(scalar));
+            map::<T>(src, dst, |x| T::mul(c, x, s))
+        })
+    }
+
+    fn pre_in_place_impl(&self, buf: &mut [u8], fast: bool) {
+        self.check(buf.len(), &[]);
+        let DevOp::PreMulSum { scalar } = self.op else { return };
+        let done = self.simd_pre_scalar(fast).map_or(0, |s| simd::unary_in_place(simd::Op::MulScalar(s), buf));
+        let buf = &mut buf[done..];
+        with_elem!(self.dtype, T => {
+            let (c, s) = (T::ctx(), T::scalar(scalar));
+            map_in_place::<T>(buf, |x| T::mul(c, x, s))
+        })
+    }
+
+    fn combine_impl(&self, a: &[u8], b: &[u8], out: &mut [u8], fast: bool) {
+        self.check(out.len(), &[a.len(), b.len()]);
+        let done = self.simd_combine_op(fast).map_or(0, |op| simd::binary(op, a, b, out));
+        let (a, b, out) = (&a[done..], &b[done..], &mut out[done..]);
+        with_elem!(self.dtype, T => with_binop!(T, self.op, f => zip::<T>(a, b, out, f)))
+    }
+
+    fn combine_into_impl(&self, acc: &mut [u8], b: &[u8], fast: bool) {
+        self.check(acc.len(), &[b.len()]);
+        let done = self.simd_combine_op(fast).map_or(0, |op| simd::binary_into(op, acc, b));
+        let (acc, b) = (&mut acc[done..], &b[done..]);
+        with_elem!(self.dtype, T => with_binop!(T, self.op, f => zip_into::<T>(acc, b, f)))
+    }
+
+    fn pre_combine_impl(&self, local: &[u8], incoming: &[u8], out: &mut [u8], fast: bool) {
+        let DevOp::PreMulSum { scalar } = self.op else {
+            return self.combine_impl(local, incoming, out, fast);
+        };
+        self.check(out.len(), &[local.len(), incoming.len()]);
+        let done = self.simd_pre_scalar(fast).map_or(0, |s| simd::binary(simd::Op::MulAdd(s), local, incoming, out));
+        let (local, incoming, out) = (&local[done..], &incoming[done..], &mut out[done..]);
+        with_elem!(self.dtype, T => {
+            let (c, s) = (T::ctx(), T::scalar(scalar));
+            zip::<T>(local, incoming, out, |x, y| T::add(c, T::mul(c, x, s), y))
+        })
+    }
+
+    fn pre_combine_into_impl(&self, acc: &mut [u8], local: &[u8], fast: bool) {
         self.check(acc.len(), &[local.len()]);
         match self.op {
-            DevOp::PreMulSum { scalar } => with_elem!(self.dtype, T => {
-                let (c, s) = (T::ctx(), T::scalar(scalar));
-                zip_into::<T>(acc, local, |y, x| T::add(c, T::mul(c, x, s), y))
-            }),
-            _ => with_elem!(self.dtype, T => with_binop!(T, self.op, f => zip_into::<T>(acc, local, |y, x| f(x, y)))),
+            DevOp::PreMulSum { scalar } => {
+                let done = self.simd_pre_scalar(fast).map_or(0, |s| simd::binary_into(simd::Op::MulAdd(s), acc, local));
+                let (acc, local) = (&mut acc[done..], &local[done..]);
+                with_elem!(self.dtype, T => {
+                    let (c, s) = (T::ctx(), T::scalar(scalar));
+                    zip_into::<T>(acc, local, |y, x| T::add(c, T::mul(c, x, s), y))
+                })
+            }
+            // Sum and Prod are commutative (to the bit: NaN results are canonical for half),
+            // so the SIMD `acc = acc op local` is `local op acc`.
+            _ => {
+                let done = self.simd_combine_op(fast).map_or(0, |op| simd::binary_into(op, acc, local));
+                let (acc, local) = (&mut acc[done..], &local[done..]);
+                with_elem!(self.dtype, T => with_binop!(T, self.op, f => zip_into::<T>(acc, local, |y, x| f(x, y))))
+            }
         }
     }
 }
 
 // ---- The loops ------------------------------------------------------------------------------
+//
+// Blocks of `BLOCK` elements: loaded into arrays, computed array to array, stored. The middle
+// loop has a fixed trip count and no aliasing, so the compiler vectorises it whatever the
+// operation (selects included), which it does not reliably do for a loop straight over the
+// byte slices. The tail (fewer than `BLOCK` elements) goes element by element.
+
+const BLOCK: usize = 64;
 
 #[inline(always)]
+fn load_block<T: Elem>(b: &[u8]) -> [T::Raw; BLOCK] {
+    std::array::from_fn(|i| T::load(&b[i * T::SIZE..(i + 1) * T::SIZE]))
+}
+
+#[inline(always)]
+fn store_block<T: Elem>(b: &mut [u8], v: &[T::Raw; BLOCK]) {
+    for (o, x) in b.chunks_exact_mut(T::SIZE).zip(v) {
+        T::store(o, *x);
+    }
+}
+
+/// `out[i] = f(a[i], b[i])`.
+#[inline(always)]
 fn zip<T: Elem>(a: &[u8], b: &[u8], out: &mut [u8], f: impl Fn(T::Raw, T::Raw) -> T::Raw) {
+    let bs = BLOCK * T::SIZE;
+    let (mut oc, mut ac, mut bc) = (out.chunks_exact_mut(bs), a.chunks_exact(bs), b.chunks_exact(bs));
+    for ((o, x), y) in (&mut oc).zip(&mut ac).zip(&mut bc) {
+        let (x, y) = (load_block::<T>(x), load_block::<T>(y));
+        let r: [T::Raw; BLOCK] = std::array::from_fn(|i| f(x[i], y[i]));
+        store_block::<T>(o, &r);
+    }
     let n = T::SIZE;
-    for ((o, x), y) in out.chunks_exact_mut(n).zip(a.chunks_exact(n)).zip(b.chunks_exact(n)) {
+    let tail =
+        oc.into_remainder().chunks_exact_mut(n).zip(ac.remainder().chunks_exact(n)).zip(bc.remainder().chunks_exact(n));
+    for ((o, x), y) in tail {
         T::store(o, f(T::load(x), T::load(y)));
     }
 }
@@ -343,24 +447,47 @@ fn zip<T: Elem>(a: &[u8], b: &[u8], out: &mut [u8], f: impl Fn(T::Raw, T::Raw) -
 /// `acc[i] = f(acc[i], b[i])`.
 #[inline(always)]
 fn zip_into<T: Elem>(acc: &mut [u8], b: &[u8], f: impl Fn(T::Raw, T::Raw) -> T::Raw) {
+    let bs = BLOCK * T::SIZE;
+    let (mut oc, mut bc) = (acc.chunks_exact_mut(bs), b.chunks_exact(bs));
+    for (o, y) in (&mut oc).zip(&mut bc) {
+        let (x, y) = (load_block::<T>(o), load_block::<T>(y));
+        let r: [T::Raw; BLOCK] = std::array::from_fn(|i| f(x[i], y[i]));
+        store_block::<T>(o, &r);
+    }
     let n = T::SIZE;
-    for (o, y) in acc.chunks_exact_mut(n).zip(b.chunks_exact(n)) {
+    for (o, y) in oc.into_remainder().chunks_exact_mut(n).zip(bc.remainder().chunks_exact(n)) {
         let x = T::load(o);
         T::store(o, f(x, T::load(y)));
     }
 }
 
+/// `dst[i] = f(src[i])`.
 #[inline(always)]
 fn map<T: Elem>(src: &[u8], dst: &mut [u8], f: impl Fn(T::Raw) -> T::Raw) {
+    let bs = BLOCK * T::SIZE;
+    let (mut oc, mut sc) = (dst.chunks_exact_mut(bs), src.chunks_exact(bs));
+    for (o, x) in (&mut oc).zip(&mut sc) {
+        let x = load_block::<T>(x);
+        let r: [T::Raw; BLOCK] = std::array::from_fn(|i| f(x[i]));
+        store_block::<T>(o, &r);
+    }
     let n = T::SIZE;
-    for (o, x) in dst.chunks_exact_mut(n).zip(src.chunks_exact(n)) {
+    for (o, x) in oc.into_remainder().chunks_exact_mut(n).zip(sc.remainder().chunks_exact(n)) {
         T::store(o, f(T::load(x)));
     }
 }
 
+/// `buf[i] = f(buf[i])`.
 #[inline(always)]
 fn map_in_place<T: Elem>(buf: &mut [u8], f: impl Fn(T::Raw) -> T::Raw) {
-    for o in buf.chunks_exact_mut(T::SIZE) {
+    let bs = BLOCK * T::SIZE;
+    let mut oc = buf.chunks_exact_mut(bs);
+    for o in &mut oc {
+        let x = load_block::<T>(o);
+        let r: [T::Raw; BLOCK] = std::array::from_fn(|i| f(x[i]));
+        store_block::<T>(o, &r);
+    }
+    for o in oc.into_remainder().chunks_exact_mut(T::SIZE) {
         let x = T::load(o);
         T::store(o, f(x));
     }

@@ -146,7 +146,7 @@ fn e4m3_known_values() {
     assert_eq!(f32_to_e4m3(447.0), 0x7e);
     assert_eq!(f32_to_e4m3(431.0), 0x7d); // below 432, halfway between 416 and 448
     assert_eq!(f32_to_e4m3(432.0), 0x7e); // the tie goes to even 448
-    // NaN: 0x7f/0xff decode as NaN; f32 and half NaN become 0x7f; only f64 keeps the sign.
+                                          // NaN: 0x7f/0xff decode as NaN; f32 and half NaN become 0x7f; only f64 keeps the sign.
     assert!(e4m3_to_f32(0x7f).is_nan());
     assert!(e4m3_to_f32(0xff).is_nan());
     assert_eq!(e4m3_to_f16(0xff), 0x7fff);
@@ -330,7 +330,8 @@ fn f16_and_bf16_single_steps_match_the_f32_path_on_random_operands() {
     let halves = |v: &[u8]| -> Vec<u16> { v.chunks_exact(2).map(|c| u16::from_ne_bytes([c[0], c[1]])).collect() };
     let (ha, hb) = (halves(&a), halves(&b));
     type Conv = (DataType, fn(u16) -> f32, fn(f32) -> u16);
-    let convs: [Conv; 2] = [(DataType::Float16, f16_to_f32, f32_to_f16), (DataType::Bfloat16, bf16_to_f32, f32_to_bf16)];
+    let convs: [Conv; 2] =
+        [(DataType::Float16, f16_to_f32, f32_to_f16), (DataType::Bfloat16, bf16_to_f32, f32_to_bf16)];
     for (dtype, widen, narrow) in convs {
         for (op, f) in [(DevOp::Sum, (|x, y| x + y) as fn(f32, f32) -> f32), (DevOp::Prod, |x, y| x * y)] {
             let got = halves(&comb(dtype, op, &a, &b));
@@ -359,7 +360,10 @@ fn bf16_sum_prod_min_max() {
     assert_eq!(comb(t, DevOp::Max, &a, &b), bytes_of!(u16, [0x3f80u16, 0x3f81, 0x7f7f, 0x3f80, 0x3f80]));
     assert_eq!(comb(t, DevOp::Min, &a, &b), bytes_of!(u16, [0x3b80u16, 0x3b80, 0x7f7f, 0xc000, 0x3b81]));
     // The largest plus half an ulp (2^119) is a tie with infinity: even is infinity.
-    assert_eq!(comb(t, DevOp::Sum, &bytes_of!(u16, [0x7f7fu16]), &bytes_of!(u16, [0x7b00u16])), bytes_of!(u16, [0x7f80u16]));
+    assert_eq!(
+        comb(t, DevOp::Sum, &bytes_of!(u16, [0x7f7fu16]), &bytes_of!(u16, [0x7b00u16])),
+        bytes_of!(u16, [0x7f80u16])
+    );
 }
 
 #[test]
@@ -430,12 +434,28 @@ fn fp8_all_pairs_match_the_exact_result_rounded_once() {
                             DevOp::Sum => x + y,
                             DevOp::Prod => x * y,
                             // -0 < +0
-                            DevOp::Min if x == y => if x.is_sign_negative() { x } else { y },
-                            DevOp::Max if x == y => if x.is_sign_negative() { y } else { x },
+                            DevOp::Min if x == y => {
+                                if x.is_sign_negative() {
+                                    x
+                                } else {
+                                    y
+                                }
+                            }
+                            DevOp::Max if x == y => {
+                                if x.is_sign_negative() {
+                                    y
+                                } else {
+                                    x
+                                }
+                            }
                             DevOp::Min => x.min(y),
                             _ => x.max(y),
                         };
-                        if r.is_nan() { 0x7f } else { fp8_model_nearest(fmt, r) }
+                        if r.is_nan() {
+                            0x7f
+                        } else {
+                            fp8_model_nearest(fmt, r)
+                        }
                     }
                 };
                 assert_eq!(got[i], want, "{fmt:?} {op:?} {a:#04x} {b:#04x}");
@@ -549,7 +569,9 @@ fn float_min_max_ignore_nan_and_order_signed_zeros() {
 #[test]
 fn from_user_maps_like_nccl() {
     for dtype in DataType::ALL {
-        for (op, dev) in [(RedOp::Sum, DevOp::Sum), (RedOp::Prod, DevOp::Prod), (RedOp::Min, DevOp::Min), (RedOp::Max, DevOp::Max)] {
+        for (op, dev) in
+            [(RedOp::Sum, DevOp::Sum), (RedOp::Prod, DevOp::Prod), (RedOp::Min, DevOp::Min), (RedOp::Max, DevOp::Max)]
+        {
             assert_eq!(DevOp::from_user(op, None, dtype, 4).unwrap(), dev);
         }
         let avg = DevOp::from_user(RedOp::Avg, None, dtype, 4).unwrap();
@@ -563,7 +585,10 @@ fn from_user_maps_like_nccl() {
         assert_eq!(e.code, ResultCode::InvalidArgument);
         assert_eq!(DevOp::from_user(RedOp::Avg, None, dtype, 0).unwrap_err().code, ResultCode::InvalidArgument);
     }
-    assert_eq!(DevOp::from_user(RedOp::Avg, None, DataType::Float32, 3).unwrap(), DevOp::PreMulSum { scalar: 1.0 / 3.0 });
+    assert_eq!(
+        DevOp::from_user(RedOp::Avg, None, DataType::Float32, 3).unwrap(),
+        DevOp::PreMulSum { scalar: 1.0 / 3.0 }
+    );
 }
 
 #[test]
@@ -589,7 +614,7 @@ fn avg_over_three_ranks() {
     r.pre_combine_into(&mut acc, &x);
     r.pre_combine_into(&mut acc, &x);
     r.post(&mut acc); // nothing for PreMulSum
-    // 1 + 1 + 1.
+                      // 1 + 1 + 1.
     assert_eq!(acc, 0x4200u16.to_ne_bytes());
     // 0.5 * 0x3555 (1365 * 2^-12) = 1365 * 2^-13, exact (0x3155); twice that is 0x3555,
     // exact; three times is 4095 * 2^-13 = 2047.5 ulps of [0.25, 0.5): a tie between 0x37ff
@@ -743,10 +768,25 @@ fn partial_elements_panic() {
 #[ignore = "a measurement, run in release mode"]
 fn throughput() {
     const BYTES: usize = 64 << 20;
-    let a = vec![1u8; BYTES];
-    let b = vec![2u8; BYTES];
+    // Typical data: values of either sign, magnitudes between 1/16 and 16.
+    let fill = |dtype: DataType, seed: u64| -> Vec<u8> {
+        let mut rng = Rng(seed);
+        let mut v = Vec::with_capacity(BYTES);
+        while v.len() < BYTES {
+            let x = ((rng.next() >> 11) as f64 / p2(53) * 8.0 - 4.0).exp2().copysign(rng.next() as i64 as f64);
+            match dtype {
+                DataType::Float16 => v.extend(f64_to_f16(x).to_ne_bytes()),
+                DataType::Bfloat16 => v.extend(f64_to_bf16(x).to_ne_bytes()),
+                DataType::Float32 => v.extend((x as f32).to_ne_bytes()),
+                DataType::Float64 => v.extend(x.to_ne_bytes()),
+                DataType::Float8e4m3 => v.push(f64_to_e4m3(x)),
+                DataType::Float8e5m2 => v.push(f64_to_e5m2(x)),
+                _ => v.push(rng.next() as u8),
+            }
+        }
+        v
+    };
     let mut out = vec![0u8; BYTES];
-    let mut acc = a.clone();
     let time = |f: &mut dyn FnMut()| {
         f(); // warm up (page faults, fp8 tables)
         (0..5)
@@ -757,6 +797,7 @@ fn throughput() {
             })
             .fold(f64::INFINITY, f64::min)
     };
+    let a = vec![1u8; BYTES];
     let tcopy = time(&mut || out.copy_from_slice(&a));
     println!("baseline copy_from_slice: {:6.2} GB/s", BYTES as f64 / tcopy / 1e9);
     for (dtype, op) in [
@@ -773,6 +814,8 @@ fn throughput() {
         (DataType::Float32, DevOp::PreMulSum { scalar: 0.5 }),
     ] {
         let r = Reducer::new(dtype, op);
+        let (a, b) = (fill(dtype, 1), fill(dtype, 2));
+        let mut acc = a.clone();
         let t3 = time(&mut || r.pre_combine(&a, &b, &mut out));
         let t2 = time(&mut || r.combine_into(&mut acc, &b));
         println!(
@@ -911,5 +954,94 @@ fn narrow_f32_path_equals_f64_reference_on_all_pairs() {
         });
         println!("{name}: 2^32 pairs, {bad} mismatches, {:.1} s", t.elapsed().as_secs_f64());
         assert_eq!(bad, 0, "{name}");
+    }
+}
+
+#[test]
+fn f16_simd_path_gives_the_portable_bits() {
+    // Random halves (every class: NaN, inf, subnormal...), lengths that leave tails, all
+    // methods, with the SIMD path on (where the CPU has it) and off.
+    let mut rng = Rng(4242);
+    let ops = [
+        DevOp::Sum,
+        DevOp::Prod,
+        DevOp::Min,
+        DevOp::Max,
+        DevOp::PreMulSum { scalar: 1.0 / 3.0 },
+        DevOp::PreMulSum { scalar: 1e-6 },
+        DevOp::PreMulSum { scalar: 7000.0 },
+        DevOp::SumPostDiv { n: 2 },
+    ];
+    eprintln!("simd available: {}", super::simd::available());
+    for len in [0usize, 1, 7, 8, 9, 16, 63, 64, 65, 1000, 4099] {
+        let a = rng.bytes(2 * len);
+        let b = rng.bytes(2 * len);
+        for op in ops {
+            let r = Reducer::new(DataType::Float16, op);
+            let mut outs = Vec::new();
+            for fast in [true, false] {
+                let mut o = Vec::new();
+                let mut out = vec![0u8; 2 * len];
+                r.combine_impl(&a, &b, &mut out, fast);
+                o.push(out.clone());
+                let mut acc = a.clone();
+                r.combine_into_impl(&mut acc, &b, fast);
+                o.push(acc);
+                r.pre_impl(&a, &mut out, fast);
+                o.push(out.clone());
+                let mut buf = a.clone();
+                r.pre_in_place_impl(&mut buf, fast);
+                o.push(buf);
+                r.pre_combine_impl(&a, &b, &mut out, fast);
+                o.push(out.clone());
+                let mut acc = b.clone();
+                r.pre_combine_into_impl(&mut acc, &a, fast);
+                o.push(acc);
+                outs.push(o);
+            }
+            for (k, name) in
+                ["combine", "combine_into", "pre", "pre_in_place", "pre_combine", "pre_combine_into"].iter().enumerate()
+            {
+                assert_eq!(outs[0][k], outs[1][k], "{op:?} {name} len {len}");
+            }
+        }
+    }
+}
+
+/// Every pair of halves through the reducer's SIMD path (where the CPU has it), Sum and
+/// Prod, against the `f64` reference.
+#[test]
+#[ignore = "exhaustive (2^33 operations), run in release mode"]
+fn f16_simd_path_equals_f64_reference_on_all_pairs() {
+    use super::elem::reference as r;
+    let bs: Vec<u8> = (0..=u16::MAX).flat_map(|b| b.to_ne_bytes()).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    type Ref = fn(u16, u16) -> u16;
+    for (op, reference) in [(DevOp::Sum, r::f16_add as Ref), (DevOp::Prod, r::f16_mul as Ref)] {
+        let red = Reducer::new(DataType::Float16, op);
+        let bad: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|k| {
+                    let bs = &bs;
+                    s.spawn(move || {
+                        let (mut bad, mut out) = (0u64, vec![0u8; bs.len()]);
+                        let mut a = k;
+                        while a <= 0xffff {
+                            let av: Vec<u8> = std::iter::repeat_n((a as u16).to_ne_bytes(), 65536).flatten().collect();
+                            red.combine_impl(&av, bs, &mut out, true);
+                            for b in 0..=u16::MAX {
+                                let got = u16::from_ne_bytes([out[2 * b as usize], out[2 * b as usize + 1]]);
+                                bad += u64::from(got != reference(a as u16, b));
+                            }
+                            a += threads;
+                        }
+                        bad
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        println!("f16 {op:?} (simd available: {}): {bad} mismatches", super::simd::available());
+        assert_eq!(bad, 0);
     }
 }
