@@ -31,12 +31,32 @@ pub fn run(runs: &mut [CommRun]) -> Result<()> {
 }
 
 fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
+    let mut devices: Vec<Option<DeviceState>> = Vec::with_capacity(runs.len());
+    for run in runs.iter() {
+        devices.push(if run.device { Some(DeviceState::new(run)?) } else { None });
+    }
+    let result = execute_with(runs, conns, &mut devices);
+    for (run, d) in runs.iter().zip(devices) {
+        if let Some(d) = d {
+            d.release(run);
+        }
+    }
+    result
+}
+
+fn execute_with(runs: &mut [CommRun], conns: &[Links], devices: &mut [Option<DeviceState>]) -> Result<()> {
     let mut scratch = vec![0u8; SLOT_BYTES];
     let mut idle = 0u32;
     loop {
         let mut progressed = false;
         let mut pending = false;
-        for (run, links) in runs.iter_mut().zip(conns) {
+        for ((run, links), dev) in runs.iter_mut().zip(conns).zip(devices.iter_mut()) {
+            if let Some(dev) = dev {
+                let (moved, left) = dev.progress(run, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
+                progressed |= moved;
+                pending |= left;
+                continue;
+            }
             for item in run.items.iter_mut() {
                 while let Some((ci, step)) = item.steps.get(item.pc) {
                     let ok = try_step(step, &run.ctxs[*ci], links, &mut scratch)
@@ -216,4 +236,132 @@ fn compute(step: &Step, ctx: &OpCtx, src: Option<&[u8]>, inputs: &[(&Arc<Connect
         r.post(out);
     }
     Ok(())
+}
+
+/// Device work of one step, enqueued and not yet known to be complete.
+struct InFlight {
+    pushes: Vec<(Arc<Connection>, u64, usize)>,
+    pops: Vec<(Arc<Connection>, u64)>,
+}
+
+/// The executor's state for a communicator whose buffers are device memory: each step is a
+/// small device plan (a reduce kernel or copies) enqueued on the caller's stream, followed by
+/// an event; the FIFO slots it filled or emptied are handed over once the event completes.
+/// One step per work item is in flight at a time.
+struct DeviceState {
+    events: Vec<crate::backend::Event>,
+    inflight: Vec<Option<InFlight>>,
+}
+
+impl DeviceState {
+    fn new(run: &CommRun) -> Result<DeviceState> {
+        let backend = run.comm.backend();
+        let device = run.comm.device()? as usize;
+        let events = (0..run.items.len()).map(|_| backend.create_event(device)).collect::<Result<Vec<_>>>()?;
+        Ok(DeviceState { inflight: (0..run.items.len()).map(|_| None).collect(), events })
+    }
+
+    fn release(self, run: &CommRun) {
+        for e in self.events {
+            let _ = run.comm.backend().destroy_event(e);
+        }
+    }
+
+    /// Completes finished steps and starts the next ones; returns (moved, work left).
+    fn progress(&mut self, run: &mut CommRun, links: &Links) -> Result<(bool, bool)> {
+        let backend = Arc::clone(run.comm.backend());
+        let mut moved = false;
+        let mut left = false;
+        for (i, item) in run.items.iter_mut().enumerate() {
+            if let Some(f) = &self.inflight[i] {
+                if !backend.query_event(self.events[i])? {
+                    left = true;
+                    continue;
+                }
+                for (c, idx, n) in &f.pushes {
+                    c.fifo.push(*idx, *n);
+                }
+                for (c, idx) in &f.pops {
+                    c.fifo.pop(*idx);
+                }
+                self.inflight[i] = None;
+                item.pc += 1;
+                moved = true;
+            }
+            if let Some((ci, step)) = item.steps.get(item.pc) {
+                left = true;
+                if let Some(f) = start_device_step(step, &run.ctxs[*ci], links, &*backend, run.stream)? {
+                    backend.record_event(self.events[i], run.stream)?;
+                    self.inflight[i] = Some(f);
+                    moved = true;
+                }
+            }
+        }
+        Ok((moved, left))
+    }
+}
+
+/// Enqueues one step as device work if its FIFOs are ready; `None` if not yet.
+fn start_device_step(
+    step: &Step,
+    ctx: &OpCtx,
+    links: &Links,
+    backend: &dyn crate::backend::DeviceBackend,
+    stream: crate::backend::Stream,
+) -> Result<Option<InFlight>> {
+    use crate::backend::{DevicePtr, LocalPlan, Step as DStep};
+    let conn = |l: &Link, d: Dir| links.get(&(*l, d)).expect("every link was connected");
+    if step.recv.len() > 1 {
+        return Err(Error::internal("a step reading several peers needs the host backend"));
+    }
+    let mut pops = Vec::new();
+    for l in &step.recv {
+        let c = conn(l, Dir::Recv);
+        let Some((idx, len)) = c.fifo.ready_index() else { return Ok(None) };
+        if len != step.bytes {
+            return Err(Error::invalid_usage(format!(
+                "rank {} sent {len} bytes where this rank expected {}: the ranks' counts or types do not match",
+                l.peer, step.bytes
+            )));
+        }
+        pops.push((Arc::clone(c), idx));
+    }
+    let mut pushes = Vec::new();
+    for l in &step.send {
+        let c = conn(l, Dir::Send);
+        let Some(idx) = c.fifo.free_index() else { return Ok(None) };
+        pushes.push((Arc::clone(c), idx, step.bytes));
+    }
+    let n = step.bytes;
+    let recv = pops.first().map(|(c, idx)| DevicePtr(c.fifo.slot_addr(*idx)));
+    let src = step.src.map(|o| DevicePtr((if step.src_in_dst { ctx.dst } else { ctx.src } + o) as u64));
+    let dst = step.dst.map(|o| DevicePtr((ctx.dst + o) as u64));
+    let mut outs: Vec<DevicePtr> = pushes.iter().map(|(c, idx, _)| DevicePtr(c.fifo.slot_addr(*idx))).collect();
+    outs.extend(dst);
+    let Some(&first) = outs.first() else {
+        return Err(Error::internal("a step without output"));
+    };
+    let mut plan = LocalPlan::new();
+    if n > 0 {
+        let r = &ctx.reducer;
+        if step.reduce {
+            plan.push(DStep::CollReduce {
+                dst: first,
+                acc: recv,
+                local: src,
+                count: n / r.elem_size(),
+                dtype: r.dtype,
+                op: r.op,
+                post: step.post,
+            });
+        } else {
+            let from = src.or(recv).ok_or_else(|| Error::internal("a step without input"))?;
+            plan.push(DStep::Copy { dst: first, src: from, bytes: n });
+        }
+        for &o in &outs[1..] {
+            plan.push(DStep::Copy { dst: o, src: first, bytes: n });
+        }
+        backend.launch(&plan, stream)?;
+    }
+    Ok(Some(InFlight { pushes, pops }))
 }

@@ -90,6 +90,8 @@ pub struct Task {
     pub count: usize,
     pub dtype: DataType,
     pub op: ReduceOp,
+    /// The caller's stream (device backends run the operation on it).
+    pub stream: Stream,
 }
 
 impl Communicator {
@@ -124,43 +126,43 @@ impl Communicator {
     }
 
     /// `ncclAllReduce`.
-    pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, _stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op })
+    pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, stream: Stream) -> Result<()> {
+        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op, stream })
     }
 
     /// `ncclBroadcast`.
-    pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, _stream: Stream) -> Result<()> {
+    pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
         let root = self.check_root(root, "Broadcast").map_err(|e| self.record_error(e))?;
-        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum })
+        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclReduce`.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, _stream: Stream) -> Result<()> {
+    pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, stream: Stream) -> Result<()> {
         let root = self.check_root(root, "Reduce").map_err(|e| self.record_error(e))?;
-        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op })
+        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream })
     }
 
     /// `ncclAllGather`: `send_count` elements from each rank.
-    pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, _stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum })
+    pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, stream: Stream) -> Result<()> {
+        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclReduceScatter`: `recv_count` elements to each rank.
-    pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, _stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op })
+    pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, stream: Stream) -> Result<()> {
+        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op, stream })
     }
 
     /// `ncclSend`.
-    pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, _stream: Stream) -> Result<()> {
+    pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
         let peer = self.check_root(peer, "Send").map_err(|e| self.record_error(e))?;
-        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum })
+        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclRecv`.
-    pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, _stream: Stream) -> Result<()> {
+    pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
         let peer = self.check_root(peer, "Recv").map_err(|e| self.record_error(e))?;
-        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum })
+        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).

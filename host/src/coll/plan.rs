@@ -17,7 +17,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::params;
 use crate::reduce::{DevOp, Reducer};
-use crate::transport::SLOT_BYTES;
+use crate::transport::{GPU_SLOT_BYTES, SLOT_BYTES};
 use crate::types::DataType;
 
 /// The buffers and the reduction of one task, as the executor needs them.
@@ -49,6 +49,10 @@ pub struct CommRun {
     pub comm: Communicator,
     pub ctxs: Vec<OpCtx>,
     pub items: Vec<WorkItem>,
+    /// Whether the buffers are device memory (the steps then run as device work).
+    pub device: bool,
+    /// The stream device work runs on (the first task's).
+    pub stream: crate::backend::Stream,
 }
 
 /// What the planner chose for one collective.
@@ -127,7 +131,9 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
-            if allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
+            // Device backends run ring programs only so far (a tree step reads two children).
+            let device_ok = comm.backend().kind() == crate::backend::BackendKind::Host || a == Algorithm::Ring;
+            if device_ok && allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
                 costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n);
             }
         }
@@ -150,10 +156,11 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let by_size = if bytes >= 4 << 20 { 2 } else { 1 };
     let wanted = if channels > 0 { channels as u32 } else { by_size };
     let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(4));
-    let mut chunk_bytes = proto_model(proto).2;
+    let device = comm.backend().kind() != crate::backend::BackendKind::Host;
+    let mut chunk_bytes = if device { GPU_SLOT_BYTES } else { proto_model(proto).2 };
     if let Some(t) = &plugins.tuner {
         if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, coll_type(&task.kind), bytes, algo, proto, channels as i32) {
-            chunk_bytes = c.clamp(task.dtype.size(), SLOT_BYTES);
+            chunk_bytes = c.clamp(task.dtype.size(), if device { GPU_SLOT_BYTES } else { SLOT_BYTES });
         }
     }
     Ok(Choice { algo, proto, channels, chunk_bytes, time_us })
@@ -180,9 +187,14 @@ fn scalar_value(comm: &Communicator, op: ReduceOp, dtype: DataType) -> Result<Op
     })
 }
 
+/// The address the executor uses: a host address on the host backend (checked to lie in
+/// known memory), the device address itself on device backends (checked when launched).
 fn address(comm: &Communicator, ptr: DevicePtr, bytes: usize, what: &str) -> Result<usize> {
     if bytes == 0 {
         return Ok(0);
+    }
+    if comm.backend().kind() != crate::backend::BackendKind::Host {
+        return Ok(ptr.0 as usize);
     }
     comm.backend().host_address(ptr, bytes).map_err(|e| e.context(what))
 }
@@ -191,6 +203,8 @@ fn address(comm: &Communicator, ptr: DevicePtr, bytes: usize, what: &str) -> Res
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
     let n = comm.nranks_unchecked();
     let rank = comm.rank_unchecked();
+    let device = comm.backend().kind() != crate::backend::BackendKind::Host;
+    let p2p_chunk = if device { GPU_SLOT_BYTES } else { SLOT_BYTES };
     let mut ctxs = Vec::new();
     let mut items: Vec<(ItemKey, Vec<(usize, Step)>)> = Vec::new();
     let mut push = |key: ItemKey, ctx: usize, steps: Vec<Step>| {
@@ -246,11 +260,11 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         }
         match task.kind {
             CollKind::Send { peer } => {
-                push(ItemKey::SendTo(peer), ci, program::p2p_send(peer, b, SLOT_BYTES));
+                push(ItemKey::SendTo(peer), ci, program::p2p_send(peer, b, p2p_chunk));
                 continue;
             }
             CollKind::Recv { peer } => {
-                push(ItemKey::RecvFrom(peer), ci, program::p2p_recv(peer, b, SLOT_BYTES));
+                push(ItemKey::RecvFrom(peer), ci, program::p2p_recv(peer, b, p2p_chunk));
                 continue;
             }
             _ => {}
@@ -289,7 +303,8 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         push(ItemKey::Local, r, local_steps(sb, false));
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
-    Ok(CommRun { comm: comm.handle(), ctxs, items })
+    let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
+    Ok(CommRun { comm: comm.handle(), ctxs, items, device, stream })
 }
 
 /// Steps that copy (or, with `reduce`, pass through the op) `bytes` from src to dst locally.

@@ -432,6 +432,7 @@ impl Communicator {
             net: &plugins.net,
             proxy,
             shm_disabled: crate::params::env_int_or("NCCL_SHM_DISABLE", 0) == 1,
+            p2p_disabled: crate::params::env_int_or("NCCL_P2P_DISABLE", 0) == 1,
         };
         f(&cx)
     }

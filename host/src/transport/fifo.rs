@@ -29,7 +29,8 @@ pub fn fifo_bytes(slot_bytes: usize) -> usize {
     header_bytes() + STEPS * slot_bytes
 }
 
-fn header_bytes() -> usize {
+/// Bytes before the first slot (the header, padded to 4 KiB).
+pub fn header_bytes() -> usize {
     // Slots start on a 4 KiB boundary.
     std::mem::size_of::<FifoHeader>().div_ceil(4096) * 4096
 }
@@ -38,6 +39,8 @@ fn header_bytes() -> usize {
 /// this view, which keeps it mapped for the view's lifetime.
 pub struct Fifo {
     base: *mut u8,
+    /// Address of slot 0: right after the header in host memory, or device memory.
+    slots: u64,
     slot_bytes: usize,
 }
 
@@ -54,7 +57,42 @@ impl Fifo {
     /// `base` must point to that many bytes, 8-byte aligned, valid while the `Fifo` exists,
     /// used by at most one producer and one consumer.
     pub unsafe fn new(base: *mut u8, slot_bytes: usize) -> Fifo {
-        Fifo { base, slot_bytes }
+        // SAFETY: within the region (see above).
+        let slots = unsafe { base.add(header_bytes()) } as u64;
+        Fifo { base, slots, slot_bytes }
+    }
+
+    /// A FIFO whose header is at `header` (host memory both sides map) and whose `STEPS`
+    /// slots are at `slots` in device memory. Only the index methods (`free_index`,
+    /// `ready_index`, `slot_addr`, `push`, `pop`) may be used: the CPU cannot touch the slots.
+    ///
+    /// # Safety
+    /// As for [`Fifo::new`], for `header_bytes()` bytes at `header`; `slots` must hold
+    /// `STEPS * slot_bytes` bytes of device memory while the `Fifo` exists.
+    pub unsafe fn with_device_slots(header: *mut u8, slots: u64, slot_bytes: usize) -> Fifo {
+        Fifo { base: header, slots, slot_bytes }
+    }
+
+    /// Producer: index of the next free slot, if any.
+    pub fn free_index(&self) -> Option<u64> {
+        let h = self.header();
+        let tail = h.tail.load(Ordering::Relaxed);
+        (tail - h.head.load(Ordering::Acquire) < STEPS as u64).then_some(tail)
+    }
+
+    /// Consumer: index and byte count of the oldest filled slot, if any.
+    pub fn ready_index(&self) -> Option<(u64, usize)> {
+        let h = self.header();
+        let head = h.head.load(Ordering::Relaxed);
+        if h.tail.load(Ordering::Acquire) <= head {
+            return None;
+        }
+        Some((head, h.sizes[(head % STEPS as u64) as usize].load(Ordering::Relaxed) as usize))
+    }
+
+    /// Address of slot `index` (host or device).
+    pub fn slot_addr(&self, index: u64) -> u64 {
+        self.slots + (index % STEPS as u64) * self.slot_bytes as u64
     }
 
     fn header(&self) -> &FifoHeader {
@@ -67,9 +105,7 @@ impl Fifo {
     }
 
     fn slot_ptr(&self, index: u64) -> *mut u8 {
-        let i = (index % STEPS as u64) as usize;
-        // SAFETY: within the region given to `new`.
-        unsafe { self.base.add(header_bytes() + i * self.slot_bytes) }
+        self.slot_addr(index) as *mut u8
     }
 
     /// Producer: the next free slot (its index and memory), if any.

@@ -32,8 +32,16 @@ pub enum Dir {
 /// How a connection moves data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// Host backend: the FIFO in host memory both ranks map.
     Shm,
+    /// Through the network plugin and the proxy.
     Net,
+    /// Device backends: slots in the receiver's device memory, written by the sender's
+    /// device over NVLink or PCIe (CUDA IPC); counters in host memory both ranks map.
+    P2p,
+    /// Device backends with `NCCL_P2P_DISABLE=1`: slots in pinned host memory both devices
+    /// can reach.
+    ShmPinned,
 }
 
 /// Where a connection's FIFO memory comes from; released with the connection.
@@ -43,6 +51,8 @@ enum Memory {
     /// Imported from the receiver.
     Imported { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
     Local(#[allow(dead_code)] LocalMemory),
+    /// Host memory registered with a device backend (unregistered before it is unmapped).
+    Registered { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
 }
 
 impl Drop for Memory {
@@ -55,6 +65,9 @@ impl Drop for Memory {
                 let _ = backend.close_import(*ptr);
             }
             Memory::Local(_) => {}
+            Memory::Registered { backend, ptr } => {
+                let _ = backend.unregister_host(*ptr);
+            }
         }
     }
 }
@@ -66,7 +79,8 @@ pub struct Connection {
     pub kind: Kind,
     pub fifo: Fifo,
     pub error: Mutex<Option<Error>>,
-    _memory: Memory,
+    /// Released in order: registrations before the mappings they cover.
+    _memory: Vec<Memory>,
 }
 
 impl Connection {
@@ -78,6 +92,8 @@ impl Connection {
 
 /// Bytes of each FIFO slot.
 pub const SLOT_BYTES: usize = 512 * 1024;
+/// Bytes of each FIFO slot of device connections (fewer, larger steps: each costs a launch).
+pub const GPU_SLOT_BYTES: usize = 4 << 20;
 
 /// The bootstrap tag under which the receiver of `link` sends its handle.
 fn handle_tag(purpose: Purpose) -> u64 {
@@ -98,6 +114,7 @@ pub struct Context<'a> {
     pub net: &'a NetInstance,
     pub proxy: &'a proxy::Proxy,
     pub shm_disabled: bool,
+    pub p2p_disabled: bool,
 }
 
 impl Context<'_> {
@@ -105,10 +122,83 @@ impl Context<'_> {
     pub fn kind_for(&self, peer: u32) -> Kind {
         let peers = self.bootstrap.peers();
         let same_host = peers[peer as usize].host_hash == peers[self.bootstrap.rank() as usize].host_hash;
-        if same_host && !self.shm_disabled {
-            Kind::Shm
-        } else {
-            Kind::Net
+        let device = self.backend.kind() != crate::backend::BackendKind::Host;
+        match (device, same_host) {
+            (false, true) if !self.shm_disabled => Kind::Shm,
+            (false, _) => Kind::Net,
+            (true, true) if !self.p2p_disabled => Kind::P2p,
+            (true, true) if !self.shm_disabled => Kind::ShmPinned,
+            (true, _) => Kind::Net,
+        }
+    }
+
+    fn host() -> Result<Arc<dyn DeviceBackend>> {
+        Ok(crate::backend::host::HostBackend::shared()? as Arc<dyn DeviceBackend>)
+    }
+
+    /// Receiver of a device connection: makes the memory and the message for the sender.
+    fn device_fifo_recv(&self, kind: Kind) -> Result<(Fifo, Vec<Memory>, Vec<u8>)> {
+        let host = Context::host()?;
+        let hb = fifo::header_bytes();
+        let slots = fifo::STEPS * GPU_SLOT_BYTES;
+        match kind {
+            Kind::P2p => {
+                let (hptr, hhandle) = host.alloc_shareable(0, hb)?;
+                let haddr = host.host_address(hptr, hb)?;
+                let (dptr, dhandle) = self.backend.alloc_shareable(self.device, slots)?;
+                let mut msg = vec![2u8];
+                msg.extend_from_slice(&hhandle.to_bytes());
+                msg.extend_from_slice(&dhandle.to_bytes());
+                let mem = vec![
+                    Memory::Exported { backend: Arc::clone(self.backend), ptr: dptr },
+                    Memory::Exported { backend: host, ptr: hptr },
+                ];
+                // SAFETY: header and slots sized for the FIFO, kept alive by `mem`.
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, GPU_SLOT_BYTES) }, mem, msg))
+            }
+            _ => {
+                let (hptr, hhandle) = host.alloc_shareable(0, hb + slots)?;
+                let haddr = host.host_address(hptr, hb + slots)?;
+                // SAFETY: the mapping stays until `mem` releases it, after the registration.
+                let dptr = unsafe { self.backend.register_host(haddr as *mut u8, hb + slots)? };
+                let mut msg = vec![3u8];
+                msg.extend_from_slice(&hhandle.to_bytes());
+                let mem = vec![
+                    Memory::Registered { backend: Arc::clone(self.backend), ptr: dptr },
+                    Memory::Exported { backend: host, ptr: hptr },
+                ];
+                // SAFETY: as above; the slots follow the header in the registered mapping.
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem, msg))
+            }
+        }
+    }
+
+    /// Sender of a device connection: maps what the receiver made.
+    fn device_fifo_send(&self, msg: &[u8]) -> Result<(Fifo, Vec<Memory>)> {
+        let host = Context::host()?;
+        let hb = fifo::header_bytes();
+        let slots = fifo::STEPS * GPU_SLOT_BYTES;
+        let handle_len = 128;
+        let hhandle = ShareHandle::from_bytes(msg.get(1..1 + handle_len).ok_or_else(|| Error::internal("short handle"))?)?;
+        let hptr = host.import(0, &hhandle)?;
+        let host_mem = Memory::Imported { backend: Arc::clone(&host), ptr: hptr };
+        match msg[0] {
+            2 => {
+                let haddr = host.host_address(hptr, hb)?;
+                let dhandle = ShareHandle::from_bytes(msg.get(1 + handle_len..).ok_or_else(|| Error::internal("short handle"))?)?;
+                let dptr = self.backend.import(self.device, &dhandle)?;
+                let mem = vec![Memory::Imported { backend: Arc::clone(self.backend), ptr: dptr }, host_mem];
+                // SAFETY: mapped while `mem` lives.
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, GPU_SLOT_BYTES) }, mem))
+            }
+            _ => {
+                let haddr = host.host_address(hptr, hb + slots)?;
+                // SAFETY: the imported mapping outlives the registration (released after it).
+                let dptr = unsafe { self.backend.register_host(haddr as *mut u8, hb + slots)? };
+                let mem = vec![Memory::Registered { backend: Arc::clone(self.backend), ptr: dptr }, host_mem];
+                // SAFETY: as above.
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem))
+            }
         }
     }
 }
@@ -139,6 +229,11 @@ impl Establish {
         let zeroed_fifo = |slot: usize| LocalMemory::new(fifo_bytes(slot));
         match std::mem::replace(self, Establish::Done) {
             Establish::Start { link, .. } => match cx.kind_for(link.peer) {
+                kind @ (Kind::P2p | Kind::ShmPinned) => {
+                    let (fifo, mem, msg) = cx.device_fifo_recv(kind)?;
+                    cx.bootstrap.send(link.peer, handle_tag(link.purpose), &msg)?;
+                    Ok(Some(Arc::new(Connection { link, dir: Dir::Recv, kind, fifo, error: Mutex::new(None), _memory: mem })))
+                }
                 Kind::Shm => {
                     let bytes = fifo_bytes(SLOT_BYTES);
                     let (ptr, handle) = cx.backend.alloc_shareable(cx.device, bytes)?;
@@ -150,8 +245,12 @@ impl Establish {
                     // SAFETY: the region is fifo_bytes(SLOT_BYTES) of zeroed shared memory that
                     // `memory` keeps mapped as long as the connection lives.
                     let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
-                    Ok(Some(Arc::new(Connection { link, dir: Dir::Recv, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: memory })))
+                    Ok(Some(Arc::new(Connection { link, dir: Dir::Recv, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: vec![memory] })))
                 }
+                Kind::Net if cx.backend.kind() != crate::backend::BackendKind::Host => Err(Error::invalid_usage(format!(
+                    "rank {} is on another host: the network transport for device buffers is not implemented yet (host backend only)",
+                    link.peer
+                ))),
                 Kind::Net => {
                     let net = &cx.net.plugin.api;
                     let (handle, listen) = net.listen(cx.net.ctx, 0).map_err(Error::from)?;
@@ -168,6 +267,11 @@ impl Establish {
                     return Ok(None);
                 };
                 match (msg.first(), cx.kind_for(link.peer)) {
+                    (Some(2), Kind::P2p) | (Some(3), Kind::ShmPinned) => {
+                        let kind = cx.kind_for(link.peer);
+                        let (fifo, mem) = cx.device_fifo_send(&msg)?;
+                        Ok(Some(Arc::new(Connection { link, dir: Dir::Send, kind, fifo, error: Mutex::new(None), _memory: mem })))
+                    }
                     (Some(0), Kind::Shm) => {
                         let handle = ShareHandle::from_bytes(&msg[1..])?;
                         let ptr = cx.backend.import(cx.device, &handle)?;
@@ -175,7 +279,7 @@ impl Establish {
                         let memory = Memory::Imported { backend: Arc::clone(cx.backend), ptr };
                         // SAFETY: the receiver's zeroed FIFO region, mapped while `memory` lives.
                         let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
-                        Ok(Some(Arc::new(Connection { link, dir: Dir::Send, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: memory })))
+                        Ok(Some(Arc::new(Connection { link, dir: Dir::Send, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: vec![memory] })))
                     }
                     (Some(1), Kind::Net) if msg.len() == 1 + NET_HANDLE_BYTES => {
                         let mut handle = NetHandle::default();
@@ -221,7 +325,7 @@ impl Establish {
         let fifo = unsafe { Fifo::new(mem.ptr(), SLOT_BYTES) };
         let (base, len) = fifo.slots_region();
         let mr = cx.net.plugin.api.reg_mr(comm, base as usize, len, PTR_HOST).map_err(Error::from)?;
-        let conn = Arc::new(Connection { link, dir, kind: Kind::Net, fifo, error: Mutex::new(None), _memory: Memory::Local(mem) });
+        let conn = Arc::new(Connection { link, dir, kind: Kind::Net, fifo, error: Mutex::new(None), _memory: vec![Memory::Local(mem)] });
         cx.proxy.add(Arc::clone(&conn), comm, mr);
         Ok(conn)
     }
