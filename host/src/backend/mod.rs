@@ -204,8 +204,32 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
 pub const BACKEND_ENV: &str = "RUSTCCL_BACKEND";
 
 /// The backend `RUSTCCL_BACKEND` names (host when unset).
+/// Without `RUSTCCL_BACKEND`: the CUDA backend when a CUDA driver with at least one device is
+/// present, else the host backend (said once in the log).
 pub fn select_backend() -> Result<Arc<dyn DeviceBackend>> {
-    backend_from_name(crate::params::env_str(BACKEND_ENV).as_deref())
+    let name = crate::params::env_str(BACKEND_ENV);
+    if name.is_some() {
+        return backend_from_name(name.as_deref());
+    }
+    static DEFAULT: std::sync::OnceLock<Arc<dyn DeviceBackend>> = std::sync::OnceLock::new();
+    if let Some(b) = DEFAULT.get() {
+        return Ok(Arc::clone(b));
+    }
+    let chosen: Arc<dyn DeviceBackend> = match CudaBackend::shared() {
+        Ok(c) if c.device_count().unwrap_or(0) > 0 => {
+            tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the cuda backend ({} device(s))", c.device_count().unwrap_or(0));
+            c
+        }
+        Ok(_) => {
+            tracing::info!(target: "INIT", "{BACKEND_ENV} unset: no CUDA device, using the host backend");
+            HostBackend::shared()?
+        }
+        Err(e) => {
+            tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the host backend ({})", e.message);
+            HostBackend::shared()?
+        }
+    };
+    Ok(Arc::clone(DEFAULT.get_or_init(|| chosen)))
 }
 
 /// The backend kind `name` (a `RUSTCCL_BACKEND` value) asks for: host when `None` or blank,

@@ -296,6 +296,19 @@ impl CudaBackend {
     }
 
     /// The driver version (`cuDriverGetVersion`, e.g. 13000).
+    /// The device of the calling thread's current context (what `cudaGetDevice` reports once
+    /// the runtime made its context current); `None` when no context is current.
+    pub fn current_device(&self) -> Result<Option<i32>> {
+        let ctx = driver::current()?;
+        if ctx.is_null() {
+            return Ok(None);
+        }
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: a context is current; writes one device handle.
+        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        Ok(self.devices.iter().position(|d| d.handle == dev).map(|i| i as i32))
+    }
+
     pub fn driver_version(&self) -> i32 {
         self.driver_version
     }
