@@ -1,65 +1,135 @@
-//! Starting ranks as local processes: the launcher makes a unique id (its root runs in the
-//! launcher), starts one copy of this program per rank with the rank and id in the
-//! environment, and waits for all of them.
+//! Starting ranks as local processes: the launcher makes the unique id (its rendezvous root
+//! runs in the launcher: rustccl's `get_unique_id`, or the library's `ncclGetUniqueId` with
+//! `--lib`), starts one copy of this program per rank with the rank and the id (hex) in the
+//! environment, and waits for all of them. When a rank fails the others are stopped after a
+//! short grace, and `-T` stops them all after that many seconds.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
-use crate::Options;
+use crate::bench::EXIT_WRONG_DATA;
+use crate::opts::Options;
 
-const RANK_VAR: &str = "RUSTCCL_BENCH_RANK";
-const ID_VAR: &str = "RUSTCCL_BENCH_ID";
+pub const RANK_VAR: &str = "RUSTCCL_BENCH_RANK";
+pub const ID_VAR: &str = "RUSTCCL_BENCH_ID";
+
+/// How long the other ranks may run on after one failed.
+const GRACE: Duration = Duration::from_secs(3);
 
 /// The rank this process runs, when the launcher started it.
-pub fn rank_from_env() -> Option<i32> {
+pub fn rank_from_env() -> Option<usize> {
     std::env::var(RANK_VAR).ok().and_then(|v| v.parse().ok())
 }
 
-pub fn id_from_env() -> rustccl::Result<String> {
-    std::env::var(ID_VAR).map_err(|_| rustccl::Error::invalid_usage(format!("{ID_VAR} is not set")))
+pub fn id_from_env() -> Result<String, String> {
+    std::env::var(ID_VAR).map_err(|_| format!("{ID_VAR} is not set"))
+}
+
+/// The unique id the ranks join, as hex.
+fn make_id(opts: &Options) -> Result<String, String> {
+    match &opts.lib {
+        Some(lib) => {
+            let api = crate::driver::cabi::NcclApi::load(lib)?;
+            let id = api.unique_id()?;
+            Ok(crate::driver::cabi::id_to_hex(&id))
+        }
+        None => rustccl::get_unique_id()
+            .map(|id| id.to_hex())
+            .map_err(|e| format!("get_unique_id: {e}")),
+    }
+}
+
+fn kill_all(children: &mut [(usize, Child, Option<i32>)]) {
+    for (_, c, status) in children.iter_mut() {
+        if status.is_none() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Starts every rank and returns the exit status for the launcher.
 pub fn launch(opts: &Options, args: &[String]) -> i32 {
-    let id = match rustccl::get_unique_id() {
+    let id = match make_id(opts) {
         Ok(id) => id,
         Err(e) => {
             eprintln!("rustccl-bench: {e}");
             return 1;
         }
     };
-    let exe = std::env::current_exe().expect("own executable");
-    let mut children = Vec::new();
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("rustccl-bench: cannot find my own executable: {e}");
+            return 1;
+        }
+    };
+    let mut children: Vec<(usize, Child, Option<i32>)> = Vec::new();
     for rank in 0..opts.nranks {
         let child = Command::new(&exe)
             .args(args)
             .env(RANK_VAR, rank.to_string())
-            .env(ID_VAR, id.to_hex())
+            .env(ID_VAR, &id)
             .stdin(Stdio::null())
             .spawn();
         match child {
-            Ok(c) => children.push((rank, c)),
+            Ok(c) => children.push((rank, c, None)),
             Err(e) => {
                 eprintln!("rustccl-bench: cannot start rank {rank}: {e}");
-                for (_, c) in children.iter_mut() {
-                    let _ = c.kill();
-                }
+                kill_all(&mut children);
                 return 1;
             }
         }
     }
+    let start = Instant::now();
+    let mut failed_at: Option<Instant> = None;
     let mut status = 0;
-    for (rank, mut c) in children {
-        match c.wait() {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
-                eprintln!("rustccl-bench: rank {rank} exited with {s}");
-                status = 1;
+    loop {
+        let mut running = 0;
+        for (rank, c, st) in children.iter_mut() {
+            if st.is_some() {
+                continue;
             }
-            Err(e) => {
-                eprintln!("rustccl-bench: waiting for rank {rank}: {e}");
-                status = 1;
+            match c.try_wait() {
+                Ok(Some(s)) => {
+                    let code = s.code().unwrap_or(-1);
+                    *st = Some(code);
+                    if code == EXIT_WRONG_DATA {
+                        status = 1;
+                    } else if code != 0 {
+                        eprintln!("rustccl-bench: rank {rank} exited with {s}");
+                        status = 1;
+                        failed_at.get_or_insert_with(Instant::now);
+                    }
+                }
+                Ok(None) => running += 1,
+                Err(e) => {
+                    eprintln!("rustccl-bench: waiting for rank {rank}: {e}");
+                    *st = Some(-1);
+                    status = 1;
+                }
             }
         }
+        if running == 0 {
+            break;
+        }
+        if let Some(t) = failed_at {
+            if t.elapsed() > GRACE {
+                eprintln!("rustccl-bench: stopping the {running} rank(s) still running after a rank failed");
+                kill_all(&mut children);
+                break;
+            }
+        }
+        if opts.timeout_s > 0 && start.elapsed() > Duration::from_secs(opts.timeout_s) {
+            eprintln!(
+                "rustccl-bench: timeout after {} s; stopping the {running} rank(s) still running",
+                opts.timeout_s
+            );
+            kill_all(&mut children);
+            status = 1;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
     status
 }

@@ -1,1 +1,17 @@
-//! rustccl-bench (being written).
+//! rustccl-bench: an nccl-tests-like benchmark of rustccl (or of any libnccl-compatible
+//! library through its C ABI), with ranks as local processes.
+//!
+//! * [`opts`]: the command line (nccl-tests' flags).
+//! * [`ops`]: the operations, their buffer layouts and bandwidth formulas.
+//! * [`data`]: predictable inputs and exact expected outputs per type and operator.
+//! * [`driver`]: the Rust-API and C-ABI drivers behind one trait.
+//! * [`bench`]: one rank's sweep; [`format`]: the table and JSON.
+//! * [`launch`]: starting the ranks as processes.
+
+pub mod bench;
+pub mod data;
+pub mod driver;
+pub mod format;
+pub mod launch;
+pub mod ops;
+pub mod opts;

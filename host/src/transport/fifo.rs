@@ -108,7 +108,10 @@ impl Fifo {
         self.slot_addr(index) as *mut u8
     }
 
-    /// Producer: the next free slot (its index and memory), if any.
+    /// Producer: the next free slot (its index and memory), if any. The slice is mutable
+    /// through `&self` because the FIFO protocol, not the borrow checker, gives the producer
+    /// exclusive use of that slot until it calls `push`.
+    #[allow(clippy::mut_from_ref)]
     pub fn free_slot(&self) -> Option<(u64, &mut [u8])> {
         let h = self.header();
         let tail = h.tail.load(Ordering::Relaxed);

@@ -1,0 +1,70 @@
+//! The two ways of running the operations, behind one trait: [`rust::RustDriver`] (rustccl's
+//! Rust API in this process, any backend) and [`cabi::CDriver`] (any libnccl-compatible
+//! library through its C ABI, dlopened).
+
+pub mod cabi;
+pub mod rust;
+
+use rustccl::types::DataType;
+
+use crate::ops::{Coll, Redop, VCounts};
+
+pub type Result<T> = std::result::Result<T, String>;
+
+/// One operation call of one rank. Addresses are the driver's (device addresses, or host
+/// addresses with host memory); counts are in elements, as the operation's API takes them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub coll: Coll,
+    pub send: u64,
+    pub recv: u64,
+    /// The count argument ([`crate::ops::Layout::param_count`]).
+    pub count: usize,
+    pub dtype: DataType,
+    /// The operator (Sum for the operations without one).
+    pub redop: Redop,
+    /// This rank's PreMulSum scalar.
+    pub scalar: f64,
+    pub root: i32,
+    pub rank: usize,
+    pub nranks: usize,
+    /// AlltoAllv's counts and displacements.
+    pub vcounts: Option<VCounts>,
+}
+
+/// A way of running operations (one rank per process).
+pub trait Driver {
+    /// One line saying what runs (library, backend), for the header.
+    fn describe(&self) -> String;
+    /// This rank's device, for the `# Using devices` list: `(device index, description)`.
+    fn device(&self) -> (usize, String);
+    fn rank(&self) -> usize;
+    fn nranks(&self) -> usize;
+
+    /// Device memory (host memory for host-memory drivers) of `bytes` bytes (at least 1).
+    fn alloc(&mut self, bytes: usize) -> Result<u64>;
+    fn free(&mut self, ptr: u64) -> Result<()>;
+    fn upload(&mut self, dst: u64, src: &[u8]) -> Result<()>;
+    fn download(&mut self, dst: &mut [u8], src: u64) -> Result<()>;
+    fn memset(&mut self, dst: u64, byte: u8, bytes: usize) -> Result<()>;
+
+    /// Enqueues `call` `agg` times (in one group when `agg > 1`).
+    fn launch(&mut self, call: &Call, agg: usize) -> Result<()>;
+    /// Waits until everything enqueued has completed.
+    fn sync(&mut self) -> Result<()>;
+
+    /// Blocks until every rank is here.
+    fn barrier(&mut self) -> Result<()>;
+    /// Every rank's `mine` (all the same length), in rank order.
+    fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+
+    /// Frees what the driver holds and destroys the communicator.
+    fn finish(&mut self) -> Result<()>;
+}
+
+/// The bytes of `v` as element type `t` (a PreMulSum scalar handed over by pointer).
+pub fn scalar_bytes(t: DataType, v: f64) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    crate::data::encode(t, v, &mut b);
+    b
+}

@@ -1,0 +1,229 @@
+//! The Rust API driver: rustccl in this process, on the backend `RUSTCCL_BACKEND` names
+//! (host memory on the host backend).
+
+use std::sync::Arc;
+
+use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
+use rustccl::{CommConfig, Communicator, ReduceOp, Scalar, UniqueId};
+
+use super::{Call, Driver, Result};
+use crate::ops::{Coll, Redop};
+
+pub struct RustDriver {
+    comm: Option<Communicator>,
+    backend: Arc<dyn DeviceBackend>,
+    device: usize,
+    stream: Stream,
+    rank: usize,
+    nranks: usize,
+    allocations: Vec<DevicePtr>,
+}
+
+fn e(what: &str) -> impl Fn(rustccl::Error) -> String + '_ {
+    move |err| format!("{what}: {err}")
+}
+
+impl RustDriver {
+    /// Joins the communicator of `id` as `rank` of `nranks`, on device `rank % device_count`.
+    pub fn new(nranks: usize, rank: usize, id: &UniqueId) -> Result<RustDriver> {
+        let backend = rustccl::backend::select_backend().map_err(e("backend"))?;
+        let count = backend.device_count().map_err(e("device_count"))?;
+        if count == 0 {
+            return Err(format!("the {} backend has no devices", backend.kind()));
+        }
+        let device = rank % count;
+        let comm = Communicator::init_rank_config(
+            nranks as i32,
+            id,
+            rank as i32,
+            device as i32,
+            &CommConfig::default(),
+        )
+        .map_err(e("init_rank"))?;
+        let backend = comm.backend().clone();
+        let stream = backend.create_stream(device).map_err(e("create_stream"))?;
+        Ok(RustDriver {
+            comm: Some(comm),
+            backend,
+            device,
+            stream,
+            rank,
+            nranks,
+            allocations: Vec::new(),
+        })
+    }
+
+    fn comm(&self) -> Result<&Communicator> {
+        self.comm
+            .as_ref()
+            .ok_or_else(|| "the communicator is already destroyed".to_string())
+    }
+
+    fn reduce_op(call: &Call) -> ReduceOp {
+        match call.redop {
+            Redop::Sum => ReduceOp::Sum,
+            Redop::Prod => ReduceOp::Prod,
+            Redop::Max => ReduceOp::Max,
+            Redop::Min => ReduceOp::Min,
+            Redop::Avg => ReduceOp::Avg,
+            Redop::PreMulSum => ReduceOp::PreMulSum(Scalar::Host(call.scalar)),
+        }
+    }
+
+    fn launch_one(&self, call: &Call) -> rustccl::Result<()> {
+        let comm = self.comm().map_err(rustccl::Error::invalid_usage)?;
+        let (s, r, c, t, st) = (
+            DevicePtr(call.send),
+            DevicePtr(call.recv),
+            call.count,
+            call.dtype,
+            self.stream,
+        );
+        let op = Self::reduce_op(call);
+        match call.coll {
+            Coll::AllReduce => comm.all_reduce(s, r, c, t, op, st),
+            Coll::AllGather => comm.all_gather(s, r, c, t, st),
+            Coll::ReduceScatter => comm.reduce_scatter(s, r, c, t, op, st),
+            Coll::Broadcast => comm.broadcast(s, r, c, t, call.root, st),
+            Coll::Reduce => comm.reduce(s, r, c, t, op, call.root, st),
+            Coll::AlltoAll => comm.all_to_all(s, r, c, t, st),
+            Coll::AlltoAllv => {
+                let v = call
+                    .vcounts
+                    .as_ref()
+                    .ok_or_else(|| rustccl::Error::invalid_usage("alltoallv without counts"))?;
+                comm.all_to_allv(
+                    s,
+                    &v.send_counts,
+                    &v.send_displs,
+                    r,
+                    &v.recv_counts,
+                    &v.recv_displs,
+                    t,
+                    st,
+                )
+            }
+            Coll::Gather => comm.gather(s, r, c, t, call.root, st),
+            Coll::Scatter => comm.scatter(s, r, c, t, call.root, st),
+            Coll::SendRecv => {
+                let n = call.nranks;
+                let (to, from) = ((call.rank + 1) % n, (call.rank + n - 1) % n);
+                rustccl::group_start();
+                let res = comm
+                    .send(s, c, t, to as i32, st)
+                    .and_then(|_| comm.recv(r, c, t, from as i32, st));
+                let end = rustccl::group_end();
+                res.and(end)
+            }
+        }
+    }
+}
+
+impl Driver for RustDriver {
+    fn describe(&self) -> String {
+        format!(
+            "rust API (rustccl {}), backend {}",
+            rustccl::version::RUSTCCL_VERSION,
+            self.backend.kind()
+        )
+    }
+
+    fn device(&self) -> (usize, String) {
+        let name = self
+            .backend
+            .device_name(self.device)
+            .unwrap_or_else(|e| format!("? ({e})"));
+        (self.device, format!("[{}] {name}", self.backend.kind()))
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<u64> {
+        let p = self
+            .backend
+            .alloc(self.device, bytes.max(1))
+            .map_err(e("alloc"))?;
+        self.allocations.push(p);
+        Ok(p.0)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<()> {
+        self.allocations.retain(|p| p.0 != ptr);
+        self.backend.free(DevicePtr(ptr)).map_err(e("free"))
+    }
+
+    fn upload(&mut self, dst: u64, src: &[u8]) -> Result<()> {
+        self.backend
+            .copy_to_device(DevicePtr(dst), src, self.stream)
+            .map_err(e("copy_to_device"))
+    }
+
+    fn download(&mut self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.backend
+            .copy_from_device(dst, DevicePtr(src), self.stream)
+            .map_err(e("copy_from_device"))
+    }
+
+    fn memset(&mut self, dst: u64, byte: u8, bytes: usize) -> Result<()> {
+        self.backend
+            .memset(DevicePtr(dst), byte, bytes, self.stream)
+            .map_err(e("memset"))?;
+        self.backend
+            .synchronize(self.stream)
+            .map_err(e("synchronize"))
+    }
+
+    fn launch(&mut self, call: &Call, agg: usize) -> Result<()> {
+        let what = || {
+            format!(
+                "{} ({} x {} {})",
+                call.coll.name(),
+                agg,
+                call.count,
+                crate::ops::type_name(call.dtype)
+            )
+        };
+        if agg <= 1 {
+            return self
+                .launch_one(call)
+                .map_err(|err| format!("{}: {err}", what()));
+        }
+        rustccl::group_start();
+        let res = (0..agg).try_for_each(|_| self.launch_one(call));
+        let end = rustccl::group_end();
+        res.and(end).map_err(|err| format!("{}: {err}", what()))
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.backend
+            .synchronize(self.stream)
+            .map_err(e("synchronize"))
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.comm()?.barrier().map_err(e("barrier"))
+    }
+
+    fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.comm()?
+            .allgather_bytes(mine)
+            .map_err(e("allgather_bytes"))
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        for p in std::mem::take(&mut self.allocations) {
+            self.backend.free(p).map_err(e("free"))?;
+        }
+        let _ = self.backend.destroy_stream(self.stream);
+        if let Some(comm) = self.comm.take() {
+            comm.destroy().map_err(e("destroy"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! End-to-end runs of the built `rustccl-bench` (cargo builds it next to the tests, in
+//! target/<profile>/, and names it in CARGO_BIN_EXE_rustccl-bench) on the host backend: ranks
+//! are real processes, every element is checked, and nothing may be wrong.
+
+use std::process::{Command, Output};
+
+fn bench(args: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rustccl-bench"));
+    c.args(args.split_whitespace());
+    c.env("RUSTCCL_BACKEND", "host");
+    c.env_remove("RUSTCCL_BENCH_RANK");
+    c.env_remove("RUSTCCL_BENCH_INJECT_ERROR");
+    c
+}
+
+fn run(mut c: Command) -> (Output, String, String) {
+    let out = c.output().expect("run rustccl-bench");
+    let so = String::from_utf8_lossy(&out.stdout).into_owned();
+    let se = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, so, se)
+}
+
+/// The table rows (lines that are not comments).
+fn rows(table: &str) -> Vec<Vec<String>> {
+    table
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+#[test]
+fn all_reduce_sweep_on_two_ranks() {
+    let (out, so, se) = run(bench("-N 2 -b 8 -e 64K -f 8 -n 2 -w 1 -c 1"));
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{so}\nstderr:\n{se}",
+        out.status
+    );
+    assert!(so.starts_with("# rustccl-bench version "), "{so}");
+    assert!(so.contains("# nThread 1 nGpus 1 minBytes 8 maxBytes 65536 step: 8(factor) warmup iters: 1 iters: 2 agg iters: 1 validation: 1 graph: 0"), "{so}");
+    assert!(
+        so.contains("# Using devices\n#  Rank  0 Group  0 Pid "),
+        "{so}"
+    );
+    assert!(so.contains("#  Rank  1 Group  0 Pid "), "{so}");
+    assert!(so.contains("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"));
+    let r = rows(&so);
+    let sizes: Vec<&str> = r.iter().map(|c| c[0].as_str()).collect();
+    assert_eq!(sizes, ["8", "64", "512", "4096", "32768"], "{so}");
+    for c in &r {
+        assert_eq!(c.len(), 13, "{c:?}");
+        assert_eq!(&c[2..5], ["float", "sum", "-1"]);
+        assert_eq!((c[8].as_str(), c[12].as_str()), ("0", "0"), "{c:?}");
+        assert!(c[5].parse::<f64>().unwrap() > 0.0);
+        // Two ranks: busbw = algbw for all-reduce.
+        assert_eq!(c[6], c[7]);
+    }
+    assert_eq!(r[4][1], "8192");
+    assert!(
+        so.contains("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : "),
+        "{so}"
+    );
+}
+
+#[test]
+fn every_operation_type_and_operator_on_a_tiny_range() {
+    let (out, so, se) = run(bench(
+        "all -N 2 -b 8 -e 128 -f 16 -n 1 -w 0 -d all -o all -r all",
+    ));
+    assert!(
+        out.status.success(),
+        "status {:?}\nstderr:\n{se}\nstdout:\n{so}",
+        out.status
+    );
+    assert!(so.contains("# Out of bounds values : 0 OK"), "{so}");
+    let r = rows(&so);
+    // Two sizes per (operation, type, operator, root): 12 types; 6 operators for the three
+    // reductions; 2 roots for the four rooted operations.
+    let per_type = 6 /* all_reduce */ + 6 /* reduce_scatter */ + 6 * 2 /* reduce */
+        + 1 + 2 /* all_gather, broadcast */ + 1 + 1 /* alltoall(v) */ + 2 + 2 /* gather, scatter */ + 1 /* sendrecv */;
+    assert_eq!(r.len(), 2 * 12 * per_type, "{so}");
+    for c in &r {
+        assert!(c[8] == "0", "{c:?}");
+        assert!(c[12] == "0" || c[12] == "N/A", "{c:?}");
+    }
+    for name in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+        "alltoallv",
+        "gather",
+        "scatter",
+        "sendrecv",
+    ] {
+        assert!(
+            so.contains(&format!("# Collective test starting: {name}\n")),
+            "{name}"
+        );
+    }
+    for t in [
+        "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
+        "bfloat16", "f8e4m3", "f8e5m2",
+    ] {
+        assert!(r.iter().any(|c| c[2] == t), "{t}");
+    }
+    for op in ["sum", "prod", "max", "min", "avg", "mulsum", "none"] {
+        assert!(r.iter().any(|c| c[3] == op), "{op}");
+    }
+    // In place, alltoall, alltoallv and sendrecv are not checked (as in nccl-tests).
+    assert!(r.iter().filter(|c| c[12] == "N/A").count() == 2 * 12 * 3);
+}
+
+#[test]
+fn three_ranks_reductions_and_rooted_operations() {
+    // An odd rank count: float Avg takes its other path, and roots go up to 2.
+    let (out, so, se) = run(bench(
+        "all -N 3 -b 48 -e 3K -f 64 -n 1 -w 0 -d half,int32,f8e4m3 -o avg,prod,mulsum -r all",
+    ));
+    assert!(out.status.success(), "{se}\n{so}");
+    assert!(so.contains("# Out of bounds values : 0 OK"), "{so}");
+    assert!(rows(&so).iter().any(|c| c[4] == "2"));
+}
+
+#[test]
+fn json_report_to_a_file_and_to_stdout() {
+    let dir = std::env::temp_dir().join(format!("rustccl-bench-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("out.json");
+    let (out, so, se) = run(bench(&format!(
+        "broadcast -N 2 -b 1K -e 4K -f 2 -n 1 -w 0 -r all -J {}",
+        path.display()
+    )));
+    assert!(out.status.success(), "{se}");
+    assert!(so.contains("# Out of bounds values : 0 OK"));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(j["nranks"], 2);
+    assert_eq!(j["out_of_bounds"], 0);
+    let res = j["results"].as_array().unwrap();
+    assert_eq!(res.len(), 6);
+    assert_eq!(res[0]["op"], "broadcast");
+    assert_eq!(res[0]["size"], 1024);
+    assert_eq!(res[0]["count"], 256);
+    assert_eq!(res[3]["root"], 1);
+    assert_eq!(res[5]["in_place"]["wrong"], 0);
+    assert!(res[5]["out_of_place"]["busbw_gbs"].as_f64().unwrap() > 0.0);
+    assert_eq!(j["devices"].as_array().unwrap().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // '-' puts the JSON alone on stdout; the table goes to stderr.
+    let (out, so, se) = run(bench("gather -N 2 -b 64 -e 64 -n 1 -w 0 -J -"));
+    assert!(out.status.success(), "{se}");
+    let j: serde_json::Value = serde_json::from_str(&so).unwrap_or_else(|e| panic!("{e}: {so}"));
+    assert_eq!(j["results"].as_array().unwrap().len(), 1);
+    assert_eq!(j["results"][0]["op"], "gather");
+    assert!(se.contains("# Out of bounds values : 0 OK"), "{se}");
+}
+
+#[test]
+fn a_wrong_element_is_reported_and_fails_the_run() {
+    let mut c = bench("reduce_scatter -N 2 -b 64 -e 512 -f 8 -n 1 -w 0");
+    c.env("RUSTCCL_BENCH_INJECT_ERROR", "1");
+    let (out, so, se) = run(c);
+    assert_eq!(out.status.code(), Some(1), "{so}\n{se}");
+    let r = rows(&so);
+    assert_eq!(r.len(), 2);
+    for c in &r {
+        assert_eq!((c[8].as_str(), c[12].as_str()), ("1", "1"), "{c:?}");
+    }
+    assert!(so.contains("# Out of bounds values : 4 FAILED"), "{so}");
+    assert!(
+        se.contains(
+            "rank 1: reduce_scatter float sum root 0 count 8 out-of-place: element 0: expected"
+        ),
+        "{se}"
+    );
+}
+
+#[test]
+fn no_check_means_na_and_other_timings() {
+    let (out, so, se) = run(bench(
+        "alltoallv -N 2 -b 1K -e 1K -c 0 -n 3 -w 0 -a 0 -m 2 -d uint8",
+    ));
+    assert!(out.status.success(), "{se}");
+    let r = rows(&so);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (
+            r[0][2].as_str(),
+            r[0][3].as_str(),
+            r[0][8].as_str(),
+            r[0][12].as_str()
+        ),
+        ("uint8", "none", "N/A", "N/A")
+    );
+    assert!(so.contains("agg iters: 2 validation: 0"));
+}
+
+#[test]
+fn help_and_bad_arguments() {
+    let (out, so, _) = run(bench("--help"));
+    assert!(out.status.success());
+    assert!(so.contains("USAGE: rustccl-bench"), "{so}");
+    assert!(
+        so.contains("(default 8)") && so.contains("(default 128M)") && so.contains("(default 2)"),
+        "{so}"
+    );
+    let (out, _, se) = run(bench("-N 2 -b 1G -e 1K"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(se.contains("minbytes"), "{se}");
+    let (out, _, se) = run(bench("frobnicate"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(se.contains("unknown operation"), "{se}");
+}
+
+#[test]
+fn a_missing_library_is_a_clear_error() {
+    let (out, _, se) = run(bench("-N 1 -b 8 -e 8 --lib /nonexistent/libnccl.so.2"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(se.contains("cannot load /nonexistent/libnccl.so.2"), "{se}");
+}
