@@ -10,7 +10,8 @@
 //!   pointer is `InvalidArgument`, never undefined behaviour.
 //! - Shareable memory is a /dev/shm file (see [`shm`]); its [`ShareHandle`] carries the file
 //!   name and size.
-//! - Reductions are in [`reduce`]; fp8 included (a later issue).
+//! - `Reduce` steps use [`reduce`], which refuses the fp8 types; `CollReduce` steps (the
+//!   collectives') use `crate::reduce`, which covers every type, fp8 included.
 //!
 //! Concurrency: the memory table sits behind a read-write lock. Copies and plans hold the
 //! read lock while they run (so ranks on different threads run in parallel and nothing they

@@ -3,6 +3,8 @@
 //! NCCL_COMM_ID). Prints `READY`/`RESULT ...` lines for the harness, checks what it can
 //! itself, and on failure prints `ERROR <code> <message>` and exits with status 1.
 
+mod worker_coll;
+
 use std::io::BufRead;
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,9 @@ fn main() {
         "kill-shrink" => kill_shrink(nranks, rank, &ids),
         "net-traffic" => net_traffic(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
+        "coll-matrix" => worker_coll::matrix(nranks, rank, &ids),
+        "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),
+        "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
