@@ -251,6 +251,8 @@ struct InFlight {
 struct DeviceState {
     events: Vec<crate::backend::Event>,
     inflight: Vec<Option<InFlight>>,
+    /// Device memory for copies whose source and destination overlap (in-place all-to-all).
+    scratch: crate::backend::DevicePtr,
 }
 
 impl DeviceState {
@@ -258,13 +260,16 @@ impl DeviceState {
         let backend = run.comm.backend();
         let device = run.comm.device()? as usize;
         let events = (0..run.items.len()).map(|_| backend.create_event(device)).collect::<Result<Vec<_>>>()?;
-        Ok(DeviceState { inflight: (0..run.items.len()).map(|_| None).collect(), events })
+        let scratch = backend.alloc(device, crate::transport::GPU_SLOT_BYTES)?;
+        Ok(DeviceState { inflight: (0..run.items.len()).map(|_| None).collect(), events, scratch })
     }
 
     fn release(self, run: &CommRun) {
         for e in self.events {
             let _ = run.comm.backend().destroy_event(e);
         }
+        let _ = run.comm.backend().synchronize(run.stream);
+        let _ = run.comm.backend().free(self.scratch);
     }
 
     /// Completes finished steps and starts the next ones; returns (moved, work left).
@@ -290,7 +295,7 @@ impl DeviceState {
             }
             if let Some((ci, step)) = item.steps.get(item.pc) {
                 left = true;
-                if let Some(f) = start_device_step(step, &run.ctxs[*ci], links, &*backend, run.stream)? {
+                if let Some(f) = start_device_step(step, &run.ctxs[*ci], links, &*backend, run.stream, self.scratch)? {
                     backend.record_event(self.events[i], run.stream)?;
                     self.inflight[i] = Some(f);
                     moved = true;
@@ -308,6 +313,7 @@ fn start_device_step(
     links: &Links,
     backend: &dyn crate::backend::DeviceBackend,
     stream: crate::backend::Stream,
+    scratch: crate::backend::DevicePtr,
 ) -> Result<Option<InFlight>> {
     use crate::backend::{DevicePtr, LocalPlan, Step as DStep};
     let conn = |l: &Link, d: Dir| links.get(&(*l, d)).expect("every link was connected");
@@ -356,7 +362,14 @@ fn start_device_step(
             });
         } else {
             let from = src.or(recv).ok_or_else(|| Error::internal("a step without input"))?;
-            plan.push(DStep::Copy { dst: first, src: from, bytes: n });
+            let overlap = from != first && from.0 < first.0 + n as u64 && first.0 < from.0 + n as u64;
+            if overlap && n <= crate::transport::GPU_SLOT_BYTES {
+                // Overlapping blocks of an in-place exchange: through scratch, like memmove.
+                plan.push(DStep::Copy { dst: scratch, src: from, bytes: n });
+                plan.push(DStep::Copy { dst: first, src: scratch, bytes: n });
+            } else if from != first {
+                plan.push(DStep::Copy { dst: first, src: from, bytes: n });
+            }
         }
         for &o in &outs[1..] {
             plan.push(DStep::Copy { dst: o, src: first, bytes: n });

@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 struct GroupState {
     depth: u32,
     tasks: Vec<(Communicator, Task)>,
+    /// The first operation refused inside the group: the group then runs nothing and its
+    /// end returns this error (a group's operations succeed or fail together).
+    error: Option<Error>,
 }
 
 thread_local! {
@@ -24,7 +27,8 @@ pub fn group_start() {
     GROUP.with(|g| g.borrow_mut().depth += 1);
 }
 
-/// Leaves one level of grouping; the queued tasks when it was the outermost.
+/// Leaves one level of grouping; the queued tasks when it was the outermost (or the error
+/// that cancelled them).
 fn leave(what: &str) -> Result<Option<Vec<(Communicator, Task)>>> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -32,8 +36,25 @@ fn leave(what: &str) -> Result<Option<Vec<(Communicator, Task)>>> {
             return Err(Error::invalid_usage(format!("{what} without a matching group_start")).record());
         }
         g.depth -= 1;
-        Ok((g.depth == 0).then(|| std::mem::take(&mut g.tasks)))
+        if g.depth > 0 {
+            return Ok(None);
+        }
+        let tasks = std::mem::take(&mut g.tasks);
+        match g.error.take() {
+            Some(e) => Err(e.context(format!("{what}: an operation in the group was refused, so none ran"))),
+            None => Ok(Some(tasks)),
+        }
     })
+}
+
+/// Records a refused operation: inside a group, the group will run nothing.
+pub(crate) fn fail(e: &Error) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 && g.error.is_none() {
+            g.error = Some(e.clone());
+        }
+    });
 }
 
 /// `ncclGroupEnd`: at the outermost level, runs every queued operation and returns when all

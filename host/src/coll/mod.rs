@@ -95,23 +95,45 @@ pub struct Task {
 }
 
 impl Communicator {
-    fn check_root(&self, root: i32, what: &str) -> Result<u32> {
+    fn check_rank_arg(&self, r: i32, what: &str, name: &str) -> Result<u32> {
         let n = self.nranks_unchecked();
-        if root < 0 || root as u32 >= n {
-            return Err(Error::invalid_argument(format!("{what}: root {root} is out of range for {n} ranks")));
+        if r < 0 || r as u32 >= n {
+            let e = Error::invalid_argument(format!("{what}: {name} {r} is out of range for {n} ranks"));
+            group::fail(&e);
+            return Err(e);
         }
-        Ok(root as u32)
+        Ok(r as u32)
+    }
+
+    fn check_root(&self, root: i32, what: &str) -> Result<u32> {
+        self.check_rank_arg(root, what, "root")
+    }
+
+    fn check_peer(&self, peer: i32, what: &str) -> Result<u32> {
+        self.check_rank_arg(peer, what, "peer")
     }
 
     /// Checks an operation's arguments and hands it to the group (runs it now outside one).
     fn submit(&self, task: Task) -> Result<()> {
         let what = task.kind.name();
-        self.check_collective_ready(what)?;
-        let checked = (|| {
-            if task.count > 0 && (task.send.is_null() && !matches!(task.kind, CollKind::Recv { .. })) {
+        let checked = self.check_collective_ready(what).and_then(|_| {
+            let me = self.rank_unchecked();
+            // Buffers a rank does not use may be NULL: the receive buffer of Send, the send
+            // buffer of Recv, a non-root's send buffer in Broadcast and receive buffer in Reduce.
+            let uses_send = match task.kind {
+                CollKind::Recv { .. } => false,
+                CollKind::Broadcast { root } => me == root,
+                _ => true,
+            };
+            let uses_recv = match task.kind {
+                CollKind::Send { .. } => false,
+                CollKind::Reduce { root } => me == root,
+                _ => true,
+            };
+            if task.count > 0 && uses_send && task.send.is_null() {
                 return Err(Error::invalid_argument(format!("{what}: send buffer is NULL")));
             }
-            if task.count > 0 && task.recv.is_null() && !matches!(task.kind, CollKind::Send { .. }) {
+            if task.count > 0 && uses_recv && task.recv.is_null() {
                 return Err(Error::invalid_argument(format!("{what}: receive buffer is NULL")));
             }
             if let ReduceOp::PreMulSum(Scalar::Device(p)) = task.op {
@@ -120,8 +142,11 @@ impl Communicator {
                 }
             }
             Ok(())
-        })();
-        checked.map_err(|e| self.record_error(e))?;
+        });
+        if let Err(e) = checked {
+            group::fail(&e);
+            return Err(self.record_error(e));
+        }
         group::enqueue(self, task).map_err(|e| self.record_error(e))
     }
 
@@ -155,13 +180,13 @@ impl Communicator {
 
     /// `ncclSend`.
     pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
-        let peer = self.check_root(peer, "Send").map_err(|e| self.record_error(e))?;
+        let peer = self.check_peer(peer, "Send").map_err(|e| self.record_error(e))?;
         self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclRecv`.
     pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
-        let peer = self.check_root(peer, "Recv").map_err(|e| self.record_error(e))?;
+        let peer = self.check_peer(peer, "Recv").map_err(|e| self.record_error(e))?;
         self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 

@@ -1,0 +1,128 @@
+"""torch.distributed with the nccl backend, 2 processes (one GPU each), run unchanged on
+whichever libnccl.so.2 the process loads: NVIDIA's (plain run) or rustccl's (LD_PRELOAD).
+
+    python3 tests/torch/torch_dist.py --out results.json [--sizes]
+
+Every collective's result is checked against the value computed here, and saved, so that
+the two libraries' runs can be compared; with --sizes, all_reduce is timed from 8 B to 1 GiB.
+Skipped (exit 0 with a message) when there is no GPU.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def worker(rank, world, out_path, sizes, port):
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    dev = torch.device("cuda", rank)
+    results = {}
+    failures = []
+
+    def check(name, got, want):
+        ok = torch.equal(got.cpu(), want.cpu())
+        results[name] = got.double().sum().item()
+        if not ok:
+            failures.append(name)
+
+    g = torch.Generator().manual_seed(1234 + rank)
+    x = torch.randint(-50, 50, (1001,), generator=g).float().to(dev)
+    allx = [torch.randint(-50, 50, (1001,), generator=torch.Generator().manual_seed(1234 + r)).float() for r in range(world)]
+
+    t = x.clone()
+    dist.all_reduce(t)
+    check("all_reduce_sum", t, sum(allx))
+    t = x.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    check("all_reduce_max", t, torch.stack(allx).max(0).values)
+    outs = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(outs, x)
+    check("all_gather", torch.cat(outs), torch.cat(allx))
+    big = torch.cat([x + i for i in range(world)])
+    rs = torch.empty_like(x)
+    dist.reduce_scatter_tensor(rs, big)
+    check("reduce_scatter", rs, sum(a + rank for a in allx))
+    t = x.clone()
+    dist.broadcast(t, src=1)
+    check("broadcast", t, allx[1])
+    a2a_in = torch.arange(world * 4, dtype=torch.float32, device=dev) + 100 * rank
+    a2a_out = torch.empty_like(a2a_in)
+    dist.all_to_all_single(a2a_out, a2a_in)
+    want = torch.cat([torch.arange(world * 4, dtype=torch.float32)[rank * 4:(rank + 1) * 4] + 100 * r for r in range(world)])
+    check("all_to_all", a2a_out, want)
+    peer = 1 - rank
+    s = torch.full((257,), float(rank + 7), device=dev)
+    r = torch.empty_like(s)
+    if rank == 0:
+        dist.send(s, peer)
+        dist.recv(r, peer)
+    else:
+        dist.recv(r, peer)
+        dist.send(s, peer)
+    check("send_recv", r, torch.full((257,), float(peer + 7)))
+    dist.barrier()
+
+    # A small DDP training step.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    inp = torch.randn(16, 32, generator=torch.Generator().manual_seed(rank)).to(dev)
+    loss = ddp(inp).square().mean()
+    loss.backward()
+    opt.step()
+    w = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ws = [torch.empty_like(w) for _ in range(world)]
+    dist.all_gather(ws, w)
+    if not torch.equal(ws[0], ws[1]):
+        failures.append("ddp_weights_differ")
+    results["ddp_weight_sum"] = w.double().sum().item()
+
+    timings = []
+    if sizes:
+        n = 2
+        while n <= (1 << 30):
+            t = torch.ones(n // 4 if n >= 4 else 1, device=dev)
+            iters = 20 if n < (64 << 20) else 5
+            for _ in range(3):
+                dist.all_reduce(t)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(t)
+            torch.cuda.synchronize()
+            us = (time.perf_counter() - t0) / iters * 1e6
+            nbytes = t.numel() * 4
+            timings.append({"bytes": nbytes, "time_us": us, "busbw_GBps": nbytes / us / 1e3 * 2 * (world - 1) / world})
+            n *= 8
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"results": results, "failures": failures, "timings": timings}, f, indent=1)
+    print(f"rank {rank}: {len(failures)} failures {failures}", flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if failures else 0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sizes", action="store_true")
+    ap.add_argument("--port", type=int, default=29533)
+    a = ap.parse_args()
+    import torch
+    import torch.multiprocessing as mp
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        print("SKIPPED: needs 2 CUDA devices")
+        return
+    mp.spawn(worker, args=(2, a.out, a.sizes, a.port), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main()
