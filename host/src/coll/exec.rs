@@ -251,8 +251,14 @@ struct InFlight {
 struct DeviceState {
     events: Vec<crate::backend::Event>,
     inflight: Vec<Option<InFlight>>,
-    /// Device memory for copies whose source and destination overlap (in-place all-to-all).
-    scratch: crate::backend::DevicePtr,
+    /// Device memory for copies whose source and destination overlap (in-place all-to-all),
+    /// made when first needed.
+    scratch: Option<crate::backend::DevicePtr>,
+    device: usize,
+    /// Where the steps run: the caller's stream, or, when the caller passed a default stream
+    /// (which names no device), a stream of this communicator's device ordered after it.
+    stream: crate::backend::Stream,
+    own_stream: bool,
 }
 
 impl DeviceState {
@@ -260,16 +266,34 @@ impl DeviceState {
         let backend = run.comm.backend();
         let device = run.comm.device()? as usize;
         let events = (0..run.items.len()).map(|_| backend.create_event(device)).collect::<Result<Vec<_>>>()?;
-        let scratch = backend.alloc(device, crate::transport::GPU_SLOT_BYTES)?;
-        Ok(DeviceState { inflight: (0..run.items.len()).map(|_| None).collect(), events, scratch })
+        let own_stream = run.stream.0 <= 2;
+        let stream = if own_stream {
+            let s = backend.create_stream(device)?;
+            // Ordered after the caller's work on the default stream of this device.
+            let e = backend.create_event(device)?;
+            backend.record_event(e, run.stream)?;
+            backend.stream_wait_event(s, e)?;
+            backend.destroy_event(e)?;
+            s
+        } else {
+            run.stream
+        };
+        Ok(DeviceState { inflight: (0..run.items.len()).map(|_| None).collect(), events, scratch: None, device, stream, own_stream })
     }
 
     fn release(self, run: &CommRun) {
+        let backend = run.comm.backend();
         for e in self.events {
-            let _ = run.comm.backend().destroy_event(e);
+            let _ = backend.destroy_event(e);
         }
-        let _ = run.comm.backend().synchronize(run.stream);
-        let _ = run.comm.backend().free(self.scratch);
+        if self.own_stream {
+            let _ = backend.synchronize(self.stream);
+            let _ = backend.destroy_stream(self.stream);
+        }
+        if let Some(p) = self.scratch {
+            let _ = backend.synchronize(self.stream);
+            let _ = backend.free(p);
+        }
     }
 
     /// Completes finished steps and starts the next ones; returns (moved, work left).
@@ -295,14 +319,30 @@ impl DeviceState {
             }
             if let Some((ci, step)) = item.steps.get(item.pc) {
                 left = true;
-                if let Some(f) = start_device_step(step, &run.ctxs[*ci], links, &*backend, run.stream, self.scratch)? {
-                    backend.record_event(self.events[i], run.stream)?;
+                let needs_scratch = step_needs_scratch(step, &run.ctxs[*ci]);
+                if needs_scratch && self.scratch.is_none() {
+                    self.scratch = Some(backend.alloc(self.device, crate::transport::GPU_SLOT_BYTES)?);
+                }
+                let scratch = self.scratch.unwrap_or(crate::backend::DevicePtr::NULL);
+                if let Some(f) = start_device_step(step, &run.ctxs[*ci], links, &*backend, self.stream, scratch)? {
+                    backend.record_event(self.events[i], self.stream)?;
                     self.inflight[i] = Some(f);
                     moved = true;
                 }
             }
         }
         Ok((moved, left))
+    }
+}
+
+/// Whether a local copy step's source and destination overlap without being equal.
+fn step_needs_scratch(step: &Step, ctx: &OpCtx) -> bool {
+    match (step.reduce, step.src, step.dst, step.recv.is_empty(), step.send.is_empty()) {
+        (false, Some(s), Some(d), true, true) => {
+            let (a, b) = (ctx.src + s, ctx.dst + d);
+            a != b && a < b + step.bytes && b < a + step.bytes
+        }
+        _ => false,
     }
 }
 

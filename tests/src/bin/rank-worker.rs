@@ -18,7 +18,9 @@ fn main() {
     }
     let nranks: i32 = args[2].parse().expect("nranks");
     let rank: i32 = args[3].parse().expect("rank");
-    let ids: Vec<UniqueId> = if args[4] == "env" {
+    let ids: Vec<UniqueId> = if args[4] == "none" {
+        Vec::new()
+    } else if args[4] == "env" {
         vec![rustccl::get_unique_id().unwrap_or_else(|e| fail(e))]
     } else {
         args[4].split(',').map(|h| UniqueId::from_hex(h).unwrap_or_else(|e| fail(e))).collect()
@@ -31,6 +33,7 @@ fn main() {
         "net-traffic" => net_traffic(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
         "coll-matrix" => worker_coll::matrix(nranks, rank, &ids),
+        "coll-matrix-one-process" => worker_coll::matrix_one_process(nranks),
         "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),
         "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {

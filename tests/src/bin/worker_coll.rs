@@ -1074,8 +1074,29 @@ fn run_case(comm: &Communicator, m: &Matrix, case: &Case, n: usize, me: usize, b
 
 /// `coll-matrix`: runs every case of the matrix and checks this rank's results.
 pub fn matrix(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    let t0 = Instant::now();
     let comm = Communicator::init_rank_scalable(nranks, rank, ids, test_device(rank), &CommConfig::default())?;
+    matrix_with(comm)
+}
+
+/// The matrix with every rank in this process: `init_all` over `nranks` devices (one GPU
+/// each on a device backend), one thread per rank.
+pub fn matrix_one_process(nranks: i32) -> Result<(), Error> {
+    let devices: Vec<i32> = (0..nranks).map(test_device).collect();
+    let comms = Communicator::init_all(&devices)?;
+    let threads: Vec<_> = comms.into_iter().map(|c| std::thread::spawn(move || matrix_with(c))).collect();
+    let mut result = Ok(());
+    for t in threads {
+        let r = t.join().unwrap_or_else(|_| Err(Error::internal("a rank thread panicked")));
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result
+}
+
+fn matrix_with(comm: Communicator) -> Result<(), Error> {
+    let t0 = Instant::now();
+    let (nranks, rank) = (comm.count()?, comm.user_rank()?);
     let (n, me) = (nranks as usize, rank as usize);
     if let Some(want) = std::env::var("COLL_EXPECT_HOSTS").ok().and_then(|v| v.parse::<usize>().ok()) {
         // Across namespaces: make sure the ranks really are on different "hosts" (so the

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Every GPU check and the side-by-side benchmark, on the two-GPU machine, in one run that
+# builds nothing: it uses the binaries under target/gpu (rank-worker, rustccl-bench,
+# libnccl.so.2), built and stripped on the development machine. Logs go to $OUT.
+#   tests/gpu/run_checks.sh [quick]
+set -u
+OUT=${OUT:-/tmp/rustccl-gpu}
+mkdir -p "$OUT"
+G=target/gpu
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
+NV=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(nvidia.nccl.__path__[0],"lib","libnccl.so.2"))' 2>/dev/null)
+cp -f $G/libnccl.so $G/libnccl.so.2 2>/dev/null
+summary=$OUT/summary.txt
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+# The correctness matrix on 2 GPUs as 2 processes: $1 name, rest env.
+matrix2() {
+  local name=$1; shift
+  local port=$((29600 + RANDOM % 300)) seed=$RANDOM$RANDOM
+  for r in 0 1; do
+    env RUSTCCL_BACKEND=cuda COLL_SEED=$seed NCCL_COMM_ID=127.0.0.1:$port "$@" \
+      timeout 240 $G/rank-worker coll-matrix 2 $r env > "$OUT/matrix_$name.$r.log" 2>&1 &
+  done
+  wait
+  note "matrix $name: $(grep -h -E '^(RESULT|ERROR)' "$OUT"/matrix_$name.*.log | tr '\n' ' ')"
+}
+
+nvidia-smi -L > "$OUT/gpus.txt"
+matrix2 p2p
+matrix2 shm NCCL_P2P_DISABLE=1
+matrix2 proto_ll NCCL_PROTO=LL COLL_COLLS=allreduce
+env RUSTCCL_BACKEND=cuda COLL_SEED=$RANDOM timeout 240 $G/rank-worker coll-matrix-one-process 2 0 none > "$OUT/matrix_one_process.log" 2>&1
+note "matrix one process, 2 GPUs: $(grep -E '^(RESULT|ERROR)' "$OUT/matrix_one_process.log" | tr '\n' ' ')"
+matrix2 net NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 COLL_COLLS=allreduce
+for p in LL128 Simple; do matrix2 proto_$p NCCL_PROTO=$p COLL_COLLS=allreduce,reducescatter COLL_COUNTS=1,1001,300001; done
+
+# Memory checking on a small run.
+if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  env RUSTCCL_BACKEND=cuda COLL_COLLS=allreduce,allgather,reducescatter,broadcast,sendrecv COLL_DTYPES=float32,int8 \
+    COLL_OPS=sum,avg COLL_COUNTS=7 COLL_LARGE=none timeout 150 "$CS" --tool memcheck --target-processes all \
+    $G/rank-worker coll-matrix-one-process 2 0 none > "$OUT/memcheck.log" 2>&1
+  note "memcheck: $(grep -E 'ERROR SUMMARY|^RESULT|^ERROR' "$OUT/memcheck.log" | tr '\n' ' ')"
+fi
+
+# The benchmark, side by side in this run: rustccl (Rust API), NVIDIA NCCL and rustccl's
+# libnccl.so.2 through the same C driver.
+B="timeout 200 $G/rustccl-bench"
+for op in all_reduce all_gather broadcast alltoall; do
+  e=1G; [ $op != all_reduce ] && e=512M
+  RUSTCCL_BACKEND=cuda $B $op -N 2 -b 8 -e $e -f 8 -c 1 -J "$OUT/bench_rustccl_$op.json" > "$OUT/bench_rustccl_$op.txt" 2>&1
+  [ -n "$NV" ] && $B $op -N 2 -b 8 -e $e -f 8 -c 1 --lib "$NV" -J "$OUT/bench_nccl_$op.json" > "$OUT/bench_nccl_$op.txt" 2>&1
+done
+RUSTCCL_BACKEND=cuda $B all_reduce -N 2 -b 8 -e 1G -f 8 -c 1 --lib $G/libnccl.so.2 > "$OUT/bench_rustccl_capi_all_reduce.txt" 2>&1
+note "bench: $(grep -h -E 'Avg bus|Out of bounds' "$OUT"/bench_*.txt | sort | uniq -c | tr '\n' ' ')"
+
+# PyTorch, NVIDIA's NCCL then rustccl's (LD_PRELOAD), results compared.
+timeout 200 python3 tests/torch/torch_dist.py --out "$OUT/torch_nccl.json" --sizes > "$OUT/torch_nccl.log" 2>&1
+RUSTCCL_BACKEND=cuda LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 200 python3 tests/torch/torch_dist.py --out "$OUT/torch_rustccl.json" --sizes --port 29544 > "$OUT/torch_rustccl.log" 2>&1
+python3 - "$OUT" <<'PY' | tee -a "$summary"
+import json, sys, os
+o = sys.argv[1]
+try:
+    a = json.load(open(os.path.join(o, "torch_nccl.json"))); b = json.load(open(os.path.join(o, "torch_rustccl.json")))
+except Exception as e:
+    print("torch: no result to compare:", e); sys.exit()
+same = a["results"] == b["results"]
+print("torch: nccl failures", a["failures"], "rustccl failures", b["failures"], "results equal:", same)
+for x, y in zip(a["timings"], b["timings"]):
+    print(f"torch all_reduce {x['bytes']:>11} B: nccl {x['time_us']:9.1f} us  rustccl {y['time_us']:9.1f} us  ratio {x['time_us']/y['time_us']:.2f}")
+PY
+
+# Everything in one archive (the device tool brings back a limited number of files).
+( cd "$OUT" && tar czf /tmp/rustccl-gpu-logs.tgz --exclude summary.txt . && find . -type f ! -name summary.txt -delete && mv /tmp/rustccl-gpu-logs.tgz logs.tgz )
