@@ -391,9 +391,11 @@ impl Shared {
     fn watch_for_hangup(&self) {
         let mut byte = [0u8; 1];
         match (&self.ctrl).read(&mut byte) {
+            // The receiver hung up: normal teardown unless a send is still waiting, which
+            // then fails with this reason.
             Ok(0) => self
                 .link
-                .fail(format!("peer {} closed the connection", self.peer)),
+                .fail_quietly(format!("peer {} closed the connection", self.peer)),
             Ok(_) => self.link.fail(format!(
                 "peer {} wrote to the control socket of a send connection",
                 self.peer

@@ -116,6 +116,16 @@ impl Link {
         }
     }
 
+    /// Like [`fail`](Self::fail), but an INFO line: for an ending that is normal when no
+    /// request is waiting (the peer closed its side, e.g. its communicator was destroyed). A
+    /// request posted later still fails with this reason.
+    pub fn fail_quietly(&self, why: String) {
+        let message = format!("NET/Socket : {why}");
+        if self.error.set(why).is_ok() && !self.stopping() {
+            self.log.info(subsys::NET, &message);
+        }
+    }
+
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
