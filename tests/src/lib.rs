@@ -194,3 +194,69 @@ pub fn new_id() -> rustccl::UniqueId {
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     rustccl::get_unique_id().expect("get_unique_id")
 }
+
+// ---- Two "nodes": network namespaces joined by a veth pair ------------------------------------
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Two network namespaces joined by a veth pair, each end addressed; removed on drop.
+/// `prefix` keeps the names of tests running at once apart (at most 4 characters), `net` picks
+/// the 10.x.0.0/16 block.
+pub struct Nodes {
+    pub ns: [String; 2],
+    pub dev: [String; 2],
+    pub addr: [String; 2],
+}
+
+impl Nodes {
+    pub fn create(prefix: &str, net: u8) -> Result<Nodes, String> {
+        let tag = std::process::id() % 100_000;
+        let subnet = 100 + (tag % 100);
+        let n = Nodes {
+            ns: [format!("{prefix}{tag}a"), format!("{prefix}{tag}b")],
+            dev: [format!("{prefix}{tag}a"), format!("{prefix}{tag}b")],
+            addr: [format!("10.{net}.{subnet}.1"), format!("10.{net}.{subnet}.2")],
+        };
+        for ns in &n.ns {
+            ip(&["netns", "add", ns])?;
+        }
+        let made = (|| {
+            ip(&["link", "add", &n.dev[0], "type", "veth", "peer", "name", &n.dev[1]])?;
+            for i in 0..2 {
+                ip(&["link", "set", &n.dev[i], "netns", &n.ns[i]])?;
+                ip(&["-n", &n.ns[i], "addr", "add", &format!("{}/24", n.addr[i]), "dev", &n.dev[i]])?;
+                ip(&["-n", &n.ns[i], "link", "set", &n.dev[i], "up"])?;
+                ip(&["-n", &n.ns[i], "link", "set", "lo", "up"])?;
+            }
+            Ok(())
+        })();
+        made.map(|_| n)
+    }
+
+    /// Makes the namespaces, or says how to skip: the tests need root and iproute2 (CI has
+    /// both); `RUSTCCL_SKIP_NETNS=1` skips them where they are not available. `None`: skipped.
+    pub fn for_test(prefix: &str, net: u8) -> Option<Nodes> {
+        if std::env::var("RUSTCCL_SKIP_NETNS").is_ok_and(|v| v == "1") {
+            println!("SKIPPED: RUSTCCL_SKIP_NETNS=1");
+            return None;
+        }
+        Some(Nodes::create(prefix, net).unwrap_or_else(|e| {
+            panic!("cannot make network namespaces ({e}); run as root with iproute2, or set RUSTCCL_SKIP_NETNS=1")
+        }))
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}

@@ -142,64 +142,9 @@ fn matrix_checker_catches_corruption() {
     }
 }
 
-// ---- Two "nodes": network namespaces joined by a veth pair ------------------------------------
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-/// Two namespaces and a veth pair; removed on drop (as in netns.rs, with names of its own).
-struct Nodes {
-    ns: [String; 2],
-    dev: [String; 2],
-    addr: [String; 2],
-}
-
-impl Nodes {
-    fn create() -> Result<Nodes, String> {
-        let tag = std::process::id() % 100_000;
-        let subnet = 100 + (tag % 50);
-        let n = Nodes {
-            ns: [format!("rcol{tag}a"), format!("rcol{tag}b")],
-            dev: [format!("rc{tag}a"), format!("rc{tag}b")],
-            addr: [format!("10.214.{subnet}.1"), format!("10.214.{subnet}.2")],
-        };
-        for ns in &n.ns {
-            ip(&["netns", "add", ns])?;
-        }
-        ip(&["link", "add", &n.dev[0], "type", "veth", "peer", "name", &n.dev[1]])?;
-        for i in 0..2 {
-            ip(&["link", "set", &n.dev[i], "netns", &n.ns[i]])?;
-            ip(&["-n", &n.ns[i], "addr", "add", &format!("{}/24", n.addr[i]), "dev", &n.dev[i]])?;
-            ip(&["-n", &n.ns[i], "link", "set", &n.dev[i], "up"])?;
-            ip(&["-n", &n.ns[i], "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
-
 #[test]
 fn matrix_across_two_namespaces() {
-    if std::env::var("RUSTCCL_SKIP_NETNS").is_ok_and(|v| v == "1") {
-        println!("SKIPPED: RUSTCCL_SKIP_NETNS=1");
-        return;
-    }
-    let nodes = Nodes::create().unwrap_or_else(|e| {
-        panic!("cannot make network namespaces ({e}); run as root with iproute2, or set RUSTCCL_SKIP_NETNS=1")
-    });
+    let Some(nodes) = Nodes::for_test("rcol", 214) else { return };
     let seed = seed();
     // 4 ranks, 2 per namespace: within a namespace shared memory, between them the socket
     // plugin over the veth (the worker checks that it sees two hosts). The whole matrix: it

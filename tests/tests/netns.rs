@@ -8,62 +8,9 @@ use std::time::Duration;
 
 use rustccl_tests::*;
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("cannot run ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-/// Two namespaces and a veth pair; removed on drop.
-struct Nodes {
-    ns: [String; 2],
-    dev: [String; 2],
-    addr: [String; 2],
-}
-
-impl Nodes {
-    fn create() -> Result<Nodes, String> {
-        let tag = std::process::id() % 100_000;
-        let subnet = 200 + (tag % 50);
-        let n = Nodes {
-            ns: [format!("rccl{tag}a"), format!("rccl{tag}b")],
-            dev: [format!("rv{tag}a"), format!("rv{tag}b")],
-            addr: [format!("10.213.{subnet}.1"), format!("10.213.{subnet}.2")],
-        };
-        for ns in &n.ns {
-            ip(&["netns", "add", ns])?;
-        }
-        ip(&["link", "add", &n.dev[0], "type", "veth", "peer", "name", &n.dev[1]])?;
-        for i in 0..2 {
-            ip(&["link", "set", &n.dev[i], "netns", &n.ns[i]])?;
-            ip(&["-n", &n.ns[i], "addr", "add", &format!("{}/24", n.addr[i]), "dev", &n.dev[i]])?;
-            ip(&["-n", &n.ns[i], "link", "set", &n.dev[i], "up"])?;
-            ip(&["-n", &n.ns[i], "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
-
 #[test]
 fn ranks_in_two_namespaces_talk_through_the_socket_plugin() {
-    if std::env::var("RUSTCCL_SKIP_NETNS").is_ok_and(|v| v == "1") {
-        println!("SKIPPED: RUSTCCL_SKIP_NETNS=1");
-        return;
-    }
-    let nodes = Nodes::create().unwrap_or_else(|e| {
-        panic!("cannot make network namespaces ({e}); run as root with iproute2, or set RUSTCCL_SKIP_NETNS=1")
-    });
+    let Some(nodes) = Nodes::for_test("rccl", 213) else { return };
     let comm_id = format!("{}:29517", nodes.addr[0]);
     let worker = worker_path();
     let mut procs = Vec::new();
