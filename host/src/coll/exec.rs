@@ -240,17 +240,26 @@ fn compute(step: &Step, ctx: &OpCtx, src: Option<&[u8]>, inputs: &[(&Arc<Connect
 
 /// Device work of one step, enqueued and not yet known to be complete.
 struct InFlight {
+    event: crate::backend::Event,
     pushes: Vec<(Arc<Connection>, u64, usize)>,
     pops: Vec<(Arc<Connection>, u64)>,
 }
 
+/// Steps of one work item the device may run ahead.
+const DEVICE_PIPELINE: usize = 4;
+
 /// The executor's state for a communicator whose buffers are device memory: each step is a
-/// small device plan (a reduce kernel or copies) enqueued on the caller's stream, followed by
-/// an event; the FIFO slots it filled or emptied are handed over once the event completes.
-/// One step per work item is in flight at a time.
+/// small device plan (a reduce kernel or copies) enqueued on one stream and followed by an
+/// event; up to [`DEVICE_PIPELINE`] steps per work item are in flight, each on FIFO slots
+/// reserved ahead of the counters, which move (in order) as the events complete.
 struct DeviceState {
-    events: Vec<crate::backend::Event>,
-    inflight: Vec<Option<InFlight>>,
+    /// Events not in use.
+    free_events: Vec<crate::backend::Event>,
+    all_events: Vec<crate::backend::Event>,
+    inflight: Vec<std::collections::VecDeque<InFlight>>,
+    /// Per connection (by address): the next slot index this rank will fill or empty, ahead
+    /// of the FIFO counters while steps are in flight.
+    reserved: HashMap<usize, u64>,
     /// Device memory for copies whose source and destination overlap (in-place all-to-all),
     /// made when first needed.
     scratch: Option<crate::backend::DevicePtr>,
@@ -265,7 +274,8 @@ impl DeviceState {
     fn new(run: &CommRun) -> Result<DeviceState> {
         let backend = run.comm.backend();
         let device = run.comm.device()? as usize;
-        let events = (0..run.items.len()).map(|_| backend.create_event(device)).collect::<Result<Vec<_>>>()?;
+        let n = run.items.len() * DEVICE_PIPELINE;
+        let events = (0..n).map(|_| backend.create_event(device)).collect::<Result<Vec<_>>>()?;
         let own_stream = run.stream.0 <= 2;
         let stream = if own_stream {
             let s = backend.create_stream(device)?;
@@ -278,20 +288,30 @@ impl DeviceState {
         } else {
             run.stream
         };
-        Ok(DeviceState { inflight: (0..run.items.len()).map(|_| None).collect(), events, scratch: None, device, stream, own_stream })
+        Ok(DeviceState {
+            free_events: events.clone(),
+            all_events: events,
+            inflight: (0..run.items.len()).map(|_| Default::default()).collect(),
+            reserved: HashMap::new(),
+            scratch: None,
+            device,
+            stream,
+            own_stream,
+        })
     }
 
     fn release(self, run: &CommRun) {
         let backend = run.comm.backend();
-        for e in self.events {
+        if self.own_stream || self.scratch.is_some() {
+            let _ = backend.synchronize(self.stream);
+        }
+        for e in self.all_events {
             let _ = backend.destroy_event(e);
         }
         if self.own_stream {
-            let _ = backend.synchronize(self.stream);
             let _ = backend.destroy_stream(self.stream);
         }
         if let Some(p) = self.scratch {
-            let _ = backend.synchronize(self.stream);
             let _ = backend.free(p);
         }
     }
@@ -302,34 +322,38 @@ impl DeviceState {
         let mut moved = false;
         let mut left = false;
         for (i, item) in run.items.iter_mut().enumerate() {
-            if let Some(f) = &self.inflight[i] {
-                if !backend.query_event(self.events[i])? {
-                    left = true;
-                    continue;
+            while let Some(f) = self.inflight[i].front() {
+                if !backend.query_event(f.event)? {
+                    break;
                 }
+                let f = self.inflight[i].pop_front().expect("front exists");
                 for (c, idx, n) in &f.pushes {
                     c.fifo.push(*idx, *n);
                 }
                 for (c, idx) in &f.pops {
                     c.fifo.pop(*idx);
                 }
-                self.inflight[i] = None;
-                item.pc += 1;
+                self.free_events.push(f.event);
                 moved = true;
             }
-            if let Some((ci, step)) = item.steps.get(item.pc) {
-                left = true;
-                let needs_scratch = step_needs_scratch(step, &run.ctxs[*ci]);
-                if needs_scratch && self.scratch.is_none() {
+            while self.inflight[i].len() < DEVICE_PIPELINE {
+                let Some((ci, step)) = item.steps.get(item.pc) else { break };
+                if step_needs_scratch(step, &run.ctxs[*ci]) && self.scratch.is_none() {
                     self.scratch = Some(backend.alloc(self.device, crate::transport::GPU_SLOT_BYTES)?);
                 }
                 let scratch = self.scratch.unwrap_or(crate::backend::DevicePtr::NULL);
-                if let Some(f) = start_device_step(step, &run.ctxs[*ci], links, &*backend, self.stream, scratch)? {
-                    backend.record_event(self.events[i], self.stream)?;
-                    self.inflight[i] = Some(f);
-                    moved = true;
-                }
+                let Some((pushes, pops)) =
+                    start_device_step(step, &run.ctxs[*ci], links, &*backend, self.stream, scratch, &mut self.reserved)?
+                else {
+                    break;
+                };
+                let event = self.free_events.pop().ok_or_else(|| Error::internal("no free event"))?;
+                backend.record_event(event, self.stream)?;
+                self.inflight[i].push_back(InFlight { event, pushes, pops });
+                item.pc += 1;
+                moved = true;
             }
+            left |= item.pc < item.steps.len() || !self.inflight[i].is_empty();
         }
         Ok((moved, left))
     }
@@ -346,7 +370,11 @@ fn step_needs_scratch(step: &Step, ctx: &OpCtx) -> bool {
     }
 }
 
-/// Enqueues one step as device work if its FIFOs are ready; `None` if not yet.
+/// The FIFO slots a step fills and empties.
+type Slots = (Vec<(Arc<Connection>, u64, usize)>, Vec<(Arc<Connection>, u64)>);
+
+/// Enqueues one step as device work if its FIFOs have the slots (beyond those reserved by
+/// steps still in flight); `None` if not yet.
 fn start_device_step(
     step: &Step,
     ctx: &OpCtx,
@@ -354,16 +382,22 @@ fn start_device_step(
     backend: &dyn crate::backend::DeviceBackend,
     stream: crate::backend::Stream,
     scratch: crate::backend::DevicePtr,
-) -> Result<Option<InFlight>> {
+    reserved: &mut HashMap<usize, u64>,
+) -> Result<Option<Slots>> {
     use crate::backend::{DevicePtr, LocalPlan, Step as DStep};
     let conn = |l: &Link, d: Dir| links.get(&(*l, d)).expect("every link was connected");
     if step.recv.len() > 1 {
         return Err(Error::internal("a step reading several peers needs the host backend"));
     }
+    let key = |c: &Arc<Connection>| Arc::as_ptr(c) as usize;
     let mut pops = Vec::new();
     for l in &step.recv {
         let c = conn(l, Dir::Recv);
-        let Some((idx, len)) = c.fifo.ready_index() else { return Ok(None) };
+        let idx = reserved.get(&key(c)).copied().unwrap_or(0).max(c.fifo.head());
+        if idx >= c.fifo.tail() {
+            return Ok(None);
+        }
+        let len = c.fifo.size_of(idx);
         if len != step.bytes {
             return Err(Error::invalid_usage(format!(
                 "rank {} sent {len} bytes where this rank expected {}: the ranks' counts or types do not match",
@@ -375,8 +409,17 @@ fn start_device_step(
     let mut pushes = Vec::new();
     for l in &step.send {
         let c = conn(l, Dir::Send);
-        let Some(idx) = c.fifo.free_index() else { return Ok(None) };
+        let idx = reserved.get(&key(c)).copied().unwrap_or(0).max(c.fifo.tail());
+        if idx - c.fifo.head() >= crate::transport::fifo::STEPS as u64 {
+            return Ok(None);
+        }
         pushes.push((Arc::clone(c), idx, step.bytes));
+    }
+    for (c, idx) in &pops {
+        reserved.insert(key(c), idx + 1);
+    }
+    for (c, idx, _) in &pushes {
+        reserved.insert(key(c), idx + 1);
     }
     let n = step.bytes;
     let recv = pops.first().map(|(c, idx)| DevicePtr(c.fifo.slot_addr(*idx)));
@@ -416,5 +459,5 @@ fn start_device_step(
         }
         backend.launch(&plan, stream)?;
     }
-    Ok(Some(InFlight { pushes, pops }))
+    Ok(Some((pushes, pops)))
 }
