@@ -47,6 +47,7 @@ fn c_program_runs_every_call_on_the_host_backend() {
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     for n in [1, 2, 3] {
         let id = rustccl::get_unique_id().unwrap();
+        let id2 = rustccl::get_unique_id().unwrap();
         let children: Vec<_> = (0..n)
             .map(|rank| {
                 Command::new(&exe)
@@ -56,6 +57,7 @@ fn c_program_runs_every_call_on_the_host_backend() {
                     .env("RANK", rank.to_string())
                     .env("NRANKS", n.to_string())
                     .env("NCCL_TEST_ID", id.to_hex())
+                    .env("NCCL_TEST_ID2", id2.to_hex())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()

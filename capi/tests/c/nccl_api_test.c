@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 
 static int passed = 0, failed = 0, rank = 0, nranks = 1;
 
@@ -167,6 +168,22 @@ int main(void) {
   CHECK(ncclCommInitRankConfig(&comm, nranks, id, rank, &bad) == ncclInvalidArgument, "bad config magic");
   CHECK(ncclCommInitRank(&comm, 0, id, 0) == ncclInvalidArgument, "nranks 0");
   CHECK(ncclCommInitRank(&comm, nranks, id, nranks) == ncclInvalidArgument, "rank out of range");
+
+  /* An older caller's smaller config (2.17's fields end at netName): honoured up to its size. */
+  {
+    ncclConfig_t old = NCCL_CONFIG_INITIALIZER;
+    old.size = offsetof(ncclConfig_t, splitShare);
+    old.version = NCCL_VERSION(2, 17, 1);
+    old.splitShare = 77; /* beyond its size: must not be read */
+    ncclComm_t oc = NULL;
+    OK(ncclCommInitRankConfig(&oc, nranks, id, rank, &old));
+    int oc_n = 0;
+    OK(ncclCommCount(oc, &oc_n));
+    CHECK(oc_n == nranks, "old-config comm size %d", oc_n);
+    OK(ncclCommDestroy(oc));
+  }
+  /* The root of the id above served that communicator; the next one needs a fresh id. */
+  hex_to_id(getenv("NCCL_TEST_ID2"), &id);
 
   /* Non-blocking init, polled. */
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
