@@ -87,7 +87,7 @@ def worker(rank, world, out_path, sizes, port):
 
     timings = []
     if sizes:
-        n = 2
+        n = 8
         while n <= (1 << 30):
             t = torch.ones(n // 4 if n >= 4 else 1, device=dev)
             iters = 20 if n < (64 << 20) else 5
