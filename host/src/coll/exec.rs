@@ -265,9 +265,8 @@ struct DeviceState {
     scratch: Option<crate::backend::DevicePtr>,
     device: usize,
     /// Where the steps run: the caller's stream, or, when the caller passed a default stream
-    /// (which names no device), a stream of this communicator's device ordered after it.
+    /// (which names no device), the communicator's own stream, ordered after it.
     stream: crate::backend::Stream,
-    own_stream: bool,
 }
 
 impl DeviceState {
@@ -275,15 +274,22 @@ impl DeviceState {
         let backend = run.comm.backend();
         let device = run.comm.device()? as usize;
         let n = run.items.len() * DEVICE_PIPELINE;
-        let events = (0..n).map(|_| backend.create_event(device)).collect::<Result<Vec<_>>>()?;
+        let mut cache = run.comm.device_cache();
+        while cache.events.len() < n + 1 {
+            let e = backend.create_event(device)?;
+            cache.events.push(e);
+        }
+        let events: Vec<_> = cache.events.drain(..n).collect();
         let own_stream = run.stream.0 <= 2;
         let stream = if own_stream {
-            let s = backend.create_stream(device)?;
+            let s = match cache.stream {
+                Some(s) => s,
+                None => *cache.stream.insert(backend.create_stream(device)?),
+            };
             // Ordered after the caller's work on the default stream of this device.
-            let e = backend.create_event(device)?;
+            let e = cache.events[0];
             backend.record_event(e, run.stream)?;
             backend.stream_wait_event(s, e)?;
-            backend.destroy_event(e)?;
             s
         } else {
             run.stream
@@ -296,24 +302,18 @@ impl DeviceState {
             scratch: None,
             device,
             stream,
-            own_stream,
         })
     }
 
+    /// Gives the events back to the communicator's pool (every step has completed, or the
+    /// operation failed and the communicator is broken).
     fn release(self, run: &CommRun) {
         let backend = run.comm.backend();
-        if self.own_stream || self.scratch.is_some() {
-            let _ = backend.synchronize(self.stream);
-        }
-        for e in self.all_events {
-            let _ = backend.destroy_event(e);
-        }
-        if self.own_stream {
-            let _ = backend.destroy_stream(self.stream);
-        }
         if let Some(p) = self.scratch {
+            let _ = backend.synchronize(self.stream);
             let _ = backend.free(p);
         }
+        run.comm.device_cache().events.extend(self.all_events);
     }
 
     /// Completes finished steps and starts the next ones; returns (moved, work left).

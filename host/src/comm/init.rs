@@ -171,6 +171,7 @@ impl Communicator {
             plugins: Mutex::new(None),
             transports: Mutex::new(Default::default()),
             broken: Mutex::new(None),
+            device_cache: Mutex::new(Default::default()),
         });
         let ids = ids.to_vec();
         let job = {

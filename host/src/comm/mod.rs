@@ -22,6 +22,14 @@ use crate::coll::program::Link;
 use crate::plugin::CommPlugins;
 use crate::transport::{proxy::Proxy, Connection, Context, Dir};
 
+/// A stream of the communicator's device and a pool of events, kept across operations so
+/// that an operation does not pay for making them.
+#[derive(Default)]
+pub(crate) struct DeviceCache {
+    pub stream: Option<crate::backend::Stream>,
+    pub events: Vec<crate::backend::Event>,
+}
+
 /// A communicator's connections, made on first use and kept until destroy.
 #[derive(Default)]
 pub(crate) struct Transports {
@@ -73,6 +81,8 @@ struct Inner {
     /// Set when an operation failed half-way: the FIFOs may hold stale data, so later
     /// operations are refused with this error instead of running on them.
     broken: Mutex<Option<Error>>,
+    /// Device objects the executor reuses from call to call (device backends).
+    device_cache: Mutex<DeviceCache>,
 }
 
 /// One rank's communicator.
@@ -441,7 +451,21 @@ impl Communicator {
 impl Communicator {
     /// Drops this communicator's hold on its plugins (finalizing their per-communicator state
     /// once no operation uses them any more).
+    /// The executor's reusable device objects.
+    pub(crate) fn device_cache(&self) -> std::sync::MutexGuard<'_, DeviceCache> {
+        self.inner.device_cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn release_plugins(&self) {
+        let cache = std::mem::take(&mut *self.device_cache());
+        let backend = &self.inner.shared.backend;
+        if let Some(s) = cache.stream {
+            let _ = backend.synchronize(s);
+            let _ = backend.destroy_stream(s);
+        }
+        for e in cache.events {
+            let _ = backend.destroy_event(e);
+        }
         // Connections and the proxy first: they use the network plugin's context.
         let transports = std::mem::take(&mut *self.lock_transports());
         if let Some(p) = &transports.proxy {
