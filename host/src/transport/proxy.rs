@@ -141,16 +141,8 @@ fn progress_send(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
             None => break,
         }
     }
-    while let Some(&(index, req)) = d.inflight.front() {
-        let mut sizes = [0usize];
-        if !net.test(req, &mut sizes).map_err(|e| net_error(d, e))? {
-            break;
-        }
-        d.inflight.pop_front();
-        fifo.pop(index);
-        progress = true;
-    }
-    Ok(progress)
+    // A completed send frees its slot.
+    Ok(complete_in_order(net, d, |fifo, index, _| fifo.pop(index))? || progress)
 }
 
 /// Posts receives into free slots; publishes them as they complete.
@@ -171,13 +163,25 @@ fn progress_recv(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
             None => break,
         }
     }
+    // A completed receive publishes its slot.
+    Ok(complete_in_order(net, d, |fifo, index, bytes| fifo.push(index, bytes))? || progress)
+}
+
+/// Tests the oldest requests of a connection, in posting order, and hands each completed
+/// one's slot to `done` (slot index, bytes); stops at the first still in flight.
+fn complete_in_order(
+    net: &dyn Net,
+    d: &mut Driven,
+    done: impl Fn(&super::fifo::Fifo, u64, usize),
+) -> Result<bool, Error> {
+    let mut progress = false;
     while let Some(&(index, req)) = d.inflight.front() {
         let mut sizes = [0usize];
         if !net.test(req, &mut sizes).map_err(|e| net_error(d, e))? {
             break;
         }
         d.inflight.pop_front();
-        fifo.push(index, sizes[0]);
+        done(&d.conn.fifo, index, sizes[0]);
         progress = true;
     }
     Ok(progress)
