@@ -39,8 +39,12 @@ pub fn header_bytes() -> usize {
 /// this view, which keeps it mapped for the view's lifetime.
 pub struct Fifo {
     base: *mut u8,
-    /// Address of slot 0: right after the header in host memory, or device memory.
+    /// Address of slot 0 as the executor uses it: right after the header in host memory, or
+    /// device memory.
     slots: u64,
+    /// Host address of slot 0 when the slots are host memory mapped into a device (the proxy
+    /// hands them to the network); equal to `slots` for host FIFOs.
+    host_slots: u64,
     slot_bytes: usize,
 }
 
@@ -59,7 +63,18 @@ impl Fifo {
     pub unsafe fn new(base: *mut u8, slot_bytes: usize) -> Fifo {
         // SAFETY: within the region (see above).
         let slots = unsafe { base.add(header_bytes()) } as u64;
-        Fifo { base, slots, slot_bytes }
+        Fifo { base, slots, host_slots: slots, slot_bytes }
+    }
+
+    /// A FIFO in host memory (`fifo_bytes(slot_bytes)` at `base`) whose slots a device reaches
+    /// at `device_slots` (the same memory, registered with the device backend).
+    ///
+    /// # Safety
+    /// As for [`Fifo::new`]; `device_slots` must map the slots while the `Fifo` exists.
+    pub unsafe fn with_mapped_slots(base: *mut u8, device_slots: u64, slot_bytes: usize) -> Fifo {
+        // SAFETY: within the region (see above).
+        let host_slots = unsafe { base.add(header_bytes()) } as u64;
+        Fifo { base, slots: device_slots, host_slots, slot_bytes }
     }
 
     /// A FIFO whose header is at `header` (host memory both sides map) and whose `STEPS`
@@ -70,7 +85,7 @@ impl Fifo {
     /// As for [`Fifo::new`], for `header_bytes()` bytes at `header`; `slots` must hold
     /// `STEPS * slot_bytes` bytes of device memory while the `Fifo` exists.
     pub unsafe fn with_device_slots(header: *mut u8, slots: u64, slot_bytes: usize) -> Fifo {
-        Fifo { base: header, slots, slot_bytes }
+        Fifo { base: header, slots, host_slots: 0, slot_bytes }
     }
 
     /// Producer: index of the next free slot, if any.
@@ -153,14 +168,16 @@ impl Fifo {
         (h.tail.load(Ordering::Acquire) - head, head)
     }
 
-    /// Address and capacity of slot `index` (for the proxy, which hands slots to the network).
+    /// Host address and capacity of slot `index` (for the proxy, which hands slots to the
+    /// network).
     pub fn slot_raw(&self, index: u64) -> (*mut u8, usize) {
-        (self.slot_ptr(index), self.slot_bytes)
+        let i = index % STEPS as u64;
+        ((self.host_slots + i * self.slot_bytes as u64) as *mut u8, self.slot_bytes)
     }
 
-    /// Base address and length of the slot area (registered with the network once).
+    /// Host address and length of the slot area (registered with the network once).
     pub fn slots_region(&self) -> (*mut u8, usize) {
-        (self.slot_ptr(0), STEPS * self.slot_bytes)
+        (self.host_slots as *mut u8, STEPS * self.slot_bytes)
     }
 
     /// Producer side for the proxy: the slot count filled so far.

@@ -132,6 +132,15 @@ impl Context<'_> {
         }
     }
 
+    /// FIFO slot size: larger for device backends, whose every step costs a launch.
+    pub fn slot_bytes(&self) -> usize {
+        if self.backend.kind() == crate::backend::BackendKind::Host {
+            SLOT_BYTES
+        } else {
+            GPU_SLOT_BYTES
+        }
+    }
+
     fn host() -> Result<Arc<dyn DeviceBackend>> {
         Ok(crate::backend::host::HostBackend::shared()? as Arc<dyn DeviceBackend>)
     }
@@ -247,17 +256,13 @@ impl Establish {
                     let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
                     Ok(Some(Arc::new(Connection { link, dir: Dir::Recv, kind: Kind::Shm, fifo, error: Mutex::new(None), _memory: vec![memory] })))
                 }
-                Kind::Net if cx.backend.kind() != crate::backend::BackendKind::Host => Err(Error::invalid_usage(format!(
-                    "rank {} is on another host: the network transport for device buffers is not implemented yet (host backend only)",
-                    link.peer
-                ))),
                 Kind::Net => {
                     let net = &cx.net.plugin.api;
                     let (handle, listen) = net.listen(cx.net.ctx, 0).map_err(Error::from)?;
                     let mut msg = vec![1u8];
                     msg.extend_from_slice(&handle.bytes);
                     cx.bootstrap.send(link.peer, handle_tag(link.purpose), &msg)?;
-                    *self = Establish::Accepting { link, listen, mem: zeroed_fifo(SLOT_BYTES) };
+                    *self = Establish::Accepting { link, listen, mem: zeroed_fifo(cx.slot_bytes()) };
                     self.poll(cx)
                 }
             },
@@ -284,7 +289,7 @@ impl Establish {
                     (Some(1), Kind::Net) if msg.len() == 1 + NET_HANDLE_BYTES => {
                         let mut handle = NetHandle::default();
                         handle.bytes.copy_from_slice(&msg[1..]);
-                        *self = Establish::Connecting { link, handle, mem: zeroed_fifo(SLOT_BYTES) };
+                        *self = Establish::Connecting { link, handle, mem: zeroed_fifo(cx.slot_bytes()) };
                         self.poll(cx)
                     }
                     _ => Err(Error::internal(format!(
@@ -320,12 +325,26 @@ impl Establish {
         }
     }
 
+    /// A network connection's FIFO: local host memory the proxy moves through the plugin. With
+    /// a device backend the memory is registered with it too, so that the device writes and
+    /// reads the slots directly (host-staged transfers).
     fn net_connection(&self, cx: &Context, link: Link, dir: Dir, comm: PluginHandle, mem: LocalMemory) -> Result<Arc<Connection>> {
-        // SAFETY: `mem` is zeroed and sized for the FIFO; the connection owns it.
-        let fifo = unsafe { Fifo::new(mem.ptr(), SLOT_BYTES) };
+        let slot = cx.slot_bytes();
+        let mut memory = Vec::new();
+        let fifo = if cx.backend.kind() == crate::backend::BackendKind::Host {
+            // SAFETY: `mem` is zeroed and sized for the FIFO; the connection owns it.
+            unsafe { Fifo::new(mem.ptr(), slot) }
+        } else {
+            // SAFETY: `mem` outlives the registration (released after it, see `memory`).
+            let dptr = unsafe { cx.backend.register_host(mem.ptr(), fifo_bytes(slot))? };
+            memory.push(Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr });
+            // SAFETY: as above; the registration maps the whole FIFO, slots after the header.
+            unsafe { Fifo::with_mapped_slots(mem.ptr(), dptr.0 + fifo::header_bytes() as u64, slot) }
+        };
+        memory.push(Memory::Local(mem));
         let (base, len) = fifo.slots_region();
         let mr = cx.net.plugin.api.reg_mr(comm, base as usize, len, PTR_HOST).map_err(Error::from)?;
-        let conn = Arc::new(Connection { link, dir, kind: Kind::Net, fifo, error: Mutex::new(None), _memory: vec![Memory::Local(mem)] });
+        let conn = Arc::new(Connection { link, dir, kind: Kind::Net, fifo, error: Mutex::new(None), _memory: memory });
         cx.proxy.add(Arc::clone(&conn), comm, mr);
         Ok(conn)
     }
