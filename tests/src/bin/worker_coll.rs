@@ -1395,14 +1395,6 @@ pub fn group_two_comms(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), E
     Ok(())
 }
 
-/// Cargo builds every file of `src/bin` as a program of its own, so this module (of
-/// `rank-worker`) is also compiled alone; as such it only points to the real program.
-#[allow(dead_code)]
-fn main() {
-    eprintln!("worker_coll is a module of rank-worker: run `rank-worker coll-matrix|group-p2p|group-two-comms ...`");
-    std::process::exit(2);
-}
-
 /// The device a rank uses: on a device backend (several GPUs), `rank % device count`, so
 /// that ranks on one machine use different GPUs; device 0 on the host backend.
 pub fn test_device(rank: i32) -> i32 {
