@@ -386,8 +386,8 @@ fn start_device_step(
 ) -> Result<Option<Slots>> {
     use crate::backend::{DevicePtr, LocalPlan, Step as DStep};
     let conn = |l: &Link, d: Dir| links.get(&(*l, d)).expect("every link was connected");
-    if step.recv.len() > 1 {
-        return Err(Error::internal("a step reading several peers needs the host backend"));
+    if step.recv.len() > 1 && !step.reduce {
+        return Err(Error::internal("a copy step cannot read several peers"));
     }
     let key = |c: &Arc<Connection>| Arc::as_ptr(c) as usize;
     let mut pops = Vec::new();
@@ -434,15 +434,30 @@ fn start_device_step(
     if n > 0 {
         let r = &ctx.reducer;
         if step.reduce {
+            // acc = recv0 ⊕ pre(src), then ⊕ each further peer's partial (tree steps with two
+            // children; the planner keeps PreMulSum, whose pre would apply to them, on rings).
+            let count = n / r.elem_size();
+            let more: Vec<DevicePtr> = pops.iter().skip(1).map(|(c, idx)| DevicePtr(c.fifo.slot_addr(*idx))).collect();
             plan.push(DStep::CollReduce {
                 dst: first,
                 acc: recv,
                 local: src,
-                count: n / r.elem_size(),
+                count,
                 dtype: r.dtype,
                 op: r.op,
-                post: step.post,
+                post: step.post && more.is_empty(),
             });
+            for (k, &p) in more.iter().enumerate() {
+                plan.push(DStep::CollReduce {
+                    dst: first,
+                    acc: Some(first),
+                    local: Some(p),
+                    count,
+                    dtype: r.dtype,
+                    op: r.op,
+                    post: step.post && k + 1 == more.len(),
+                });
+            }
         } else {
             let from = src.or(recv).ok_or_else(|| Error::internal("a step without input"))?;
             let overlap = from != first && from.0 < first.0 + n as u64 && first.0 < from.0 + n as u64;

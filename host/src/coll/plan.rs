@@ -131,8 +131,15 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
-            // Device backends run ring programs only so far (a tree step reads two children).
-            let device_ok = comm.backend().kind() == crate::backend::BackendKind::Host || a == Algorithm::Ring;
+            // Device backends run rings, and trees except for pre-multiplying operators
+            // (PreMulSum, and Avg on float types, which is PreMulSum by 1/n): a device step
+            // applies the pre-multiplication to every input after the first, which is wrong for
+            // a second child's partial result.
+            let premul = matches!(task.op, ReduceOp::PreMulSum(_))
+                || (matches!(task.op, ReduceOp::Avg) && task.dtype.is_float());
+            let device_ok = comm.backend().kind() == crate::backend::BackendKind::Host
+                || a == Algorithm::Ring
+                || (a == Algorithm::Tree && !premul);
             if device_ok && allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
                 costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n);
             }
@@ -146,12 +153,26 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
             tracing::info!(target: "TUNING", "tuner {} declined ({}); using the cost model", t.plugin.name, e.message);
         }
     }
-    let (algo, proto, time_us) = table.best().ok_or_else(|| {
-        Error::invalid_usage(format!(
-            "{}: no algorithm and protocol left to use (check NCCL_ALGO / NCCL_PROTO)",
-            task.kind.name()
-        ))
-    })?;
+    let best = table.best();
+    let (algo, proto, time_us) = match best {
+        Some(b) => b,
+        // What the user forced cannot run here (a PreMulSum tree on device buffers): ring.
+        None if comm.backend().kind() != crate::backend::BackendKind::Host => {
+            tracing::info!(
+                target: "TUNING",
+                "{}: no allowed algorithm runs this on device buffers (NCCL_ALGO / NCCL_PROTO); using Ring/Simple",
+                task.kind.name()
+            );
+            let time = model_time(&task.kind, Algorithm::Ring, Protocol::Simple, bytes, n);
+            (Algorithm::Ring, Protocol::Simple, time)
+        }
+        None => {
+            return Err(Error::invalid_usage(format!(
+                "{}: no algorithm and protocol left to use (check NCCL_ALGO / NCCL_PROTO)",
+                task.kind.name()
+            )))
+        }
+    };
     let config = comm.config();
     let by_size = if bytes >= 4 << 20 { 2 } else { 1 };
     let wanted = if channels > 0 { channels as u32 } else { by_size };
