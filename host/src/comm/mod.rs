@@ -146,11 +146,8 @@ impl Communicator {
         if self.inner.finalized.load(Ordering::Acquire) {
             return self.fail(Error::invalid_usage(format!("{what}: the communicator was finalized")));
         }
-        if self.inner.stop.revoked.load(Ordering::Acquire) {
-            return self.fail(Error::invalid_usage(format!("{what}: the communicator was revoked")));
-        }
-        if let Some(e) = bs.failure() {
-            return self.fail(e.context(what));
+        if let Err(e) = self.check_running(what) {
+            return self.fail(e);
         }
         let broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(e) = broken {

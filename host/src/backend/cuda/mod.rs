@@ -181,14 +181,7 @@ pub fn scalar_bits(dtype: DataType, s: f64) -> u64 {
 
 /// The kernel operator, scalar bits and divisor of a reduce step over `nsrcs` inputs.
 pub fn device_op(op: RedOp, scalar: Option<f64>, dtype: DataType, nsrcs: usize) -> Result<(DeviceOp, u64, u64)> {
-    Ok(match DevOp::from_user(op, scalar, dtype, nsrcs)? {
-        DevOp::Sum => (DeviceOp::Sum, 0, 1),
-        DevOp::Prod => (DeviceOp::Prod, 0, 1),
-        DevOp::Min => (DeviceOp::Min, 0, 1),
-        DevOp::Max => (DeviceOp::Max, 0, 1),
-        DevOp::PreMulSum { scalar } => (DeviceOp::PreMulSum, scalar_bits(dtype, scalar), 1),
-        DevOp::SumPostDiv { n } => (DeviceOp::SumPostDiv, 0, n),
-    })
+    Ok(coll_device_op(DevOp::from_user(op, scalar, dtype, nsrcs)?, dtype))
 }
 
 /// The kernel operator, scalar bits and divisor of a collective's device operator.
