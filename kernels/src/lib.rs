@@ -24,8 +24,10 @@
 //! run time for each GPU architecture, caches the CUBIN with [`KernelCache`]
 //! and loads it; its tests compile it wherever NVRTC is found (no GPU needed).
 //!
-//! **What a later issue adds:** hipRTC compilation, the collective kernels
-//! (ring/tree primitives, LL/LL128/Simple protocols), and cache size limits.
+//! * `exec.cu`: the collective interpreter, one launch per group on a device, running the
+//!   planner's steps with the Simple, LL and LL128 protocols (see [`exec`]).
+//!
+//! **Not yet:** hipRTC compilation and cache size limits.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -36,6 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
+pub mod exec;
+
 /// The device sources as (file name, text), in include order: the headers, then
 /// the kernel file that includes them. The names are the ones used in
 /// `#include "..."`, so they can be passed to NVRTC/hipRTC as named headers.
@@ -43,8 +47,10 @@ pub fn sources() -> &'static [(&'static str, &'static str)] {
     const SOURCES: &[(&str, &str)] = &[
         ("port.h", include_str!("device/port.h")),
         ("reduce_ops.h", include_str!("device/reduce_ops.h")),
+        ("elem.h", include_str!("device/elem.h")),
         (COPY_REDUCE_SOURCE, include_str!("device/copy_reduce.cu")),
         (REDUCE_SOURCE, include_str!("device/reduce.cu")),
+        (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
     ];
     SOURCES
 }

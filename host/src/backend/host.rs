@@ -398,6 +398,24 @@ impl DeviceBackend for HostBackend {
         Ok(())
     }
 
+    fn launch_exec(&self, _launch: &super::ExecLaunch, _stream: Stream) -> Result<()> {
+        Err(Error::invalid_usage("the host backend runs collectives on the CPU; it has no device kernels"))
+    }
+
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        f()
+    }
+
+    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
+        Ok(false)
+    }
+
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller keeps `src` valid for `bytes`.
+        let data = unsafe { std::slice::from_raw_parts(src, bytes) };
+        self.copy_to_device(dst, data, stream)
+    }
+
     fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()> {
         self.check_stream(stream, "launch")?;
         plan.check()?;

@@ -22,6 +22,22 @@ pub use host::HostBackend;
 pub use plan::{Access, LocalPlan, Step};
 pub use share::ShareHandle;
 
+/// One launch of the collective interpreter: its parameter, its grid, the kernel's operator
+/// and element type, and the memory it touches (checked, and made reachable, before launch).
+#[derive(Clone, Debug)]
+pub struct ExecLaunch {
+    pub device: usize,
+    pub op: rustccl_kernels::DeviceOp,
+    pub dtype: crate::types::DataType,
+    pub args: rustccl_kernels::exec::ExecArgs,
+    pub blocks: u32,
+    /// The user buffers (address, bytes): each must be memory the backend or driver knows.
+    pub buffers: Vec<(DevicePtr, usize)>,
+    /// An address in each connection's slot memory (another device's memory is made
+    /// reachable from `device`).
+    pub slots: Vec<DevicePtr>,
+}
+
 use crate::error::{Error, Result};
 
 /// Which implementation a backend is.
@@ -193,6 +209,28 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// ([`LocalPlan::check`], every range, every operator/type pair), so a bad plan is an
     /// error and runs no step.
     fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()>;
+
+    /// Launches the collective interpreter (`kernels/exec.cu`) on `stream`: the program of
+    /// `launch.args` must stay in device memory until the launch completes. Device backends
+    /// only; the host backend runs collectives on the CPU and refuses.
+    fn launch_exec(&self, launch: &ExecLaunch, stream: Stream) -> Result<()>;
+
+    /// Runs `f` with this thread's stream-capture mode relaxed, so that the allocations and
+    /// registrations an operation makes while a graph is being captured (programs, and
+    /// connections made on first use) are allowed, as NCCL does.
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()>;
+
+    /// Whether work enqueued on `stream` is being captured into a graph (then it is recorded,
+    /// not run, and may be replayed any number of times later).
+    fn is_capturing(&self, stream: Stream) -> Result<bool>;
+
+    /// Enqueues a copy of `bytes` from pinned host memory at `src` to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `src` must be page-locked memory of this backend ([`DeviceBackend::alloc_host_mapped`])
+    /// that stays allocated and unchanged until the copy has run (for a captured stream: as
+    /// long as the graph may be replayed).
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()>;
 
     /// The host address of device memory `ptr..ptr+bytes`, for backends whose memory the CPU
     /// can address (the host backend, whose collectives CPU threads run); the range must lie

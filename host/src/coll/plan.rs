@@ -26,7 +26,12 @@ pub struct OpCtx {
     pub src: usize,
     /// Host address of the destination buffer (0 when the rank writes none).
     pub dst: usize,
+    /// Bytes of the source and destination buffers this rank touches.
+    pub src_len: usize,
+    pub dst_len: usize,
     pub reducer: Reducer,
+    /// The protocol of the steps (the format of the FIFO slots on device backends).
+    pub proto: Protocol,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,18 +92,23 @@ fn task_bytes(task: &Task, nranks: usize) -> usize {
     }
 }
 
-/// Per-step latency (us) and bandwidth (GB/s) of each protocol on the host backend.
-fn proto_model(p: Protocol) -> (f32, f32, usize) {
-    match p {
-        Protocol::Ll => (4.0, 1.5, 16 * 1024),
-        Protocol::Ll128 => (6.0, 3.0, 128 * 1024),
-        Protocol::Simple => (12.0, 6.0, SLOT_BYTES),
+/// Per-step latency (us) and bandwidth (GB/s) of each protocol, and the host backend's chunk.
+fn proto_model(p: Protocol, device: bool) -> (f32, f32, usize) {
+    match (p, device) {
+        (Protocol::Ll, false) => (4.0, 1.5, 16 * 1024),
+        (Protocol::Ll128, false) => (6.0, 3.0, 128 * 1024),
+        (Protocol::Simple, false) => (12.0, 6.0, SLOT_BYTES),
+        // The device interpreter: LL skips the fence and the counter round trip but moves
+        // half its bytes as flags; LL128 loses 1/16; Simple pays a system fence per step.
+        (Protocol::Ll, true) => (2.0, 30.0, 0),
+        (Protocol::Ll128, true) => (3.0, 120.0, 0),
+        (Protocol::Simple, true) => (6.0, 200.0, 0),
     }
 }
 
 /// The cost model: time of `algo`/`proto` for `bytes` on `n` ranks, or IGNORE if unusable.
-fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize) -> f32 {
-    let (lat, bw, _) = proto_model(proto);
+fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize, device: bool) -> f32 {
+    let (lat, bw, _) = proto_model(proto, device);
     let nf = n as f32;
     let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
     match (kind, algo) {
@@ -129,19 +139,11 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let n_algo = Algorithm::ALL.len();
     let n_proto = Protocol::ALL.len();
     let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
+    let device = comm.backend().kind() != crate::backend::BackendKind::Host;
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
-            // Device backends run rings, and trees except for pre-multiplying operators
-            // (PreMulSum, and Avg on float types, which is PreMulSum by 1/n): a device step
-            // applies the pre-multiplication to every input after the first, which is wrong for
-            // a second child's partial result.
-            let premul = matches!(task.op, ReduceOp::PreMulSum(_))
-                || (matches!(task.op, ReduceOp::Avg) && task.dtype.is_float());
-            let device_ok = comm.backend().kind() == crate::backend::BackendKind::Host
-                || a == Algorithm::Ring
-                || (a == Algorithm::Tree && !premul);
-            if device_ok && allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
-                costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n);
+            if allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
+                costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n, device);
             }
         }
     }
@@ -156,14 +158,14 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let best = table.best();
     let (algo, proto, time_us) = match best {
         Some(b) => b,
-        // What the user forced cannot run here (a PreMulSum tree on device buffers): ring.
+        // What the user forced does not exist for this collective (a tree all-gather): ring.
         None if comm.backend().kind() != crate::backend::BackendKind::Host => {
             tracing::info!(
                 target: "TUNING",
                 "{}: no allowed algorithm runs this on device buffers (NCCL_ALGO / NCCL_PROTO); using Ring/Simple",
                 task.kind.name()
             );
-            let time = model_time(&task.kind, Algorithm::Ring, Protocol::Simple, bytes, n);
+            let time = model_time(&task.kind, Algorithm::Ring, Protocol::Simple, bytes, n, true);
             (Algorithm::Ring, Protocol::Simple, time)
         }
         None => {
@@ -174,17 +176,34 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
         }
     };
     let config = comm.config();
-    let by_size = if bytes >= 4 << 20 { 2 } else { 1 };
+    // Device channels are blocks of the interpreter, each with its own connections (8 MiB of
+    // slots each): one per 4 MiB moved, up to 16; the host backend's are polled by one thread.
+    let (by_size, most) = if device {
+        ((bytes >> 22).clamp(1, 16) as u32, 16)
+    } else {
+        (if bytes >= 4 << 20 { 2 } else { 1 }, 4)
+    };
     let wanted = if channels > 0 { channels as u32 } else { by_size };
-    let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(4));
-    let device = comm.backend().kind() != crate::backend::BackendKind::Host;
-    let mut chunk_bytes = if device { GPU_SLOT_BYTES } else { proto_model(proto).2 };
+    let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(most));
+    let most_chunk = if device { device_chunk(proto) } else { SLOT_BYTES };
+    let mut chunk_bytes = if device { most_chunk } else { proto_model(proto, false).2 };
     if let Some(t) = &plugins.tuner {
         if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, coll_type(&task.kind), bytes, algo, proto, channels as i32) {
-            chunk_bytes = c.clamp(task.dtype.size(), if device { GPU_SLOT_BYTES } else { SLOT_BYTES });
+            chunk_bytes = c.clamp(task.dtype.size(), most_chunk);
         }
     }
     Ok(Choice { algo, proto, channels, chunk_bytes, time_us })
+}
+
+/// The most payload bytes one device step of `proto` carries (a slot of GPU_SLOT_BYTES in the
+/// protocol's format), a multiple of 16.
+pub fn device_chunk(proto: Protocol) -> usize {
+    let p = match proto {
+        Protocol::Ll => rustccl_kernels::exec::PROTO_LL,
+        Protocol::Ll128 => rustccl_kernels::exec::PROTO_LL128,
+        Protocol::Simple => rustccl_kernels::exec::PROTO_SIMPLE,
+    };
+    rustccl_kernels::exec::payload_capacity(p, GPU_SLOT_BYTES) / 16 * 16
 }
 
 /// The cost model's estimate for a task, in microseconds (`ncclGroupSimulateEnd`).
@@ -262,7 +281,10 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         let ctx = OpCtx {
             src: address(comm, task.send, src_len, &format!("{name}: send buffer"))?,
             dst: address(comm, task.recv, dst_len, &format!("{name}: receive buffer"))?,
+            src_len,
+            dst_len,
             reducer: Reducer::new(task.dtype, op),
+            proto: Protocol::Simple,
         };
         let ci = ctxs.len();
         ctxs.push(ctx);
@@ -291,6 +313,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
             _ => {}
         }
         let choice = choose(comm, task)?;
+        ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
         tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
         for c in 0..choice.channels {
@@ -321,6 +344,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         }
         // The receive's context gets the send's source.
         ctxs[r].src = ctxs[s].src;
+        ctxs[r].src_len = ctxs[s].src_len;
         push(ItemKey::Local, r, local_steps(sb, false));
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();

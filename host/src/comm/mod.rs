@@ -22,12 +22,10 @@ use crate::coll::program::Link;
 use crate::plugin::CommPlugins;
 use crate::transport::{proxy::Proxy, Connection, Context, Dir};
 
-/// A stream of the communicator's device and a pool of events, kept across operations so
-/// that an operation does not pay for making them.
+/// What the device executor keeps across operations (device backends).
 #[derive(Default)]
 pub(crate) struct DeviceCache {
-    pub stream: Option<crate::backend::Stream>,
-    pub events: Vec<crate::backend::Event>,
+    pub exec: crate::coll::device::ExecState,
 }
 
 /// A communicator's connections, made on first use and kept until destroy.
@@ -206,6 +204,9 @@ impl Communicator {
             State::InProgress | State::Ready => {}
             State::Failed(e) => return Some(e.clone()),
         }
+        if let Some(e) = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Some(e);
+        }
         self.inner.bootstrap.get().and_then(|b| b.failure())
     }
 
@@ -305,6 +306,7 @@ impl Communicator {
         }
         self.ready("revoke")?;
         self.inner.stop.revoked.store(true, Ordering::Release);
+        self.device_cache().exec.abort();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} revoked", self.inner.rank, self.inner.comm_hash);
         Ok(())
     }
@@ -314,6 +316,13 @@ impl Communicator {
         self.ready("finalize")?;
         if self.inner.finalized.swap(true, Ordering::AcqRel) {
             return self.fail(Error::invalid_argument("finalize: the communicator was already finalized"));
+        }
+        // Outstanding device work completes (a failure stops it through the watchdog).
+        if let Err(e) = self.wait_device_idle() {
+            return self.fail(e.context("finalize"));
+        }
+        if let Some(e) = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return self.fail(e.context("finalize"));
         }
         Ok(())
     }
@@ -337,6 +346,7 @@ impl Communicator {
     /// progress; always succeeds. Peers see this rank as failed.
     pub fn abort(&self) -> Result<()> {
         self.inner.stop.abort.store(true, Ordering::Release);
+        self.device_cache().exec.abort();
         self.inner.destroyed.store(true, Ordering::Release);
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(false);
@@ -446,6 +456,56 @@ impl Communicator {
 }
 
 impl Communicator {
+    /// Starts the thread that watches this communicator's device work: when a peer dies, a
+    /// network connection fails, the communicator is aborted or revoked, or a kernel reports
+    /// an error, it records the error (the asynchronous error from then on) and tells the
+    /// kernels to stop. It ends with the communicator.
+    pub(crate) fn start_watchdog(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let spawned = std::thread::Builder::new().name("rustccl-watchdog".into()).spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            let Some(inner) = weak.upgrade() else { return };
+            let comm = Communicator { inner };
+            if comm.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                comm.device_cache().exec.abort();
+                continue;
+            }
+            if let Some(e) = comm.device_failure() {
+                comm.device_cache().exec.abort();
+                let e = comm.record_error(e);
+                comm.mark_broken(&e);
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(target: "INIT", "rank {}: no watchdog thread ({e}); failures will not stop kernels", self.inner.rank);
+        }
+    }
+
+    /// Why device work of this communicator must stop, if it must: a kernel's report, an
+    /// abort or revoke, a failed peer, a failed network connection.
+    fn device_failure(&self) -> Option<Error> {
+        let control = self.device_cache().exec.control_host()?;
+        crate::coll::device::control_error(control, self.inner.rank)
+            .or_else(|| self.check_running("collective").err())
+            .or_else(|| self.lock_transports().conns.values().find_map(|c| c.failure()))
+    }
+
+    /// Waits until this communicator's device work has completed; a failure found meanwhile
+    /// stops the kernels (so this never waits on a dead peer).
+    fn wait_device_idle(&self) -> Result<()> {
+        let backend = &self.inner.shared.backend;
+        let Some(event) = self.device_cache().exec.last_event() else { return Ok(()) };
+        let mut spins = 0u32;
+        while !backend.query_event(event)? {
+            if spins % 64 == 0 && self.device_failure().is_some() {
+                self.device_cache().exec.abort();
+            }
+            spins += 1;
+            std::thread::sleep(std::time::Duration::from_micros(if spins < 100 { 10 } else { 500 }));
+        }
+        Ok(())
+    }
+
     /// Drops this communicator's hold on its plugins (finalizing their per-communicator state
     /// once no operation uses them any more).
     /// The executor's reusable device objects.
@@ -454,15 +514,14 @@ impl Communicator {
     }
 
     fn release_plugins(&self) {
-        let cache = std::mem::take(&mut *self.device_cache());
+        if let Err(e) = self.wait_device_idle() {
+            tracing::warn!(target: "INIT", "rank {}: waiting for the device before release: {}", self.inner.rank, e.message);
+        }
+        let mut cache = std::mem::take(&mut *self.device_cache());
         let backend = &self.inner.shared.backend;
-        if let Some(s) = cache.stream {
-            let _ = backend.synchronize(s);
-            let _ = backend.destroy_stream(s);
-        }
-        for e in cache.events {
-            let _ = backend.destroy_event(e);
-        }
+        // Kernels still running use the connections and the images: they finish (or, after
+        // an abort, stop) first.
+        cache.exec.release(backend);
         // Connections and the proxy first: they use the network plugin's context.
         let transports = std::mem::take(&mut *self.lock_transports());
         if let Some(p) = &transports.proxy {

@@ -45,6 +45,8 @@ pub struct Fifo {
     /// Host address of slot 0 when the slots are host memory mapped into a device (the proxy
     /// hands them to the network); equal to `slots` for host FIFOs.
     host_slots: u64,
+    /// Device address of the header (0 when no device maps it).
+    device_header: u64,
     slot_bytes: usize,
 }
 
@@ -63,29 +65,37 @@ impl Fifo {
     pub unsafe fn new(base: *mut u8, slot_bytes: usize) -> Fifo {
         // SAFETY: within the region (see above).
         let slots = unsafe { base.add(header_bytes()) } as u64;
-        Fifo { base, slots, host_slots: slots, slot_bytes }
+        Fifo { base, slots, host_slots: slots, device_header: 0, slot_bytes }
     }
 
-    /// A FIFO in host memory (`fifo_bytes(slot_bytes)` at `base`) whose slots a device reaches
-    /// at `device_slots` (the same memory, registered with the device backend).
+    /// A FIFO in host memory (`fifo_bytes(slot_bytes)` at `base`) that a device reaches at
+    /// `device_base` (the same memory, registered with the device backend).
     ///
     /// # Safety
-    /// As for [`Fifo::new`]; `device_slots` must map the slots while the `Fifo` exists.
-    pub unsafe fn with_mapped_slots(base: *mut u8, device_slots: u64, slot_bytes: usize) -> Fifo {
+    /// As for [`Fifo::new`]; `device_base` must map the whole FIFO while the `Fifo` exists.
+    pub unsafe fn with_mapped_slots(base: *mut u8, device_base: u64, slot_bytes: usize) -> Fifo {
         // SAFETY: within the region (see above).
         let host_slots = unsafe { base.add(header_bytes()) } as u64;
-        Fifo { base, slots: device_slots, host_slots, slot_bytes }
+        let slots = device_base + header_bytes() as u64;
+        Fifo { base, slots, host_slots, device_header: device_base, slot_bytes }
     }
 
-    /// A FIFO whose header is at `header` (host memory both sides map) and whose `STEPS`
-    /// slots are at `slots` in device memory. Only the index methods (`free_index`,
-    /// `ready_index`, `slot_addr`, `push`, `pop`) may be used: the CPU cannot touch the slots.
+    /// A FIFO whose header is at `header` (host memory both sides map; devices reach it at
+    /// `device_header`) and whose `STEPS` slots are at `slots` in device memory. Only the
+    /// index methods (`free_index`, `ready_index`, `slot_addr`, `push`, `pop`) may be used:
+    /// the CPU cannot touch the slots.
     ///
     /// # Safety
     /// As for [`Fifo::new`], for `header_bytes()` bytes at `header`; `slots` must hold
-    /// `STEPS * slot_bytes` bytes of device memory while the `Fifo` exists.
-    pub unsafe fn with_device_slots(header: *mut u8, slots: u64, slot_bytes: usize) -> Fifo {
-        Fifo { base: header, slots, host_slots: 0, slot_bytes }
+    /// `STEPS * slot_bytes` bytes of device memory, and `device_header` map the header, while
+    /// the `Fifo` exists.
+    pub unsafe fn with_device_slots(header: *mut u8, device_header: u64, slots: u64, slot_bytes: usize) -> Fifo {
+        Fifo { base: header, slots, host_slots: 0, device_header, slot_bytes }
+    }
+
+    /// Device address of the header (0 for FIFOs no device maps).
+    pub fn device_header(&self) -> u64 {
+        self.device_header
     }
 
     /// Producer: index of the next free slot, if any.

@@ -92,8 +92,9 @@ impl Connection {
 
 /// Bytes of each FIFO slot.
 pub const SLOT_BYTES: usize = 512 * 1024;
-/// Bytes of each FIFO slot of device connections (fewer, larger steps: each costs a launch).
-pub const GPU_SLOT_BYTES: usize = 4 << 20;
+/// Bytes of each FIFO slot of device connections (NCCL's Simple buffer is 4 MiB over 8 steps;
+/// ours is 8 MiB per connection).
+pub const GPU_SLOT_BYTES: usize = 1 << 20;
 
 /// The bootstrap tag under which the receiver of `link` sends its handle.
 fn handle_tag(purpose: Purpose) -> u64 {
@@ -158,12 +159,15 @@ impl Context<'_> {
                 let mut msg = vec![2u8];
                 msg.extend_from_slice(&hhandle.to_bytes());
                 msg.extend_from_slice(&dhandle.to_bytes());
+                // SAFETY: the header mapping outlives the registration (released after it).
+                let hdev = unsafe { self.backend.register_host(haddr as *mut u8, hb)? };
                 let mem = vec![
                     Memory::Exported { backend: Arc::clone(self.backend), ptr: dptr },
+                    Memory::Registered { backend: Arc::clone(self.backend), ptr: hdev },
                     Memory::Exported { backend: host, ptr: hptr },
                 ];
                 // SAFETY: header and slots sized for the FIFO, kept alive by `mem`.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, GPU_SLOT_BYTES) }, mem, msg))
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, hdev.0, dptr.0, GPU_SLOT_BYTES) }, mem, msg))
             }
             _ => {
                 let (hptr, hhandle) = host.alloc_shareable(0, hb + slots)?;
@@ -177,7 +181,7 @@ impl Context<'_> {
                     Memory::Exported { backend: host, ptr: hptr },
                 ];
                 // SAFETY: as above; the slots follow the header in the registered mapping.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem, msg))
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem, msg))
             }
         }
     }
@@ -196,9 +200,15 @@ impl Context<'_> {
                 let haddr = host.host_address(hptr, hb)?;
                 let dhandle = ShareHandle::from_bytes(msg.get(1 + handle_len..).ok_or_else(|| Error::internal("short handle"))?)?;
                 let dptr = self.backend.import(self.device, &dhandle)?;
-                let mem = vec![Memory::Imported { backend: Arc::clone(self.backend), ptr: dptr }, host_mem];
+                // SAFETY: the imported header mapping outlives the registration (released after it).
+                let hdev = unsafe { self.backend.register_host(haddr as *mut u8, hb)? };
+                let mem = vec![
+                    Memory::Imported { backend: Arc::clone(self.backend), ptr: dptr },
+                    Memory::Registered { backend: Arc::clone(self.backend), ptr: hdev },
+                    host_mem,
+                ];
                 // SAFETY: mapped while `mem` lives.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, GPU_SLOT_BYTES) }, mem))
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, hdev.0, dptr.0, GPU_SLOT_BYTES) }, mem))
             }
             _ => {
                 let haddr = host.host_address(hptr, hb + slots)?;
@@ -206,7 +216,7 @@ impl Context<'_> {
                 let dptr = unsafe { self.backend.register_host(haddr as *mut u8, hb + slots)? };
                 let mem = vec![Memory::Registered { backend: Arc::clone(self.backend), ptr: dptr }, host_mem];
                 // SAFETY: as above.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem))
+                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem))
             }
         }
     }
@@ -338,8 +348,8 @@ impl Establish {
             // SAFETY: `mem` outlives the registration (released after it, see `memory`).
             let dptr = unsafe { cx.backend.register_host(mem.ptr(), fifo_bytes(slot))? };
             memory.push(Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr });
-            // SAFETY: as above; the registration maps the whole FIFO, slots after the header.
-            unsafe { Fifo::with_mapped_slots(mem.ptr(), dptr.0 + fifo::header_bytes() as u64, slot) }
+            // SAFETY: as above; the registration maps the whole FIFO.
+            unsafe { Fifo::with_mapped_slots(mem.ptr(), dptr.0, slot) }
         };
         memory.push(Memory::Local(mem));
         let (base, len) = fifo.slots_region();

@@ -116,4 +116,11 @@ RUSTCCL_DEVICE void rustccl_store_volatile(T* ptr, T value) {
   *(volatile T*)ptr = value;
 }
 
+// Kernel parameters read in place (no per-thread copy) where the architecture allows it.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 700) && !RUSTCCL_HIP
+#define RUSTCCL_GRID_CONSTANT __grid_constant__
+#else
+#define RUSTCCL_GRID_CONSTANT
+#endif
+
 #endif  // RUSTCCL_PORT_H

@@ -83,7 +83,9 @@ enum Kind {
     /// `alloc_host_mapped`: `host` is the host address.
     HostMapped { host: usize },
     /// `register_host`.
-    Registered { host: usize },
+    /// Host memory registered (`refs` times: a process may register the same mapping for
+    /// both ends of a connection).
+    Registered { host: usize, refs: usize },
     /// `import` of another process's memory; `refs` imports of the same handle share it.
     Imported { handle: [u8; IPC_HANDLE_BYTES], refs: usize },
 }
@@ -721,6 +723,24 @@ impl DeviceBackend for CudaBackend {
             c if c.is_null() => 0,
             c => self.ctx_device(Ctx(c))?,
         };
+        {
+            let mut table = self.write_memory();
+            for e in table.entries.values_mut() {
+                if let Kind::Registered { host, refs } = &mut e.kind {
+                    if *host == ptr as usize && e.bytes == bytes {
+                        *refs += 1;
+                        drop(table);
+                        let mut dev: sys::CUdeviceptr = 0;
+                        // SAFETY: the range is registered with DEVICEMAP (PORTABLE: every context).
+                        check(
+                            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) },
+                            "cuMemHostGetDevicePointer",
+                        )?;
+                        return Ok(DevicePtr(dev));
+                    }
+                }
+            }
+        }
         let _g = CtxGuard::enter(self.primary(device)?)?;
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
         // SAFETY: the caller promises the range stays valid until unregister_host.
@@ -740,14 +760,18 @@ impl DeviceBackend for CudaBackend {
         }
         self.write_memory()
             .entries
-            .insert(dev, Entry { bytes, device: None, kind: Kind::Registered { host: ptr as usize } });
+            .insert(dev, Entry { bytes, device: None, kind: Kind::Registered { host: ptr as usize, refs: 1 } });
         Ok(DevicePtr(dev))
     }
 
     fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
         let mut table = self.write_memory();
-        let host = match table.entries.get(&ptr.0) {
-            Some(Entry { kind: Kind::Registered { host }, .. }) => *host,
+        let host = match table.entries.get_mut(&ptr.0) {
+            Some(Entry { kind: Kind::Registered { refs, .. }, .. }) if *refs > 1 => {
+                *refs -= 1;
+                return Ok(());
+            }
+            Some(Entry { kind: Kind::Registered { host, .. }, .. }) => *host,
             _ => {
                 return Err(Error::invalid_argument(format!(
                     "unregister_host: {ptr} is not host memory registered with the CUDA backend"
@@ -1126,6 +1150,85 @@ impl DeviceBackend for CudaBackend {
 
     fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
         Err(Error::invalid_usage("host_address: device memory is not host-addressable (cuda backend)"))
+    }
+
+    fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
+        let place = self.place(stream, Some(launch.device))?;
+        if place.device != launch.device {
+            return Err(Error::invalid_usage(format!(
+                "the stream belongs to device {} but the communicator to device {}",
+                place.device, launch.device
+            )));
+        }
+        for &(ptr, bytes) in &launch.buffers {
+            if let Some(owner) = self.check_range(ptr, bytes, "buffer")? {
+                self.ensure_peer(place.device, owner)?;
+            }
+        }
+        for &ptr in &launch.slots {
+            if let Some(owner) = self.tracked_device(ptr) {
+                self.ensure_peer(place.device, owner)?;
+            }
+        }
+        let cc = self.devices[place.device].cc;
+        let f = self.kernels.exec(place.ctx, cc, self.driver_version, launch.op, launch.dtype)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        let mut args = launch.args;
+        let mut params = [&mut args as *mut rustccl_kernels::exec::ExecArgs as *mut c_void];
+        // SAFETY: the kernel takes one RustcclExecArgs by value (same layout, checked in
+        // rustccl_kernels::exec); the driver copies it before returning; the program it points
+        // to is device memory the caller keeps until the launch completes.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.func.0,
+                    launch.blocks.max(1),
+                    1,
+                    1,
+                    rustccl_kernels::exec::EXEC_THREADS,
+                    1,
+                    1,
+                    0,
+                    raw_stream(stream),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel(rustccl_exec)",
+        )
+    }
+
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: swaps a thread-local setting; restored below.
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+        let r = f();
+        // SAFETY: as above, putting the caller's mode back.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        r
+    }
+
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        let place = self.place(stream, None)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: writes one enum.
+        check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let place = self.place_for(stream, &[dst])?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        self.check_range(dst, bytes, "copy destination")?;
+        // SAFETY: the caller keeps `src` pinned and valid until the copy runs; `dst` checked.
+        check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src as *const c_void, bytes, raw_stream(stream)) },
+            "cuMemcpyHtoDAsync",
+        )
     }
 }
 

@@ -89,6 +89,15 @@ pub(crate) struct Kernels {
     blobs: Mutex<HashMap<i32, Arc<Blob>>>,
     /// By context.
     loaded: Mutex<HashMap<usize, Arc<Loaded>>>,
+    /// The collective interpreter, by (context, operator, type): compiled on first use of
+    /// each pair (one compile per architecture, then the disk cache), loaded once per context.
+    exec: Mutex<HashMap<(usize, DeviceOp, DataType), ExecFunc>>,
+}
+
+/// The interpreter of one (operator, type) in one context (its module stays loaded).
+#[derive(Clone, Copy)]
+pub(crate) struct ExecFunc {
+    pub func: Func,
 }
 
 /// The compile options, besides the architecture and include directories.
@@ -132,6 +141,35 @@ impl Kernels {
         Ok(l)
     }
 
+    /// The collective interpreter for `op` on `dtype` in context `ctx`.
+    pub(crate) fn exec(&self, ctx: Ctx, cc: i32, driver_version: i32, op: DeviceOp, dtype: DataType) -> Result<ExecFunc> {
+        let key = (ctx.key(), op, dtype);
+        // Held across the compile: one compile of a pair at a time.
+        let mut exec = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = exec.get(&key) {
+            return Ok(*f);
+        }
+        let defines = rustccl_kernels::exec::exec_defines(op, dtype as i32)
+            .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))?;
+        let what = format!("collective kernel {}/{}", op.suffix(), dtype);
+        let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: &what };
+        let blob = compile_or_load(cc, driver_version, &unit)?;
+        let _g = CtxGuard::enter(ctx)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is a CUBIN, or NUL-terminated PTX, that outlives the call.
+        check(
+            unsafe { sys::cuModuleLoadData(&mut module, blob.image.as_ptr() as *const std::ffi::c_void) },
+            &format!("cuModuleLoadData({what})"),
+        )?;
+        let name = CString::new(rustccl_kernels::exec::EXEC_KERNEL).expect("no NUL");
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: the module was just loaded and is never unloaded; writes one handle.
+        check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction(rustccl_exec)")?;
+        let e = ExecFunc { func: Func(f) };
+        exec.insert(key, e);
+        Ok(e)
+    }
+
     /// How the kernels loaded in `ctx` were obtained; None when none are loaded there.
     pub(crate) fn loaded_info(&self, ctx: Ctx) -> Option<KernelInfo> {
         self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&ctx.key()).map(|l| l.info.clone())
@@ -145,13 +183,23 @@ impl Kernels {
         if let Some(b) = blobs.get(&cc) {
             return Ok(b.clone());
         }
-        let b = Arc::new(compile_or_load(cc, driver_version)?);
+        let b = Arc::new(compile_or_load(cc, driver_version, &REDUCE_UNIT)?);
         blobs.insert(cc, b.clone());
         Ok(b)
     }
 }
 
-fn compile_or_load(cc: i32, driver_version: i32) -> Result<Blob> {
+/// A compilation unit among the kernel sources, with its extra options.
+struct Unit<'a> {
+    name: &'a str,
+    defines: &'a [String],
+    /// What the log calls it.
+    what: &'a str,
+}
+
+const REDUCE_UNIT: Unit<'static> = Unit { name: REDUCE_SOURCE, defines: &[], what: "kernels" };
+
+fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blob> {
     let start = Instant::now();
     let nvrtc = Nvrtc::get()?;
     let target = nvrtc.target_for(cc).ok_or_else(|| {
@@ -169,13 +217,16 @@ fn compile_or_load(cc: i32, driver_version: i32) -> Result<Blob> {
     let includes = nvrtc::include_dirs_from_env(&nvrtc.path);
     let mut options = base_options(have_fp8);
     options.push(format!("--gpu-architecture={}", target.arch));
+    options.extend(unit_desc.defines.iter().cloned());
     for dir in &includes {
         options.push(format!("-I{}", dir.display()));
     }
+    let what = format!("{} ({})", unit_desc.what, unit_desc.name);
     // The key: every source, the architecture, the driver, the options and NVRTC's version.
     let mut key_options: Vec<String> = options.clone();
     key_options.push(format!("nvrtc-{}.{}", nvrtc.version.0, nvrtc.version.1));
     key_options.push(format!("output-{}", if target.cubin { "cubin" } else { "ptx" }));
+    key_options.push(format!("unit-{}", unit_desc.name));
     let key_refs: Vec<&str> = key_options.iter().map(String::as_str).collect();
     let key = CacheKey::new(rustccl_kernels::sources(), &target.arch, driver_version as u32, &key_refs);
     let cache = KernelCache::from_env();
@@ -192,7 +243,7 @@ fn compile_or_load(cc: i32, driver_version: i32) -> Result<Blob> {
                 };
                 tracing::info!(
                     target: "INIT",
-                    "CUDA kernels for {}: kernel cache hit {} ({} bytes, {:.1} ms), no compile",
+                    "CUDA {what} for {}: kernel cache hit {} ({} bytes, {:.1} ms), no compile",
                     info.arch,
                     cache.path_for(&key).display(),
                     image.len(),
@@ -209,9 +260,9 @@ fn compile_or_load(cc: i32, driver_version: i32) -> Result<Blob> {
         }
     }
 
-    let unit = rustccl_kernels::source(REDUCE_SOURCE).expect("reduce.cu is embedded");
+    let unit = rustccl_kernels::source(unit_desc.name).expect("every unit is embedded");
     let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
-    let image = nvrtc.compile((REDUCE_SOURCE, unit), &headers, &options, target.cubin).map_err(|e| {
+    let image = nvrtc.compile((unit_desc.name, unit), &headers, &options, target.cubin).map_err(|e| {
         if includes.is_empty() {
             e.context(format!(
                 "CUDA headers not found (no cuda_fp16.h in {}, $CUDA_HOME/include, next to {} or \
@@ -248,7 +299,7 @@ fn compile_or_load(cc: i32, driver_version: i32) -> Result<Blob> {
     }
     tracing::info!(
         target: "INIT",
-        "CUDA kernels for {}: compiled by NVRTC {}.{} in {:.1} ms ({} bytes){}",
+        "CUDA {what} for {}: compiled by NVRTC {}.{} in {:.1} ms ({} bytes){}",
         info.arch,
         nvrtc.version.0,
         nvrtc.version.1,
@@ -273,4 +324,21 @@ pub fn compile_only(cc: i32) -> Result<(String, usize)> {
     let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
     let image = nvrtc.compile((REDUCE_SOURCE, unit), &headers, &options, target.cubin)?;
     Ok((target.arch, image.len()))
+}
+
+/// Compiles the collective interpreter for `op` on `dtype` (no device, no cache): the compile
+/// check of `exec.cu`.
+pub fn compile_exec_only(cc: i32, op: DeviceOp, dtype: DataType) -> Result<usize> {
+    let nvrtc = Nvrtc::get()?;
+    let target = nvrtc.target_for(cc).ok_or_else(|| Error::cuda(format!("NVRTC cannot compile for {cc}")))?;
+    let mut options = base_options(nvrtc.version >= (11, 8));
+    options.push(format!("--gpu-architecture={}", target.arch));
+    options.extend(rustccl_kernels::exec::exec_defines(op, dtype as i32).ok_or_else(|| Error::internal("no such kernel"))?);
+    for dir in nvrtc::include_dirs_from_env(&nvrtc.path) {
+        options.push(format!("-I{}", dir.display()));
+    }
+    let name = rustccl_kernels::exec::EXEC_SOURCE;
+    let unit = rustccl_kernels::source(name).expect("exec.cu is embedded");
+    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
+    Ok(nvrtc.compile((name, unit), &headers, &options, target.cubin)?.len())
 }

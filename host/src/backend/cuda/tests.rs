@@ -116,3 +116,26 @@ fn device_code_compiles_with_nvrtc_when_present() {
     assert_eq!(arch, "sm_90");
     assert!(bytes > 10_000, "{bytes}");
 }
+
+/// Compiles the collective interpreter for a spread of operators and types when NVRTC can be
+/// found (no GPU needed); skipped, with the reason printed, where it cannot (as on CI).
+#[test]
+fn exec_kernel_compiles_with_nvrtc_when_present() {
+    if let Err(e) = nvrtc::Nvrtc::get() {
+        eprintln!("skipped: {}", e.message);
+        return;
+    }
+    use rustccl_kernels::DeviceOp::*;
+    for (op, dtype) in [
+        (Sum, DataType::Uint8),
+        (Sum, DataType::Float32),
+        (Prod, DataType::Float64),
+        (Min, DataType::Float16),
+        (Max, DataType::Float8e4m3),
+        (PreMulSum, DataType::Bfloat16),
+        (SumPostDiv, DataType::Int32),
+    ] {
+        let bytes = module::compile_exec_only(90, op, dtype).unwrap_or_else(|e| panic!("{op:?} {dtype}: {}", e.message));
+        assert!(bytes > 10_000, "{op:?} {dtype}: {bytes}");
+    }
+}

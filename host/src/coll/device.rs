@@ -1,0 +1,394 @@
+//! The device executor: a communicator's share of a group, on a device backend, becomes one
+//! launch of the collective interpreter (`kernels/src/device/exec.cu`) on the caller's stream
+//! — or a few in a row when its reductions differ in operator or element type, each launch
+//! being compiled for one pair. The host encodes the planner's programs into a program image
+//! (work items, steps, buffers, connections), puts it in device memory and launches; it does
+//! not wait. Completion is the stream's business, as with NCCL; failures found later (a dead
+//! peer, a peer whose counts differ, an abort) reach the kernel through the control block and
+//! the caller through the communicator's asynchronous error.
+//!
+//! Images are cached per communicator by content, so a loop over the same buffers pays the
+//! upload once. A launch captured into a CUDA graph gets an image of its own that lives as
+//! long as the communicator, since the graph may be replayed at any time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustccl_kernels::exec::{self as k, ExecArgs, ExecConn, ExecCtx, ExecItem, ExecStep};
+use rustccl_kernels::DeviceOp;
+use rustccl_plugin_api::Protocol;
+
+use super::plan::CommRun;
+use super::program::Link;
+use crate::backend::{DeviceBackend, DevicePtr, Event, ExecLaunch, HostMapped, Stream};
+use crate::error::{Error, Result};
+use crate::transport::{Connection, Dir, Kind};
+use crate::types::DataType;
+
+type Links = HashMap<(Link, Dir), Arc<Connection>>;
+
+/// Images kept per communicator before the cache is emptied (after the device is idle).
+const MAX_CACHED_IMAGES: usize = 1024;
+
+/// A program image: pinned host memory (the copy's source) and device memory (what the kernel
+/// reads).
+struct Image {
+    host: HostMapped,
+    device: DevicePtr,
+}
+
+/// The device executor's state of one communicator (kept in its device cache).
+#[derive(Default)]
+pub(crate) struct ExecState {
+    /// Host memory the kernels poll and write (`ExecControl`).
+    control: Option<HostMapped>,
+    cache: HashMap<Vec<u8>, Image>,
+    /// Images of captured launches: kept until the communicator goes.
+    captured: Vec<Image>,
+    /// The last launch: its stream and an event recorded after it (not while capturing).
+    last: Option<(Stream, Event)>,
+    /// Whether the watchdog runs.
+    pub watching: bool,
+}
+
+impl ExecState {
+    /// The control block, made on first use.
+    fn control(&mut self, backend: &Arc<dyn DeviceBackend>) -> Result<DevicePtr> {
+        if let Some(c) = &self.control {
+            return Ok(c.device);
+        }
+        let c = backend.alloc_host_mapped(std::mem::size_of::<k::ExecControl>().max(64))?;
+        // SAFETY: fresh pinned memory of at least that size, not yet shared with any kernel.
+        unsafe { std::ptr::write_bytes(c.host, 0, c.bytes) };
+        let device = c.device;
+        self.control = Some(c);
+        Ok(device)
+    }
+
+    /// Host address of the control block, if made.
+    pub(crate) fn control_host(&self) -> Option<usize> {
+        self.control.as_ref().map(|c| c.host as usize)
+    }
+
+    /// Tells running and future kernels of this communicator to stop.
+    pub(crate) fn abort(&self) {
+        if let Some(c) = &self.control {
+            // SAFETY: the control block is live pinned memory; `abort` is its first u32, which
+            // kernels only read.
+            unsafe { std::ptr::write_volatile(c.host as *mut u32, 1) };
+        }
+    }
+
+    /// The event recorded after the last launch, if any.
+    pub(crate) fn last_event(&self) -> Option<Event> {
+        self.last.map(|(_, e)| e)
+    }
+
+    /// Frees everything (the device must be idle).
+    pub(crate) fn release(&mut self, backend: &Arc<dyn DeviceBackend>) {
+        let images = self.cache.drain().map(|(_, i)| i).chain(self.captured.drain(..)).collect::<Vec<_>>();
+        for i in images {
+            let _ = backend.free(i.device);
+            let _ = backend.free_host_mapped(i.host);
+        }
+        if let Some((_, e)) = self.last.take() {
+            let _ = backend.destroy_event(e);
+        }
+        if let Some(c) = self.control.take() {
+            let _ = backend.free_host_mapped(c);
+        }
+    }
+
+    /// The device copy of `bytes`, uploaded on `stream` if it is new.
+    fn image(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, bytes: &[u8], capturing: bool, stream: Stream) -> Result<DevicePtr> {
+        if !capturing {
+            if let Some(i) = self.cache.get(bytes) {
+                return Ok(i.device);
+            }
+            if self.cache.len() >= MAX_CACHED_IMAGES {
+                if let Some(e) = self.last_event() {
+                    backend.synchronize_event(e)?;
+                }
+                for (_, i) in self.cache.drain() {
+                    let _ = backend.free(i.device);
+                    let _ = backend.free_host_mapped(i.host);
+                }
+            }
+        }
+        let host = backend.alloc_host_mapped(bytes.len())?;
+        let dev = match backend.alloc(device, bytes.len()) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = backend.free_host_mapped(host);
+                return Err(e);
+            }
+        };
+        // SAFETY: `host` is fresh pinned memory of `bytes.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host.host, bytes.len()) };
+        // SAFETY: `host` stays allocated and unchanged while the image exists, which is until
+        // the communicator goes (captured) or the device is idle (cached).
+        unsafe { backend.copy_from_pinned_async(dev, host.host, bytes.len(), stream)? };
+        let image = Image { host, device: dev };
+        if capturing {
+            self.captured.push(image);
+        } else {
+            self.cache.insert(bytes.to_vec(), image);
+        }
+        Ok(dev)
+    }
+}
+
+/// One launch's worth of a run: the tasks (contexts) it covers and the kernel it needs.
+struct Segment {
+    ctxs: std::ops::Range<usize>,
+    op: DeviceOp,
+    dtype: DataType,
+}
+
+/// Splits the run's tasks, in order, into launches whose reductions share one kernel.
+fn segments(run: &CommRun) -> Vec<Segment> {
+    let mut reduces = vec![false; run.ctxs.len()];
+    for item in &run.items {
+        for (ci, s) in &item.steps {
+            reduces[*ci] |= s.reduce;
+        }
+    }
+    let mut out: Vec<Segment> = Vec::new();
+    let mut start = 0;
+    let mut kernel: Option<(DeviceOp, DataType)> = None;
+    for (ci, ctx) in run.ctxs.iter().enumerate() {
+        if !reduces[ci] {
+            continue;
+        }
+        let r = &ctx.reducer;
+        let want = (crate::backend::cuda::coll_device_op(r.op, r.dtype).0, r.dtype);
+        match kernel {
+            None => kernel = Some(want),
+            Some(have) if have == want => {}
+            Some((op, dtype)) => {
+                out.push(Segment { ctxs: start..ci, op, dtype });
+                start = ci;
+                kernel = Some(want);
+            }
+        }
+    }
+    let (op, dtype) = kernel.unwrap_or((DeviceOp::Sum, DataType::Uint8));
+    out.push(Segment { ctxs: start..run.ctxs.len(), op, dtype });
+    out
+}
+
+fn proto_code(p: Protocol) -> u8 {
+    match p {
+        Protocol::Ll => k::PROTO_LL,
+        Protocol::Ll128 => k::PROTO_LL128,
+        Protocol::Simple => k::PROTO_SIMPLE,
+    }
+}
+
+/// A program image and what its launch needs besides.
+pub(crate) struct Encoded {
+    pub bytes: Vec<u8>,
+    /// Offsets of items, contexts, connections and steps in `bytes`.
+    pub offsets: [usize; 4],
+    pub nitems: u32,
+    pub nconns: u32,
+    pub blocks: u32,
+    pub slots: Vec<DevicePtr>,
+}
+
+fn append<T: Copy>(bytes: &mut Vec<u8>, items: &[T]) -> usize {
+    while bytes.len() % 32 != 0 {
+        bytes.push(0);
+    }
+    let at = bytes.len();
+    bytes.extend_from_slice(k::as_bytes(items));
+    at
+}
+
+/// Encodes the steps of the tasks in `ctxs` (None when they have no step).
+pub(crate) fn encode(run: &CommRun, links: &Links, ctxs: std::ops::Range<usize>) -> Result<Option<Encoded>> {
+    let mut conns: Vec<ExecConn> = Vec::new();
+    let mut slots = Vec::new();
+    let mut index: HashMap<(Link, Dir), u8> = HashMap::new();
+    let mut conn_of = |link: Link, dir: Dir| -> Result<u8> {
+        if let Some(&i) = index.get(&(link, dir)) {
+            return Ok(i);
+        }
+        if conns.len() >= k::EXEC_MAX_CONNS {
+            return Err(Error::invalid_usage(format!(
+                "this group needs more than {} connections on one device; split it into smaller groups",
+                k::EXEC_MAX_CONNS
+            )));
+        }
+        let c = links.get(&(link, dir)).ok_or_else(|| Error::internal("a link was not connected"))?;
+        let mut flags = if dir == Dir::Send { k::CONN_SEND } else { 0 };
+        if c.kind == Kind::P2p {
+            flags |= k::CONN_LINES_WHOLE;
+        }
+        if c.fifo.device_header() == 0 {
+            return Err(Error::internal(format!("the connection with rank {} has no device mapping", link.peer)));
+        }
+        conns.push(ExecConn {
+            slots: c.fifo.slot_addr(0),
+            header: c.fifo.device_header(),
+            slot_bytes: c.fifo.slot_bytes() as u32,
+            flags,
+            pad: 0,
+        });
+        slots.push(DevicePtr(c.fifo.slot_addr(0)));
+        let i = (conns.len() - 1) as u8;
+        index.insert((link, dir), i);
+        Ok(i)
+    };
+    let mut items: Vec<ExecItem> = Vec::new();
+    let mut steps: Vec<ExecStep> = Vec::new();
+    for item in &run.items {
+        let first = steps.len();
+        for (ci, s) in item.steps.iter().filter(|(ci, _)| ctxs.contains(ci)) {
+            if s.recv.len() > k::EXEC_MAX_PEERS || s.send.len() > k::EXEC_MAX_PEERS {
+                return Err(Error::internal("a step with more than two peers on one side"));
+            }
+            let ctx = &run.ctxs[*ci];
+            let mut e = ExecStep {
+                src: s.src.unwrap_or(0) as u64,
+                dst: s.dst.unwrap_or(0) as u64,
+                bytes: u32::try_from(s.bytes).map_err(|_| Error::internal("a step over 4 GiB"))?,
+                ctx: u16::try_from(*ci).map_err(|_| Error::invalid_usage("more than 65535 operations in one group"))?,
+                flags: 0,
+                proto: if s.recv.is_empty() && s.send.is_empty() { k::PROTO_SIMPLE } else { proto_code(ctx.proto) },
+                nrecv: s.recv.len() as u8,
+                nsend: s.send.len() as u8,
+                ..ExecStep::default()
+            };
+            for (flag, on) in [
+                (k::STEP_SRC, s.src.is_some()),
+                (k::STEP_DST, s.dst.is_some()),
+                (k::STEP_REDUCE, s.reduce),
+                (k::STEP_POST, s.post),
+                (k::STEP_SRC_IN_DST, s.src_in_dst),
+            ] {
+                if on {
+                    e.flags |= flag;
+                }
+            }
+            for (j, l) in s.recv.iter().enumerate() {
+                e.recv[j] = conn_of(*l, Dir::Recv)?;
+            }
+            for (j, l) in s.send.iter().enumerate() {
+                e.send[j] = conn_of(*l, Dir::Send)?;
+            }
+            steps.push(e);
+        }
+        if steps.len() > first {
+            items.push(ExecItem { first: first as u32, count: (steps.len() - first) as u32 });
+        }
+    }
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if items.len() > k::EXEC_MAX_BLOCKS * k::EXEC_MAX_ITEMS_PER_BLOCK {
+        return Err(Error::invalid_usage(format!(
+            "this group has {} independent streams of work on one device (at most {}); split it into smaller groups",
+            items.len(),
+            k::EXEC_MAX_BLOCKS * k::EXEC_MAX_ITEMS_PER_BLOCK
+        )));
+    }
+    let exec_ctxs: Vec<ExecCtx> = run
+        .ctxs
+        .iter()
+        .map(|c| {
+            let (_, scalar, divisor) = crate::backend::cuda::coll_device_op(c.reducer.op, c.reducer.dtype);
+            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor }
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    let o_items = append(&mut bytes, &items);
+    let o_ctxs = append(&mut bytes, &exec_ctxs);
+    let o_conns = append(&mut bytes, &conns);
+    let o_steps = append(&mut bytes, &steps);
+    Ok(Some(Encoded {
+        bytes,
+        offsets: [o_items, o_ctxs, o_conns, o_steps],
+        nitems: items.len() as u32,
+        nconns: conns.len() as u32,
+        blocks: items.len().min(k::EXEC_MAX_BLOCKS) as u32,
+        slots,
+    }))
+}
+
+/// Launches the run's work on its stream; returns once it is enqueued.
+pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
+    let comm = &run.comm;
+    let backend = Arc::clone(comm.backend());
+    let device = comm.device()? as usize;
+    let stream = run.stream;
+    let capturing = backend.is_capturing(stream)?;
+    let mut cache = comm.device_cache();
+    let control = cache.exec.control(&backend)?;
+    if !cache.exec.watching {
+        cache.exec.watching = true;
+        comm.start_watchdog();
+    }
+    // Launches of one communicator run in order, whatever streams they come on: each reads
+    // where its connections stand when it starts.
+    if let Some((s, e)) = cache.exec.last {
+        if s != stream && !capturing {
+            backend.stream_wait_event(stream, e)?;
+        }
+    }
+    let buffers: Vec<(DevicePtr, usize)> = run
+        .ctxs
+        .iter()
+        .flat_map(|c| [(DevicePtr(c.src as u64), c.src_len), (DevicePtr(c.dst as u64), c.dst_len)])
+        .filter(|(p, n)| *n > 0 && p.0 != 0)
+        .collect();
+    for seg in segments(run) {
+        let Some(enc) = encode(run, links, seg.ctxs.clone())? else { continue };
+        let base = cache.exec.image(&backend, device, &enc.bytes, capturing, stream)?;
+        let at = |i: usize| base.0 + enc.offsets[i] as u64;
+        let args = ExecArgs {
+            items: at(0),
+            ctxs: at(1),
+            conns: at(2),
+            steps: at(3),
+            control: control.0,
+            nitems: enc.nitems,
+            nconns: enc.nconns,
+        };
+        let l = ExecLaunch {
+            device,
+            op: seg.op,
+            dtype: seg.dtype,
+            args,
+            blocks: enc.blocks,
+            buffers: buffers.clone(),
+            slots: enc.slots,
+        };
+        backend.launch_exec(&l, stream)?;
+    }
+    if !capturing {
+        let e = match cache.exec.last {
+            Some((_, e)) => e,
+            None => backend.create_event(device)?,
+        };
+        backend.record_event(e, stream)?;
+        cache.exec.last = Some((stream, e));
+    }
+    Ok(())
+}
+
+/// What the control block says went wrong, if anything.
+pub(crate) fn control_error(host: usize, rank: u32) -> Option<Error> {
+    // SAFETY: `host` is the live control block of a communicator (the caller keeps it); the
+    // kernel writes the details before the code, with a system fence between.
+    let c = unsafe { std::ptr::read_volatile(host as *const k::ExecControl) };
+    match c.error {
+        0 => None,
+        k::EXEC_ERR_SIZE => Some(Error::invalid_usage(format!(
+            "rank {rank}: a peer sent a step of {} bytes where this rank expected {} (connection {}): \
+             the ranks' counts, types or operations do not match",
+            c.got, c.expected, c.conn
+        ))),
+        code => Some(Error::internal(format!("rank {rank}: the collective kernel stopped with error {code}"))),
+    }
+}

@@ -1,0 +1,555 @@
+// rustccl device code: the collective interpreter. One launch runs a whole group's work on one
+// device: every work item (a ring or tree channel, a peer's sends, a peer's receives) is a list
+// of steps the host planner built (host/src/coll/program.rs); the kernel walks them, moving
+// data between the user's buffers and the FIFO slots of its connections, and synchronising
+// with the peers through the FIFOs' counters. Nothing on the host takes part while it runs, so
+// a launch can be captured in a CUDA graph and replayed.
+//
+// A FIFO (host/src/transport/fifo.rs) is STEPS slots of slot_bytes and a header: `head` (slots
+// the consumer emptied), `tail` (slots the producer filled) and the wire size of each slot.
+// Connection state lives only in those headers: a launch reads where it stands when it starts
+// (the sender its tail, the receiver its head), so consecutive launches, and replays of a
+// graph, carry on where the last one stopped.
+//
+// A step takes inputs from its receive connections (one slot each) and from `src` in user
+// memory, combines them when REDUCE is set (pre-multiplying `src` for PreMulSum; POST applies
+// SumPostDiv's division), and writes the result to `dst` and to one slot of every send
+// connection. Slots hold the payload in one of three formats (the protocol of the step):
+//   Simple  the payload as is; the consumer waits for `tail` (after a system fence).
+//   LL      16-byte lines {data lo, flag, data hi, flag}: 8 payload bytes per line, flag =
+//           slot index + 1; the consumer polls each line's flags, no fence on its path.
+//   LL128   128-byte lines, 120 payload bytes and an 8-byte flag; written and read by 8
+//           threads of a warp in one transaction each. Only NVLink P2P delivers such lines
+//           whole, so other connections fall back to waiting for `tail`.
+// Every protocol also publishes `tail` and the wire size: the network proxy needs them, and
+// the consumer checks the size (a sender whose counts differ is reported, not waited for).
+//
+// Errors and aborts: `control` is host memory the kernel polls (`abort`, set by the host on
+// ncclCommAbort or a failure) and writes (`error`, with the connection, the expected and the
+// received size) before stopping every block.
+//
+// Compiled once per (element type, operator) with -DRUSTCCL_EXEC_ELEM=<elem functor>
+// -DRUSTCCL_EXEC_OP=<RUSTCCL_OP_*>; steps without REDUCE never touch the element type, so a
+// launch of copies alone uses any instantiation. The kernel is `rustccl_exec`.
+#include "port.h"
+#include "elem.h"
+
+#ifndef RUSTCCL_EXEC_ELEM
+#define RUSTCCL_EXEC_ELEM RustcclElemU8
+#endif
+#ifndef RUSTCCL_EXEC_OP
+#define RUSTCCL_EXEC_OP RUSTCCL_OP_SUM
+#endif
+
+#define RUSTCCL_EXEC_STEPS 8ull        // slots per FIFO (transport::fifo::STEPS)
+#define RUSTCCL_EXEC_THREADS 512       // threads per block (rustccl_kernels::EXEC_THREADS)
+#define RUSTCCL_EXEC_MAX_ITEMS 16      // items one block runs (EXEC_MAX_ITEMS_PER_BLOCK)
+#define RUSTCCL_EXEC_MAX_CONNS 256     // connections one launch uses (EXEC_MAX_CONNS)
+#define RUSTCCL_EXEC_MAX_PEERS 2       // receive or send connections of one step
+
+// Step flags.
+#define RUSTCCL_STEP_SRC 1u
+#define RUSTCCL_STEP_DST 2u
+#define RUSTCCL_STEP_REDUCE 4u
+#define RUSTCCL_STEP_POST 8u
+#define RUSTCCL_STEP_SRC_IN_DST 16u
+// Protocols.
+#define RUSTCCL_PROTO_SIMPLE 0
+#define RUSTCCL_PROTO_LL 1
+#define RUSTCCL_PROTO_LL128 2
+// Connection flags.
+#define RUSTCCL_CONN_SEND 1u
+#define RUSTCCL_CONN_LINES_WHOLE 2u    // 128-byte stores arrive whole (NVLink P2P)
+// FIFO header offsets (transport::fifo::FifoHeader).
+#define RUSTCCL_FIFO_HEAD 0
+#define RUSTCCL_FIFO_TAIL 64
+#define RUSTCCL_FIFO_SIZES 128
+// control.error codes.
+#define RUSTCCL_EXEC_ERR_SIZE 1u
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+// The host's #[repr(C)] twins are in kernels/src/lib.rs; sizes are checked there.
+struct RustcclExecStep {   // 32 bytes
+  u64 src;                 // byte offset into the source (the destination with SRC_IN_DST)
+  u64 dst;                 // byte offset into the destination
+  u32 bytes;               // payload bytes
+  unsigned short ctx;      // index into ctxs
+  unsigned char flags;
+  unsigned char proto;
+  unsigned char nrecv, nsend;
+  unsigned char recv[RUSTCCL_EXEC_MAX_PEERS];
+  unsigned char send[RUSTCCL_EXEC_MAX_PEERS];
+  unsigned char pad[2];
+};
+struct RustcclExecItem {   // 8 bytes
+  u32 first, count;
+};
+struct RustcclExecCtx {    // 32 bytes
+  u64 src, dst, scalar, divisor;
+};
+struct RustcclExecConn {   // 32 bytes
+  u64 slots;               // device address of slot 0
+  u64 header;              // device address of the FIFO header
+  u32 slot_bytes;
+  u32 flags;
+  u64 pad;
+};
+struct RustcclExecControl {  // host memory mapped into the device
+  u32 abort;
+  u32 error;
+  u32 conn;
+  u32 pad;
+  u64 expected, got;
+};
+struct RustcclExecArgs {
+  u64 steps, items, ctxs, conns, control;
+  u32 nitems, nconns;
+};
+
+// ---- Whole words of elements -------------------------------------------------------------
+template <typename E, int Op>
+struct RustcclWord {
+  typedef typename E::Raw R;
+  enum { N = 8 / sizeof(R) };
+  union W {
+    u64 u;
+    R r[N];
+  };
+  static RUSTCCL_DEVICE u64 pre(u64 x, u64 scalar) {
+    if (Op != RUSTCCL_OP_PREMULSUM) return x;
+    W a;
+    a.u = x;
+#pragma unroll
+    for (int i = 0; i < N; ++i) a.r[i] = E::mul(a.r[i], (R)scalar);
+    return a.u;
+  }
+  static RUSTCCL_DEVICE u64 combine(u64 x, u64 y) {
+    W a, b;
+    a.u = x;
+    b.u = y;
+#pragma unroll
+    for (int i = 0; i < N; ++i) a.r[i] = rustccl_combine<E, Op>(a.r[i], b.r[i]);
+    return a.u;
+  }
+  static RUSTCCL_DEVICE u64 post(u64 x, u64 divisor) {
+    if (Op != RUSTCCL_OP_SUMPOSTDIV) return x;
+    W a;
+    a.u = x;
+#pragma unroll
+    for (int i = 0; i < N; ++i) a.r[i] = E::div(a.r[i], divisor);
+    return a.u;
+  }
+};
+typedef RustcclWord<RUSTCCL_EXEC_ELEM, RUSTCCL_EXEC_OP> Word;
+
+// ---- Memory access -------------------------------------------------------------------------
+RUSTCCL_DEVICE u64 ld_volatile_u64(u64 addr) {
+  u64 v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+  return v;
+}
+RUSTCCL_DEVICE u32 ld_volatile_u32(u64 addr) {
+  u32 v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+RUSTCCL_DEVICE void st_volatile_u64(u64 addr, u64 v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+RUSTCCL_DEVICE void ld_volatile_v2(u64 addr, u64& x, u64& y) {
+  asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
+}
+RUSTCCL_DEVICE void st_volatile_v2(u64 addr, u64 x, u64 y) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1,%2};" ::"l"(addr), "l"(x), "l"(y) : "memory");
+}
+RUSTCCL_DEVICE void ld_volatile_v4(u64 addr, u32& a, u32& b, u32& c, u32& d) {
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+               : "l"(addr)
+               : "memory");
+}
+RUSTCCL_DEVICE void st_volatile_v4(u64 addr, u32 a, u32 b, u32 c, u32 d) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+// A word of user memory: `valid` (1..8) bytes at any alignment; the rest reads as zero.
+RUSTCCL_DEVICE u64 load_user(const unsigned char* p, u32 valid) {
+  if (valid == 8 && ((u64)p & 7) == 0) return *(const u64*)p;
+  u64 v = 0;
+  for (u32 i = 0; i < valid; ++i) v |= (u64)p[i] << (8 * i);
+  return v;
+}
+RUSTCCL_DEVICE void store_user(unsigned char* p, u64 v, u32 valid) {
+  if (valid == 8 && ((u64)p & 7) == 0) {
+    *(u64*)p = v;
+    return;
+  }
+  for (u32 i = 0; i < valid; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+// ---- One step, as every thread of the block sees it -------------------------------------
+struct StepView {
+  const unsigned char* src;  // null without SRC
+  unsigned char* dst;        // null without DST
+  u64 recv[RUSTCCL_EXEC_MAX_PEERS];
+  u64 send[RUSTCCL_EXEC_MAX_PEERS];
+  u64 rflag[RUSTCCL_EXEC_MAX_PEERS];
+  u64 sflag[RUSTCCL_EXEC_MAX_PEERS];
+  u64 scalar, divisor;
+  u32 bytes;
+  u32 flags;
+  int nrecv, nsend;
+  const volatile u32* abort;
+};
+
+// The step's result for one word, from its inputs.
+RUSTCCL_DEVICE u64 compute(const StepView& v, const u64* in, u64 s) {
+  if (!(v.flags & RUSTCCL_STEP_REDUCE)) return (v.flags & RUSTCCL_STEP_SRC) ? s : in[0];
+  u64 acc = 0;
+  bool have = false;
+  if (v.nrecv > 0) {
+    acc = in[0];
+    have = true;
+  }
+  if (v.flags & RUSTCCL_STEP_SRC) {
+    const u64 p = Word::pre(s, v.scalar);
+    acc = have ? Word::combine(acc, p) : p;
+  }
+  for (int k = 1; k < v.nrecv; ++k) acc = Word::combine(acc, in[k]);
+  if (v.flags & RUSTCCL_STEP_POST) acc = Word::post(acc, v.divisor);
+  return acc;
+}
+
+// Spins on an LL line until both flags match; false when the launch was aborted.
+RUSTCCL_DEVICE bool ll_read(const StepView& v, u64 line, u32 flag, u64& out) {
+  u32 a, b, c, d;
+  for (u32 spins = 0;; ++spins) {
+    ld_volatile_v4(line, a, b, c, d);
+    if (b == flag && d == flag) break;
+    if ((spins & 4095) == 4095 && *v.abort) return false;
+  }
+  out = (u64)a | ((u64)c << 32);
+  return true;
+}
+
+// Words [begin, end) of the step, 8 payload bytes each, one per thread in turn. Simple slots
+// hold the payload as is, LL slots one 16-byte line per word. False when aborted.
+template <int Proto>
+RUSTCCL_DEVICE bool run_words(const StepView& v, u64 begin, u64 end) {
+  for (u64 w = begin + threadIdx.x; w < end; w += blockDim.x) {
+    const u64 off = w * 8;
+    const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
+    u64 in[RUSTCCL_EXEC_MAX_PEERS] = {0, 0};
+    for (int k = 0; k < v.nrecv; ++k) {
+      if (Proto == RUSTCCL_PROTO_LL) {
+        if (!ll_read(v, v.recv[k] + w * 16, (u32)v.rflag[k], in[k])) return false;
+      } else {
+        in[k] = ld_volatile_u64(v.recv[k] + off);
+      }
+    }
+    const u64 s = v.src ? load_user(v.src + off, valid) : 0;
+    const u64 r = compute(v, in, s);
+    if (v.dst) store_user(v.dst + off, r, valid);
+    for (int k = 0; k < v.nsend; ++k) {
+      if (Proto == RUSTCCL_PROTO_LL) {
+        const u32 f = (u32)v.sflag[k];
+        st_volatile_v4(v.send[k] + w * 16, (u32)r, f, (u32)(r >> 32), f);
+      } else {
+        *(u64*)(v.send[k] + off) = r;
+      }
+    }
+  }
+  return true;
+}
+
+// Simple: 16-byte units, four per thread per round for memory parallelism, then the tail.
+RUSTCCL_DEVICE bool run_simple(const StepView& v) {
+  const bool aligned = (((u64)v.src | (u64)v.dst) & 15) == 0;
+  const u64 units = aligned ? v.bytes / 16 : 0;
+  const int U = 4;
+  const u64 stride = (u64)blockDim.x * U;
+  for (u64 base = (u64)threadIdx.x; base < units; base += stride) {
+    u64 in[U][RUSTCCL_EXEC_MAX_PEERS][2];
+    u64 s[U][2];
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const u64 u = base + (u64)j * blockDim.x;
+      if (u >= units) break;
+      for (int k = 0; k < v.nrecv; ++k) ld_volatile_v2(v.recv[k] + u * 16, in[j][k][0], in[j][k][1]);
+      if (v.src) {
+        const ulonglong2 x = *(const ulonglong2*)(v.src + u * 16);
+        s[j][0] = x.x;
+        s[j][1] = x.y;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const u64 u = base + (u64)j * blockDim.x;
+      if (u >= units) break;
+      u64 r[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        u64 x[RUSTCCL_EXEC_MAX_PEERS] = {in[j][0][h], in[j][1][h]};
+        r[h] = compute(v, x, v.src ? s[j][h] : 0);
+      }
+      if (v.dst) *(ulonglong2*)(v.dst + u * 16) = make_ulonglong2(r[0], r[1]);
+      for (int k = 0; k < v.nsend; ++k) *(ulonglong2*)(v.send[k] + u * 16) = make_ulonglong2(r[0], r[1]);
+    }
+  }
+  return run_words<RUSTCCL_PROTO_SIMPLE>(v, units * 2, ((u64)v.bytes + 7) / 8);
+}
+
+// LL128: each warp takes four lines at a time, eight lanes a line, 16 bytes a lane; lane 7 of
+// a line carries its last payload word and the flag. A line's eight loads (and stores) are
+// one 128-byte transaction.
+RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
+  const u64 words = ((u64)v.bytes + 7) / 8;
+  const u64 lines = (words + 14) / 15;
+  const u32 lane = threadIdx.x % 32, t = lane % 8;
+  const u64 warps = blockDim.x / 32, warp = threadIdx.x / 32;
+  for (u64 base = warp * 4; base < lines; base += warps * 4) {
+    const u64 line = base + lane / 8;
+    const bool active = line < lines;
+    const u64 w0 = line * 15 + 2 * t;
+    u64 in[RUSTCCL_EXEC_MAX_PEERS][2] = {{0, 0}, {0, 0}};
+    for (int k = 0; k < v.nrecv; ++k) {
+      const u64 at = v.recv[k] + line * 128 + t * 16;
+      for (u32 spins = 0;; ++spins) {
+        bool ok = true;
+        if (active) {
+          ld_volatile_v2(at, in[k][0], in[k][1]);
+          ok = !lines_whole || t != 7 || in[k][1] == v.rflag[k];
+        }
+        if (__all_sync(0xffffffffu, ok)) break;
+        if ((spins & 4095) == 4095 && *v.abort) return false;
+      }
+    }
+    if (!active) continue;
+    u64 r[2] = {0, 0};
+    const int nw = t == 7 ? 1 : 2;
+    for (int h = 0; h < nw; ++h) {
+      const u64 w = w0 + h;
+      if (w >= words) break;
+      const u64 off = w * 8;
+      const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
+      u64 x[RUSTCCL_EXEC_MAX_PEERS] = {in[0][h], in[1][h]};
+      const u64 s = v.src ? load_user(v.src + off, valid) : 0;
+      r[h] = compute(v, x, s);
+      if (v.dst) store_user(v.dst + off, r[h], valid);
+    }
+    for (int k = 0; k < v.nsend; ++k) st_volatile_v2(v.send[k] + line * 128 + t * 16, r[0], t == 7 ? v.sflag[k] : r[1]);
+  }
+  return true;
+}
+
+// A copy within user memory whose source and destination overlap (memmove), a block-wide
+// chunk at a time, in the direction that reads every byte before it is overwritten.
+RUSTCCL_DEVICE void run_memmove(const StepView& v) {
+  const u64 n = v.bytes, chunk = (u64)blockDim.x * 8;
+  const u64 chunks = (n + chunk - 1) / chunk;
+  const bool backward = v.dst > v.src;
+  for (u64 i = 0; i < chunks; ++i) {
+    const u64 c = backward ? chunks - 1 - i : i;
+    const u64 off = c * chunk + (u64)threadIdx.x * 8;
+    const u32 valid = off < n ? (u32)min((u64)8, n - off) : 0;
+    const u64 x = valid ? load_user(v.src + off, valid) : 0;
+    __syncthreads();
+    if (valid) store_user(v.dst + off, x, valid);
+    __syncthreads();
+  }
+}
+
+RUSTCCL_DEVICE u64 wire_bytes(int proto, u64 bytes) {
+  const u64 words = (bytes + 7) / 8;
+  if (proto == RUSTCCL_PROTO_LL) return words * 16;
+  if (proto == RUSTCCL_PROTO_LL128) return (words + 14) / 15 * 128;
+  return bytes;
+}
+
+RUSTCCL_DEVICE u64 slot_addr(const RustcclExecConn& c, u64 pos) {
+  return c.slots + (pos % RUSTCCL_EXEC_STEPS) * c.slot_bytes;
+}
+
+// Records an error of the launch (its details first, then the code the host polls) and stops
+// every block.
+RUSTCCL_DEVICE void report(RustcclExecControl* control, u32 code, u32 conn, u64 expected, u64 got) {
+  *(volatile u32*)&control->conn = conn;
+  *(volatile u64*)&control->expected = expected;
+  *(volatile u64*)&control->got = got;
+  __threadfence_system();
+  atomicCAS_system((unsigned int*)&control->error, 0u, code);
+  *(volatile u32*)&control->abort = 1;
+}
+
+// Thread 0: whether every input of the step has arrived and every output slot is free.
+// 1 ready, 0 not yet, -1 stop (error reported).
+RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* conns, u64* pos, u64* seen,
+                              RustcclExecControl* control, u32 idle) {
+  const u64 wire = wire_bytes(st.proto, st.bytes);
+  for (int k = 0; k < st.nrecv; ++k) {
+    const int ci = st.recv[k];
+    const RustcclExecConn& c = conns[ci];
+    const u64 p = pos[ci];
+    const bool by_flag = wire > 0 && (st.proto == RUSTCCL_PROTO_LL ||
+                                      (st.proto == RUSTCCL_PROTO_LL128 && (c.flags & RUSTCCL_CONN_LINES_WHOLE)));
+    bool published = seen[ci] > p;
+    if (!published && (!by_flag || (idle & 63) == 63)) {
+      seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
+      published = seen[ci] > p;
+    }
+    if (published) {
+      const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
+      if (size != wire) {
+        report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
+        return -1;
+      }
+      continue;
+    }
+    if (!by_flag) return 0;
+    // The sender has started this slot (its first line is there): it finishes it without
+    // waiting for anything else, so the lines can be waited for.
+    const u64 slot = slot_addr(c, p);
+    const bool started = st.proto == RUSTCCL_PROTO_LL ? ld_volatile_u32(slot + 4) == (u32)(p + 1)
+                                                       : ld_volatile_u64(slot + 120) == p + 1;
+    if (!started) return 0;
+  }
+  for (int k = 0; k < st.nsend; ++k) {
+    const int ci = st.send[k];
+    const RustcclExecConn& c = conns[ci];
+    if (wire > c.slot_bytes) {
+      report(control, RUSTCCL_EXEC_ERR_SIZE, ci, c.slot_bytes, wire);
+      return -1;
+    }
+    if (pos[ci] - seen[ci] >= RUSTCCL_EXEC_STEPS) {
+      seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_HEAD);
+      if (pos[ci] - seen[ci] >= RUSTCCL_EXEC_STEPS) return 0;
+    }
+  }
+  return 1;
+}
+
+extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
+    rustccl_exec(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {
+  __shared__ u64 s_pos[RUSTCCL_EXEC_MAX_CONNS];
+  __shared__ u64 s_seen[RUSTCCL_EXEC_MAX_CONNS];  // recv: tail seen; send: head seen
+  __shared__ u32 s_pc[RUSTCCL_EXEC_MAX_ITEMS];
+  __shared__ RustcclExecStep s_step;
+  __shared__ int s_ready;
+  __shared__ int s_stop;
+
+  const RustcclExecStep* steps = (const RustcclExecStep*)args.steps;
+  const RustcclExecItem* items = (const RustcclExecItem*)args.items;
+  const RustcclExecCtx* ctxs = (const RustcclExecCtx*)args.ctxs;
+  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
+  RustcclExecControl* control = (RustcclExecControl*)args.control;
+  const u32 tid = threadIdx.x;
+
+  for (u32 i = tid; i < args.nconns; i += blockDim.x) {
+    const RustcclExecConn c = conns[i];
+    const bool send = c.flags & RUSTCCL_CONN_SEND;
+    s_pos[i] = ld_volatile_u64(c.header + (send ? RUSTCCL_FIFO_TAIL : RUSTCCL_FIFO_HEAD));
+    s_seen[i] = send ? ld_volatile_u64(c.header + RUSTCCL_FIFO_HEAD) : s_pos[i];
+  }
+  u32 mine = 0;
+  for (u32 i = blockIdx.x; i < args.nitems && mine < RUSTCCL_EXEC_MAX_ITEMS; i += gridDim.x) ++mine;
+  if (tid < RUSTCCL_EXEC_MAX_ITEMS) s_pc[tid] = 0;
+  if (tid == 0) s_stop = 0;
+  __syncthreads();
+
+  u32 idle = 0;
+  for (;;) {
+    bool left = false, moved = false;
+    for (u32 j = 0; j < mine; ++j) {
+      const RustcclExecItem item = items[blockIdx.x + j * gridDim.x];
+      if (s_pc[j] >= item.count) continue;
+      left = true;
+      if (tid == 0) {
+        s_step = steps[item.first + s_pc[j]];
+        s_ready = step_ready(s_step, conns, s_pos, s_seen, control, idle);
+      }
+      __syncthreads();
+      const int ready = s_ready;
+      if (ready < 0) return;
+      if (ready == 0) {
+        __syncthreads();
+        continue;
+      }
+      const RustcclExecStep st = s_step;
+      const RustcclExecCtx cx = ctxs[st.ctx];
+      StepView v;
+      v.src = (st.flags & RUSTCCL_STEP_SRC)
+                  ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
+                  : 0;
+      v.dst = (st.flags & RUSTCCL_STEP_DST) ? (unsigned char*)(cx.dst + st.dst) : 0;
+      v.nrecv = st.nrecv;
+      v.nsend = st.nsend;
+      for (int k = 0; k < RUSTCCL_EXEC_MAX_PEERS; ++k) {
+        v.recv[k] = v.send[k] = v.rflag[k] = v.sflag[k] = 0;
+      }
+      for (int k = 0; k < st.nrecv; ++k) {
+        v.recv[k] = slot_addr(conns[st.recv[k]], s_pos[st.recv[k]]);
+        v.rflag[k] = s_pos[st.recv[k]] + 1;
+      }
+      for (int k = 0; k < st.nsend; ++k) {
+        v.send[k] = slot_addr(conns[st.send[k]], s_pos[st.send[k]]);
+        v.sflag[k] = s_pos[st.send[k]] + 1;
+      }
+      v.scalar = cx.scalar;
+      v.divisor = cx.divisor;
+      v.bytes = st.bytes;
+      v.flags = st.flags;
+      v.abort = &control->abort;
+
+      bool ok = true;
+      const bool local = st.nrecv == 0 && st.nsend == 0;
+      const bool overlap = v.src && v.dst && v.src != v.dst && v.src < v.dst + v.bytes && v.dst < v.src + v.bytes;
+      if (local && !(st.flags & RUSTCCL_STEP_REDUCE) && (v.src == v.dst || overlap)) {
+        if (overlap) run_memmove(v);
+      } else if (st.proto == RUSTCCL_PROTO_LL) {
+        ok = run_words<RUSTCCL_PROTO_LL>(v, 0, ((u64)st.bytes + 7) / 8);
+      } else if (st.proto == RUSTCCL_PROTO_LL128) {
+        bool whole = true;
+        for (int k = 0; k < st.nrecv; ++k) whole = whole && (conns[st.recv[k]].flags & RUSTCCL_CONN_LINES_WHOLE);
+        ok = run_ll128(v, whole);
+      } else {
+        ok = run_simple(v);
+      }
+      if (!ok) s_stop = 1;
+      if (st.nsend > 0) __threadfence_system();
+      __syncthreads();
+      if (s_stop) return;
+      if (tid == 0) {
+        const u64 wire = wire_bytes(st.proto, st.bytes);
+        for (int k = 0; k < st.nsend; ++k) {
+          const int ci = st.send[k];
+          const u64 p = s_pos[ci];
+          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8, wire);
+          __threadfence_system();
+          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_TAIL, p + 1);
+          s_pos[ci] = p + 1;
+        }
+        for (int k = 0; k < st.nrecv; ++k) {
+          const int ci = st.recv[k];
+          const u64 p = s_pos[ci];
+          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_HEAD, p + 1);
+          s_pos[ci] = p + 1;
+        }
+        s_pc[j] += 1;
+      }
+      moved = true;
+      __syncthreads();
+    }
+    if (!left) break;
+    if (moved) {
+      idle = 0;
+      continue;
+    }
+    ++idle;
+    if (tid == 0 && (idle & 1023) == 0 && *(volatile u32*)&control->abort) s_stop = 1;
+    __syncthreads();
+    if (s_stop) return;
+  }
+}
