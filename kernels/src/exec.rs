@@ -29,7 +29,8 @@ pub const PROTO_LL: u8 = 1;
 pub const PROTO_LL128: u8 = 2;
 
 pub const CONN_SEND: u32 = 1;
-/// 128-byte stores reach the peer whole (NVLink P2P): LL128 may trust its line flags.
+/// NVLink P2P: 128-byte stores reach the peer whole and LL/LL128 have slots of their own, so
+/// consumers wait on the line flags.
 pub const CONN_LINES_WHOLE: u32 = 2;
 
 /// `ExecControl::error`: a peer's slot held a different number of bytes than the step.
@@ -95,7 +96,12 @@ pub struct ExecConn {
     pub header: u64,
     pub slot_bytes: u32,
     pub flags: u32,
-    pub pad: u64,
+    /// With [`CONN_LINES_WHOLE`]: the LL and LL128 slots.
+    pub ll_slots: u64,
+    pub ll128_slots: u64,
+    pub ll_slot_bytes: u32,
+    pub ll128_slot_bytes: u32,
+    pub pad: [u64; 2],
 }
 
 /// Host memory the kernel polls and writes (mapped into the device).
@@ -139,7 +145,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<ExecStep>(), 32);
         assert_eq!(std::mem::size_of::<ExecItem>(), 8);
         assert_eq!(std::mem::size_of::<ExecCtx>(), 32);
-        assert_eq!(std::mem::size_of::<ExecConn>(), 32);
+        assert_eq!(std::mem::size_of::<ExecConn>(), 64);
         assert_eq!(std::mem::size_of::<ExecControl>(), 32);
         assert_eq!(std::mem::size_of::<ExecArgs>(), 48);
         let src = include_str!("device/exec.cu");

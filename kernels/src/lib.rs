@@ -466,15 +466,20 @@ mod tests {
         )
     }
 
+    fn text_of(name: &str) -> &'static str {
+        source(name).unwrap()
+    }
+
     #[test]
     fn sources_are_embedded() {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
-            ["port.h", "reduce_ops.h", "copy_reduce.cu", "reduce.cu"]
+            ["port.h", "reduce_ops.h", "elem.h", "copy_reduce.cu", "reduce.cu", "exec.cu"]
         );
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
-        assert_eq!(headers, ["port.h", "reduce_ops.h"]);
+        assert_eq!(headers, ["port.h", "reduce_ops.h", "elem.h"]);
+        assert!(text_of("exec.cu").contains("#include \"elem.h\""));
         assert!(source(REDUCE_SOURCE)
             .unwrap()
             .contains("#include \"port.h\""));

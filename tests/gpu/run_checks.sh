@@ -36,6 +36,17 @@ note "matrix one process, 2 GPUs: $(grep -E '^(RESULT|ERROR)' "$OUT/matrix_one_p
 matrix2 net NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 COLL_COLLS=allreduce
 for p in LL128 Simple; do matrix2 proto_$p NCCL_PROTO=$p COLL_COLLS=allreduce,reducescatter COLL_COUNTS=1,1001,300001; done
 
+# CUDA graphs: collectives captured on a stream, the graph replayed 20 times with fresh inputs,
+# 2 processes (rank-worker coll-graph; it also prints the time per replay vs uncaptured calls).
+gport=$((29600 + RANDOM % 300)) gseed=$RANDOM$RANDOM
+for r in 0 1; do
+  env RUSTCCL_BACKEND=cuda COLL_SEED=$gseed NCCL_COMM_ID=127.0.0.1:$gport \
+    timeout 240 $G/rank-worker coll-graph 2 $r env > "$OUT/graph.$r.log" 2>&1 &
+done
+wait
+note "graph: $(grep -h -E '^(RESULT|ERROR)' "$OUT"/graph.*.log | tr '\n' ' ')"
+note "graph timing: $(grep -h -E '^INFO graph timing' "$OUT"/graph.*.log | tr '\n' ' ')"
+
 # Memory checking on a small run.
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -57,8 +68,8 @@ RUSTCCL_BACKEND=cuda $B all_reduce -N 2 -b 8 -e 1G -f 8 -c 1 --lib $G/libnccl.so
 note "bench: $(grep -h -E 'Avg bus|Out of bounds' "$OUT"/bench_*.txt | sort | uniq -c | tr '\n' ' ')"
 
 # PyTorch, NVIDIA's NCCL then rustccl's (LD_PRELOAD), results compared.
-timeout 200 python3 tests/torch/torch_dist.py --out "$OUT/torch_nccl.json" --sizes > "$OUT/torch_nccl.log" 2>&1
-RUSTCCL_BACKEND=cuda LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 200 python3 tests/torch/torch_dist.py --out "$OUT/torch_rustccl.json" --sizes --port 29544 > "$OUT/torch_rustccl.log" 2>&1
+timeout 200 python3 tests/torch/torch_dist.py --out "$OUT/torch_nccl.json" --sizes --graph > "$OUT/torch_nccl.log" 2>&1
+RUSTCCL_BACKEND=cuda LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 200 python3 tests/torch/torch_dist.py --out "$OUT/torch_rustccl.json" --sizes --graph --port 29544 > "$OUT/torch_rustccl.log" 2>&1
 python3 - "$OUT" <<'PY' | tee -a "$summary"
 import json, sys, os
 o = sys.argv[1]
@@ -68,6 +79,8 @@ except Exception as e:
     print("torch: no result to compare:", e); sys.exit()
 same = a["results"] == b["results"]
 print("torch: nccl failures", a["failures"], "rustccl failures", b["failures"], "results equal:", same)
+g = lambda r: {k: r.get("graph", {}).get(k) for k in ("ok", "bad_replays", "error")}
+print("torch graph: nccl", g(a), "rustccl", g(b))
 for x, y in zip(a["timings"], b["timings"]):
     print(f"torch all_reduce {x['bytes']:>11} B: nccl {x['time_us']:9.1f} us  rustccl {y['time_us']:9.1f} us  ratio {x['time_us']/y['time_us']:.2f}")
 PY

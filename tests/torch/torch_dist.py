@@ -1,10 +1,12 @@
 """torch.distributed with the nccl backend, 2 processes (one GPU each), run unchanged on
 whichever libnccl.so.2 the process loads: NVIDIA's (plain run) or rustccl's (LD_PRELOAD).
 
-    python3 tests/torch/torch_dist.py --out results.json [--sizes]
+    python3 tests/torch/torch_dist.py --out results.json [--sizes] [--graph]
 
 Every collective's result is checked against the value computed here, and saved, so that
-the two libraries' runs can be compared; with --sizes, all_reduce is timed from 8 B to 1 GiB.
+the two libraries' runs can be compared; with --sizes, all_reduce is timed from 8 B to 1 GiB;
+with --graph, an all_reduce is captured in a CUDA graph and the graph replayed with fresh
+inputs (pass/fail under the JSON's "graph" key, a failure counted in "failures").
 Skipped (exit 0 with a message) when there is no GPU.
 """
 import argparse
@@ -14,7 +16,74 @@ import sys
 import time
 
 
-def worker(rank, world, out_path, sizes, port):
+def graph_check(rank, world, dev, replays=10, n=65537):
+    """dist.all_reduce captured in a CUDA graph, replayed `replays` times with fresh inputs
+    copied into the captured tensor; returns a dict for the JSON (its "ok" says pass/fail)."""
+    import torch
+    import torch.distributed as dist
+
+    def data(i, r):
+        # Small integers: the float32 sum is exact in any order.
+        return torch.randint(-100, 101, (n,), generator=torch.Generator().manual_seed(4321 + 1000 * i + r)).float()
+
+    def want(i):
+        return sum(data(i, r) for r in range(world))
+
+    out = {"ok": False, "replays": replays, "count": n, "bad_replays": [], "error": None}
+    static = torch.empty(n, device=dev)
+    g = torch.cuda.CUDAGraph()
+    captured = False
+    try:
+        # Warm-up outside capture, on a side stream (as PyTorch's CUDA graph docs require).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            static.copy_(data(0, rank))
+            dist.all_reduce(static)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        out["warmup_ok"] = torch.equal(static.cpu(), want(0))
+        dist.barrier()
+        torch.cuda.synchronize()
+        # Let the process group's watchdog retire the work enqueued so far before capturing.
+        time.sleep(1)
+        with torch.cuda.graph(g):
+            dist.all_reduce(static)
+        torch.cuda.synchronize()
+        captured = True
+    except Exception as e:  # capture unsupported, CUDA error, ...: a failure, not a crash
+        out["error"] = f"capture: {type(e).__name__}: {e}"
+    # Replay only if every rank captured (a lone replay would wait for its peer forever).
+    try:
+        flag = torch.tensor([1.0 if captured else 0.0], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        everyone = flag.item() == 1.0
+    except Exception as e:
+        out["error"] = out["error"] or f"agreeing after capture: {type(e).__name__}: {e}"
+        everyone = False
+    if not everyone:
+        out["error"] = out["error"] or "capture failed on another rank"
+        return out
+    try:
+        for i in range(1, replays + 1):
+            static.copy_(data(i, rank))
+            g.replay()
+            torch.cuda.synchronize()
+            if not torch.equal(static.cpu(), want(i)):
+                out["bad_replays"].append(i)
+        del g
+        torch.cuda.synchronize()
+        out["ok_this_rank"] = out["warmup_ok"] and not out["bad_replays"]
+        # "ok" is every rank's verdict (rank 0 writes the JSON).
+        flag = torch.tensor([1.0 if out["ok_this_rank"] else 0.0], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        out["ok"] = flag.item() == 1.0
+    except Exception as e:
+        out["error"] = f"replay: {type(e).__name__}: {e}"
+    return out
+
+
+def worker(rank, world, out_path, sizes, port, graph=False):
     import torch
     import torch.distributed as dist
 
@@ -102,9 +171,17 @@ def worker(rank, world, out_path, sizes, port):
             nbytes = t.numel() * 4
             timings.append({"bytes": nbytes, "time_us": us, "busbw_GBps": nbytes / us / 1e3 * 2 * (world - 1) / world})
             n *= 8
+    graph_result = None
+    if graph:
+        graph_result = graph_check(rank, world, dev)
+        if not graph_result["ok"]:
+            failures.append("graph")
     if rank == 0:
+        out = {"results": results, "failures": failures, "timings": timings}
+        if graph_result is not None:
+            out["graph"] = graph_result
         with open(out_path, "w") as f:
-            json.dump({"results": results, "failures": failures, "timings": timings}, f, indent=1)
+            json.dump(out, f, indent=1)
     print(f"rank {rank}: {len(failures)} failures {failures}", flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)
@@ -114,6 +191,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--sizes", action="store_true")
+    ap.add_argument("--graph", action="store_true", help="also check an all_reduce captured in a CUDA graph")
     ap.add_argument("--port", type=int, default=29533)
     a = ap.parse_args()
     import torch
@@ -121,7 +199,7 @@ def main():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print("SKIPPED: needs 2 CUDA devices")
         return
-    mp.spawn(worker, args=(2, a.out, a.sizes, a.port), nprocs=2, join=True)
+    mp.spawn(worker, args=(2, a.out, a.sizes, a.port, a.graph), nprocs=2, join=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ use super::plan::CommRun;
 use super::program::Link;
 use crate::backend::{DeviceBackend, DevicePtr, Event, ExecLaunch, HostMapped, Stream};
 use crate::error::{Error, Result};
-use crate::transport::{Connection, Dir, Kind};
+use crate::transport::fifo::STEPS;
+use crate::transport::{Connection, Dir, Kind, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES, GPU_SLOT_BYTES};
 use crate::types::DataType;
 
 type Links = HashMap<(Link, Dir), Arc<Connection>>;
@@ -221,20 +222,25 @@ pub(crate) fn encode(run: &CommRun, links: &Links, ctxs: std::ops::Range<usize>)
             )));
         }
         let c = links.get(&(link, dir)).ok_or_else(|| Error::internal("a link was not connected"))?;
-        let mut flags = if dir == Dir::Send { k::CONN_SEND } else { 0 };
-        if c.kind == Kind::P2p {
-            flags |= k::CONN_LINES_WHOLE;
-        }
-        if c.fifo.device_header() == 0 {
-            return Err(Error::internal(format!("the connection with rank {} has no device mapping", link.peer)));
-        }
-        conns.push(ExecConn {
+        let mut conn = ExecConn {
             slots: c.fifo.slot_addr(0),
             header: c.fifo.device_header(),
             slot_bytes: c.fifo.slot_bytes() as u32,
-            flags,
-            pad: 0,
-        });
+            flags: if dir == Dir::Send { k::CONN_SEND } else { 0 },
+            ..ExecConn::default()
+        };
+        if c.kind == Kind::P2p {
+            // The LL and LL128 slots follow the Simple ones (transport::p2p_slots_bytes).
+            conn.flags |= k::CONN_LINES_WHOLE;
+            conn.ll_slots = conn.slots + (STEPS * GPU_SLOT_BYTES) as u64;
+            conn.ll128_slots = conn.ll_slots + (STEPS * GPU_LL_SLOT_BYTES) as u64;
+            conn.ll_slot_bytes = GPU_LL_SLOT_BYTES as u32;
+            conn.ll128_slot_bytes = GPU_LL128_SLOT_BYTES as u32;
+        }
+        if conn.header == 0 {
+            return Err(Error::internal(format!("the connection with rank {} has no device mapping", link.peer)));
+        }
+        conns.push(conn);
         slots.push(DevicePtr(c.fifo.slot_addr(0)));
         let i = (conns.len() - 1) as u8;
         index.insert((link, dir), i);

@@ -195,15 +195,17 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     Ok(Choice { algo, proto, channels, chunk_bytes, time_us })
 }
 
-/// The most payload bytes one device step of `proto` carries (a slot of GPU_SLOT_BYTES in the
-/// protocol's format), a multiple of 16.
+/// The most payload bytes one device step of `proto` carries (a P2P slot of the protocol, in
+/// its format; other connections' slots are larger), a multiple of 16.
 pub fn device_chunk(proto: Protocol) -> usize {
-    let p = match proto {
-        Protocol::Ll => rustccl_kernels::exec::PROTO_LL,
-        Protocol::Ll128 => rustccl_kernels::exec::PROTO_LL128,
-        Protocol::Simple => rustccl_kernels::exec::PROTO_SIMPLE,
+    use crate::transport::{GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
+    use rustccl_kernels::exec::{payload_capacity, PROTO_LL, PROTO_LL128, PROTO_SIMPLE};
+    let capacity = match proto {
+        Protocol::Ll => payload_capacity(PROTO_LL, GPU_LL_SLOT_BYTES),
+        Protocol::Ll128 => payload_capacity(PROTO_LL128, GPU_LL128_SLOT_BYTES),
+        Protocol::Simple => payload_capacity(PROTO_SIMPLE, GPU_SLOT_BYTES),
     };
-    rustccl_kernels::exec::payload_capacity(p, GPU_SLOT_BYTES) / 16 * 16
+    capacity / 16 * 16
 }
 
 /// The cost model's estimate for a task, in microseconds (`ncclGroupSimulateEnd`).

@@ -95,6 +95,15 @@ pub const SLOT_BYTES: usize = 512 * 1024;
 /// Bytes of each FIFO slot of device connections (NCCL's Simple buffer is 4 MiB over 8 steps;
 /// ours is 8 MiB per connection).
 pub const GPU_SLOT_BYTES: usize = 1 << 20;
+/// P2P connections also have slots for LL and LL128 steps (see `kernels/src/device/exec.cu`),
+/// after the Simple ones: 8 of each size.
+pub const GPU_LL_SLOT_BYTES: usize = 64 << 10;
+pub const GPU_LL128_SLOT_BYTES: usize = 512 << 10;
+
+/// Device memory of a P2P connection's slots.
+pub fn p2p_slots_bytes() -> usize {
+    fifo::STEPS * (GPU_SLOT_BYTES + GPU_LL_SLOT_BYTES + GPU_LL128_SLOT_BYTES)
+}
 
 /// The bootstrap tag under which the receiver of `link` sends its handle.
 fn handle_tag(purpose: Purpose) -> u64 {
@@ -155,7 +164,7 @@ impl Context<'_> {
             Kind::P2p => {
                 let (hptr, hhandle) = host.alloc_shareable(0, hb)?;
                 let haddr = host.host_address(hptr, hb)?;
-                let (dptr, dhandle) = self.backend.alloc_shareable(self.device, slots)?;
+                let (dptr, dhandle) = self.backend.alloc_shareable(self.device, p2p_slots_bytes())?;
                 let mut msg = vec![2u8];
                 msg.extend_from_slice(&hhandle.to_bytes());
                 msg.extend_from_slice(&dhandle.to_bytes());

@@ -19,8 +19,10 @@
 //   LL      16-byte lines {data lo, flag, data hi, flag}: 8 payload bytes per line, flag =
 //           slot index + 1; the consumer polls each line's flags, no fence on its path.
 //   LL128   128-byte lines, 120 payload bytes and an 8-byte flag; written and read by 8
-//           threads of a warp in one transaction each. Only NVLink P2P delivers such lines
-//           whole, so other connections fall back to waiting for `tail`.
+//           threads of a warp in one transaction each.
+// Consumers wait on the flags only over NVLink P2P, which delivers 128-byte lines whole and
+// gives LL and LL128 slots of their own; on other connections (shared host memory, network)
+// every protocol waits for `tail`.
 // Every protocol also publishes `tail` and the wire size: the network proxy needs them, and
 // the consumer checks the size (a sender whose counts differ is reported, not waited for).
 //
@@ -59,7 +61,8 @@
 #define RUSTCCL_PROTO_LL128 2
 // Connection flags.
 #define RUSTCCL_CONN_SEND 1u
-#define RUSTCCL_CONN_LINES_WHOLE 2u    // 128-byte stores arrive whole (NVLink P2P)
+#define RUSTCCL_CONN_LINES_WHOLE 2u    // NVLink P2P: 128-byte stores arrive whole, LL and LL128
+                                       // have slots of their own: their flags can be trusted
 // FIFO header offsets (transport::fifo::FifoHeader).
 #define RUSTCCL_FIFO_HEAD 0
 #define RUSTCCL_FIFO_TAIL 64
@@ -89,12 +92,16 @@ struct RustcclExecItem {   // 8 bytes
 struct RustcclExecCtx {    // 32 bytes
   u64 src, dst, scalar, divisor;
 };
-struct RustcclExecConn {   // 32 bytes
+struct RustcclExecConn {   // 64 bytes
   u64 slots;               // device address of slot 0
   u64 header;              // device address of the FIFO header
   u32 slot_bytes;
   u32 flags;
-  u64 pad;
+  // With RUSTCCL_CONN_LINES_WHOLE, LL and LL128 steps use slots of their own, so that a
+  // line is never mistaken for one because stale data of another format matches its flag.
+  u64 ll_slots, ll128_slots;
+  u32 ll_slot_bytes, ll128_slot_bytes;
+  u64 pad[2];
 };
 struct RustcclExecControl {  // host memory mapped into the device
   u32 abort;
@@ -205,20 +212,17 @@ struct StepView {
   const volatile u32* abort;
 };
 
-// The step's result for one word, from its inputs.
-RUSTCCL_DEVICE u64 compute(const StepView& v, const u64* in, u64 s) {
-  if (!(v.flags & RUSTCCL_STEP_REDUCE)) return (v.flags & RUSTCCL_STEP_SRC) ? s : in[0];
-  u64 acc = 0;
-  bool have = false;
-  if (v.nrecv > 0) {
-    acc = in[0];
-    have = true;
-  }
+// The step's result for one word from its NR received words and the source word `s`.
+template <int NR>
+RUSTCCL_DEVICE u64 compute(const StepView& v, const u64 (&in)[NR > 0 ? NR : 1], u64 s) {
+  if (!(v.flags & RUSTCCL_STEP_REDUCE)) return (NR == 0 || (v.flags & RUSTCCL_STEP_SRC)) ? s : in[0];
+  u64 acc = NR > 0 ? in[0] : 0;
   if (v.flags & RUSTCCL_STEP_SRC) {
     const u64 p = Word::pre(s, v.scalar);
-    acc = have ? Word::combine(acc, p) : p;
+    acc = NR > 0 ? Word::combine(acc, p) : p;
   }
-  for (int k = 1; k < v.nrecv; ++k) acc = Word::combine(acc, in[k]);
+#pragma unroll
+  for (int k = 1; k < NR; ++k) acc = Word::combine(acc, in[k]);
   if (v.flags & RUSTCCL_STEP_POST) acc = Word::post(acc, v.divisor);
   return acc;
 }
@@ -237,13 +241,14 @@ RUSTCCL_DEVICE bool ll_read(const StepView& v, u64 line, u32 flag, u64& out) {
 
 // Words [begin, end) of the step, 8 payload bytes each, one per thread in turn. Simple slots
 // hold the payload as is, LL slots one 16-byte line per word. False when aborted.
-template <int Proto>
+template <int Proto, int NR, int NS>
 RUSTCCL_DEVICE bool run_words(const StepView& v, u64 begin, u64 end) {
   for (u64 w = begin + threadIdx.x; w < end; w += blockDim.x) {
     const u64 off = w * 8;
     const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
-    u64 in[RUSTCCL_EXEC_MAX_PEERS] = {0, 0};
-    for (int k = 0; k < v.nrecv; ++k) {
+    u64 in[NR > 0 ? NR : 1];
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
       if (Proto == RUSTCCL_PROTO_LL) {
         if (!ll_read(v, v.recv[k] + w * 16, (u32)v.rflag[k], in[k])) return false;
       } else {
@@ -251,9 +256,10 @@ RUSTCCL_DEVICE bool run_words(const StepView& v, u64 begin, u64 end) {
       }
     }
     const u64 s = v.src ? load_user(v.src + off, valid) : 0;
-    const u64 r = compute(v, in, s);
+    const u64 r = compute<NR>(v, in, s);
     if (v.dst) store_user(v.dst + off, r, valid);
-    for (int k = 0; k < v.nsend; ++k) {
+#pragma unroll
+    for (int k = 0; k < NS; ++k) {
       if (Proto == RUSTCCL_PROTO_LL) {
         const u32 f = (u32)v.sflag[k];
         st_volatile_v4(v.send[k] + w * 16, (u32)r, f, (u32)(r >> 32), f);
@@ -265,46 +271,59 @@ RUSTCCL_DEVICE bool run_words(const StepView& v, u64 begin, u64 end) {
   return true;
 }
 
-// Simple: 16-byte units, four per thread per round for memory parallelism, then the tail.
+// Simple: 16-byte units, U per thread per round for memory parallelism, then the tail.
+template <int NR, int NS>
 RUSTCCL_DEVICE bool run_simple(const StepView& v) {
   const bool aligned = (((u64)v.src | (u64)v.dst) & 15) == 0;
   const u64 units = aligned ? v.bytes / 16 : 0;
   const int U = 4;
-  const u64 stride = (u64)blockDim.x * U;
-  for (u64 base = (u64)threadIdx.x; base < units; base += stride) {
-    u64 in[U][RUSTCCL_EXEC_MAX_PEERS][2];
-    u64 s[U][2];
+  const u64 nt = blockDim.x;
+  const bool has_src = v.src != 0, has_dst = v.dst != 0;
+  u64 base = threadIdx.x;
+  // Whole rounds: every thread has U units.
+  for (; base + (U - 1) * nt < units; base += U * nt) {
+    ulonglong2 in[U][NR > 0 ? NR : 1];
+    ulonglong2 s[U];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const u64 u = base + (u64)j * blockDim.x;
-      if (u >= units) break;
-      for (int k = 0; k < v.nrecv; ++k) ld_volatile_v2(v.recv[k] + u * 16, in[j][k][0], in[j][k][1]);
-      if (v.src) {
-        const ulonglong2 x = *(const ulonglong2*)(v.src + u * 16);
-        s[j][0] = x.x;
-        s[j][1] = x.y;
-      }
+      const u64 u = base + j * nt;
+#pragma unroll
+      for (int k = 0; k < NR; ++k) ld_volatile_v2(v.recv[k] + u * 16, in[j][k].x, in[j][k].y);
+      s[j] = has_src ? *(const ulonglong2*)(v.src + u * 16) : make_ulonglong2(0, 0);
     }
 #pragma unroll
     for (int j = 0; j < U; ++j) {
-      const u64 u = base + (u64)j * blockDim.x;
-      if (u >= units) break;
-      u64 r[2];
+      const u64 u = base + j * nt;
+      u64 x0[NR > 0 ? NR : 1], x1[NR > 0 ? NR : 1];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        u64 x[RUSTCCL_EXEC_MAX_PEERS] = {in[j][0][h], in[j][1][h]};
-        r[h] = compute(v, x, v.src ? s[j][h] : 0);
+      for (int k = 0; k < NR; ++k) {
+        x0[k] = in[j][k].x;
+        x1[k] = in[j][k].y;
       }
-      if (v.dst) *(ulonglong2*)(v.dst + u * 16) = make_ulonglong2(r[0], r[1]);
-      for (int k = 0; k < v.nsend; ++k) *(ulonglong2*)(v.send[k] + u * 16) = make_ulonglong2(r[0], r[1]);
+      const ulonglong2 r = make_ulonglong2(compute<NR>(v, x0, s[j].x), compute<NR>(v, x1, s[j].y));
+      if (has_dst) *(ulonglong2*)(v.dst + u * 16) = r;
+#pragma unroll
+      for (int k = 0; k < NS; ++k) *(ulonglong2*)(v.send[k] + u * 16) = r;
     }
   }
-  return run_words<RUSTCCL_PROTO_SIMPLE>(v, units * 2, ((u64)v.bytes + 7) / 8);
+  // The last partial round, a unit per thread at a time.
+  for (; base < units; base += nt) {
+    u64 x0[NR > 0 ? NR : 1], x1[NR > 0 ? NR : 1];
+#pragma unroll
+    for (int k = 0; k < NR; ++k) ld_volatile_v2(v.recv[k] + base * 16, x0[k], x1[k]);
+    const ulonglong2 s = has_src ? *(const ulonglong2*)(v.src + base * 16) : make_ulonglong2(0, 0);
+    const ulonglong2 r = make_ulonglong2(compute<NR>(v, x0, s.x), compute<NR>(v, x1, s.y));
+    if (has_dst) *(ulonglong2*)(v.dst + base * 16) = r;
+#pragma unroll
+    for (int k = 0; k < NS; ++k) *(ulonglong2*)(v.send[k] + base * 16) = r;
+  }
+  return run_words<RUSTCCL_PROTO_SIMPLE, NR, NS>(v, units * 2, ((u64)v.bytes + 7) / 8);
 }
 
 // LL128: each warp takes four lines at a time, eight lanes a line, 16 bytes a lane; lane 7 of
 // a line carries its last payload word and the flag. A line's eight loads (and stores) are
 // one 128-byte transaction.
+template <int NR, int NS>
 RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
   const u64 words = ((u64)v.bytes + 7) / 8;
   const u64 lines = (words + 14) / 15;
@@ -314,14 +333,16 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
     const u64 line = base + lane / 8;
     const bool active = line < lines;
     const u64 w0 = line * 15 + 2 * t;
-    u64 in[RUSTCCL_EXEC_MAX_PEERS][2] = {{0, 0}, {0, 0}};
-    for (int k = 0; k < v.nrecv; ++k) {
+    u64 in0[NR > 0 ? NR : 1], in1[NR > 0 ? NR : 1];
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
       const u64 at = v.recv[k] + line * 128 + t * 16;
+      in0[k] = in1[k] = 0;
       for (u32 spins = 0;; ++spins) {
         bool ok = true;
         if (active) {
-          ld_volatile_v2(at, in[k][0], in[k][1]);
-          ok = !lines_whole || t != 7 || in[k][1] == v.rflag[k];
+          ld_volatile_v2(at, in0[k], in1[k]);
+          ok = !lines_whole || t != 7 || in1[k] == v.rflag[k];
         }
         if (__all_sync(0xffffffffu, ok)) break;
         if ((spins & 4095) == 4095 && *v.abort) return false;
@@ -335,14 +356,36 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
       if (w >= words) break;
       const u64 off = w * 8;
       const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
-      u64 x[RUSTCCL_EXEC_MAX_PEERS] = {in[0][h], in[1][h]};
       const u64 s = v.src ? load_user(v.src + off, valid) : 0;
-      r[h] = compute(v, x, s);
+      r[h] = h == 0 ? compute<NR>(v, in0, s) : compute<NR>(v, in1, s);
       if (v.dst) store_user(v.dst + off, r[h], valid);
     }
-    for (int k = 0; k < v.nsend; ++k) st_volatile_v2(v.send[k] + line * 128 + t * 16, r[0], t == 7 ? v.sflag[k] : r[1]);
+#pragma unroll
+    for (int k = 0; k < NS; ++k) st_volatile_v2(v.send[k] + line * 128 + t * 16, r[0], t == 7 ? v.sflag[k] : r[1]);
   }
   return true;
+}
+
+// The step's data movement, for a protocol and compile-time peer counts.
+template <int NR, int NS>
+RUSTCCL_DEVICE bool run_proto(const StepView& v, int proto, bool lines_whole) {
+  if (proto == RUSTCCL_PROTO_LL) return run_words<RUSTCCL_PROTO_LL, NR, NS>(v, 0, ((u64)v.bytes + 7) / 8);
+  if (proto == RUSTCCL_PROTO_LL128) return run_ll128<NR, NS>(v, lines_whole);
+  return run_simple<NR, NS>(v);
+}
+
+RUSTCCL_DEVICE bool run_step(const StepView& v, int proto, bool lines_whole) {
+  switch (v.nrecv * 3 + v.nsend) {
+    case 0: return run_proto<0, 0>(v, proto, lines_whole);
+    case 1: return run_proto<0, 1>(v, proto, lines_whole);
+    case 2: return run_proto<0, 2>(v, proto, lines_whole);
+    case 3: return run_proto<1, 0>(v, proto, lines_whole);
+    case 4: return run_proto<1, 1>(v, proto, lines_whole);
+    case 5: return run_proto<1, 2>(v, proto, lines_whole);
+    case 6: return run_proto<2, 0>(v, proto, lines_whole);
+    case 7: return run_proto<2, 1>(v, proto, lines_whole);
+    default: return run_proto<2, 2>(v, proto, lines_whole);
+  }
 }
 
 // A copy within user memory whose source and destination overlap (memmove), a block-wide
@@ -369,8 +412,22 @@ RUSTCCL_DEVICE u64 wire_bytes(int proto, u64 bytes) {
   return bytes;
 }
 
-RUSTCCL_DEVICE u64 slot_addr(const RustcclExecConn& c, u64 pos) {
-  return c.slots + (pos % RUSTCCL_EXEC_STEPS) * c.slot_bytes;
+// Whether the consumer may wait on the lines' flags rather than on `tail`.
+RUSTCCL_DEVICE bool flags_trusted(const RustcclExecConn& c, int proto) {
+  return proto != RUSTCCL_PROTO_SIMPLE && (c.flags & RUSTCCL_CONN_LINES_WHOLE);
+}
+
+RUSTCCL_DEVICE u64 slot_addr(const RustcclExecConn& c, u64 pos, int proto) {
+  const u64 i = pos % RUSTCCL_EXEC_STEPS;
+  if (flags_trusted(c, proto)) {
+    return proto == RUSTCCL_PROTO_LL ? c.ll_slots + i * c.ll_slot_bytes : c.ll128_slots + i * c.ll128_slot_bytes;
+  }
+  return c.slots + i * c.slot_bytes;
+}
+
+RUSTCCL_DEVICE u64 slot_capacity(const RustcclExecConn& c, int proto) {
+  if (flags_trusted(c, proto)) return proto == RUSTCCL_PROTO_LL ? c.ll_slot_bytes : c.ll128_slot_bytes;
+  return c.slot_bytes;
 }
 
 // Records an error of the launch (its details first, then the code the host polls) and stops
@@ -393,34 +450,40 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
     const int ci = st.recv[k];
     const RustcclExecConn& c = conns[ci];
     const u64 p = pos[ci];
-    const bool by_flag = wire > 0 && (st.proto == RUSTCCL_PROTO_LL ||
-                                      (st.proto == RUSTCCL_PROTO_LL128 && (c.flags & RUSTCCL_CONN_LINES_WHOLE)));
-    bool published = seen[ci] > p;
-    if (!published && (!by_flag || (idle & 63) == 63)) {
+    if (wire > 0 && flags_trusted(c, st.proto)) {
+      // The sender has started this slot (its first line is there): it finishes it without
+      // waiting for anything else, so the lines can be waited for.
+      const u64 slot = slot_addr(c, p, st.proto);
+      const bool started = st.proto == RUSTCCL_PROTO_LL ? ld_volatile_u32(slot + 4) == (u32)(p + 1)
+                                                         : ld_volatile_u64(slot + 120) == p + 1;
+      if (started) continue;
+      // Not started for a while: a sender whose step has another size may never write
+      // this line; its published size tells.
+      if ((idle & 63) != 63) return 0;
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
-      published = seen[ci] > p;
-    }
-    if (published) {
+      if (seen[ci] <= p) return 0;
       const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
       if (size != wire) {
         report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
         return -1;
       }
-      continue;
+      return 0;
     }
-    if (!by_flag) return 0;
-    // The sender has started this slot (its first line is there): it finishes it without
-    // waiting for anything else, so the lines can be waited for.
-    const u64 slot = slot_addr(c, p);
-    const bool started = st.proto == RUSTCCL_PROTO_LL ? ld_volatile_u32(slot + 4) == (u32)(p + 1)
-                                                       : ld_volatile_u64(slot + 120) == p + 1;
-    if (!started) return 0;
+    if (seen[ci] <= p) {
+      seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
+      if (seen[ci] <= p) return 0;
+    }
+    const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
+    if (size != wire) {
+      report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
+      return -1;
+    }
   }
   for (int k = 0; k < st.nsend; ++k) {
     const int ci = st.send[k];
     const RustcclExecConn& c = conns[ci];
-    if (wire > c.slot_bytes) {
-      report(control, RUSTCCL_EXEC_ERR_SIZE, ci, c.slot_bytes, wire);
+    if (wire > slot_capacity(c, st.proto)) {
+      report(control, RUSTCCL_EXEC_ERR_SIZE, ci, slot_capacity(c, st.proto), wire);
       return -1;
     }
     if (pos[ci] - seen[ci] >= RUSTCCL_EXEC_STEPS) {
@@ -490,11 +553,11 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
         v.recv[k] = v.send[k] = v.rflag[k] = v.sflag[k] = 0;
       }
       for (int k = 0; k < st.nrecv; ++k) {
-        v.recv[k] = slot_addr(conns[st.recv[k]], s_pos[st.recv[k]]);
+        v.recv[k] = slot_addr(conns[st.recv[k]], s_pos[st.recv[k]], st.proto);
         v.rflag[k] = s_pos[st.recv[k]] + 1;
       }
       for (int k = 0; k < st.nsend; ++k) {
-        v.send[k] = slot_addr(conns[st.send[k]], s_pos[st.send[k]]);
+        v.send[k] = slot_addr(conns[st.send[k]], s_pos[st.send[k]], st.proto);
         v.sflag[k] = s_pos[st.send[k]] + 1;
       }
       v.scalar = cx.scalar;
@@ -508,17 +571,18 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
       const bool overlap = v.src && v.dst && v.src != v.dst && v.src < v.dst + v.bytes && v.dst < v.src + v.bytes;
       if (local && !(st.flags & RUSTCCL_STEP_REDUCE) && (v.src == v.dst || overlap)) {
         if (overlap) run_memmove(v);
-      } else if (st.proto == RUSTCCL_PROTO_LL) {
-        ok = run_words<RUSTCCL_PROTO_LL>(v, 0, ((u64)st.bytes + 7) / 8);
-      } else if (st.proto == RUSTCCL_PROTO_LL128) {
-        bool whole = true;
-        for (int k = 0; k < st.nrecv; ++k) whole = whole && (conns[st.recv[k]].flags & RUSTCCL_CONN_LINES_WHOLE);
-        ok = run_ll128(v, whole);
       } else {
-        ok = run_simple(v);
+        bool trusted = true;
+        for (int k = 0; k < st.nrecv; ++k) trusted = trusted && flags_trusted(conns[st.recv[k]], st.proto);
+        ok = run_step(v, st.proto, trusted);
       }
       if (!ok) s_stop = 1;
-      if (st.nsend > 0) __threadfence_system();
+      // Data before `tail`, where someone reads the data because of `tail`: the consumer of
+      // a Simple slot (or of an LL128 slot whose lines may arrive split), the network proxy.
+      // LL lines carry their own flags.
+      bool fence = false;
+      for (int k = 0; k < st.nsend; ++k) fence = fence || !flags_trusted(conns[st.send[k]], st.proto);
+      if (fence) __threadfence_system();
       __syncthreads();
       if (s_stop) return;
       if (tid == 0) {
@@ -527,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
           const int ci = st.send[k];
           const u64 p = s_pos[ci];
           st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8, wire);
-          __threadfence_system();
+          if (fence) __threadfence_system();
           st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_TAIL, p + 1);
           s_pos[ci] = p + 1;
         }

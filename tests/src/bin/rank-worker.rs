@@ -4,6 +4,7 @@
 //! itself, and on failure prints `ERROR <code> <message>` and exits with status 1.
 
 mod worker_coll;
+mod worker_graph;
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -36,6 +37,8 @@ fn main() {
         "coll-matrix-one-process" => worker_coll::matrix_one_process(nranks),
         "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),
         "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),
+        "coll-graph" => worker_graph::graph(nranks, rank, &ids),
+        "compile-kernels" => compile_kernels(),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
@@ -283,5 +286,15 @@ fn plugins(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     }
     drop(p);
     comm.destroy()?;
+    Ok(())
+}
+
+/// Compiles (or finds in the kernel cache) every collective kernel of the cuda backend for
+/// device 0, several at once, so that later runs do not pay for the compiles one by one.
+fn compile_kernels() -> Result<(), Error> {
+    let backend = rustccl::backend::CudaBackend::shared()?;
+    let start = Instant::now();
+    let n = backend.preload_exec_kernels(0)?;
+    println!("RESULT compile-kernels: {n} collective kernels ready in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
 }

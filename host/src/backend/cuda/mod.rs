@@ -320,6 +320,34 @@ impl CudaBackend {
         Ok(self.kernels.get(ctx, self.devices[device].cc, self.driver_version)?.info.clone())
     }
 
+    /// Compiles (or reads from the cache) and loads the collective interpreter for every
+    /// operator and type on `device`, several compiles at once; returns how many.
+    pub fn preload_exec_kernels(&self, device: usize) -> Result<usize> {
+        let ctx = self.primary(device)?;
+        let cc = self.devices[device].cc;
+        let pairs: Vec<(DeviceOp, DataType)> = DeviceOp::ALL
+            .iter()
+            .flat_map(|&op| DataType::ALL.iter().map(move |&dt| (op, dt)))
+            .filter(|(op, dt)| rustccl_kernels::exec::exec_defines(*op, *dt as i32).is_some())
+            .collect();
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4).min(pairs.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(op, dt)) = pairs.get(i) else { return Ok(()) };
+                        self.kernels.exec(ctx, cc, self.driver_version, op, dt)?;
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(Error::internal("compile thread panicked")))).collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>>>()?;
+        Ok(pairs.len())
+    }
+
     fn device(&self, device: usize, op: &str) -> Result<&Device> {
         self.devices.get(device).ok_or_else(|| {
             Error::invalid_argument(format!(
@@ -1153,7 +1181,12 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-        let place = self.place(stream, Some(launch.device))?;
+        // A default stream names no device: the communicator's device's.
+        let place = if is_default_like(stream) {
+            Place { ctx: self.primary(launch.device)?, device: launch.device }
+        } else {
+            self.place(stream, Some(launch.device))?
+        };
         if place.device != launch.device {
             return Err(Error::invalid_usage(format!(
                 "the stream belongs to device {} but the communicator to device {}",

@@ -144,11 +144,11 @@ impl Kernels {
     /// The collective interpreter for `op` on `dtype` in context `ctx`.
     pub(crate) fn exec(&self, ctx: Ctx, cc: i32, driver_version: i32, op: DeviceOp, dtype: DataType) -> Result<ExecFunc> {
         let key = (ctx.key(), op, dtype);
-        // Held across the compile: one compile of a pair at a time.
-        let mut exec = self.exec.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = exec.get(&key) {
+        if let Some(f) = self.exec.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(*f);
         }
+        // Compiled without the lock, so that several pairs compile at once (a pair compiled
+        // twice by racing threads is stored once).
         let defines = rustccl_kernels::exec::exec_defines(op, dtype as i32)
             .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))?;
         let what = format!("collective kernel {}/{}", op.suffix(), dtype);
@@ -166,8 +166,7 @@ impl Kernels {
         // SAFETY: the module was just loaded and is never unloaded; writes one handle.
         check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction(rustccl_exec)")?;
         let e = ExecFunc { func: Func(f) };
-        exec.insert(key, e);
-        Ok(e)
+        Ok(*self.exec.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
     }
 
     /// How the kernels loaded in `ctx` were obtained; None when none are loaded there.
