@@ -46,8 +46,10 @@ pub(crate) struct ExecState {
     cache: HashMap<Vec<u8>, Image>,
     /// Images of captured launches: kept until the communicator goes.
     captured: Vec<Image>,
-    /// The last launch: its stream and an event recorded after it (not while capturing).
-    last: Option<(Stream, Event)>,
+    /// The stream of the last launch not captured; an event is recorded on it only when
+    /// needed (another stream comes, or someone waits), not at every launch.
+    last: Option<Stream>,
+    event: Option<Event>,
     /// Whether the watchdog runs.
     pub watching: bool,
 }
@@ -80,9 +82,16 @@ impl ExecState {
         }
     }
 
-    /// The event recorded after the last launch, if any.
-    pub(crate) fn last_event(&self) -> Option<Event> {
-        self.last.map(|(_, e)| e)
+    /// An event recorded now on the stream of the last launch (so it completes after it), if
+    /// there was one.
+    pub(crate) fn mark_last(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize) -> Result<Option<Event>> {
+        let Some(stream) = self.last else { return Ok(None) };
+        let e = match self.event {
+            Some(e) => e,
+            None => *self.event.insert(backend.create_event(device)?),
+        };
+        backend.record_event(e, stream)?;
+        Ok(Some(e))
     }
 
     /// Frees everything (the device must be idle).
@@ -92,7 +101,8 @@ impl ExecState {
             let _ = backend.free(i.device);
             let _ = backend.free_host_mapped(i.host);
         }
-        if let Some((_, e)) = self.last.take() {
+        self.last = None;
+        if let Some(e) = self.event.take() {
             let _ = backend.destroy_event(e);
         }
         if let Some(c) = self.control.take() {
@@ -107,7 +117,7 @@ impl ExecState {
                 return Ok(i.device);
             }
             if self.cache.len() >= MAX_CACHED_IMAGES {
-                if let Some(e) = self.last_event() {
+                if let Some(e) = self.mark_last(backend, device)? {
                     backend.synchronize_event(e)?;
                 }
                 for (_, i) in self.cache.drain() {
@@ -337,8 +347,8 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
     }
     // Launches of one communicator run in order, whatever streams they come on: each reads
     // where its connections stand when it starts.
-    if let Some((s, e)) = cache.exec.last {
-        if s != stream && !capturing {
+    if cache.exec.last.is_some_and(|s| s != stream) && !capturing {
+        if let Some(e) = cache.exec.mark_last(&backend, device)? {
             backend.stream_wait_event(stream, e)?;
         }
     }
@@ -373,12 +383,7 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
         backend.launch_exec(&l, stream)?;
     }
     if !capturing {
-        let e = match cache.exec.last {
-            Some((_, e)) => e,
-            None => backend.create_event(device)?,
-        };
-        backend.record_event(e, stream)?;
-        cache.exec.last = Some((stream, e));
+        cache.exec.last = Some(stream);
     }
     Ok(())
 }

@@ -92,23 +92,32 @@ fn task_bytes(task: &Task, nranks: usize) -> usize {
     }
 }
 
-/// Per-step latency (us) and bandwidth (GB/s) of each protocol, and the host backend's chunk.
+/// Per-step latency (us) and bandwidth (GB/s, per channel on devices) of each protocol, and
+/// the host backend's chunk.
 fn proto_model(p: Protocol, device: bool) -> (f32, f32, usize) {
     match (p, device) {
         (Protocol::Ll, false) => (4.0, 1.5, 16 * 1024),
         (Protocol::Ll128, false) => (6.0, 3.0, 128 * 1024),
         (Protocol::Simple, false) => (12.0, 6.0, SLOT_BYTES),
-        // The device interpreter: LL skips the fence and the counter round trip but moves
-        // half its bytes as flags; LL128 loses 1/16; Simple pays a system fence per step.
-        (Protocol::Ll, true) => (2.0, 30.0, 0),
-        (Protocol::Ll128, true) => (3.0, 120.0, 0),
-        (Protocol::Simple, true) => (6.0, 200.0, 0),
+        // The device interpreter (H200, NVLink, measured per channel): LL needs no fence nor
+        // counter round trip but moves half its bytes as flags; LL128 loses 1/16; Simple
+        // waits for a counter in host memory at each step.
+        (Protocol::Ll, true) => (2.0, 4.0, 0),
+        (Protocol::Ll128, true) => (3.0, 8.0, 0),
+        (Protocol::Simple, true) => (6.0, 17.0, 0),
     }
+}
+
+/// Device channels for `bytes`: one per 128 KiB, up to 32 (each is a block of the
+/// interpreter with its own connections).
+fn device_channels(bytes: usize) -> u32 {
+    (bytes >> 17).clamp(1, 32) as u32
 }
 
 /// The cost model: time of `algo`/`proto` for `bytes` on `n` ranks, or IGNORE if unusable.
 fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize, device: bool) -> f32 {
-    let (lat, bw, _) = proto_model(proto, device);
+    let (lat, per_channel, _) = proto_model(proto, device);
+    let bw = if device { per_channel * device_channels(bytes) as f32 } else { per_channel };
     let nf = n as f32;
     let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
     match (kind, algo) {
@@ -176,13 +185,8 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
         }
     };
     let config = comm.config();
-    // Device channels are blocks of the interpreter, each with its own connections (8 MiB of
-    // slots each): one per 4 MiB moved, up to 16; the host backend's are polled by one thread.
-    let (by_size, most) = if device {
-        ((bytes >> 22).clamp(1, 16) as u32, 16)
-    } else {
-        (if bytes >= 4 << 20 { 2 } else { 1 }, 4)
-    };
+    // The host backend's channels are polled by one thread: a few help overlap.
+    let (by_size, most) = if device { (device_channels(bytes), 32) } else { (if bytes >= 4 << 20 { 2 } else { 1 }, 4) };
     let wanted = if channels > 0 { channels as u32 } else { by_size };
     let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(most));
     let most_chunk = if device { device_chunk(proto) } else { SLOT_BYTES };

@@ -494,7 +494,8 @@ impl Communicator {
     /// stops the kernels (so this never waits on a dead peer).
     fn wait_device_idle(&self) -> Result<()> {
         let backend = &self.inner.shared.backend;
-        let Some(event) = self.device_cache().exec.last_event() else { return Ok(()) };
+        let device = self.inner.device.max(0) as usize;
+        let Some(event) = self.device_cache().exec.mark_last(backend, device)? else { return Ok(()) };
         let mut spins = 0u32;
         while !backend.query_event(event)? {
             if spins % 64 == 0 && self.device_failure().is_some() {

@@ -92,13 +92,12 @@ impl Connection {
 
 /// Bytes of each FIFO slot.
 pub const SLOT_BYTES: usize = 512 * 1024;
-/// Bytes of each FIFO slot of device connections (NCCL's Simple buffer is 4 MiB over 8 steps;
-/// ours is 8 MiB per connection).
-pub const GPU_SLOT_BYTES: usize = 1 << 20;
+/// Bytes of each FIFO slot of device connections (as NCCL's Simple buffer: 4 MiB over 8 steps).
+pub const GPU_SLOT_BYTES: usize = 512 << 10;
 /// P2P connections also have slots for LL and LL128 steps (see `kernels/src/device/exec.cu`),
 /// after the Simple ones: 8 of each size.
 pub const GPU_LL_SLOT_BYTES: usize = 64 << 10;
-pub const GPU_LL128_SLOT_BYTES: usize = 512 << 10;
+pub const GPU_LL128_SLOT_BYTES: usize = 256 << 10;
 
 /// Device memory of a P2P connection's slots.
 pub fn p2p_slots_bytes() -> usize {

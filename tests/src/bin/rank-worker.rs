@@ -39,6 +39,7 @@ fn main() {
         "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),
         "coll-graph" => worker_graph::graph(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
+        "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
@@ -297,4 +298,41 @@ fn compile_kernels() -> Result<(), Error> {
     let n = backend.preload_exec_kernels(0)?;
     println!("RESULT compile-kernels: {n} collective kernels ready in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Where the time of a small all-reduce goes: the host's enqueue alone (calls without waiting),
+/// and calls followed by a stream synchronize. Prints `RESULT latency ...`.
+fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    use rustccl::types::DataType;
+    use rustccl::ReduceOp;
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, rank, &CommConfig::default())?;
+    let backend = std::sync::Arc::clone(comm.backend());
+    let device = comm.device()? as usize;
+    let stream = backend.create_stream(device)?;
+    let buf = backend.alloc(device, 1 << 20)?;
+    for bytes in [8usize, 4096, 65536] {
+        let count = bytes / 4;
+        let run = |n: usize, sync_each: bool| -> Result<(f64, f64), Error> {
+            comm.barrier()?;
+            let t = Instant::now();
+            let mut enqueue = Duration::ZERO;
+            for _ in 0..n {
+                let e = Instant::now();
+                comm.all_reduce(buf, buf, count, DataType::Float32, ReduceOp::Sum, stream)?;
+                enqueue += e.elapsed();
+                if sync_each {
+                    backend.synchronize(stream)?;
+                }
+            }
+            backend.synchronize(stream)?;
+            Ok((t.elapsed().as_secs_f64() * 1e6 / n as f64, enqueue.as_secs_f64() * 1e6 / n as f64))
+        };
+        run(20, false)?;
+        let (pipelined, enq) = run(500, false)?;
+        let (synced, enq_synced) = run(200, true)?;
+        println!(
+            "RESULT latency {bytes} B: pipelined {pipelined:.1} us/call (enqueue {enq:.1}), synchronized {synced:.1} us/call (enqueue {enq_synced:.1})"
+        );
+    }
+    comm.destroy()
 }
