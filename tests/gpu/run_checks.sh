@@ -2,7 +2,7 @@
 # Every GPU check and the side-by-side benchmark, on the two-GPU machine, in one run that
 # builds nothing: it uses the binaries under target/gpu (rank-worker, rustccl-bench,
 # libnccl.so.2), built and stripped on the development machine. Logs go to $OUT.
-#   tests/gpu/run_checks.sh [quick]
+#   tests/gpu/run_checks.sh [checks|bench]   (default: both; each part fits one device call)
 set -u
 OUT=${OUT:-/tmp/rustccl-gpu}
 mkdir -p "$OUT"
@@ -27,14 +27,46 @@ matrix2() {
   note "matrix $name: $(grep -h -E '^(RESULT|ERROR)' "$OUT"/matrix_$name.*.log | tr '\n' ' ')"
 }
 
+PART=${1:-all}
 nvidia-smi -L > "$OUT/gpus.txt"
+# The collective kernels: compiled by NVRTC (in parallel) or found in the cache.
+export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
+RUSTCCL_BACKEND=cuda timeout 300 $G/rank-worker compile-kernels 1 0 none > "$OUT/compile.log" 2>&1
+note "kernels: $(grep -E '^(RESULT|ERROR)' "$OUT/compile.log" | tr '\n' ' ')"
+if [ "$PART" != bench ]; then
 matrix2 p2p
 matrix2 shm NCCL_P2P_DISABLE=1
-matrix2 proto_ll NCCL_PROTO=LL COLL_COLLS=allreduce
 env RUSTCCL_BACKEND=cuda COLL_SEED=$RANDOM timeout 240 $G/rank-worker coll-matrix-one-process 2 0 none > "$OUT/matrix_one_process.log" 2>&1
 note "matrix one process, 2 GPUs: $(grep -E '^(RESULT|ERROR)' "$OUT/matrix_one_process.log" | tr '\n' ' ')"
-matrix2 net NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 COLL_COLLS=allreduce
-for p in LL128 Simple; do matrix2 proto_$p NCCL_PROTO=$p COLL_COLLS=allreduce,reducescatter COLL_COUNTS=1,1001,300001; done
+matrix2 net NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+for p in LL LL128 Simple; do matrix2 proto_$p NCCL_PROTO=$p; done
+matrix2 tree NCCL_ALGO=Tree COLL_COLLS=allreduce
+# Three ranks on two GPUs (two processes share one): kernels of different processes on one GPU
+# only time-slice, so this shows whether such a layout still completes.
+tport=$((29600 + RANDOM % 300)) tseed=$RANDOM
+for r in 0 1 2; do
+  env RUSTCCL_BACKEND=cuda COLL_SEED=$tseed NCCL_COMM_ID=127.0.0.1:$tport COLL_COLLS=allreduce COLL_COUNTS=1001 COLL_LARGE=none \
+    timeout 60 $G/rank-worker coll-matrix 3 $r env > "$OUT/matrix_3ranks.$r.log" 2>&1 &
+done
+wait
+note "matrix 3 ranks on 2 GPUs (allreduce): $(grep -h -E '^(RESULT|ERROR)' "$OUT"/matrix_3ranks.*.log | tr '\n' ' ') $(ls "$OUT"/matrix_3ranks.*.log | wc -l) logs"
+
+# Each protocol forced from 1 element to 1 GiB, results checked by the bench (-c 1: every
+# size validated, #wrong counted), on P2P and on SHM.
+for p in LL LL128 Simple; do
+  RUSTCCL_BACKEND=cuda NCCL_PROTO=$p timeout 200 $G/rustccl-bench all_reduce -N 2 -b 4 -e 1G -f 16 -c 1 -n 3 > "$OUT/proto_sizes_$p.txt" 2>&1
+  note "protocol $p 4 B..1 GiB all_reduce (p2p): $(grep -E '^ +[0-9]' "$OUT/proto_sizes_$p.txt" | awk '{w+=$9+$13; n++} END {print n " sizes, " w " wrong"}') $(grep -h -E 'Out of bounds|rror' "$OUT/proto_sizes_$p.txt" | head -2 | tr '\n' ' ')"
+done
+RUSTCCL_BACKEND=cuda NCCL_P2P_DISABLE=1 NCCL_PROTO=LL timeout 200 $G/rustccl-bench all_reduce -N 2 -b 4 -e 256M -f 64 -c 1 -n 2 > "$OUT/proto_sizes_shm_LL.txt" 2>&1
+note "protocol LL 4 B..256 MiB all_reduce (shm): $(grep -E '^ +[0-9]' "$OUT/proto_sizes_shm_LL.txt" | awk '{w+=$9+$13; n++} END {print n " sizes, " w " wrong"}')"
+
+# Where a small operation's time goes (host enqueue vs the whole call).
+lport=$((29600 + RANDOM % 300))
+for r in 0 1; do
+  env RUSTCCL_BACKEND=cuda RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$lport timeout 120 $G/rank-worker latency 2 $r env > "$OUT/latency.$r.log" 2>&1 &
+done
+wait
+note "latency (rank 0): $(grep -E '^(RESULT|ERROR)' "$OUT/latency.0.log" | tr '\n' ' ')"
 
 # CUDA graphs: collectives captured on a stream, the graph replayed 20 times with fresh inputs,
 # 2 processes (rank-worker coll-graph; it also prints the time per replay vs uncaptured calls).
@@ -56,10 +88,12 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
   note "memcheck: $(grep -E 'ERROR SUMMARY|^RESULT|^ERROR' "$OUT/memcheck.log" | tr '\n' ' ')"
 fi
 
+fi
+if [ "$PART" != checks ]; then
 # The benchmark, side by side in this run: rustccl (Rust API), NVIDIA NCCL and rustccl's
 # libnccl.so.2 through the same C driver.
 B="timeout 200 $G/rustccl-bench"
-for op in all_reduce all_gather broadcast alltoall; do
+for op in all_reduce all_gather reduce_scatter broadcast alltoall; do
   e=1G; [ $op != all_reduce ] && e=512M
   RUSTCCL_BACKEND=cuda $B $op -N 2 -b 8 -e $e -f 8 -c 1 -J "$OUT/bench_rustccl_$op.json" > "$OUT/bench_rustccl_$op.txt" 2>&1
   [ -n "$NV" ] && $B $op -N 2 -b 8 -e $e -f 8 -c 1 --lib "$NV" -J "$OUT/bench_nccl_$op.json" > "$OUT/bench_nccl_$op.txt" 2>&1
@@ -85,5 +119,6 @@ for x, y in zip(a["timings"], b["timings"]):
     print(f"torch all_reduce {x['bytes']:>11} B: nccl {x['time_us']:9.1f} us  rustccl {y['time_us']:9.1f} us  ratio {x['time_us']/y['time_us']:.2f}")
 PY
 
+fi
 # Everything in one archive (the device tool brings back a limited number of files).
 ( cd "$OUT" && tar czf /tmp/rustccl-gpu-logs.tgz --exclude summary.txt . && find . -type f ! -name summary.txt -delete && mv /tmp/rustccl-gpu-logs.tgz logs.tgz )

@@ -19,6 +19,7 @@ use rustccl_kernels::DeviceOp;
 use rustccl_plugin_api::Protocol;
 
 use super::plan::CommRun;
+use super::profile::{self, Stage};
 use super::program::Link;
 use crate::backend::{DeviceBackend, DevicePtr, Event, ExecLaunch, HostMapped, Stream};
 use crate::error::{Error, Result};
@@ -338,7 +339,9 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
     let backend = Arc::clone(comm.backend());
     let device = comm.device()? as usize;
     let stream = run.stream;
+    let t = std::time::Instant::now();
     let capturing = backend.is_capturing(stream)?;
+    profile::record(Stage::Capture, t);
     let mut cache = comm.device_cache();
     let control = cache.exec.control(&backend)?;
     if !cache.exec.watching {
@@ -359,8 +362,12 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
         .filter(|(p, n)| *n > 0 && p.0 != 0)
         .collect();
     for seg in segments(run) {
+        let t = std::time::Instant::now();
         let Some(enc) = encode(run, links, seg.ctxs.clone())? else { continue };
+        profile::record(Stage::Encode, t);
+        let t = std::time::Instant::now();
         let base = cache.exec.image(&backend, device, &enc.bytes, capturing, stream)?;
+        profile::record(Stage::Image, t);
         let at = |i: usize| base.0 + enc.offsets[i] as u64;
         let args = ExecArgs {
             items: at(0),
@@ -380,7 +387,9 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
             buffers: buffers.clone(),
             slots: enc.slots,
         };
+        let t = std::time::Instant::now();
         backend.launch_exec(&l, stream)?;
+        profile::record(Stage::Kernel, t);
     }
     if !capturing {
         cache.exec.last = Some(stream);

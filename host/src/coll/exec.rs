@@ -35,7 +35,9 @@ pub fn run(runs: &mut [CommRun]) -> Result<()> {
 }
 
 fn run_all(runs: &mut [CommRun]) -> Result<()> {
+    let start = std::time::Instant::now();
     let conns = connect(runs)?;
+    super::profile::record(super::profile::Stage::Connect, start);
     let result = execute(runs, &conns);
     if let Err(e) = &result {
         for run in runs.iter() {

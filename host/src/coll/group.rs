@@ -104,9 +104,13 @@ fn run(tasks: Vec<(Communicator, Task)>) -> Result<()> {
             None => by_comm.push((comm, vec![task])),
         }
     }
+    let start = std::time::Instant::now();
     let mut runs = Vec::with_capacity(by_comm.len());
     for (comm, tasks) in &by_comm {
         runs.push(plan::build(comm, tasks).map_err(|e| comm.record_error(e))?);
     }
-    exec::run(&mut runs)
+    super::profile::record(super::profile::Stage::Plan, start);
+    let r = exec::run(&mut runs);
+    super::profile::record(super::profile::Stage::Total, start);
+    r
 }

@@ -11,6 +11,7 @@ pub mod device;
 pub mod exec;
 pub mod group;
 pub mod plan;
+pub mod profile;
 pub mod program;
 
 use crate::backend::{DevicePtr, Stream};

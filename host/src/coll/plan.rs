@@ -378,3 +378,4 @@ fn local_steps(bytes: usize, reduce: bool) -> Vec<Step> {
     }
     steps
 }
+

@@ -161,21 +161,16 @@ impl Context<'_> {
         let slots = fifo::STEPS * GPU_SLOT_BYTES;
         match kind {
             Kind::P2p => {
-                let (hptr, hhandle) = host.alloc_shareable(0, hb)?;
-                let haddr = host.host_address(hptr, hb)?;
-                let (dptr, dhandle) = self.backend.alloc_shareable(self.device, p2p_slots_bytes())?;
+                // Header and slots in this device's memory: this rank polls `tail` locally
+                // and the sender writes it over NVLink (as NCCL keeps its P2P counters).
+                let (dptr, dhandle) = self.backend.alloc_shareable(self.device, hb + p2p_slots_bytes())?;
+                let mem = vec![Memory::Exported { backend: Arc::clone(self.backend), ptr: dptr }];
+                self.backend.memset(dptr, 0, hb, crate::backend::Stream::DEFAULT)?;
+                self.backend.synchronize(crate::backend::Stream::DEFAULT)?;
                 let mut msg = vec![2u8];
-                msg.extend_from_slice(&hhandle.to_bytes());
                 msg.extend_from_slice(&dhandle.to_bytes());
-                // SAFETY: the header mapping outlives the registration (released after it).
-                let hdev = unsafe { self.backend.register_host(haddr as *mut u8, hb)? };
-                let mem = vec![
-                    Memory::Exported { backend: Arc::clone(self.backend), ptr: dptr },
-                    Memory::Registered { backend: Arc::clone(self.backend), ptr: hdev },
-                    Memory::Exported { backend: host, ptr: hptr },
-                ];
-                // SAFETY: header and slots sized for the FIFO, kept alive by `mem`.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, hdev.0, dptr.0, GPU_SLOT_BYTES) }, mem, msg))
+                let (fifo, mem) = p2p_fifo(dptr, mem);
+                Ok((fifo, mem, msg))
             }
             _ => {
                 let (hptr, hhandle) = host.alloc_shareable(0, hb + slots)?;
@@ -199,25 +194,17 @@ impl Context<'_> {
         let host = Context::host()?;
         let hb = fifo::header_bytes();
         let slots = fifo::STEPS * GPU_SLOT_BYTES;
+        if msg.first() == Some(&2) {
+            let dhandle = ShareHandle::from_bytes(&msg[1..])?;
+            let dptr = self.backend.import(self.device, &dhandle)?;
+            let mem = vec![Memory::Imported { backend: Arc::clone(self.backend), ptr: dptr }];
+            return Ok(p2p_fifo(dptr, mem));
+        }
         let handle_len = 128;
         let hhandle = ShareHandle::from_bytes(msg.get(1..1 + handle_len).ok_or_else(|| Error::internal("short handle"))?)?;
         let hptr = host.import(0, &hhandle)?;
         let host_mem = Memory::Imported { backend: Arc::clone(&host), ptr: hptr };
         match msg[0] {
-            2 => {
-                let haddr = host.host_address(hptr, hb)?;
-                let dhandle = ShareHandle::from_bytes(msg.get(1 + handle_len..).ok_or_else(|| Error::internal("short handle"))?)?;
-                let dptr = self.backend.import(self.device, &dhandle)?;
-                // SAFETY: the imported header mapping outlives the registration (released after it).
-                let hdev = unsafe { self.backend.register_host(haddr as *mut u8, hb)? };
-                let mem = vec![
-                    Memory::Imported { backend: Arc::clone(self.backend), ptr: dptr },
-                    Memory::Registered { backend: Arc::clone(self.backend), ptr: hdev },
-                    host_mem,
-                ];
-                // SAFETY: mapped while `mem` lives.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, hdev.0, dptr.0, GPU_SLOT_BYTES) }, mem))
-            }
             _ => {
                 let haddr = host.host_address(hptr, hb + slots)?;
                 // SAFETY: the imported mapping outlives the registration (released after it).
@@ -228,6 +215,19 @@ impl Context<'_> {
             }
         }
     }
+}
+
+/// A P2P connection's FIFO over device memory at `dptr` (header, then the slots), kept mapped
+/// by `mem`. The host never reads this header; the FIFO's host-side header is a zeroed stand-in
+/// owned with the memory.
+fn p2p_fifo(dptr: DevicePtr, mut mem: Vec<Memory>) -> (Fifo, Vec<Memory>) {
+    let stand_in = LocalMemory::new(fifo::header_bytes());
+    let hb = fifo::header_bytes() as u64;
+    // SAFETY: `stand_in` is a zeroed header the Fifo may read, kept with the connection; the
+    // device header and slots are the `mem` mapping, released with the connection.
+    let fifo = unsafe { Fifo::with_device_slots(stand_in.ptr(), dptr.0, dptr.0 + hb, GPU_SLOT_BYTES) };
+    mem.push(Memory::Local(stand_in));
+    (fifo, mem)
 }
 
 /// A connection being made.

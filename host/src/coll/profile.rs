@@ -1,0 +1,66 @@
+//! Where the host's time goes when it enqueues operations: per-stage totals, kept only when
+//! `RUSTCCL_PROFILE_ENQUEUE=1` (read once), reported by [`report`]. For tuning the enqueue
+//! path; off, a stage costs one relaxed load.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug)]
+pub enum Stage {
+    Plan,
+    Connect,
+    Capture,
+    Encode,
+    Image,
+    Kernel,
+    Total,
+}
+
+const STAGES: [&str; 7] = ["plan", "connect", "capture-check", "encode", "image", "kernel-launch", "total"];
+
+static NS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static COUNT: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+/// 0 unknown, 1 off, 2 on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+
+fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("RUSTCCL_PROFILE_ENQUEUE").is_ok_and(|v| v == "1");
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        s => s == 2,
+    }
+}
+
+/// Adds the time since `start` to `stage`.
+pub fn record(stage: Stage, start: Instant) {
+    if enabled() {
+        NS[stage as usize].fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        COUNT[stage as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Mean microseconds per stage so far (empty when profiling is off).
+pub fn report() -> String {
+    if !enabled() {
+        return String::new();
+    }
+    let mut out = Vec::new();
+    for (i, name) in STAGES.iter().enumerate() {
+        let n = COUNT[i].load(Ordering::Relaxed);
+        if n > 0 {
+            out.push(format!("{name} {:.2} us", NS[i].load(Ordering::Relaxed) as f64 / n as f64 / 1e3));
+        }
+    }
+    out.join(", ")
+}
+
+/// Forgets the totals so far (after a warm-up).
+pub fn reset() {
+    for i in 0..STAGES.len() {
+        NS[i].store(0, Ordering::Relaxed);
+        COUNT[i].store(0, Ordering::Relaxed);
+    }
+}
