@@ -54,6 +54,9 @@ fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
             super::device::launch(run, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
         }
     }
+    if runs.iter().all(|r| r.device) {
+        return Ok(());
+    }
     let mut scratch = vec![0u8; SLOT_BYTES];
     let mut idle = 0u32;
     loop {
@@ -118,6 +121,9 @@ fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
         let (have, missing) = run.comm.cached_connections(&wanted);
         out.push(have);
         pending.extend(missing.into_iter().map(|(l, d)| (i, l, d, crate::transport::Establish::new(l, d))));
+    }
+    if pending.is_empty() {
+        return Ok(out);
     }
     let deadline = Instant::now() + crate::params::bootstrap_timeout();
     while !pending.is_empty() {

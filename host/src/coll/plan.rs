@@ -132,7 +132,16 @@ fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n
 
 /// Names allowed by `NCCL_ALGO` / `NCCL_PROTO` (comma list; `^` excludes); `None`: all.
 fn allowed(var: &str, name: &str) -> bool {
-    let Some(v) = params::env_str(var) else { return true };
+    // Read once per process, as NCCL reads its parameters (and a getenv per candidate is not
+    // free on every operation).
+    static ALGO: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    static PROTO: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let value = match var {
+        "NCCL_ALGO" => ALGO.get_or_init(|| params::env_str(var)).clone(),
+        "NCCL_PROTO" => PROTO.get_or_init(|| params::env_str(var)).clone(),
+        _ => params::env_str(var),
+    };
+    let Some(v) = value else { return true };
     let (exclude, list) = match v.strip_prefix('^') {
         Some(rest) => (true, rest),
         None => (false, v.as_str()),

@@ -165,8 +165,12 @@ impl Context<'_> {
                 // and the sender writes it over NVLink (as NCCL keeps its P2P counters).
                 let (dptr, dhandle) = self.backend.alloc_shareable(self.device, hb + p2p_slots_bytes())?;
                 let mem = vec![Memory::Exported { backend: Arc::clone(self.backend), ptr: dptr }];
-                self.backend.memset(dptr, 0, hb, crate::backend::Stream::DEFAULT)?;
-                self.backend.synchronize(crate::backend::Stream::DEFAULT)?;
+                // Zeroed before the sender learns of it, on a stream of this device that waits
+                // for nothing else (kernels running on the default stream may wait on peers).
+                let s = self.backend.create_stream(self.device)?;
+                let zeroed = self.backend.memset(dptr, 0, hb, s).and_then(|_| self.backend.synchronize(s));
+                let _ = self.backend.destroy_stream(s);
+                zeroed?;
                 let mut msg = vec![2u8];
                 msg.extend_from_slice(&dhandle.to_bytes());
                 let (fifo, mem) = p2p_fifo(dptr, mem);
