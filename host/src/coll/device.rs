@@ -47,8 +47,8 @@ pub(crate) struct ExecState {
     cache: HashMap<Vec<u8>, Image>,
     /// Images of captured launches: kept until the communicator goes.
     captured: Vec<Image>,
-    /// The stream of the last launch not captured; an event is recorded on it only when
-    /// needed (another stream comes, or someone waits), not at every launch.
+    /// The stream of the last launch not captured, and an event recorded after that launch
+    /// (recorded at once: the caller may destroy the stream before the communicator).
     last: Option<Stream>,
     event: Option<Event>,
     /// Whether the watchdog runs.
@@ -83,16 +83,20 @@ impl ExecState {
         }
     }
 
-    /// An event recorded now on the stream of the last launch (so it completes after it), if
-    /// there was one.
-    pub(crate) fn mark_last(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize) -> Result<Option<Event>> {
-        let Some(stream) = self.last else { return Ok(None) };
+    /// The event that completes after the last launch not captured, if there was one.
+    pub(crate) fn last_event(&self) -> Option<Event> {
+        self.last.and(self.event)
+    }
+
+    /// Records that a launch was enqueued on `stream`.
+    fn launched(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, stream: Stream) -> Result<()> {
         let e = match self.event {
             Some(e) => e,
             None => *self.event.insert(backend.create_event(device)?),
         };
         backend.record_event(e, stream)?;
-        Ok(Some(e))
+        self.last = Some(stream);
+        Ok(())
     }
 
     /// Frees everything (the device must be idle).
@@ -118,7 +122,7 @@ impl ExecState {
                 return Ok(i.device);
             }
             if self.cache.len() >= MAX_CACHED_IMAGES {
-                if let Some(e) = self.mark_last(backend, device)? {
+                if let Some(e) = self.last_event() {
                     backend.synchronize_event(e)?;
                 }
                 for (_, i) in self.cache.drain() {
@@ -351,7 +355,7 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
     // Launches of one communicator run in order, whatever streams they come on: each reads
     // where its connections stand when it starts.
     if cache.exec.last.is_some_and(|s| s != stream) && !capturing {
-        if let Some(e) = cache.exec.mark_last(&backend, device)? {
+        if let Some(e) = cache.exec.last_event() {
             backend.stream_wait_event(stream, e)?;
         }
     }
@@ -392,7 +396,7 @@ pub(crate) fn launch(run: &CommRun, links: &Links) -> Result<()> {
         profile::record(Stage::Kernel, t);
     }
     if !capturing {
-        cache.exec.last = Some(stream);
+        cache.exec.launched(&backend, device, stream)?;
     }
     Ok(())
 }

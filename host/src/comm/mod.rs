@@ -484,8 +484,13 @@ impl Communicator {
     /// Why device work of this communicator must stop, if it must: a kernel's report, an
     /// abort or revoke, a failed peer, a failed network connection.
     fn device_failure(&self) -> Option<Error> {
-        let control = self.device_cache().exec.control_host()?;
-        crate::coll::device::control_error(control, self.inner.rank)
+        let kernel_error = {
+            // Read under the lock: release frees the control block under it.
+            let cache = self.device_cache();
+            let control = cache.exec.control_host()?;
+            crate::coll::device::control_error(control, self.inner.rank)
+        };
+        kernel_error
             .or_else(|| self.check_running("collective").err())
             .or_else(|| self.lock_transports().conns.values().find_map(|c| c.failure()))
     }
@@ -494,8 +499,7 @@ impl Communicator {
     /// stops the kernels (so this never waits on a dead peer).
     fn wait_device_idle(&self) -> Result<()> {
         let backend = &self.inner.shared.backend;
-        let device = self.inner.device.max(0) as usize;
-        let Some(event) = self.device_cache().exec.mark_last(backend, device)? else { return Ok(()) };
+        let Some(event) = self.device_cache().exec.last_event() else { return Ok(()) };
         let mut spins = 0u32;
         while !backend.query_event(event)? {
             if spins % 64 == 0 && self.device_failure().is_some() {

@@ -919,7 +919,12 @@ impl DeviceBackend for CudaBackend {
 
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         let device = self.event_device(event, "record_event")?;
-        let place = self.place(stream, Some(device))?;
+        // A default stream names no device: the event's.
+        let place = if is_default_like(stream) {
+            Place { ctx: self.primary(device)?, device }
+        } else {
+            self.place(stream, Some(device))?
+        };
         let _g = CtxGuard::enter(place.ctx)?;
         // SAFETY: a live event of ours and a stream of the current context.
         check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
@@ -927,7 +932,11 @@ impl DeviceBackend for CudaBackend {
 
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
         let device = self.event_device(event, "stream_wait_event")?;
-        let place = self.place(stream, Some(device))?;
+        let place = if is_default_like(stream) {
+            Place { ctx: self.primary(device)?, device }
+        } else {
+            self.place(stream, Some(device))?
+        };
         let _g = CtxGuard::enter(place.ctx)?;
         // SAFETY: as above; waiting on an event of another device is allowed.
         check(
