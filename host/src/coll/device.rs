@@ -29,8 +29,8 @@ use crate::types::DataType;
 
 type Links = HashMap<(Link, Dir), Arc<Connection>>;
 
-/// Images kept per communicator before the cache is emptied (after the device is idle).
-const MAX_CACHED_IMAGES: usize = 1024;
+/// Bytes of each communicator's image arena (pinned host memory and as much device memory).
+const ARENA_BYTES: usize = 8 << 20;
 
 /// A program image: pinned host memory (the copy's source) and device memory (what the kernel
 /// reads).
@@ -39,12 +39,24 @@ struct Image {
     device: DevicePtr,
 }
 
+/// Where images of launches not captured live: one allocation made once, filled from the start
+/// and emptied (with the cache) when full, after the device is idle. Allocating on the launch
+/// path would be worse than slow: pinned and device allocations may wait for every running
+/// kernel, and with several devices in one process a kernel may be waiting for the very thread
+/// that allocates (to launch its peer's half).
+struct Arena {
+    mem: Image,
+    used: usize,
+}
+
 /// The device executor's state of one communicator (kept in its device cache).
 #[derive(Default)]
 pub(crate) struct ExecState {
     /// Host memory the kernels poll and write (`ExecControl`).
     control: Option<HostMapped>,
-    cache: HashMap<Vec<u8>, Image>,
+    arena: Option<Arena>,
+    /// Images in the arena by content: offset.
+    cache: HashMap<Vec<u8>, usize>,
     /// Images of captured launches: kept until the communicator goes.
     captured: Vec<Image>,
     /// The stream of the last launch not captured, and an event recorded after that launch
@@ -101,7 +113,8 @@ impl ExecState {
 
     /// Frees everything (the device must be idle).
     pub(crate) fn release(&mut self, backend: &Arc<dyn DeviceBackend>) {
-        let images = self.cache.drain().map(|(_, i)| i).chain(self.captured.drain(..)).collect::<Vec<_>>();
+        self.cache.clear();
+        let images = self.arena.take().map(|a| a.mem).into_iter().chain(self.captured.drain(..)).collect::<Vec<_>>();
         for i in images {
             let _ = backend.free(i.device);
             let _ = backend.free_host_mapped(i.host);
@@ -117,40 +130,59 @@ impl ExecState {
 
     /// The device copy of `bytes`, uploaded on `stream` if it is new.
     fn image(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, bytes: &[u8], capturing: bool, stream: Stream) -> Result<DevicePtr> {
-        if !capturing {
-            if let Some(i) = self.cache.get(bytes) {
-                return Ok(i.device);
+        let len = bytes.len().div_ceil(256) * 256;
+        if capturing || len > ARENA_BYTES {
+            // A graph may replay it at any time: memory of its own, kept until the end.
+            let image = alloc_image(backend, device, bytes.len())?;
+            // SAFETY: fresh pinned memory of `bytes.len()` bytes, kept (unchanged) with the
+            // communicator, so the copy may run at any replay.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), image.host.host, bytes.len());
+                backend.copy_from_pinned_async(image.device, image.host.host, bytes.len(), stream)?;
             }
-            if self.cache.len() >= MAX_CACHED_IMAGES {
-                if let Some(e) = self.last_event() {
-                    backend.synchronize_event(e)?;
-                }
-                for (_, i) in self.cache.drain() {
-                    let _ = backend.free(i.device);
-                    let _ = backend.free_host_mapped(i.host);
-                }
-            }
-        }
-        let host = backend.alloc_host_mapped(bytes.len())?;
-        let dev = match backend.alloc(device, bytes.len()) {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = backend.free_host_mapped(host);
-                return Err(e);
-            }
-        };
-        // SAFETY: `host` is fresh pinned memory of `bytes.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host.host, bytes.len()) };
-        // SAFETY: `host` stays allocated and unchanged while the image exists, which is until
-        // the communicator goes (captured) or the device is idle (cached).
-        unsafe { backend.copy_from_pinned_async(dev, host.host, bytes.len(), stream)? };
-        let image = Image { host, device: dev };
-        if capturing {
+            let dev = image.device;
             self.captured.push(image);
-        } else {
-            self.cache.insert(bytes.to_vec(), image);
+            return Ok(dev);
         }
-        Ok(dev)
+        if self.arena.is_none() {
+            self.arena = Some(Arena { mem: alloc_image(backend, device, ARENA_BYTES)?, used: 0 });
+        }
+        if let Some(&off) = self.cache.get(bytes) {
+            return Ok(self.arena.as_ref().expect("made above").mem.device.offset(off));
+        }
+        if self.arena.as_ref().expect("made above").used + len > ARENA_BYTES {
+            // Full: once the device is done with every image, start again.
+            if let Some(e) = self.last_event() {
+                backend.synchronize_event(e)?;
+            }
+            self.cache.clear();
+            self.arena.as_mut().expect("made above").used = 0;
+        }
+        let arena = self.arena.as_mut().expect("made above");
+        let off = arena.used;
+        arena.used += len;
+        // SAFETY: `off + bytes.len()` lies in the arena; that range is not in use by any launch
+        // (it was past `used`, or the device was idle when `used` went back to 0), and stays
+        // unchanged until the copy has run (ranges are reused only after the device is idle).
+        unsafe {
+            let host = arena.mem.host.host.add(off);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len());
+            backend.copy_from_pinned_async(arena.mem.device.offset(off), host, bytes.len(), stream)?;
+        }
+        self.cache.insert(bytes.to_vec(), off);
+        Ok(arena.mem.device.offset(off))
+    }
+}
+
+/// Pinned host memory and device memory of `bytes` each.
+fn alloc_image(backend: &Arc<dyn DeviceBackend>, device: usize, bytes: usize) -> Result<Image> {
+    let host = backend.alloc_host_mapped(bytes)?;
+    match backend.alloc(device, bytes) {
+        Ok(device) => Ok(Image { host, device }),
+        Err(e) => {
+            let _ = backend.free_host_mapped(host);
+            Err(e)
+        }
     }
 }
 

@@ -410,6 +410,11 @@ impl CudaBackend {
             return Ok(Place { ctx: self.primary(device)?, device });
         }
         let ctx = if is_default_like(stream) {
+            // A default stream names no device: the memory's (the communicator's), as NCCL
+            // sets the communicator's device before it enqueues; else the current one.
+            if let Some(device) = hint {
+                return Ok(Place { ctx: self.primary(device)?, device });
+            }
             let cur = driver::current()?;
             if cur.is_null() {
                 return self.primary(hint.unwrap_or(0)).map(|ctx| Place { ctx, device: hint.unwrap_or(0) });
