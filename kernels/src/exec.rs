@@ -136,6 +136,36 @@ pub fn as_bytes<T: Copy>(items: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(items.as_ptr() as *const u8, std::mem::size_of_val(items)) }
 }
 
+/// The `-D` options that build `exec.cu` for `op` on elements of `ncclDataType_t` value
+/// `dtype`; `None` for an unknown type and for SumPostDiv on a floating type.
+pub fn exec_defines(op: crate::DeviceOp, dtype: i32) -> Option<Vec<String>> {
+    const ELEMS: [&str; 12] = [
+        "RustcclElemI8",
+        "RustcclElemU8",
+        "RustcclElemI32",
+        "RustcclElemU32",
+        "RustcclElemI64",
+        "RustcclElemU64",
+        "RustcclElemF16",
+        "RustcclElemF32",
+        "RustcclElemF64",
+        "RustcclElemBF16",
+        "RustcclElemF8E4M3",
+        "RustcclElemF8E5M2",
+    ];
+    let elem = ELEMS.get(usize::try_from(dtype).ok()?)?;
+    crate::reduce_kernel_name(op, dtype)?;
+    let op = match op {
+        crate::DeviceOp::Sum => "RUSTCCL_OP_SUM",
+        crate::DeviceOp::Prod => "RUSTCCL_OP_PROD",
+        crate::DeviceOp::Min => "RUSTCCL_OP_MIN",
+        crate::DeviceOp::Max => "RUSTCCL_OP_MAX",
+        crate::DeviceOp::PreMulSum => "RUSTCCL_OP_PREMULSUM",
+        crate::DeviceOp::SumPostDiv => "RUSTCCL_OP_SUMPOSTDIV",
+    };
+    Some(vec![format!("-DRUSTCCL_EXEC_ELEM={elem}"), format!("-DRUSTCCL_EXEC_OP={op}")])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,34 +201,4 @@ mod tests {
             assert!(wire_bytes(p, cap + 8) > 1 << 20);
         }
     }
-}
-
-/// The `-D` options that build `exec.cu` for `op` on elements of `ncclDataType_t` value
-/// `dtype`; `None` for an unknown type and for SumPostDiv on a floating type.
-pub fn exec_defines(op: crate::DeviceOp, dtype: i32) -> Option<Vec<String>> {
-    const ELEMS: [&str; 12] = [
-        "RustcclElemI8",
-        "RustcclElemU8",
-        "RustcclElemI32",
-        "RustcclElemU32",
-        "RustcclElemI64",
-        "RustcclElemU64",
-        "RustcclElemF16",
-        "RustcclElemF32",
-        "RustcclElemF64",
-        "RustcclElemBF16",
-        "RustcclElemF8E4M3",
-        "RustcclElemF8E5M2",
-    ];
-    let elem = ELEMS.get(usize::try_from(dtype).ok()?)?;
-    crate::reduce_kernel_name(op, dtype)?;
-    let op = match op {
-        crate::DeviceOp::Sum => "RUSTCCL_OP_SUM",
-        crate::DeviceOp::Prod => "RUSTCCL_OP_PROD",
-        crate::DeviceOp::Min => "RUSTCCL_OP_MIN",
-        crate::DeviceOp::Max => "RUSTCCL_OP_MAX",
-        crate::DeviceOp::PreMulSum => "RUSTCCL_OP_PREMULSUM",
-        crate::DeviceOp::SumPostDiv => "RUSTCCL_OP_SUMPOSTDIV",
-    };
-    Some(vec![format!("-DRUSTCCL_EXEC_ELEM={elem}"), format!("-DRUSTCCL_EXEC_OP={op}")])
 }

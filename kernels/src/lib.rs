@@ -4,13 +4,10 @@
 //! * The device sources, CUDA C++ that also builds as HIP, embedded with
 //!   `include_str!` and listed by [`sources`]: `port.h` (CUDA/HIP portability:
 //!   vendor headers, element types, warp size, shuffles, atomics, fences),
-//!   `reduce_ops.h` (sum/prod/min/max/premulsum functors for all NCCL element
-//!   types: integers, half, bfloat16, float, double, fp8 where the toolkit has
-//!   it), `copy_reduce.cu` (an element-wise copy/reduce kernel, one
-//!   `extern "C"` entry point per operator and type; see
-//!   [`copy_reduce_kernel_name`]) and `reduce.cu` (the n-input reduce kernels
-//!   a plan's reduce step runs, bit for bit the host reference `Reducer`: one
-//!   per [`DeviceOp`] and type, see [`reduce_kernel_name`] and [`ReduceArgs`]).
+//!   `elem.h` (the element types' exact arithmetic on raw bits, shared by the
+//!   kernels) and `reduce.cu` (the n-input reduce kernels a plan's reduce step
+//!   runs, bit for bit the host reference `Reducer`: one per [`DeviceOp`] and
+//!   type, see [`reduce_kernel_name`] and [`ReduceArgs`]).
 //! * [`KernelCache`]: compiled blobs (PTX/CUBIN/code objects) stored under
 //!   `RUSTCCL_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/rustccl/kernels`, else
 //!   `~/.cache/rustccl/kernels`, keyed by a [`CacheKey`] (SHA-256 of the
@@ -41,14 +38,12 @@ use sha2::{Digest, Sha256};
 pub mod exec;
 
 /// The device sources as (file name, text), in include order: the headers, then
-/// the kernel file that includes them. The names are the ones used in
+/// the kernel files that include them. The names are the ones used in
 /// `#include "..."`, so they can be passed to NVRTC/hipRTC as named headers.
 pub fn sources() -> &'static [(&'static str, &'static str)] {
     const SOURCES: &[(&str, &str)] = &[
         ("port.h", include_str!("device/port.h")),
-        ("reduce_ops.h", include_str!("device/reduce_ops.h")),
         ("elem.h", include_str!("device/elem.h")),
-        (COPY_REDUCE_SOURCE, include_str!("device/copy_reduce.cu")),
         (REDUCE_SOURCE, include_str!("device/reduce.cu")),
         (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
     ];
@@ -71,63 +66,11 @@ pub fn source(name: &str) -> Option<&'static str> {
         .map(|(_, text)| *text)
 }
 
-/// Name of the kernel source file among [`sources`] (the compilation unit).
-pub const COPY_REDUCE_SOURCE: &str = "copy_reduce.cu";
-
-/// The reduction functors of `reduce_ops.h`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceKind {
-    /// `FuncSum`.
-    Sum,
-    /// `FuncProd`.
-    Prod,
-    /// `FuncMin`.
-    Min,
-    /// `FuncMax`.
-    Max,
-    /// `FuncPreMulSum`: inputs multiplied by a scalar, then summed.
-    PreMulSum,
-}
-
-impl ReduceKind {
-    /// Every kind.
-    pub const ALL: [ReduceKind; 5] = [
-        ReduceKind::Sum,
-        ReduceKind::Prod,
-        ReduceKind::Min,
-        ReduceKind::Max,
-        ReduceKind::PreMulSum,
-    ];
-
-    /// The `<op>` part of kernel names.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            ReduceKind::Sum => "sum",
-            ReduceKind::Prod => "prod",
-            ReduceKind::Min => "min",
-            ReduceKind::Max => "max",
-            ReduceKind::PreMulSum => "premulsum",
-        }
-    }
-}
-
 /// The `<type>` part of kernel names, indexed by `ncclDataType_t` value
 /// (Int8 0 … Float8e5m2 11).
 pub const DTYPE_SUFFIXES: [&str; 12] = [
     "i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16", "f8e4m3", "f8e5m2",
 ];
-
-/// The `ncclDataType_t` values whose kernels exist only when the device code is
-/// built with `RUSTCCL_HAVE_FP8=1` (the default with CUDA ≥ 11.8).
-pub const FP8_DTYPES: [i32; 2] = [10, 11];
-
-/// The `extern "C"` name of the copy/reduce kernel for `op` on elements of
-/// `ncclDataType_t` value `dtype`, e.g. `rustccl_copy_reduce_sum_f32`;
-/// `None` for an unknown type.
-pub fn copy_reduce_kernel_name(op: ReduceKind, dtype: i32) -> Option<String> {
-    let ty = DTYPE_SUFFIXES.get(usize::try_from(dtype).ok()?)?;
-    Some(format!("rustccl_copy_reduce_{}_{}", op.suffix(), ty))
-}
 
 /// Name of the n-input reduce kernels' source among [`sources`] (a compilation unit): what a
 /// host backend runs for a plan's reduce step. See [`reduce_kernel_name`] and [`ReduceArgs`].
@@ -475,10 +418,10 @@ mod tests {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
-            ["port.h", "reduce_ops.h", "elem.h", "copy_reduce.cu", "reduce.cu", "exec.cu"]
+            ["port.h", "elem.h", "reduce.cu", "exec.cu"]
         );
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
-        assert_eq!(headers, ["port.h", "reduce_ops.h", "elem.h"]);
+        assert_eq!(headers, ["port.h", "elem.h"]);
         assert!(text_of("exec.cu").contains("#include \"elem.h\""));
         assert!(source(REDUCE_SOURCE)
             .unwrap()
@@ -486,48 +429,9 @@ mod tests {
         assert_eq!(source("nope.cu"), None);
         let text = |name: &str| sources().iter().find(|(n, _)| *n == name).unwrap().1;
         assert!(text("port.h").contains("__HIP_PLATFORM_AMD__"));
-        assert!(text("reduce_ops.h").contains("#include \"port.h\""));
-        assert!(text(COPY_REDUCE_SOURCE).contains("#include \"reduce_ops.h\""));
         for (_, body) in sources() {
             assert!(body.len() > 500);
         }
-    }
-
-    #[test]
-    fn kernel_names_match_the_instantiations() {
-        let cu = sources()
-            .iter()
-            .find(|(n, _)| *n == COPY_REDUCE_SOURCE)
-            .unwrap()
-            .1;
-        for op in ReduceKind::ALL {
-            assert!(
-                cu.contains(&format!("RUSTCCL_COPY_REDUCE_KERNEL({}, ", op.suffix())),
-                "{op:?}"
-            );
-        }
-        for ty in DTYPE_SUFFIXES {
-            assert!(cu.contains(&format!("RUSTCCL_INSTANTIATE({ty}, ")), "{ty}");
-        }
-        // The fp8 instantiations are the guarded ones.
-        let guarded = cu.split("#if RUSTCCL_HAVE_FP8").nth(1).unwrap();
-        for dtype in FP8_DTYPES {
-            assert!(guarded.contains(&format!(
-                "RUSTCCL_INSTANTIATE({}, ",
-                DTYPE_SUFFIXES[dtype as usize]
-            )));
-        }
-        assert!(cu.contains("rustccl_copy_reduce_##opname##_##tname"));
-        assert_eq!(
-            copy_reduce_kernel_name(ReduceKind::Sum, 7).as_deref(),
-            Some("rustccl_copy_reduce_sum_f32")
-        );
-        assert_eq!(
-            copy_reduce_kernel_name(ReduceKind::PreMulSum, 9).as_deref(),
-            Some("rustccl_copy_reduce_premulsum_bf16")
-        );
-        assert_eq!(copy_reduce_kernel_name(ReduceKind::Max, 12), None);
-        assert_eq!(copy_reduce_kernel_name(ReduceKind::Max, -1), None);
     }
 
     #[test]

@@ -10,8 +10,7 @@
 //!   pointer is `InvalidArgument`, never undefined behaviour.
 //! - Shareable memory is a /dev/shm file (see [`shm`]); its [`ShareHandle`] carries the file
 //!   name and size.
-//! - `Reduce` steps use [`reduce`], which refuses the fp8 types; `CollReduce` steps (the
-//!   collectives') use `crate::reduce`, which covers every type, fp8 included.
+//! - `Reduce` steps use [`reduce`], which refuses the fp8 types.
 //!
 //! Concurrency: the memory table sits behind a read-write lock. Copies and plans hold the
 //! read lock while they run (so ranks on different threads run in parallel and nothing they
@@ -165,31 +164,6 @@ fn run_step(mem: &Table, step: &Step) -> Result<()> {
         }
         Step::Reduce { dst, srcs, count, dtype, op, scalar } => {
             reduce_step(mem, *dst, srcs, *count, *dtype, *op, *scalar)?;
-        }
-        Step::CollReduce { dst, acc, local, count, dtype, op, post } => {
-            let bytes = count * dtype.size();
-            let r = crate::reduce::Reducer::new(*dtype, *op);
-            // Inputs are copied out first, so the output may be one of them.
-            let read = |p: DevicePtr, what| -> Result<Vec<u8>> {
-                let s = mem.resolve(p, bytes, what)?;
-                // SAFETY: inside a live entry kept alive by `mem`.
-                Ok(unsafe { std::slice::from_raw_parts(s, bytes) }.to_vec())
-            };
-            let acc = acc.map(|p| read(p, "reduce input")).transpose()?;
-            let local = local.map(|p| read(p, "reduce input")).transpose()?;
-            let mut out = vec![0u8; bytes];
-            match (&acc, &local) {
-                (Some(a), Some(l)) => r.pre_combine(l, a, &mut out),
-                (None, Some(l)) => r.pre(l, &mut out),
-                (Some(a), None) => out.copy_from_slice(a),
-                (None, None) => return Err(Error::invalid_argument("collective reduce step with no inputs")),
-            }
-            if *post {
-                r.post(&mut out);
-            }
-            let d = mem.resolve(*dst, bytes, "reduce output")?;
-            // SAFETY: inside a live entry kept alive by `mem`.
-            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), d, bytes) };
         }
     }
     Ok(())

@@ -7,7 +7,6 @@
 
 use super::DevicePtr;
 use crate::error::{Error, Result};
-use crate::reduce::DevOp;
 use crate::types::{DataType, RedOp};
 
 /// One unit of device-local work.
@@ -24,11 +23,6 @@ pub enum Step {
     Reduce { dst: DevicePtr, srcs: Vec<DevicePtr>, count: usize, dtype: DataType, op: RedOp, scalar: Option<f64> },
     /// Sets `bytes` bytes at `dst` to `value`.
     Fill { dst: DevicePtr, bytes: usize, value: u8 },
-    /// One step of a collective: `dst = acc ⊕ pre(local)` over `count` elements, where `acc`
-    /// is a partial result already reduced (no pre-multiplication) and `local` this rank's
-    /// input; either may be absent, not both. `op` is the device operator (Avg already mapped
-    /// for the communicator's size); `post` applies SumPostDiv's division (the last step).
-    CollReduce { dst: DevicePtr, acc: Option<DevicePtr>, local: Option<DevicePtr>, count: usize, dtype: DataType, op: DevOp, post: bool },
 }
 
 /// A memory range a step reads or writes.
@@ -49,7 +43,7 @@ impl Step {
     fn range_bytes(&self) -> Result<usize> {
         match self {
             Step::Copy { bytes, .. } | Step::Fill { bytes, .. } => Ok(*bytes),
-            Step::Reduce { count, dtype, .. } | Step::CollReduce { count, dtype, .. } => count
+            Step::Reduce { count, dtype, .. } => count
                 .checked_mul(dtype.size())
                 .ok_or_else(|| Error::invalid_argument(format!("reduce of {count} {dtype} elements overflows"))),
         }
@@ -67,9 +61,6 @@ impl Step {
             Step::Reduce { dst, srcs, .. } => {
                 std::iter::once(Access { ptr: *dst, bytes, write: true }).chain(srcs.iter().map(|s| read(*s))).collect()
             }
-            Step::CollReduce { dst, acc, local, .. } => std::iter::once(Access { ptr: *dst, bytes, write: true })
-                .chain(acc.iter().chain(local.iter()).map(|s| read(*s)))
-                .collect(),
         })
     }
 
@@ -86,16 +77,6 @@ impl Step {
                 }
             }
             Step::Fill { .. } => {}
-            Step::CollReduce { dst, acc, local, .. } => {
-                if acc.is_none() && local.is_none() {
-                    return Err(Error::invalid_argument("collective reduce step with no inputs"));
-                }
-                if let Some(s) = acc.iter().chain(local.iter()).find(|s| *s != dst && overlaps(*dst, **s, bytes)) {
-                    return Err(Error::invalid_argument(format!(
-                        "reduce output {dst} partially overlaps input {s} ({bytes} bytes)"
-                    )));
-                }
-            }
             Step::Reduce { dst, srcs, op, scalar, .. } => {
                 if srcs.is_empty() {
                     return Err(Error::invalid_argument("reduce step with no inputs"));

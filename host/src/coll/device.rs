@@ -245,7 +245,7 @@ pub(crate) struct Encoded {
 }
 
 fn append<T: Copy>(bytes: &mut Vec<u8>, items: &[T]) -> usize {
-    while bytes.len() % 32 != 0 {
+    while !bytes.len().is_multiple_of(32) {
         bytes.push(0);
     }
     let at = bytes.len();

@@ -502,7 +502,7 @@ impl Communicator {
         let Some(event) = self.device_cache().exec.last_event() else { return Ok(()) };
         let mut spins = 0u32;
         while !backend.query_event(event)? {
-            if spins % 64 == 0 && self.device_failure().is_some() {
+            if spins.is_multiple_of(64) && self.device_failure().is_some() {
                 self.device_cache().exec.abort();
             }
             spins += 1;

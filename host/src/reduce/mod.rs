@@ -45,15 +45,9 @@
 //!
 //! # Relation to the device code in `kernels/src/device/`
 //!
-//! `reduce.cu` (the n-input reduce kernels) implements these semantics element for element.
-//! The older `copy_reduce.cu` / `reduce_ops.h` functors differ in two ways, so they do *not*
-//! give these bits:
-//! * `copy_reduce` does `store(op(pre(load(src0)), load(src1)))` in `float` for the 16- and
-//!   8-bit types, without storing `pre`'s product in between: for PreMulSum on half, bfloat16
-//!   and fp8 the product is not rounded to the element type before the add. NCCL (and
-//!   [`Reducer::pre_combine`]) rounds it: `FuncPreMulSum<half>` is `__hmul`, then `__hadd`.
-//! * `FuncMin`/`FuncMax` are `b < a ? b : a` / `a < b ? b : a`: with a NaN operand they return
-//!   the first operand, NaN or not, where NCCL (`fminf`, `__hmin`) and this module ignore it.
+//! `reduce.cu` (the n-input reduce kernels) and `exec.cu` (the collective interpreter) both
+//! compute through `elem.h`, which implements these semantics element for element: the
+//! kernels give this module's bits (NaN payloads of f32/f64 aside, as above).
 //!
 //! # Performance
 //!

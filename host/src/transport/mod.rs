@@ -208,16 +208,13 @@ impl Context<'_> {
         let hhandle = ShareHandle::from_bytes(msg.get(1..1 + handle_len).ok_or_else(|| Error::internal("short handle"))?)?;
         let hptr = host.import(0, &hhandle)?;
         let host_mem = Memory::Imported { backend: Arc::clone(&host), ptr: hptr };
-        match msg[0] {
-            _ => {
-                let haddr = host.host_address(hptr, hb + slots)?;
-                // SAFETY: the imported mapping outlives the registration (released after it).
-                let dptr = unsafe { self.backend.register_host(haddr as *mut u8, hb + slots)? };
-                let mem = vec![Memory::Registered { backend: Arc::clone(self.backend), ptr: dptr }, host_mem];
-                // SAFETY: as above.
-                Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem))
-            }
-        }
+        // Shared pinned host memory (message 3): header and slots, registered here too.
+        let haddr = host.host_address(hptr, hb + slots)?;
+        // SAFETY: the imported mapping outlives the registration (released after it).
+        let dptr = unsafe { self.backend.register_host(haddr as *mut u8, hb + slots)? };
+        let mem = vec![Memory::Registered { backend: Arc::clone(self.backend), ptr: dptr }, host_mem];
+        // SAFETY: as above.
+        Ok((unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) }, mem))
     }
 }
 

@@ -26,7 +26,8 @@
 // One extern "C" kernel per (operator, element type), named
 //   rustccl_reduce_<op>_<type>
 // with <op> in sum, prod, min, max, premulsum, sumpostdiv (sumpostdiv: integer types only)
-// and <type> as in copy_reduce.cu. The single parameter is a RustcclReduceArgs, by value.
+// and <type> in i8, u8, i32, u32, i64, u64, f16, f32, f64, bf16, f8e4m3, f8e5m2 (the fp8 ones
+// only with RUSTCCL_HAVE_FP8). The single parameter is a RustcclReduceArgs, by value.
 #include "port.h"
 #include "elem.h"
 

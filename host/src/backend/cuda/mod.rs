@@ -510,43 +510,6 @@ impl CudaBackend {
 
     /// Enqueues one reduce step (ranges already checked) on `stream` in `place`.
     #[allow(clippy::too_many_arguments)]
-    /// A collective step `dst = acc ⊕ pre(local)` as one kernel launch.
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue_coll_reduce(
-        &self,
-        place: Place,
-        stream: sys::CUstream,
-        loaded: &module::Loaded,
-        dst: DevicePtr,
-        acc: Option<DevicePtr>,
-        local: Option<DevicePtr>,
-        count: usize,
-        dtype: DataType,
-        op: DevOp,
-        post: bool,
-    ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let (kop, scalar, divisor) = coll_device_op(op, dtype);
-        let func = loaded.reduce_function(kop, dtype)?;
-        let inputs: Vec<u64> = acc.iter().chain(local.iter()).map(|p| p.0).collect();
-        let flags = if acc.is_some() { REDUCE_ACC_FIRST } else { 0 } | if post { REDUCE_POST } else { 0 };
-        let sms = self.devices[place.device].sms;
-        let blocks = count.div_ceil(REDUCE_THREADS as usize).min((sms * REDUCE_BLOCKS_PER_SM) as usize).max(1) as u32;
-        let mut args = ReduceArgs { dst: dst.0, n: count as u64, scalar, divisor, nsrcs: inputs.len() as u32, flags, ..ReduceArgs::default() };
-        args.srcs[..inputs.len()].copy_from_slice(&inputs);
-        let mut params = [&mut args as *mut ReduceArgs as *mut c_void];
-        // SAFETY: as in enqueue_reduce: one RustcclReduceArgs by value, every address checked by
-        // `launch`, parameters copied by the driver before it returns.
-        check(
-            unsafe {
-                sys::cuLaunchKernel(func.0, blocks, 1, 1, REDUCE_THREADS, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut())
-            },
-            "cuLaunchKernel(collective reduce)",
-        )
-    }
-
     fn enqueue_reduce(
         &self,
         place: Place,
@@ -1134,12 +1097,11 @@ impl DeviceBackend for CudaBackend {
         let mut loaded = None;
         for (i, step) in plan.steps.iter().enumerate() {
             let in_step = |e: Error| e.context(format!("plan step {i}"));
-            let reduce = matches!(step, Step::Reduce { .. } | Step::CollReduce { .. });
+            let reduce = matches!(step, Step::Reduce { .. });
             let kernel = match step {
                 Step::Reduce { dtype, op, scalar, srcs, .. } => {
                     Some((device_op(*op, *scalar, *dtype, srcs.len()).map_err(in_step)?.0, *dtype))
                 }
-                Step::CollReduce { dtype, op, .. } => Some((coll_device_op(*op, *dtype).0, *dtype)),
                 _ => None,
             };
             if let Some((kop, dtype)) = kernel {
@@ -1179,11 +1141,6 @@ impl DeviceBackend for CudaBackend {
                 Step::Reduce { dst, srcs, count, dtype, op, scalar } => {
                     let loaded = loaded.as_ref().expect("kernels loaded for every plan with a reduce");
                     self.enqueue_reduce(place, s, loaded, *dst, srcs, *count, *dtype, *op, *scalar).map_err(in_step)?;
-                }
-                Step::CollReduce { dst, acc, local, count, dtype, op, post } => {
-                    let loaded = loaded.as_ref().expect("kernels loaded for every plan with a reduce");
-                    self.enqueue_coll_reduce(place, s, loaded, *dst, *acc, *local, *count, *dtype, *op, *post)
-                        .map_err(in_step)?;
                 }
             }
         }
