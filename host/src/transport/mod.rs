@@ -84,6 +84,13 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// A connection over a FIFO whose header stand-in is `header` (device addresses in the
+    /// FIFO may be made up): for tests of what is built from connections.
+    #[cfg(test)]
+    pub(crate) fn for_test(link: Link, dir: Dir, kind: Kind, fifo: Fifo, header: LocalMemory) -> Connection {
+        Connection { link, dir, kind, fifo, error: Mutex::new(None), _memory: vec![Memory::Local(header)] }
+    }
+
     /// The error the proxy saw on this connection, if any.
     pub fn failure(&self) -> Option<Error> {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
