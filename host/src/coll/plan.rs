@@ -38,9 +38,9 @@ pub struct OpCtx {
 enum ItemKey {
     Ring(u32),
     Tree(u32),
-    SendTo(u32),
-    RecvFrom(u32),
-    Local,
+    SendTo(u32, u32),
+    RecvFrom(u32, u32),
+    Local(u32),
 }
 
 /// Steps that run in order, each with the index of its task's [`OpCtx`].
@@ -310,19 +310,28 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
                 _ => {
                     // One rank: the result is this rank's input, through the op (pre and post).
                     let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
-                    let local = local_steps(b, reduce);
-                    push(ItemKey::Local, ci, local);
+                    for c in 0..p2p_channels(device, b, n) {
+                        let range = program::p2p_range(b, c, p2p_channels(device, b, n));
+                        push(ItemKey::Local(c), ci, local_steps(range, reduce));
+                    }
                 }
             }
             continue;
         }
         match task.kind {
-            CollKind::Send { peer } => {
-                push(ItemKey::SendTo(peer), ci, program::p2p_send(peer, b, p2p_chunk));
-                continue;
-            }
-            CollKind::Recv { peer } => {
-                push(ItemKey::RecvFrom(peer), ci, program::p2p_recv(peer, b, p2p_chunk));
+            CollKind::Send { peer } | CollKind::Recv { peer } => {
+                let nch = p2p_channels(device, b, n);
+                for c in 0..nch {
+                    let range = program::p2p_range(b, c, nch);
+                    if range.0 == range.1 && c > 0 {
+                        continue;
+                    }
+                    if matches!(task.kind, CollKind::Send { .. }) {
+                        push(ItemKey::SendTo(peer, c), ci, program::p2p_send(peer, c, range, p2p_chunk));
+                    } else {
+                        push(ItemKey::RecvFrom(peer, c), ci, program::p2p_recv(peer, c, range, p2p_chunk));
+                    }
+                }
                 continue;
             }
             _ => {}
@@ -360,17 +369,32 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         // The receive's context gets the send's source.
         ctxs[r].src = ctxs[s].src;
         ctxs[r].src_len = ctxs[s].src_len;
-        push(ItemKey::Local, r, local_steps(sb, false));
+        let nch = p2p_channels(device, sb, n);
+        for c in 0..nch {
+            push(ItemKey::Local(c), r, local_steps(program::p2p_range(sb, c, nch), false));
+        }
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
     Ok(CommRun { comm: comm.handle(), ctxs, items, device, stream })
 }
 
-/// Steps that copy (or, with `reduce`, pass through the op) `bytes` from src to dst locally.
-fn local_steps(bytes: usize, reduce: bool) -> Vec<Step> {
+/// Channels a point-to-point message (or a local copy) of `bytes` is spread over: one on the
+/// host backend; on devices one per MiB, up to 8, and fewer with many peers (each channel of
+/// each peer is a connection with its own slots).
+fn p2p_channels(device: bool, bytes: usize, nranks: u32) -> u32 {
+    if !device {
+        return 1;
+    }
+    let most = (16 / nranks.saturating_sub(1).max(1)).clamp(1, 8);
+    ((bytes >> 20) as u32).clamp(1, most)
+}
+
+/// Steps that copy (or, with `reduce`, pass through the op) the bytes `range` from src to dst
+/// locally.
+fn local_steps(range: (usize, usize), reduce: bool) -> Vec<Step> {
     let mut steps = Vec::new();
-    let mut off = 0;
+    let (mut off, bytes) = range;
     while off < bytes {
         let len = SLOT_BYTES.min(bytes - off);
         steps.push(Step {

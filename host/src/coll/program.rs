@@ -13,7 +13,8 @@ pub enum Purpose {
     Ring(u32),
     TreeUp(u32),
     TreeDown(u32),
-    P2p,
+    /// Point-to-point, on channel `n` (a large message is spread over several).
+    P2p(u32),
 }
 
 /// One end of a connection, seen from this rank.
@@ -273,24 +274,37 @@ pub fn tree_all_reduce(rank: u32, nranks: u32, channel: u32, range: (usize, usiz
     steps
 }
 
-/// Point-to-point send of `bytes` from offset 0 of the source buffer.
-pub fn p2p_send(peer: u32, bytes: usize, chunk_bytes: usize) -> Vec<Step> {
-    pieces(bytes, chunk_bytes)
-        .map(|(o, b)| Step { src: Some(o), send: vec![Link { peer, purpose: Purpose::P2p }], ..Step::new(b) })
-        .collect()
+/// Point-to-point send, on `channel`, of the bytes `range` of the message (at the same offsets
+/// in the source buffer).
+pub fn p2p_send(peer: u32, channel: u32, range: (usize, usize), chunk_bytes: usize) -> Vec<Step> {
+    let link = Link { peer, purpose: Purpose::P2p(channel) };
+    pieces(range, chunk_bytes).map(|(o, b)| Step { src: Some(o), send: vec![link], ..Step::new(b) }).collect()
 }
 
-pub fn p2p_recv(peer: u32, bytes: usize, chunk_bytes: usize) -> Vec<Step> {
-    pieces(bytes, chunk_bytes)
-        .map(|(o, b)| Step { dst: Some(o), recv: vec![Link { peer, purpose: Purpose::P2p }], ..Step::new(b) })
-        .collect()
+/// Point-to-point receive, on `channel`, of the bytes `range` of the message.
+pub fn p2p_recv(peer: u32, channel: u32, range: (usize, usize), chunk_bytes: usize) -> Vec<Step> {
+    let link = Link { peer, purpose: Purpose::P2p(channel) };
+    pieces(range, chunk_bytes).map(|(o, b)| Step { dst: Some(o), recv: vec![link], ..Step::new(b) }).collect()
 }
 
-/// `(offset, len)` pieces of at most `chunk` bytes; one empty piece for zero bytes.
-fn pieces(bytes: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+/// The byte range of a `bytes`-byte message that channel `c` of `nch` carries: 16-byte aligned
+/// pieces (the kernels' vector width), the last channels possibly empty.
+pub fn p2p_range(bytes: usize, c: u32, nch: u32) -> (usize, usize) {
+    let per = bytes.div_ceil(nch.max(1) as usize).div_ceil(16) * 16;
+    let begin = (c as usize * per).min(bytes);
+    (begin, (begin + per).min(bytes))
+}
+
+/// `(offset, len)` pieces of at most `chunk` bytes covering `range`; one empty piece for an
+/// empty range.
+fn pieces(range: (usize, usize), chunk: usize) -> impl Iterator<Item = (usize, usize)> {
     let chunk = chunk.max(1);
-    let n = bytes.div_ceil(chunk).max(1);
-    (0..n).map(move |i| (i * chunk, chunk.min(bytes - (i * chunk).min(bytes))))
+    let (begin, end) = range;
+    let n = (end - begin).div_ceil(chunk).max(1);
+    (0..n).map(move |i| {
+        let at = (begin + i * chunk).min(end);
+        (at, chunk.min(end - at))
+    })
 }
 
 #[cfg(test)]
@@ -430,10 +444,29 @@ mod tests {
 
     #[test]
     fn p2p_pieces_cover_the_message() {
-        let s = p2p_send(1, 10, 4);
+        let s = p2p_send(1, 0, (0, 10), 4);
         assert_eq!(s.iter().map(|s| (s.src.unwrap(), s.bytes)).collect::<Vec<_>>(), vec![(0, 4), (4, 4), (8, 2)]);
-        let r = p2p_recv(0, 0, 4);
+        assert_eq!(s[0].send[0].purpose, Purpose::P2p(0));
+        let r = p2p_recv(0, 3, (0, 0), 4);
         assert_eq!(r.len(), 1);
-        assert_eq!(r[0].bytes, 0);
+        assert_eq!((r[0].bytes, r[0].recv[0].purpose), (0, Purpose::P2p(3)));
+        let r = p2p_recv(0, 1, (32, 42), 4);
+        assert_eq!(r.iter().map(|s| (s.dst.unwrap(), s.bytes)).collect::<Vec<_>>(), vec![(32, 4), (36, 4), (40, 2)]);
+    }
+
+    #[test]
+    fn p2p_channels_split_a_message_in_aligned_ranges() {
+        for bytes in [0usize, 1, 15, 16, 17, 1000, 4 << 20, (4 << 20) + 3] {
+            for nch in 1..=8u32 {
+                let ranges: Vec<_> = (0..nch).map(|c| p2p_range(bytes, c, nch)).collect();
+                let mut at = 0;
+                for &(b, e) in &ranges {
+                    assert_eq!(b, at, "{bytes} bytes over {nch}: contiguous");
+                    assert!(b <= e && (b % 16 == 0 || b == bytes));
+                    at = e;
+                }
+                assert_eq!(at, bytes, "{bytes} bytes over {nch}: covered");
+            }
+        }
     }
 }

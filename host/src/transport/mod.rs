@@ -117,7 +117,7 @@ fn handle_tag(purpose: Purpose) -> u64 {
         Purpose::Ring(c) => (1 << 20) | c as u64,
         Purpose::TreeUp(c) => (2 << 20) | c as u64,
         Purpose::TreeDown(c) => (3 << 20) | c as u64,
-        Purpose::P2p => 4 << 20,
+        Purpose::P2p(c) => (4 << 20) | c as u64,
     };
     (1 << 62) | code
 }
