@@ -79,6 +79,14 @@ wait
 note "graph: $(grep -h -E '^(RESULT|ERROR)' "$OUT"/graph.*.log | tr '\n' ' ')"
 note "graph timing: $(grep -h -E '^INFO graph timing' "$OUT"/graph.*.log | tr '\n' ' ')"
 
+# Operations of one communicator on two streams, no synchronisation between them: issue order.
+sport=$((29600 + RANDOM % 300))
+for r in 0 1; do
+  env RUSTCCL_BACKEND=cuda NCCL_COMM_ID=127.0.0.1:$sport timeout 120 $G/rank-worker coll-streams 2 $r env > "$OUT/streams.$r.log" 2>&1 &
+done
+wait
+note "streams: $(grep -h -E '^(RESULT|ERROR|MISMATCH)' "$OUT"/streams.*.log | head -4 | tr '\n' ' ')"
+
 # Memory checking on a small run.
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

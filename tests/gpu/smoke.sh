@@ -20,3 +20,7 @@ paste <(grep -E "^ +[0-9]" $OUT/b_rustccl.txt | awk '{print $1,$6,$8}') <(grep -
 grep -h -E "wrong|Out of" $OUT/b_*.txt | head -4
 port=$((29600 + RANDOM % 300)); for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$port timeout 200 $G/rank-worker coll-graph 2 $r env > $OUT/graph.$r.log 2>&1 & done; wait
 echo "graph: $(grep -h -E '^(RESULT|ERROR|INFO graph timing)' $OUT/graph.*.log | cut -c1-300 | tr '\n' ' ')"
+COLL_SEED=$RANDOM timeout 150 $G/rank-worker coll-matrix-one-process 2 0 none > $OUT/one_process.log 2>&1
+echo "one process rc=$?: $(grep -E '^(RESULT|ERROR)' $OUT/one_process.log | cut -c1-300 | tr '\n' ' ')"
+port=$((29600 + RANDOM % 300)); for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$port timeout 120 $G/rank-worker coll-streams 2 $r env > $OUT/streams.$r.log 2>&1 & done; wait
+echo "streams: $(grep -h -E '^(RESULT|ERROR|MISMATCH)' $OUT/streams.*.log | head -4 | tr '\n' ' ')"

@@ -111,6 +111,15 @@ fn two_communicators_in_one_group() {
 }
 
 #[test]
+fn operations_on_different_streams_run_in_issue_order() {
+    // AllReduce on stream A, AllReduce of its result on B, AllGather of that on A, no
+    // synchronisation between them (on the host backend each completes at return; the device
+    // backends order them by events: the same mode runs on the GPU machine).
+    let out = run_procs("coll-streams", 3, 1, &[("STREAM_ITERS", "3")]);
+    assert!(out.iter().all(|o| o.results() == ["streams: 6 checks, 0 failures"]), "{out:?}");
+}
+
+#[test]
 fn one_rank_matrix_as_a_process() {
     // The whole correctness matrix on a 1-rank communicator: every collective copies, and
     // every op is applied (PreMulSum multiplies by the scalar, Avg divides by 1).

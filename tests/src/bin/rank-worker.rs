@@ -5,6 +5,7 @@
 
 mod worker_coll;
 mod worker_graph;
+mod worker_streams;
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -38,6 +39,7 @@ fn main() {
         "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),
         "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),
         "coll-graph" => worker_graph::graph(nranks, rank, &ids),
+        "coll-streams" => worker_streams::streams(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
