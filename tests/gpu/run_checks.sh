@@ -87,6 +87,14 @@ done
 wait
 note "streams: $(grep -h -E '^(RESULT|ERROR|MISMATCH)' "$OUT"/streams.*.log | head -4 | tr '\n' ' ')"
 
+# A rank killed while the other's kernel waits for it: the watchdog must end that kernel.
+dport=$((29600 + RANDOM % 300))
+for r in 0 1; do
+  env RUSTCCL_BACKEND=cuda NCCL_COMM_ID=127.0.0.1:$dport timeout 90 $G/rank-worker coll-peer-death 2 $r env > "$OUT/peer_death.$r.log" 2>&1 &
+done
+wait
+note "peer death: $(grep -h -E '^(RESULT|ERROR)' "$OUT"/peer_death.*.log | tr '\n' ' ')"
+
 # Memory checking on a small run.
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -24,3 +24,5 @@ COLL_SEED=$RANDOM timeout 150 $G/rank-worker coll-matrix-one-process 2 0 none > 
 echo "one process rc=$?: $(grep -E '^(RESULT|ERROR)' $OUT/one_process.log | cut -c1-300 | tr '\n' ' ')"
 port=$((29600 + RANDOM % 300)); for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$port timeout 120 $G/rank-worker coll-streams 2 $r env > $OUT/streams.$r.log 2>&1 & done; wait
 echo "streams: $(grep -h -E '^(RESULT|ERROR|MISMATCH)' $OUT/streams.*.log | head -4 | tr '\n' ' ')"
+port=$((29600 + RANDOM % 300)); for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker coll-peer-death 2 $r env > $OUT/peer_death.$r.log 2>&1 & done; wait
+echo "peer death: $(grep -h -E '^(RESULT|ERROR)' $OUT/peer_death.*.log | tr '\n' ' ')"

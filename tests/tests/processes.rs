@@ -100,6 +100,27 @@ fn sigkilled_rank_fails_survivors_then_shrink_works() {
 }
 
 #[test]
+fn a_rank_dying_during_a_collective_ends_it_on_the_others() {
+    // The victim kills itself while the others run an AllReduce that needs it: theirs ends
+    // with RemoteError well within the limit (the same mode checks the GPU path on the GPU
+    // machine, where the watchdog stops the kernel).
+    let ids = ids_arg(&[new_id()]);
+    let ranks: Vec<i32> = (0..3).collect();
+    let out = finish_all(spawn("coll-peer-death", 3, &ranks, &ids, &[("VICTIM", "2")]), LIMIT);
+    for o in &out {
+        if o.rank == 2 {
+            assert!(!o.ok(), "the victim should have died: {o:?}");
+            continue;
+        }
+        assert!(o.ok(), "rank {} failed: {o:?}", o.rank);
+        let r = o.results();
+        assert!(r.len() == 1 && r[0].starts_with("peer-death ended_ms ") && r[0].ends_with("error RemoteError"), "{r:?}");
+        let ms: u64 = r[0].split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+        assert!(ms < 10_000, "took {ms} ms to end");
+    }
+}
+
+#[test]
 fn version_mismatch_is_refused_on_every_rank() {
     let ids = ids_arg(&[new_id()]);
     let mut procs = spawn("init-only", 3, &[0, 1], &ids, &[]);

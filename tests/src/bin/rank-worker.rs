@@ -40,6 +40,7 @@ fn main() {
         "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),
         "coll-graph" => worker_graph::graph(nranks, rank, &ids),
         "coll-streams" => worker_streams::streams(nranks, rank, &ids),
+        "coll-peer-death" => worker_streams::peer_death(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {

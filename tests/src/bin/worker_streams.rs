@@ -74,3 +74,57 @@ pub fn streams(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// `coll-peer-death`: a rank dies (SIGKILL, by itself) while the others run an AllReduce that
+/// needs it. The survivors' operation must end — on a device backend the kernel is stopped by
+/// the watchdog and the stream synchronises — within `DEATH_LIMIT_S` (20 s), with `RemoteError`
+/// as the communicator's asynchronous error, and abort must return. Prints `RESULT peer-death
+/// ended_ms <t> error <code>`; the victim is `VICTIM` (the last rank by default).
+pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    use rustccl::ResultCode;
+    let victim: i32 = std::env::var("VICTIM").ok().and_then(|v| v.parse().ok()).unwrap_or(nranks - 1);
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, test_device(rank), &CommConfig::default())?;
+    let be = std::sync::Arc::clone(comm.backend());
+    let device = comm.device()? as usize;
+    let stream = be.create_stream(device)?;
+    let count = 16 << 20;
+    let (x, y) = (be.alloc(device, count * 4)?, be.alloc(device, count * 4)?);
+    // Connections are made here, while everyone is alive.
+    comm.all_reduce(x, y, count, DataType::Float32, ReduceOp::Sum, stream)?;
+    be.synchronize(stream)?;
+    comm.barrier()?;
+    if rank == victim {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return Err(Error::internal("the victim survived SIGKILL"));
+    }
+    let limit: u64 = std::env::var("DEATH_LIMIT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    // A watchdog of the test's own: a hang is a failure with a message, not a silent timeout.
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(limit + 10));
+        println!("ERROR InternalError rank {rank} peer-death: still waiting after {} s (hang)", limit + 10);
+        std::process::exit(3);
+    });
+    let t0 = std::time::Instant::now();
+    let call = comm.all_reduce(x, y, count, DataType::Float32, ReduceOp::Sum, stream);
+    let synced = be.synchronize(stream);
+    // The device executor reports through the asynchronous error; give its watchdog a moment.
+    while comm.async_error() == ResultCode::Success && t0.elapsed().as_secs() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let ended = t0.elapsed();
+    let code = comm.async_error();
+    if code != ResultCode::RemoteError {
+        return Err(Error::internal(format!(
+            "after the peer died: async error {code:?} (call: {call:?}, synchronize: {synced:?}), expected RemoteError"
+        )));
+    }
+    if ended.as_secs() >= limit {
+        return Err(Error::internal(format!("the operation took {} ms to end (limit {limit} s)", ended.as_millis())));
+    }
+    comm.abort()?;
+    println!("RESULT peer-death ended_ms {} error {code:?}", ended.as_millis());
+    Ok(())
+}
