@@ -136,5 +136,7 @@ for x, y in zip(a["timings"], b["timings"]):
 PY
 
 fi
+# The compiled kernels, to carry in target/kcache next time (see smoke.sh).
+tar czf /tmp/kcache.tgz -C "$(dirname "$RUSTCCL_KERNEL_CACHE_DIR")" "$(basename "$RUSTCCL_KERNEL_CACHE_DIR")" 2>/dev/null
 # Everything in one archive (the device tool brings back a limited number of files).
-( cd "$OUT" && tar czf /tmp/rustccl-gpu-logs.tgz --exclude summary.txt . && find . -type f ! -name summary.txt -delete && mv /tmp/rustccl-gpu-logs.tgz logs.tgz )
+( cd "$OUT" && tar czf /tmp/rustccl-gpu-logs.tgz --exclude summary.txt . && find . -type f ! -name summary.txt -delete && mv /tmp/rustccl-gpu-logs.tgz logs.tgz && mv /tmp/kcache.tgz . 2>/dev/null )

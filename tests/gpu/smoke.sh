@@ -26,3 +26,6 @@ port=$((29600 + RANDOM % 300)); for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$por
 echo "streams: $(grep -h -E '^(RESULT|ERROR|MISMATCH)' $OUT/streams.*.log | head -4 | tr '\n' ' ')"
 port=$((29600 + RANDOM % 300)); for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker coll-peer-death 2 $r env > $OUT/peer_death.$r.log 2>&1 & done; wait
 echo "peer death: $(grep -h -E '^(RESULT|ERROR)' $OUT/peer_death.*.log | tr '\n' ' ')"
+# The compiled kernels come back with the logs: carried in target/kcache next time (same
+# sources, driver and NVRTC), a fresh machine skips the ~45 s of compiles.
+tar czf $OUT/kcache.tgz -C "$(dirname "$RUSTCCL_KERNEL_CACHE_DIR")" "$(basename "$RUSTCCL_KERNEL_CACHE_DIR")" 2>/dev/null
