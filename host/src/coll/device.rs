@@ -23,8 +23,7 @@ use super::profile::{self, Stage};
 use super::program::Link;
 use crate::backend::{DeviceBackend, DevicePtr, Event, ExecLaunch, HostMapped, Stream};
 use crate::error::{Error, Result};
-use crate::transport::fifo::STEPS;
-use crate::transport::{Connection, Dir, Kind, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES, GPU_SLOT_BYTES};
+use crate::transport::{p2p_protocol_slots, Connection, Dir, Kind, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
 use crate::types::DataType;
 
 type Links = HashMap<(Link, Dir), Arc<Connection>>;
@@ -136,10 +135,7 @@ impl ExecState {
             let image = alloc_image(backend, device, bytes.len())?;
             // SAFETY: fresh pinned memory of `bytes.len()` bytes, kept (unchanged) with the
             // communicator, so the copy may run at any replay.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), image.host.host, bytes.len());
-                backend.copy_from_pinned_async(image.device, image.host.host, bytes.len(), stream)?;
-            }
+            unsafe { upload(backend, bytes, image.host.host, image.device, stream)? };
             let dev = image.device;
             self.captured.push(image);
             return Ok(dev);
@@ -164,13 +160,22 @@ impl ExecState {
         // SAFETY: `off + bytes.len()` lies in the arena; that range is not in use by any launch
         // (it was past `used`, or the device was idle when `used` went back to 0), and stays
         // unchanged until the copy has run (ranges are reused only after the device is idle).
-        unsafe {
-            let host = arena.mem.host.host.add(off);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len());
-            backend.copy_from_pinned_async(arena.mem.device.offset(off), host, bytes.len(), stream)?;
-        }
+        unsafe { upload(backend, bytes, arena.mem.host.host.add(off), arena.mem.device.offset(off), stream)? };
         self.cache.insert(bytes.to_vec(), off);
         Ok(arena.mem.device.offset(off))
+    }
+}
+
+/// Writes `bytes` to pinned host memory at `host` and enqueues its copy to `device` on `stream`.
+///
+/// # Safety
+/// `host` must be pinned memory of `backend` with room for `bytes`, left unchanged until the
+/// copy has run (for a captured stream: as long as the graph may be replayed).
+unsafe fn upload(backend: &Arc<dyn DeviceBackend>, bytes: &[u8], host: *mut u8, device: DevicePtr, stream: Stream) -> Result<()> {
+    // SAFETY: the caller's contract: `host` has room for `bytes` and is not in use.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len());
+        backend.copy_from_pinned_async(device, host, bytes.len(), stream)
     }
 }
 
@@ -277,10 +282,8 @@ pub(crate) fn encode(run: &CommRun, links: &Links, ctxs: std::ops::Range<usize>)
             ..ExecConn::default()
         };
         if c.kind == Kind::P2p {
-            // The LL and LL128 slots follow the Simple ones (transport::p2p_slots_bytes).
             conn.flags |= k::CONN_LINES_WHOLE;
-            conn.ll_slots = conn.slots + (STEPS * GPU_SLOT_BYTES) as u64;
-            conn.ll128_slots = conn.ll_slots + (STEPS * GPU_LL_SLOT_BYTES) as u64;
+            (conn.ll_slots, conn.ll128_slots) = p2p_protocol_slots(conn.slots);
             conn.ll_slot_bytes = GPU_LL_SLOT_BYTES as u32;
             conn.ll128_slot_bytes = GPU_LL128_SLOT_BYTES as u32;
         }
@@ -455,7 +458,8 @@ mod tests {
     use crate::coll::plan::{OpCtx, WorkItem};
     use crate::coll::program::{self, Purpose, Ring, Step};
     use crate::reduce::{DevOp, Reducer};
-    use crate::transport::fifo::{header_bytes, Fifo, LocalMemory};
+    use crate::transport::fifo::{header_bytes, Fifo, LocalMemory, STEPS};
+    use crate::transport::GPU_SLOT_BYTES;
 
     /// A communicator to hang runs on (host backend; only its handle is used).
     fn comm() -> crate::comm::Communicator {

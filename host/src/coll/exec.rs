@@ -1,7 +1,7 @@
 //! The executor. Communicators with device buffers hand their work to the device executor
 //! ([`super::device`]), which launches it and returns. The host executor runs the work items
-//! of the others on the calling thread, by polling: each item advances as far as its FIFOs allow, then the next, until all
-//! are done. Nothing waits on one item while another could move, so programs whose progress
+//! of the others on the calling thread, by polling: each item advances as far as its FIFOs
+//! allow, then the next, until all are done. Nothing waits on one item while another could move, so programs whose progress
 //! depends on each other (a rank's sends and receives, several ranks in one process) never
 //! deadlock. While nothing moves it checks for failures: an aborted or revoked communicator,
 //! a dead peer, a broken network connection.
@@ -22,14 +22,7 @@ const CHECK_EVERY: u32 = 256;
 /// it fails after data started moving, every communicator of the group is marked broken.
 pub fn run(runs: &mut [CommRun]) -> Result<()> {
     match runs.iter().find(|r| r.device).map(|r| Arc::clone(r.comm.backend())) {
-        Some(backend) => {
-            let mut result = Ok(());
-            backend.with_relaxed_capture(&mut || {
-                result = run_all(runs);
-                Ok(())
-            })?;
-            result
-        }
+        Some(backend) => backend.with_relaxed_capture(&mut || run_all(runs)),
         None => run_all(runs),
     }
 }

@@ -131,23 +131,26 @@ fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n
 }
 
 /// Names allowed by `NCCL_ALGO` / `NCCL_PROTO` (comma list; `^` excludes); `None`: all.
-fn allowed(var: &str, name: &str) -> bool {
-    // Read once per process, as NCCL reads its parameters (and a getenv per candidate is not
-    // free on every operation).
-    static ALGO: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    static PROTO: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let value = match var {
-        "NCCL_ALGO" => ALGO.get_or_init(|| params::env_str(var)).clone(),
-        "NCCL_PROTO" => PROTO.get_or_init(|| params::env_str(var)).clone(),
-        _ => params::env_str(var),
-    };
-    let Some(v) = value else { return true };
+fn allowed(setting: Option<&str>, name: &str) -> bool {
+    let Some(v) = setting else { return true };
     let (exclude, list) = match v.strip_prefix('^') {
         Some(rest) => (true, rest),
-        None => (false, v.as_str()),
+        None => (false, v),
     };
     let hit = list.split(',').any(|x| x.trim().eq_ignore_ascii_case(name));
     hit != exclude
+}
+
+/// `NCCL_ALGO` and `NCCL_PROTO`, read once per process as NCCL reads its parameters (a getenv
+/// per candidate is not free on every operation).
+fn algo_setting() -> Option<&'static str> {
+    static V: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    V.get_or_init(|| params::env_str("NCCL_ALGO")).as_deref()
+}
+
+fn proto_setting() -> Option<&'static str> {
+    static V: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    V.get_or_init(|| params::env_str("NCCL_PROTO")).as_deref()
 }
 
 /// Chooses algorithm, protocol, channels and chunk for a task.
@@ -160,7 +163,7 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let device = comm.backend().kind() != crate::backend::BackendKind::Host;
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
-            if allowed("NCCL_ALGO", a.name()) && allowed("NCCL_PROTO", p.name()) {
+            if allowed(algo_setting(), a.name()) && allowed(proto_setting(), p.name()) {
                 costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n, device);
             }
         }
@@ -310,9 +313,8 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
                 _ => {
                     // One rank: the result is this rank's input, through the op (pre and post).
                     let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
-                    for c in 0..p2p_channels(device, b, n) {
-                        let range = program::p2p_range(b, c, p2p_channels(device, b, n));
-                        push(ItemKey::Local(c), ci, local_steps(range, reduce));
+                    for (c, steps) in local_channels(b, reduce, p2p_channels(device, b, n)) {
+                        push(ItemKey::Local(c), ci, steps);
                     }
                 }
             }
@@ -369,9 +371,8 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         // The receive's context gets the send's source.
         ctxs[r].src = ctxs[s].src;
         ctxs[r].src_len = ctxs[s].src_len;
-        let nch = p2p_channels(device, sb, n);
-        for c in 0..nch {
-            push(ItemKey::Local(c), r, local_steps(program::p2p_range(sb, c, nch), false));
+        for (c, steps) in local_channels(sb, false, p2p_channels(device, sb, n)) {
+            push(ItemKey::Local(c), r, steps);
         }
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
@@ -388,6 +389,12 @@ fn p2p_channels(device: bool, bytes: usize, nranks: u32) -> u32 {
     }
     let most = (16 / nranks.saturating_sub(1).max(1)).clamp(1, 8);
     ((bytes >> 20) as u32).clamp(1, most)
+}
+
+/// A local copy (or pass through the op) of `bytes`, spread over `nch` channels: each
+/// channel's steps.
+fn local_channels(bytes: usize, reduce: bool, nch: u32) -> impl Iterator<Item = (u32, Vec<Step>)> {
+    (0..nch).map(move |c| (c, local_steps(program::p2p_range(bytes, c, nch), reduce)))
 }
 
 /// Steps that copy (or, with `reduce`, pass through the op) the bytes `range` from src to dst

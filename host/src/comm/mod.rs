@@ -184,18 +184,10 @@ impl Communicator {
     /// `ncclCommGetAsyncError`: `InProgress` while a non-blocking init runs, then `Success`
     /// or the error that ended it; a peer's failure shows here as `RemoteError`.
     pub fn async_error(&self) -> ResultCode {
-        match &*self.lock_state() {
-            State::InProgress => return ResultCode::InProgress,
-            State::Failed(e) => return e.code,
-            State::Ready => {}
+        if matches!(&*self.lock_state(), State::InProgress) {
+            return ResultCode::InProgress;
         }
-        if let Some(e) = &*self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()) {
-            return e.code;
-        }
-        match self.inner.bootstrap.get().and_then(|b| b.failure()) {
-            Some(e) => e.code,
-            None => ResultCode::Success,
-        }
+        self.async_error_detail().map_or(ResultCode::Success, |e| e.code)
     }
 
     /// The error behind [`async_error`](Self::async_error), if any.
@@ -511,13 +503,13 @@ impl Communicator {
         Ok(())
     }
 
-    /// Drops this communicator's hold on its plugins (finalizing their per-communicator state
-    /// once no operation uses them any more).
     /// The executor's reusable device objects.
     pub(crate) fn device_cache(&self) -> std::sync::MutexGuard<'_, DeviceCache> {
         self.inner.device_cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Drops this communicator's hold on its plugins (finalizing their per-communicator state
+    /// once no operation uses them any more), after its device work and connections.
     fn release_plugins(&self) {
         if let Err(e) = self.wait_device_idle() {
             tracing::warn!(target: "INIT", "rank {}: waiting for the device before release: {}", self.inner.rank, e.message);

@@ -81,9 +81,8 @@ impl Fifo {
     }
 
     /// A FIFO whose header is at `header` (host memory both sides map; devices reach it at
-    /// `device_header`) and whose `STEPS` slots are at `slots` in device memory. Only the
-    /// index methods (`free_index`, `ready_index`, `slot_addr`, `push`, `pop`) may be used:
-    /// the CPU cannot touch the slots.
+    /// `device_header`) and whose `STEPS` slots are at `slots` in device memory. The CPU cannot
+    /// touch the slots: only the counters and `slot_addr` may be used on this side.
     ///
     /// # Safety
     /// As for [`Fifo::new`], for `header_bytes()` bytes at `header`; `slots` must hold
@@ -96,23 +95,6 @@ impl Fifo {
     /// Device address of the header (0 for FIFOs no device maps).
     pub fn device_header(&self) -> u64 {
         self.device_header
-    }
-
-    /// Producer: index of the next free slot, if any.
-    pub fn free_index(&self) -> Option<u64> {
-        let h = self.header();
-        let tail = h.tail.load(Ordering::Relaxed);
-        (tail - h.head.load(Ordering::Acquire) < STEPS as u64).then_some(tail)
-    }
-
-    /// Consumer: index and byte count of the oldest filled slot, if any.
-    pub fn ready_index(&self) -> Option<(u64, usize)> {
-        let h = self.header();
-        let head = h.head.load(Ordering::Relaxed);
-        if h.tail.load(Ordering::Acquire) <= head {
-            return None;
-        }
-        Some((head, h.sizes[(head % STEPS as u64) as usize].load(Ordering::Relaxed) as usize))
     }
 
     /// Address of slot `index` (host or device).

@@ -111,6 +111,12 @@ pub fn p2p_slots_bytes() -> usize {
     fifo::STEPS * (GPU_SLOT_BYTES + GPU_LL_SLOT_BYTES + GPU_LL128_SLOT_BYTES)
 }
 
+/// Where a P2P connection's LL and LL128 slots start, given its first (Simple) slot.
+pub fn p2p_protocol_slots(slots: u64) -> (u64, u64) {
+    let ll = slots + (fifo::STEPS * GPU_SLOT_BYTES) as u64;
+    (ll, ll + (fifo::STEPS * GPU_LL_SLOT_BYTES) as u64)
+}
+
 /// The bootstrap tag under which the receiver of `link` sends its handle.
 fn handle_tag(purpose: Purpose) -> u64 {
     let code = match purpose {

@@ -441,6 +441,15 @@ RUSTCCL_DEVICE void report(RustcclExecControl* control, u32 code, u32 conn, u64 
   *(volatile u32*)&control->abort = 1;
 }
 
+// Whether slot `p` of receive connection `ci`, published, holds the `wire` bytes this step
+// expects; reports the mismatch when not.
+RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u64 wire, RustcclExecControl* control) {
+  const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
+  if (size == wire) return true;
+  report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
+  return false;
+}
+
 // Thread 0: whether every input of the step has arrived and every output slot is free.
 // 1 ready, 0 not yet, -1 stop (error reported).
 RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* conns, u64* pos, u64* seen,
@@ -462,22 +471,13 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
       if ((idle & 63) != 63) return 0;
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
       if (seen[ci] <= p) return 0;
-      const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
-      if (size != wire) {
-        report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
-        return -1;
-      }
-      return 0;
+      return published_size_ok(c, ci, p, wire, control) ? 0 : -1;
     }
     if (seen[ci] <= p) {
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
       if (seen[ci] <= p) return 0;
     }
-    const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
-    if (size != wire) {
-      report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
-      return -1;
-    }
+    if (!published_size_ok(c, ci, p, wire, control)) return -1;
   }
   for (int k = 0; k < st.nsend; ++k) {
     const int ci = st.send[k];

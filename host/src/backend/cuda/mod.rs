@@ -403,8 +403,8 @@ impl CudaBackend {
         self.read_memory().find(ptr, 0).and_then(|e| e.device)
     }
 
-    /// Where work on `stream` runs; `hint` is the device of the memory involved, used for
-    /// the default stream when no context is current.
+    /// Where work on `stream` runs; `hint` is the device of the memory involved (or the
+    /// communicator's), which a default stream goes to; without it, the current context's.
     fn place(&self, stream: Stream, hint: Option<usize>) -> Result<Place> {
         if let Some(&device) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream.0) {
             return Ok(Place { ctx: self.primary(device)?, device });
@@ -417,7 +417,7 @@ impl CudaBackend {
             }
             let cur = driver::current()?;
             if cur.is_null() {
-                return self.primary(hint.unwrap_or(0)).map(|ctx| Place { ctx, device: hint.unwrap_or(0) });
+                return self.primary(0).map(|ctx| Place { ctx, device: 0 });
             }
             Ctx(cur)
         } else {
@@ -887,12 +887,7 @@ impl DeviceBackend for CudaBackend {
 
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
         let device = self.event_device(event, "record_event")?;
-        // A default stream names no device: the event's.
-        let place = if is_default_like(stream) {
-            Place { ctx: self.primary(device)?, device }
-        } else {
-            self.place(stream, Some(device))?
-        };
+        let place = self.place(stream, Some(device))?;
         let _g = CtxGuard::enter(place.ctx)?;
         // SAFETY: a live event of ours and a stream of the current context.
         check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
@@ -900,11 +895,7 @@ impl DeviceBackend for CudaBackend {
 
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
         let device = self.event_device(event, "stream_wait_event")?;
-        let place = if is_default_like(stream) {
-            Place { ctx: self.primary(device)?, device }
-        } else {
-            self.place(stream, Some(device))?
-        };
+        let place = self.place(stream, Some(device))?;
         let _g = CtxGuard::enter(place.ctx)?;
         // SAFETY: as above; waiting on an event of another device is allowed.
         check(
@@ -1152,12 +1143,7 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-        // A default stream names no device: the communicator's device's.
-        let place = if is_default_like(stream) {
-            Place { ctx: self.primary(launch.device)?, device: launch.device }
-        } else {
-            self.place(stream, Some(launch.device))?
-        };
+        let place = self.place(stream, Some(launch.device))?;
         if place.device != launch.device {
             return Err(Error::invalid_usage(format!(
                 "the stream belongs to device {} but the communicator to device {}",

@@ -149,8 +149,7 @@ impl Kernels {
         }
         // Compiled without the lock, so that several pairs compile at once (a pair compiled
         // twice by racing threads is stored once).
-        let defines = rustccl_kernels::exec::exec_defines(op, dtype as i32)
-            .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))?;
+        let defines = exec_defines(op, dtype)?;
         let what = format!("collective kernel {}/{}", op.suffix(), dtype);
         let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: &what };
         let blob = compile_or_load(cc, driver_version, &unit)?;
@@ -198,9 +197,15 @@ struct Unit<'a> {
 
 const REDUCE_UNIT: Unit<'static> = Unit { name: REDUCE_SOURCE, defines: &[], what: "kernels" };
 
-fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blob> {
-    let start = Instant::now();
-    let nvrtc = Nvrtc::get()?;
+/// The `-D` options of the collective interpreter for `op` on `dtype`.
+fn exec_defines(op: DeviceOp, dtype: DataType) -> Result<Vec<String>> {
+    rustccl_kernels::exec::exec_defines(op, dtype as i32)
+        .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))
+}
+
+/// What NVRTC builds `unit` for compute capability `cc` as, and every option of the compile
+/// (the base ones, the architecture, the unit's defines, the include directories).
+fn target_and_options(nvrtc: &Nvrtc, cc: i32, unit: &Unit) -> Result<(nvrtc::Target, Vec<String>)> {
     let target = nvrtc.target_for(cc).ok_or_else(|| {
         Error::cuda(format!(
             "NVRTC {}.{} ({}) cannot compile for compute capability {}.{} (it knows sm_{:?})",
@@ -212,14 +217,19 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blo
             nvrtc.archs
         ))
     })?;
-    let have_fp8 = nvrtc.version >= (11, 8);
-    let includes = nvrtc::include_dirs_from_env(&nvrtc.path);
-    let mut options = base_options(have_fp8);
+    let mut options = base_options(nvrtc.version >= (11, 8));
     options.push(format!("--gpu-architecture={}", target.arch));
-    options.extend(unit_desc.defines.iter().cloned());
-    for dir in &includes {
+    options.extend(unit.defines.iter().cloned());
+    for dir in nvrtc::include_dirs_from_env(&nvrtc.path) {
         options.push(format!("-I{}", dir.display()));
     }
+    Ok((target, options))
+}
+
+fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blob> {
+    let start = Instant::now();
+    let nvrtc = Nvrtc::get()?;
+    let (target, options) = target_and_options(nvrtc, cc, unit_desc)?;
     let what = format!("{} ({})", unit_desc.what, unit_desc.name);
     // The key: every source, the architecture, the driver, the options and NVRTC's version.
     let mut key_options: Vec<String> = options.clone();
@@ -262,7 +272,7 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blo
     let unit = rustccl_kernels::source(unit_desc.name).expect("every unit is embedded");
     let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
     let image = nvrtc.compile((unit_desc.name, unit), &headers, &options, target.cubin).map_err(|e| {
-        if includes.is_empty() {
+        if !options.iter().any(|o| o.starts_with("-I")) {
             e.context(format!(
                 "CUDA headers not found (no cuda_fp16.h in {}, $CUDA_HOME/include, next to {} or \
                  /usr/local/cuda*/include); install the CUDA toolkit headers or set {}",
@@ -312,32 +322,23 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blo
 /// Compiles the kernels for `arch` (e.g. `sm_90`) without a device or the cache: the
 /// compile check of the device code, for tests on machines with NVRTC but no GPU.
 pub fn compile_only(cc: i32) -> Result<(String, usize)> {
-    let nvrtc = Nvrtc::get()?;
-    let target = nvrtc.target_for(cc).ok_or_else(|| Error::cuda(format!("NVRTC cannot compile for {cc}")))?;
-    let mut options = base_options(nvrtc.version >= (11, 8));
-    options.push(format!("--gpu-architecture={}", target.arch));
-    for dir in nvrtc::include_dirs_from_env(&nvrtc.path) {
-        options.push(format!("-I{}", dir.display()));
-    }
-    let unit = rustccl_kernels::source(REDUCE_SOURCE).expect("reduce.cu is embedded");
-    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
-    let image = nvrtc.compile((REDUCE_SOURCE, unit), &headers, &options, target.cubin)?;
-    Ok((target.arch, image.len()))
+    compile_unit_only(cc, &REDUCE_UNIT)
 }
 
 /// Compiles the collective interpreter for `op` on `dtype` (no device, no cache): the compile
 /// check of `exec.cu`.
 pub fn compile_exec_only(cc: i32, op: DeviceOp, dtype: DataType) -> Result<usize> {
+    let defines = exec_defines(op, dtype)?;
+    let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
+    Ok(compile_unit_only(cc, &unit)?.1)
+}
+
+/// Compiles `unit` for `cc` without the cache; returns the target and the image's size.
+fn compile_unit_only(cc: i32, unit: &Unit) -> Result<(String, usize)> {
     let nvrtc = Nvrtc::get()?;
-    let target = nvrtc.target_for(cc).ok_or_else(|| Error::cuda(format!("NVRTC cannot compile for {cc}")))?;
-    let mut options = base_options(nvrtc.version >= (11, 8));
-    options.push(format!("--gpu-architecture={}", target.arch));
-    options.extend(rustccl_kernels::exec::exec_defines(op, dtype as i32).ok_or_else(|| Error::internal("no such kernel"))?);
-    for dir in nvrtc::include_dirs_from_env(&nvrtc.path) {
-        options.push(format!("-I{}", dir.display()));
-    }
-    let name = rustccl_kernels::exec::EXEC_SOURCE;
-    let unit = rustccl_kernels::source(name).expect("exec.cu is embedded");
+    let (target, options) = target_and_options(nvrtc, cc, unit)?;
+    let text = rustccl_kernels::source(unit.name).expect("every unit is embedded");
     let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
-    Ok(nvrtc.compile((name, unit), &headers, &options, target.cubin)?.len())
+    let image = nvrtc.compile((unit.name, text), &headers, &options, target.cubin)?;
+    Ok((target.arch, image.len()))
 }
