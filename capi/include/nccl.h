@@ -41,7 +41,10 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8
+  /* NCCL 2.30's code. rustccl returns it only when an operation timeout is set
+   * (NCCL_OP_TIMEOUT_MS, rustccl's own): a stuck operation then ends with it on every rank. */
+  ncclTimeout = 8,
+  ncclNumResults = 9
 } ncclResult_t;
 
 #define NCCL_CONFIG_UNDEF_INT INT_MIN

@@ -55,6 +55,7 @@ unsafe fn read_config(config: *const NcclConfig, what: &str) -> Result<Option<Co
         nvls_ctas: c.nvls_ctas,
         n_channels_per_net_peer: c.n_channels_per_net_peer,
         nvlink_centric_sched: c.nvlink_centric_sched,
+        ..CommConfig::default()
     }))
 }
 
@@ -314,6 +315,7 @@ fn error_string(result: NcclResult) -> &'static str {
         Some(ResultCode::InvalidUsage) => "invalid usage (run with NCCL_DEBUG=WARN for details)\0",
         Some(ResultCode::RemoteError) => "remote process exited or there was a network error\0",
         Some(ResultCode::InProgress) => "NCCL operation in progress\0",
+        Some(ResultCode::Timeout) => "operation timed out (see the hang report in the log)\0",
         None => "unknown result code\0",
     }
 }
@@ -324,7 +326,7 @@ mod tests {
 
     #[test]
     fn error_strings_match_the_codes() {
-        for code in 0..8 {
+        for code in 0..9 {
             let s = error_string(code);
             assert!(s.ends_with('\0'));
             assert_eq!(s.trim_end_matches('\0'), ResultCode::from_i32(code).unwrap().description());

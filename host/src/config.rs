@@ -38,6 +38,10 @@ pub struct CommConfig {
     pub nvls_ctas: i32,
     pub n_channels_per_net_peer: i32,
     pub nvlink_centric_sched: i32,
+    /// rustccl's own (not in `ncclConfig_t`): milliseconds an operation may wait before it
+    /// ends with `Timeout` on every rank; 0 = no limit (the default). The environment's
+    /// `NCCL_OP_TIMEOUT_MS` applies when unset.
+    pub op_timeout_ms: i32,
 }
 
 impl Default for CommConfig {
@@ -60,6 +64,7 @@ impl Default for CommConfig {
             nvls_ctas: UNDEF_INT,
             n_channels_per_net_peer: UNDEF_INT,
             nvlink_centric_sched: UNDEF_INT,
+            op_timeout_ms: UNDEF_INT,
         }
     }
 }
@@ -83,6 +88,8 @@ pub struct ResolvedConfig {
     pub nvls_ctas: Option<i32>,
     pub n_channels_per_net_peer: Option<i32>,
     pub nvlink_centric_sched: bool,
+    /// `None`: operations may wait without limit.
+    pub op_timeout: Option<std::time::Duration>,
 }
 
 /// Source of environment values; the real one reads the process environment, tests give maps.
@@ -199,6 +206,12 @@ impl CommConfig {
                 c.traffic_class
             )));
         }
+        if c.op_timeout_ms != UNDEF_INT && c.op_timeout_ms < 0 {
+            return Err(Error::invalid_argument(format!(
+                "config.op_timeout_ms = {}: must be 0 (no limit) or a positive number of milliseconds",
+                c.op_timeout_ms
+            )));
+        }
         if !matches!(c.cta_policy, UNDEF_INT | 0 | 1 | 2) {
             return Err(Error::invalid_argument(format!(
                 "config.CTAPolicy = {}: must be NCCL_CTA_POLICY_DEFAULT, _EFFICIENCY or _ZERO",
@@ -239,6 +252,8 @@ impl CommConfig {
             (None, e) => e,
         };
         let undef_to_none = |v: i32| if v == UNDEF_INT { None } else { Some(v) };
+        let op_timeout_ms = pick(env, "op_timeout_ms", c.op_timeout_ms, "NCCL_OP_TIMEOUT_MS", 0, |v| (0..=i32::MAX as i64).contains(&v));
+        let op_timeout = (op_timeout_ms > 0).then(|| std::time::Duration::from_millis(op_timeout_ms as u64));
         Ok(ResolvedConfig {
             blocking,
             cga_cluster_size,
@@ -254,6 +269,7 @@ impl CommConfig {
             nvls_ctas: undef_to_none(c.nvls_ctas),
             n_channels_per_net_peer: undef_to_none(c.n_channels_per_net_peer),
             nvlink_centric_sched: c.nvlink_centric_sched == 1,
+            op_timeout,
         })
     }
 }
@@ -318,6 +334,17 @@ mod tests {
         let r = user.resolve_with(&e).unwrap();
         assert!(r.blocking);
         assert_eq!(r.net_name.as_deref(), Some("IB"));
+    }
+
+    #[test]
+    fn op_timeout_from_config_or_env() {
+        assert_eq!(CommConfig::default().resolve_with(&env(&[])).unwrap().op_timeout, None);
+        let e = env(&[("NCCL_OP_TIMEOUT_MS", "1500")]);
+        assert_eq!(CommConfig::default().resolve_with(&e).unwrap().op_timeout, Some(std::time::Duration::from_millis(1500)));
+        let c = CommConfig { op_timeout_ms: 0, ..Default::default() };
+        assert_eq!(c.resolve_with(&e).unwrap().op_timeout, None, "the caller's 0 wins");
+        let c = CommConfig { op_timeout_ms: -5, ..Default::default() };
+        assert_eq!(c.resolve_with(&env(&[])).unwrap_err().code, crate::error::ResultCode::InvalidArgument);
     }
 
     #[test]

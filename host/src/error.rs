@@ -17,10 +17,12 @@ pub enum ResultCode {
     InvalidUsage = 5,
     RemoteError = 6,
     InProgress = 7,
+    /// An operation ran past its time limit (NCCL 2.30's `ncclTimeout`).
+    Timeout = 8,
 }
 
 impl ResultCode {
-    pub const NUM_RESULTS: i32 = 8;
+    pub const NUM_RESULTS: i32 = 9;
 
     pub fn from_i32(v: i32) -> Option<ResultCode> {
         use ResultCode::*;
@@ -33,6 +35,7 @@ impl ResultCode {
             5 => InvalidUsage,
             6 => RemoteError,
             7 => InProgress,
+            8 => Timeout,
             _ => return None,
         })
     }
@@ -49,6 +52,7 @@ impl ResultCode {
             InvalidUsage => "invalid usage (run with NCCL_DEBUG=WARN for details)",
             RemoteError => "remote process exited or there was a network error",
             InProgress => "NCCL operation in progress",
+            Timeout => "operation timed out (see the hang report in the log)",
         }
     }
 }
@@ -86,6 +90,9 @@ impl Error {
     }
     pub fn in_progress(message: impl Into<String>) -> Error {
         Error::new(ResultCode::InProgress, message)
+    }
+    pub fn timeout(message: impl Into<String>) -> Error {
+        Error::new(ResultCode::Timeout, message)
     }
 
     /// A system error from an `std::io::Error`, with what was being done.
@@ -147,7 +154,7 @@ mod tests {
         for v in 0..ResultCode::NUM_RESULTS {
             assert_eq!(ResultCode::from_i32(v).unwrap() as i32, v);
         }
-        assert_eq!(ResultCode::from_i32(8), None);
+        assert_eq!(ResultCode::from_i32(9), None);
         assert_eq!(ResultCode::RemoteError as i32, 6);
         assert_eq!(ResultCode::InProgress.description(), "NCCL operation in progress");
     }

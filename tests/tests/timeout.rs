@@ -22,6 +22,7 @@ fn rank_that_never_arrives_fails_init_everywhere_with_a_clear_message() {
         assert_eq!(code, "RemoteError", "{msg}");
         assert!(msg.contains("rank(s) 2 never arrived"), "{msg}");
     }
-    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+    // The configured 2 s, not more (the ranks' start-up takes a moment too).
+    assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
 }
 

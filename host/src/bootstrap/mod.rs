@@ -87,7 +87,11 @@ pub fn hostname() -> String {
 }
 
 /// Tags of internal operations have the top bit set; user point-to-point tags must not.
+/// Below it, bits 48..63 name the internal operation: 1 all-gather, 2 barrier, 3 ring
+/// exchange (each with a sequence number), 15 status replies (with a nonce).
 const INTERNAL_TAG: u64 = 1 << 63;
+const STATUS_REPLY_OP: u64 = 15;
+static STATUS_NONCE: AtomicU64 = AtomicU64::new(1);
 
 /// One rank's bootstrap network for one communicator.
 pub struct Bootstrap {
@@ -121,10 +125,9 @@ impl Bootstrap {
             pid: std::process::id(),
             device: req.device,
         };
-        // A little longer than the root's own limit, so that the root's message (which says
-        // what went wrong) arrives before this rank gives up on its own.
-        let wait = timeout + Duration::from_secs(5);
-        let peers = rendezvous(req, info, &stop.cancel(wait, "bootstrap rendezvous"))?;
+        // The root gives up a little earlier (`root::root_limit`), so that its message (which
+        // says what went wrong) arrives before this rank gives up on its own.
+        let peers = rendezvous(req, info, &stop.cancel(timeout, "bootstrap rendezvous"))?;
         let net = PeerNet::start(listener, req.rank, peers, req.ids[0].secret())?;
         let bs = Bootstrap { net, timeout, seq: AtomicU64::new(0), stop };
         // Every rank checks that all got the same table; this also opens the ring connections
@@ -151,9 +154,41 @@ impl Bootstrap {
         self.net.peers()
     }
 
-    /// The first peer failure seen, as a remote error.
+    /// The first failure seen: a dead peer (a remote error), else an operation failure a rank
+    /// announced (with its code).
     pub fn failure(&self) -> Option<Error> {
-        self.net.failure().map(Error::remote)
+        self.net.failure()
+    }
+
+    /// Tells every rank that an operation failed here (see [`PeerNet::announce_failure`]).
+    pub fn announce_failure(&self, e: &Error) -> bool {
+        self.net.announce_failure(e.code, &e.message)
+    }
+
+    /// The operation failure announced by some rank, if any.
+    pub fn comm_failure(&self) -> Option<peers::CommFailure> {
+        self.net.comm_failure()
+    }
+
+    /// Installs what answers peers' status queries (see [`PeerNet::query_status`]).
+    pub fn set_status_provider(&self, f: peers::StatusFn) {
+        self.net.set_status_provider(f);
+    }
+
+    /// Installs what receives peers' reports.
+    pub fn set_report_handler(&self, f: peers::ReportFn) {
+        self.net.set_report_handler(f);
+    }
+
+    /// Every rank's answer to a status query (`None` for this rank and silent ones).
+    pub fn query_status(&self, wait: Duration) -> Vec<Option<Vec<u8>>> {
+        let nonce = STATUS_NONCE.fetch_add(1, Ordering::Relaxed);
+        self.net.query_status(INTERNAL_TAG | (STATUS_REPLY_OP << 48) | (nonce & 0xffff_ffff_ffff), wait)
+    }
+
+    /// Sends a report to every other rank.
+    pub fn send_report(&self, text: &str) {
+        self.net.send_report(text);
     }
 
     fn cancel<'a>(&'a self, what: &'a str) -> Cancel<'a> {

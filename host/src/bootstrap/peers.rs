@@ -6,6 +6,11 @@
 //! them, in order. A connection that ends without a `Bye` means its rank died: the reader
 //! marks it dead, wakes every waiter, and tells the other ranks (`PeerFailed`), so that every
 //! survivor's next operation fails with a remote error instead of waiting.
+//!
+//! A rank whose operation failed for another reason (a mismatch, a timeout) tells every peer
+//! too (`CommFailed`, [`PeerNet::announce_failure`]): the communicator cannot go on anywhere.
+//! The reader threads also answer status queries (`StatusQuery`, for hang reports) from a
+//! provider the communicator installs, without the main thread, which may be stuck.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,7 +22,7 @@ use std::time::Duration;
 use super::id::Secret;
 use super::root::PeerInfo;
 use super::wire::{Cancel, Conn, Kind, POLL_INTERVAL};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ResultCode};
 
 /// Largest single peer message.
 pub const MAX_PEER_MESSAGE: u64 = 1 << 34;
@@ -32,7 +37,25 @@ struct Mail {
     dead: HashMap<u32, String>,
     /// Ranks that closed their side on purpose.
     departed: HashSet<u32>,
+    /// The first operation failure announced by any rank (this one included).
+    comm_failed: Option<CommFailure>,
+    /// The first failure of either kind: what every wait reports.
+    first: Option<Error>,
 }
+
+/// An operation failure that ends the communicator on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommFailure {
+    /// The rank where it happened.
+    pub origin: u32,
+    pub code: ResultCode,
+    pub reason: String,
+}
+
+/// Answers a status query: the bytes to send back.
+pub type StatusFn = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+/// Receives a report a peer sent (its rank, the text).
+pub type ReportFn = Box<dyn Fn(u32, &str) + Send + Sync>;
 
 struct Shared {
     rank: u32,
@@ -45,6 +68,8 @@ struct Shared {
     /// Incoming connections, kept so that closing can shut them down.
     inbound: Mutex<Vec<Conn>>,
     closing: AtomicBool,
+    status: Mutex<Option<StatusFn>>,
+    on_report: Mutex<Option<ReportFn>>,
 }
 
 /// This rank's end of the peer connections of one communicator.
@@ -79,6 +104,7 @@ impl Shared {
             return false;
         }
         tracing::warn!(target: "BOOTSTRAP", "{reason}");
+        mail.first.get_or_insert_with(|| Error::remote(reason.clone()));
         mail.dead.insert(rank, reason);
         self.arrived.notify_all();
         true
@@ -86,20 +112,45 @@ impl Shared {
 
     /// Tells every other live peer that `rank` failed (best effort, in the background).
     fn spread_failure(self: &Arc<Self>, rank: u32, reason: String) {
-        let shared = Arc::clone(self);
-        let _ = std::thread::Builder::new().name("rustccl-notify".into()).spawn(move || {
-            for peer in 0..shared.peers.len() as u32 {
-                if peer == shared.rank || peer == rank || shared.lock().dead.contains_key(&peer) {
-                    continue;
-                }
-                let cancel = Cancel::after(Duration::from_secs(2), "telling a peer about a failure");
-                let _ = shared.send_frame(peer, Kind::PeerFailed, &[&rank.to_le_bytes(), reason.as_bytes()], &cancel);
+        let mut payload = rank.to_le_bytes().to_vec();
+        payload.extend_from_slice(reason.as_bytes());
+        self.tell_all(Some(rank), Kind::PeerFailed, payload);
+    }
+
+    /// Sends one frame to every live peer but `skip` (best effort, at most about a second).
+    fn tell_all_now(&self, skip: Option<u32>, kind: Kind, payload: &[u8]) {
+        let cancel = Cancel::after(Duration::from_secs(1), "telling the other ranks");
+        for peer in 0..self.peers.len() as u32 {
+            if peer == self.rank || Some(peer) == skip || self.lock().dead.contains_key(&peer) {
+                continue;
             }
-        });
+            let _ = self.send_frame(peer, kind, &[payload], &cancel);
+        }
+    }
+
+    /// As [`tell_all_now`](Self::tell_all_now), in the background.
+    fn tell_all(self: &Arc<Self>, skip: Option<u32>, kind: Kind, payload: Vec<u8>) {
+        let shared = Arc::clone(self);
+        let _ = std::thread::Builder::new().name("rustccl-notify".into()).spawn(move || shared.tell_all_now(skip, kind, &payload));
+    }
+
+    /// Records an announced operation failure; true when it is the first.
+    fn record_comm_failure(&self, f: CommFailure) -> bool {
+        let mut mail = self.lock();
+        if mail.comm_failed.is_some() {
+            return false;
+        }
+        mail.first.get_or_insert_with(|| Error::new(f.code, f.reason.clone()));
+        mail.comm_failed = Some(f);
+        self.arrived.notify_all();
+        true
     }
 
     fn send_frame(&self, to: u32, kind: Kind, parts: &[&[u8]], cancel: &Cancel) -> Result<()> {
         let mut slot = self.out[to as usize].lock().unwrap_or_else(|p| p.into_inner());
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage("the communicator's peer connections are closed"));
+        }
         if slot.is_none() {
             let addr = self.peers[to as usize].listen;
             let mut conn = Conn::connect(addr, MAX_PEER_MESSAGE, cancel)?;
@@ -185,6 +236,30 @@ impl Shared {
                         self.mark_dead(failed, format!("{} failed (reported by rank {peer}): {reason}", self.who(failed)));
                     }
                 }
+                Ok((Kind::CommFailed, payload)) if payload.len() >= 8 => {
+                    let code = i32::from_le_bytes(payload[..4].try_into().unwrap());
+                    let origin = u32::from_le_bytes(payload[4..8].try_into().unwrap());
+                    let reason = String::from_utf8_lossy(&payload[8..]).into_owned();
+                    let code = ResultCode::from_i32(code).filter(|c| *c != ResultCode::Success && *c != ResultCode::InProgress);
+                    if let (Some(code), true) = (code, (origin as usize) < self.peers.len()) {
+                        if self.record_comm_failure(CommFailure { origin, code, reason: reason.clone() }) {
+                            tracing::warn!(target: "BOOTSTRAP", "rank {}: {} reports a failed operation: {reason}", self.rank, self.who(origin));
+                        }
+                    }
+                }
+                Ok((Kind::StatusQuery, payload)) if payload.len() == 8 => {
+                    let tag = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                    let answer = self.status.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f()).unwrap_or_default();
+                    let cancel = Cancel { abort: Some(&self.closing), ..Cancel::after(Duration::from_secs(2), "answering a status query") };
+                    let _ = self.send_frame(peer, Kind::Data, &[&tag.to_le_bytes(), &answer], &cancel);
+                }
+                Ok((Kind::Report, payload)) => {
+                    let text = String::from_utf8_lossy(&payload);
+                    match self.on_report.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                        Some(f) => f(peer, &text),
+                        None => tracing::warn!(target: "BOOTSTRAP", "rank {}: report from rank {peer}:\n{text}", self.rank),
+                    }
+                }
                 Ok((kind, _)) => {
                     self.fail_peer(peer, format!("{} broke the protocol (unexpected {kind:?} frame)", self.who(peer)));
                     conn.shutdown();
@@ -225,6 +300,8 @@ impl PeerNet {
             out,
             inbound: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            status: Mutex::new(None),
+            on_report: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
         let acceptor = std::thread::Builder::new()
@@ -246,10 +323,73 @@ impl PeerNet {
         &self.shared.peers
     }
 
-    /// The first failure seen among the peers, if any.
-    pub fn failure(&self) -> Option<String> {
+    /// The first failure seen among the peers, if any: a dead rank (a remote error) or an
+    /// operation failure some rank announced (with its code), whichever came first.
+    pub fn failure(&self) -> Option<Error> {
         let mail = self.shared.lock();
-        mail.dead.iter().min_by_key(|(r, _)| **r).map(|(_, why)| why.clone())
+        Self::failure_of(&mail)
+    }
+
+    fn failure_of(mail: &Mail) -> Option<Error> {
+        mail.first.clone()
+    }
+
+    /// The announced operation failure, if any.
+    pub fn comm_failure(&self) -> Option<CommFailure> {
+        self.shared.lock().comm_failed.clone()
+    }
+
+    /// Tells every peer that an operation failed here with `code` and `reason`, so that their
+    /// pending and later operations end with it. Only the first failure of the communicator
+    /// is announced (a failure heard from a peer is not echoed); true when this one was sent.
+    pub fn announce_failure(&self, code: ResultCode, reason: &str) -> bool {
+        {
+            let mail = self.shared.lock();
+            if !mail.dead.is_empty() {
+                return false;
+            }
+        }
+        if !self.shared.record_comm_failure(CommFailure { origin: self.rank(), code, reason: reason.to_string() }) {
+            return false;
+        }
+        let mut payload = (code as i32).to_le_bytes().to_vec();
+        payload.extend_from_slice(&self.rank().to_le_bytes());
+        payload.extend_from_slice(reason.as_bytes());
+        self.shared.tell_all_now(None, Kind::CommFailed, &payload);
+        true
+    }
+
+    /// Installs what answers peers' status queries.
+    pub fn set_status_provider(&self, f: StatusFn) {
+        *self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// Installs what receives peers' reports.
+    pub fn set_report_handler(&self, f: ReportFn) {
+        *self.shared.on_report.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// Asks every other rank for its status (answered by its reader thread, whatever its main
+    /// thread is doing) and waits up to `wait` for the answers: one entry per rank, `None`
+    /// for this rank and for ranks that are dead, departed or did not answer in time.
+    pub fn query_status(&self, reply_tag: u64, wait: Duration) -> Vec<Option<Vec<u8>>> {
+        let n = self.nranks();
+        let cancel = Cancel::after(wait, "status query");
+        let mut asked = vec![false; n as usize];
+        for peer in 0..n {
+            if peer == self.rank() || self.shared.lock().dead.contains_key(&peer) {
+                continue;
+            }
+            asked[peer as usize] = self.shared.send_frame(peer, Kind::StatusQuery, &[&reply_tag.to_le_bytes()], &cancel).is_ok();
+        }
+        (0..n)
+            .map(|peer| if asked[peer as usize] { self.recv(peer, reply_tag, false, &cancel).ok() } else { None })
+            .collect()
+    }
+
+    /// Sends a report to every other live rank (best effort, in the background).
+    pub fn send_report(&self, text: &str) {
+        self.shared.tell_all(None, Kind::Report, text.as_bytes().to_vec());
     }
 
     fn check_peer(&self, peer: u32) -> Result<()> {
@@ -296,8 +436,8 @@ impl PeerNet {
                 return Err(Error::remote(why.clone()));
             }
             if strict {
-                if let Some((_, why)) = mail.dead.iter().min_by_key(|(r, _)| **r) {
-                    return Err(Error::remote(why.clone()));
+                if let Some(e) = Self::failure_of(&mail) {
+                    return Err(e);
                 }
             }
             if mail.departed.contains(&peer) {
@@ -428,7 +568,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         a.send(1, 1, b"real", &cancel()).unwrap();
         assert_eq!(b.recv(0, 1, true, &cancel()).unwrap(), b"real");
-        assert_eq!(b.failure(), None, "intruders are not taken for failed ranks");
+        assert!(b.failure().is_none(), "intruders are not taken for failed ranks");
     }
 
     #[test]
@@ -438,7 +578,7 @@ mod tests {
         assert_eq!(b.recv(0, 1, true, &cancel()).unwrap(), b"x");
         a.close(true);
         std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(b.failure(), None);
+        assert!(b.failure().is_none());
         let e = b.recv(0, 2, false, &cancel()).unwrap_err();
         assert!(e.message.contains("destroyed its communicator"), "{e}");
 
@@ -450,5 +590,49 @@ mod tests {
         assert_eq!(e.code, crate::error::ResultCode::RemoteError);
         assert!(t0.elapsed() < Duration::from_secs(2));
         assert!(b.failure().is_some());
+    }
+
+    #[test]
+    fn an_announced_failure_reaches_the_peer_with_its_code_and_is_announced_once() {
+        let (a, b) = pair([7; 16]);
+        a.send(1, 1, b"x", &cancel()).unwrap();
+        assert_eq!(b.recv(0, 1, true, &cancel()).unwrap(), b"x");
+        assert!(a.announce_failure(ResultCode::InvalidUsage, "mismatch on rank 0"));
+        assert!(!a.announce_failure(ResultCode::InternalError, "a second one"), "only the first is announced");
+        let t0 = std::time::Instant::now();
+        let e = b.recv(0, 9, true, &cancel()).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        assert_eq!((e.code, e.message.as_str()), (ResultCode::InvalidUsage, "mismatch on rank 0"));
+        let f = b.comm_failure().unwrap();
+        assert_eq!((f.origin, f.code), (0, ResultCode::InvalidUsage));
+        assert!(!b.announce_failure(ResultCode::InternalError, "echo"), "a failure heard is not echoed");
+        assert_eq!(a.failure().unwrap().message, "mismatch on rank 0");
+        // A non-strict wait on the sender's own messages still works (shrink needs it).
+        a.send(1, 2, b"y", &cancel()).unwrap();
+        assert_eq!(b.recv(0, 2, false, &cancel()).unwrap(), b"y");
+    }
+
+    #[test]
+    fn status_queries_are_answered_by_the_reader_thread_and_reports_delivered() {
+        let (a, b) = pair([8; 16]);
+        b.set_status_provider(Box::new(|| b"busy in op 7".to_vec()));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = Arc::clone(&got);
+        b.set_report_handler(Box::new(move |from, text| g.lock().unwrap().push((from, text.to_string()))));
+        // b's main thread does nothing: the answer comes from its reader thread.
+        let answers = a.query_status(0xabc, Duration::from_secs(5));
+        assert_eq!(answers, vec![None, Some(b"busy in op 7".to_vec())]);
+        a.send_report("report text");
+        let t0 = std::time::Instant::now();
+        while got.lock().unwrap().is_empty() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*got.lock().unwrap(), vec![(0, "report text".to_string())]);
+        // A rank that is gone answers nothing, quickly.
+        b.close(false);
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        assert_eq!(a.query_status(0xabd, Duration::from_secs(2)), vec![None, None]);
+        assert!(t0.elapsed() < Duration::from_secs(3));
     }
 }

@@ -61,6 +61,13 @@ pub fn subset(nranks: u32, n_ids: u32, k: u32) -> Range<u32> {
     start..end
 }
 
+/// How long the root waits for the other ranks once the first has arrived: a little less
+/// than the ranks' own limit, so that its message (which names the missing ranks) reaches
+/// them before they give up on their own.
+pub fn root_limit(timeout: Duration) -> Duration {
+    timeout.saturating_sub((timeout / 10).min(Duration::from_secs(1)))
+}
+
 /// Which root serves `rank`.
 pub fn root_of(nranks: u32, n_ids: u32, rank: u32) -> u32 {
     (0..n_ids).find(|&k| subset(nranks, n_ids, k).contains(&rank)).unwrap_or(0)
@@ -167,7 +174,7 @@ impl Root {
 
     fn start_clock(&mut self) {
         if self.deadline.is_none() {
-            self.deadline = Some(Instant::now() + self.timeout);
+            self.deadline = Some(Instant::now() + root_limit(self.timeout));
         }
     }
 

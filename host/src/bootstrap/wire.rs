@@ -40,6 +40,14 @@ pub enum Kind {
     Bye = 6,
     /// The sender saw a rank fail: rank (u32 LE) followed by a UTF-8 reason.
     PeerFailed = 7,
+    /// An operation of the communicator failed on the sender, so it cannot go on anywhere:
+    /// result code (i32 LE), origin rank (u32 LE), UTF-8 reason.
+    CommFailed = 8,
+    /// A request for the receiver's operation status (hang reports): a u64 LE reply tag. The
+    /// receiver's reader thread answers with a `Data` frame under that tag.
+    StatusQuery = 9,
+    /// A hang report built by the sender, for the receiver to log: UTF-8 text.
+    Report = 10,
 }
 
 impl Kind {
@@ -53,6 +61,9 @@ impl Kind {
             5 => Data,
             6 => Bye,
             7 => PeerFailed,
+            8 => CommFailed,
+            9 => StatusQuery,
+            10 => Report,
             _ => return None,
         })
     }

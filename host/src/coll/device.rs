@@ -477,7 +477,7 @@ mod tests {
     }
 
     fn ctx(dtype: DataType, op: DevOp, proto: Protocol) -> OpCtx {
-        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto }
+        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto, sig: crate::coll::check::OpSig(0) }
     }
 
     fn run(ctxs: Vec<OpCtx>, items: Vec<Vec<(usize, Step)>>) -> CommRun {

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::check::{self, OpSig};
 use super::plan::{CommRun, OpCtx};
 use super::program::{Link, Step};
 use crate::error::{Error, Result};
@@ -29,9 +30,10 @@ pub fn run(runs: &mut [CommRun]) -> Result<()> {
 
 fn run_all(runs: &mut [CommRun]) -> Result<()> {
     let start = std::time::Instant::now();
-    let conns = connect(runs)?;
-    super::profile::record(super::profile::Stage::Connect, start);
-    let result = execute(runs, &conns);
+    let result = connect(runs).and_then(|conns| {
+        super::profile::record(super::profile::Stage::Connect, start);
+        execute(runs, &conns)
+    });
     if let Err(e) = &result {
         for run in runs.iter() {
             run.comm.mark_broken(e);
@@ -58,7 +60,7 @@ fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
         for (run, links) in runs.iter_mut().zip(conns).filter(|(r, _)| !r.device) {
             for item in run.items.iter_mut() {
                 while let Some((ci, step)) = item.steps.get(item.pc) {
-                    let ok = try_step(step, &run.ctxs[*ci], links, &mut scratch)
+                    let ok = try_step(run.comm.rank_unchecked(), step, &run.ctxs[*ci], links, &mut scratch)
                         .map_err(|e| run.comm.record_error(e.context("collective")))?;
                     if !ok {
                         break;
@@ -80,6 +82,7 @@ fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
         if idle % CHECK_EVERY == 0 {
             for (run, links) in runs.iter().zip(conns) {
                 run.comm.check_running("collective").map_err(|e| run.comm.record_error(e))?;
+                run.comm.check_op_health().map_err(|e| run.comm.record_error(e))?;
                 if let Some(e) = links.values().find_map(|c| c.failure()) {
                     return Err(run.comm.record_error(e));
                 }
@@ -143,6 +146,7 @@ fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
             }
             for run in runs {
                 run.comm.check_running("connect").map_err(|e| run.comm.record_error(e))?;
+                run.comm.check_op_health().map_err(|e| run.comm.record_error(e))?;
             }
             std::thread::yield_now();
         }
@@ -151,7 +155,7 @@ fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
 }
 
 /// Performs one step if every FIFO it needs is ready; `Ok(false)` if not yet.
-fn try_step(step: &Step, ctx: &OpCtx, links: &Links, scratch: &mut [u8]) -> Result<bool> {
+fn try_step(me: u32, step: &Step, ctx: &OpCtx, links: &Links, scratch: &mut [u8]) -> Result<bool> {
     let conn = |l: &Link, d: Dir| links.get(&(*l, d)).expect("every link was connected");
     // All inputs present and all outputs free?
     let mut inputs: Vec<(&Arc<Connection>, u64, &[u8])> = Vec::with_capacity(step.recv.len());
@@ -159,6 +163,10 @@ fn try_step(step: &Step, ctx: &OpCtx, links: &Links, scratch: &mut [u8]) -> Resu
         let c = conn(l, Dir::Recv);
         match c.fifo.ready_slot() {
             Some((idx, data)) => {
+                let theirs = OpSig(c.fifo.sig_of(idx));
+                if theirs.is_known() && ctx.sig.is_known() && theirs != ctx.sig {
+                    return Err(check::mismatch(me, ctx.sig, l.peer, theirs));
+                }
                 if data.len() != step.bytes {
                     return Err(Error::invalid_usage(format!(
                         "rank {} sent {} bytes where this rank expected {}: the ranks' counts or types do not match",
@@ -204,7 +212,7 @@ fn try_step(step: &Step, ctx: &OpCtx, links: &Links, scratch: &mut [u8]) -> Resu
         slot[..n].copy_from_slice(result);
     }
     for (c, idx, _) in &outputs {
-        c.fifo.push(*idx, n);
+        c.fifo.push_signed(*idx, n, ctx.sig.0);
     }
     for (c, idx, _) in &inputs {
         c.fifo.pop(*idx);

@@ -105,12 +105,24 @@ fn run(tasks: Vec<(Communicator, Task)>) -> Result<()> {
         }
     }
     let start = std::time::Instant::now();
+    if super::check::enabled() {
+        for (comm, tasks) in &by_comm {
+            super::check::check_group(comm, tasks).map_err(|e| comm.record_error(e))?;
+        }
+    }
     let mut runs = Vec::with_capacity(by_comm.len());
     for (comm, tasks) in &by_comm {
         runs.push(plan::build(comm, tasks).map_err(|e| comm.record_error(e))?);
     }
     super::profile::record(super::profile::Stage::Plan, start);
+    for (comm, tasks) in &by_comm {
+        comm.op_log().started(tasks);
+    }
     let r = exec::run(&mut runs);
+    // Device work finishes later (the watchdog sees it); host work has finished or failed.
+    for run in runs.iter().filter(|run| !run.device || r.is_err()) {
+        run.comm.op_log().all_finished();
+    }
     super::profile::record(super::profile::Stage::Total, start);
     r
 }

@@ -7,6 +7,7 @@
 //! On the host backend an operation has completed when its call (or the outermost
 //! `group_end`) returns; the stream argument orders nothing more.
 
+pub mod check;
 pub mod device;
 pub mod exec;
 pub mod group;

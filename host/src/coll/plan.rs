@@ -32,6 +32,8 @@ pub struct OpCtx {
     pub reducer: Reducer,
     /// The protocol of the steps (the format of the FIFO slots on device backends).
     pub proto: Protocol,
+    /// The operation's signature, carried by the FIFO slots it fills (see [`super::check`]).
+    pub sig: super::check::OpSig,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +305,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
             dst_len,
             reducer: Reducer::new(task.dtype, op),
             proto: Protocol::Simple,
+            sig: super::check::OpSig::of(task),
         };
         let ci = ctxs.len();
         ctxs.push(ctx);

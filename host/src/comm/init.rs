@@ -172,7 +172,9 @@ impl Communicator {
             transports: Mutex::new(Default::default()),
             broken: Mutex::new(None),
             device_cache: Mutex::new(Default::default()),
+            ops: Arc::new(super::health::OpLog::new(rank as u32)),
         });
+        super::health::register(&inner);
         let ids = ids.to_vec();
         let job = {
             let inner = Arc::clone(&inner);
@@ -214,6 +216,7 @@ fn run_init(inner: &Inner, ids: &[UniqueId]) {
     match result {
         Ok((bs, plugins)) => {
             let _ = inner.bootstrap.set(bs);
+            Communicator::attach_health(inner);
             *inner.plugins.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(plugins));
             *state = State::Ready;
             tracing::info!(

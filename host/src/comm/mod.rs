@@ -7,6 +7,7 @@
 //! initialising or failed communicator with the matching code and a message (kept as the
 //! communicator's and the process's last error).
 
+pub mod health;
 mod init;
 mod split;
 
@@ -81,6 +82,8 @@ struct Inner {
     broken: Mutex<Option<Error>>,
     /// Device objects the executor reuses from call to call (device backends).
     device_cache: Mutex<DeviceCache>,
+    /// The operations started and finished (hang reports, timeouts).
+    ops: Arc<health::OpLog>,
 }
 
 /// One rank's communicator.
@@ -297,6 +300,9 @@ impl Communicator {
             )));
         }
         self.ready("revoke")?;
+        if !self.inner.stop.revoked.load(Ordering::Acquire) {
+            self.announce(&Error::remote("it revoked the communicator (ncclCommRevoke)"));
+        }
         self.inner.stop.revoked.store(true, Ordering::Release);
         self.device_cache().exec.abort();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} revoked", self.inner.rank, self.inner.comm_hash);
@@ -337,6 +343,9 @@ impl Communicator {
     /// `ncclCommAbort`: stops everything now, even with dead peers or a non-blocking init in
     /// progress; always succeeds. Peers see this rank as failed.
     pub fn abort(&self) -> Result<()> {
+        if !self.inner.stop.abort.load(Ordering::Acquire) && !self.inner.destroyed.load(Ordering::Acquire) {
+            self.announce(&Error::remote("it aborted the communicator (ncclCommAbort)"));
+        }
         self.inner.stop.abort.store(true, Ordering::Release);
         self.device_cache().exec.abort();
         self.inner.destroyed.store(true, Ordering::Release);
@@ -376,9 +385,36 @@ impl Communicator {
         self.inner.record(e)
     }
 
-    /// Marks the communicator unusable after an operation failed half-way.
+    /// Marks the communicator unusable after an operation failed half-way, and tells every
+    /// other rank (unless the failure came from one of them, or from this rank's own abort or
+    /// revoke, which announce themselves), so that their operations end too.
     pub(crate) fn mark_broken(&self, e: &Error) {
-        self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.clone());
+        let first = {
+            let mut broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner());
+            let first = broken.is_none();
+            broken.get_or_insert_with(|| e.clone());
+            first
+        };
+        let stopped = self.inner.stop.abort.load(Ordering::Acquire) || self.inner.stop.revoked.load(Ordering::Acquire);
+        if first && !stopped {
+            self.announce(e);
+        }
+    }
+
+    /// Tells every other rank that this communicator failed here (once; see
+    /// [`Bootstrap::announce_failure`]). The peers' code: a usage error or timeout stays
+    /// what it is; anything else is a remote error for them.
+    fn announce(&self, e: &Error) {
+        let Some(bs) = self.inner.bootstrap.get() else { return };
+        let code = match e.code {
+            ResultCode::InvalidArgument | ResultCode::InvalidUsage | ResultCode::Timeout => e.code,
+            _ => ResultCode::RemoteError,
+        };
+        let me = &bs.peers()[self.inner.rank as usize];
+        let message = format!("rank {} (pid {} on {}) failed: {}", self.inner.rank, me.pid, me.hostname, e.message);
+        if bs.announce_failure(&Error::new(code, message)) {
+            tracing::info!(target: "INIT", "rank {}: failure announced to every rank", self.inner.rank);
+        }
     }
 
     /// The gate of a collective call.
@@ -460,12 +496,14 @@ impl Communicator {
             let comm = Communicator { inner };
             if comm.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                 comm.device_cache().exec.abort();
+                comm.inner.ops.all_finished();
                 continue;
             }
-            if let Some(e) = comm.device_failure() {
+            if let Some(e) = comm.device_failure().or_else(|| comm.device_health().err()) {
                 comm.device_cache().exec.abort();
                 let e = comm.record_error(e);
                 comm.mark_broken(&e);
+                comm.inner.ops.all_finished();
             }
         });
         if let Err(e) = spawned {
@@ -485,6 +523,24 @@ impl Communicator {
         kernel_error
             .or_else(|| self.check_running("collective").err())
             .or_else(|| self.lock_transports().conns.values().find_map(|c| c.failure()))
+    }
+
+    /// Whether the device work launched so far has completed (then the op log says so), and
+    /// the hang report and timeout of work that has not.
+    fn device_health(&self) -> Result<()> {
+        if self.inner.ops.status().busy {
+            let event = self.device_cache().exec.last_event();
+            let done = match event {
+                Some(ev) => self.inner.shared.backend.query_event(ev).unwrap_or(false),
+                None => true,
+            };
+            if done {
+                self.inner.ops.all_finished();
+                return Ok(());
+            }
+            self.check_op_health()?;
+        }
+        Ok(())
     }
 
     /// Waits until this communicator's device work has completed; a failure found meanwhile

@@ -22,6 +22,9 @@ pub struct FifoHeader {
     _pad1: [u64; 7],
     /// Bytes in each slot.
     pub sizes: [AtomicU64; STEPS],
+    /// The signature of the operation that filled each slot (0: not known), which the
+    /// consumer compares with its own (`coll::check`). Device kernels leave it 0.
+    pub sigs: [AtomicU64; STEPS],
 }
 
 /// Bytes of memory a FIFO with slots of `slot_bytes` needs.
@@ -131,9 +134,21 @@ impl Fifo {
 
     /// Producer: publishes slot `index` holding `bytes`.
     pub fn push(&self, index: u64, bytes: usize) {
+        self.push_signed(index, bytes, 0);
+    }
+
+    /// Producer: publishes slot `index` holding `bytes` of the operation signed `sig`.
+    pub fn push_signed(&self, index: u64, bytes: usize, sig: u64) {
         let h = self.header();
-        h.sizes[(index % STEPS as u64) as usize].store(bytes as u64, Ordering::Relaxed);
+        let i = (index % STEPS as u64) as usize;
+        h.sizes[i].store(bytes as u64, Ordering::Relaxed);
+        h.sigs[i].store(sig, Ordering::Relaxed);
         h.tail.store(index + 1, Ordering::Release);
+    }
+
+    /// Consumer: the signature of filled slot `index` (0 when the producer gave none).
+    pub fn sig_of(&self, index: u64) -> u64 {
+        self.header().sigs[(index % STEPS as u64) as usize].load(Ordering::Relaxed)
     }
 
     /// Consumer: the oldest filled slot, if any.

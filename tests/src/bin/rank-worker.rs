@@ -4,6 +4,7 @@
 //! itself, and on failure prints `ERROR <code> <message>` and exits with status 1.
 
 mod worker_coll;
+mod worker_faults;
 mod worker_graph;
 mod worker_streams;
 
@@ -41,6 +42,9 @@ fn main() {
         "coll-graph" => worker_graph::graph(nranks, rank, &ids),
         "coll-streams" => worker_streams::streams(nranks, rank, &ids),
         "coll-peer-death" => worker_streams::peer_death(nranks, rank, &ids),
+        "fault-mismatch" => worker_faults::mismatch(nranks, rank, &ids),
+        "fault-hang" => worker_faults::hang(nranks, rank, &ids),
+        "fault-report" => worker_faults::report(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {

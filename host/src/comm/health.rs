@@ -1,0 +1,482 @@
+//! Operation health: what each rank is doing, hang reports, and operation timeouts.
+//!
+//! Every communicator keeps an [`OpLog`]: the operations it started and finished, numbered.
+//! The bootstrap's reader threads answer peers' status queries from it, whatever the main
+//! thread is doing (it may be the one that is stuck). When an operation has waited longer
+//! than `RUSTCCL_HANG_REPORT_S` (60 s by default), the waiting rank gathers every rank's
+//! status, logs a report (per rank: last operation started and finished, which ranks never
+//! arrived, which are in another operation) and sends it to the others, which log it too:
+//! one report per rank and hang. The same report comes from [`Communicator::hang_report`]
+//! and from the signal `RUSTCCL_HANG_REPORT_SIGNAL` (SIGUSR1 by default, when the process has
+//! no handler of its own for it). With an operation timeout (`op_timeout_ms`,
+//! `NCCL_OP_TIMEOUT_MS`), an operation waiting longer ends with `Timeout` on every rank.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Communicator, Inner};
+use crate::coll::{CollKind, ReduceOp, Task};
+use crate::error::{Error, Result};
+
+/// How long a report waits for the other ranks' answers.
+const GATHER_WAIT: Duration = Duration::from_secs(2);
+
+/// One operation as the report shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpDesc {
+    /// Operations of any kind this rank started on the communicator, counting from 1.
+    pub seq: u64,
+    /// Collectives (not point-to-point) started, counting from 1: on ranks that agree, the
+    /// same number names the same collective.
+    pub coll_seq: u64,
+    pub kind: String,
+    /// The root, or the peer of a send or receive.
+    pub rank: Option<u32>,
+    pub count: u64,
+    pub dtype: String,
+    pub op: Option<String>,
+}
+
+impl OpDesc {
+    fn of(task: &Task, seq: u64, coll_seq: u64) -> OpDesc {
+        let (rank, reduces) = match task.kind {
+            CollKind::AllReduce | CollKind::ReduceScatter => (None, true),
+            CollKind::Reduce { root } => (Some(root), true),
+            CollKind::Broadcast { root } => (Some(root), false),
+            CollKind::AllGather => (None, false),
+            CollKind::Send { peer } | CollKind::Recv { peer } => (Some(peer), false),
+        };
+        let op = reduces.then(|| match task.op {
+            ReduceOp::Sum => "sum".to_string(),
+            ReduceOp::Prod => "prod".to_string(),
+            ReduceOp::Max => "max".to_string(),
+            ReduceOp::Min => "min".to_string(),
+            ReduceOp::Avg => "avg".to_string(),
+            ReduceOp::PreMulSum(_) => "premulsum".to_string(),
+        });
+        OpDesc { seq, coll_seq, kind: task.kind.name().to_string(), rank, count: task.count as u64, dtype: format!("{:?}", task.dtype), op }
+    }
+
+    fn is_p2p(&self) -> bool {
+        self.kind == "Send" || self.kind == "Recv"
+    }
+
+    /// Whether two ranks' descriptions are the same collective (sequence number and shape).
+    fn same_collective(&self, other: &OpDesc) -> bool {
+        (self.coll_seq, &self.kind, self.rank, self.count, &self.dtype, &self.op)
+            == (other.coll_seq, &other.kind, other.rank, other.count, &other.dtype, &other.op)
+    }
+}
+
+impl fmt::Display for OpDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{} {}(count {}, {}", self.seq, self.kind, self.count, self.dtype)?;
+        if let Some(op) = &self.op {
+            write!(f, ", {op}")?;
+        }
+        match (self.kind.as_str(), self.rank) {
+            ("Send", Some(p)) => write!(f, ", to rank {p}")?,
+            ("Recv", Some(p)) => write!(f, ", from rank {p}")?,
+            (_, Some(r)) => write!(f, ", root {r}")?,
+            _ => {}
+        }
+        if !self.is_p2p() {
+            write!(f, "; collective #{}", self.coll_seq)?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// What one rank says of itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankStatus {
+    pub rank: u32,
+    pub pid: u32,
+    pub host: String,
+    pub started: Option<OpDesc>,
+    pub finished: Option<OpDesc>,
+    /// Whether an operation is under way (started, not finished).
+    pub busy: bool,
+    /// How long the oldest unfinished operation has waited, in milliseconds.
+    pub waiting_ms: u64,
+}
+
+#[derive(Default)]
+struct LogState {
+    seq: u64,
+    coll_seq: u64,
+    started: Option<OpDesc>,
+    finished: Option<OpDesc>,
+    /// When the oldest unfinished operation started.
+    busy_since: Option<Instant>,
+    /// When this rank last logged a report (its own or a peer's) for the current wait.
+    reported: Option<Instant>,
+}
+
+/// The operations of one rank of one communicator.
+pub struct OpLog {
+    rank: u32,
+    host: String,
+    state: Mutex<LogState>,
+}
+
+impl OpLog {
+    pub(crate) fn new(rank: u32) -> OpLog {
+        OpLog { rank, host: crate::bootstrap::hostname(), state: Mutex::new(LogState::default()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that `tasks` start now.
+    pub(crate) fn started(&self, tasks: &[Task]) {
+        let mut s = self.lock();
+        for t in tasks {
+            s.seq += 1;
+            if !matches!(t.kind, CollKind::Send { .. } | CollKind::Recv { .. }) {
+                s.coll_seq += 1;
+            }
+            s.started = Some(OpDesc::of(t, s.seq, s.coll_seq));
+        }
+        if !tasks.is_empty() {
+            // Host work starts when the last finished; device work is launched while earlier
+            // launches may still run: the wait counts from the latest launch (the caller's
+            // thread stops launching soon after its work stops completing).
+            if s.busy_since.is_none() {
+                s.reported = None;
+            }
+            s.busy_since = Some(Instant::now());
+        }
+    }
+
+    /// Records that every operation started so far has finished (or failed).
+    pub(crate) fn all_finished(&self) {
+        let mut s = self.lock();
+        if s.busy_since.take().is_some() {
+            s.finished = s.started.clone();
+        }
+    }
+
+    pub fn status(&self) -> RankStatus {
+        let s = self.lock();
+        RankStatus {
+            rank: self.rank,
+            pid: std::process::id(),
+            host: self.host.clone(),
+            started: s.started.clone(),
+            finished: s.finished.clone(),
+            busy: s.busy_since.is_some(),
+            waiting_ms: s.busy_since.map_or(0, |t| t.elapsed().as_millis() as u64),
+        }
+    }
+
+    /// How long the oldest unfinished operation has waited.
+    fn waiting(&self) -> Option<Duration> {
+        self.lock().busy_since.map(|t| t.elapsed())
+    }
+
+    /// Whether a report was logged during the current wait (or, when idle, lately).
+    fn reported_lately(&self, within: Duration) -> bool {
+        self.lock().reported.is_some_and(|t| t.elapsed() < within)
+    }
+
+    fn mark_reported(&self) {
+        self.lock().reported = Some(Instant::now());
+    }
+}
+
+/// `RUSTCCL_HANG_REPORT_S`: how long an operation waits before a hang report.
+pub fn hang_report_after() -> Duration {
+    crate::params::env_seconds_or("RUSTCCL_HANG_REPORT_S", Duration::from_secs(60))
+}
+
+/// How each rank stands relative to the operation a report is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Waiting in the same operation.
+    Same,
+    /// Has not started it and is not in any operation.
+    NeverArrived,
+    /// In (or past) another operation.
+    Different,
+    /// Gave no answer: dead, gone, or unreachable.
+    NoAnswer,
+    /// Idle and past it (a report asked for while nothing waits).
+    Idle,
+}
+
+/// Classifies every rank against `reference` (the operation this rank waits in).
+pub fn classify(reference: Option<&OpDesc>, statuses: &[Option<RankStatus>]) -> Vec<Standing> {
+    statuses
+        .iter()
+        .map(|st| {
+            let Some(st) = st else { return Standing::NoAnswer };
+            let Some(r) = reference else {
+                return if st.busy { Standing::Different } else { Standing::Idle };
+            };
+            let started = st.started.as_ref();
+            if r.is_p2p() {
+                return match (st.busy, started) {
+                    (false, _) => Standing::NeverArrived,
+                    (true, Some(s)) if s.is_p2p() => Standing::Same,
+                    _ => Standing::Different,
+                };
+            }
+            match started {
+                Some(s) if st.busy && s.same_collective(r) => Standing::Same,
+                Some(s) if !st.busy && s.coll_seq < r.coll_seq => Standing::NeverArrived,
+                None => Standing::NeverArrived,
+                _ => Standing::Different,
+            }
+        })
+        .collect()
+}
+
+/// The text of a hang report; `me` is the rank making it.
+pub fn format_report(hash: u64, me: u32, why: &str, statuses: &[Option<RankStatus>]) -> String {
+    let mine = statuses.get(me as usize).and_then(|s| s.as_ref());
+    let reference = mine.filter(|s| s.busy).and_then(|s| s.started.as_ref());
+    let standing = classify(reference, statuses);
+    let mut out = format!("rustccl hang report for communicator {hash:016x} ({} ranks), from rank {me}: {why}", statuses.len());
+    if let Some(r) = reference {
+        out += &format!("; rank {me} waits in {r}");
+    }
+    for (rank, (st, standing)) in statuses.iter().zip(&standing).enumerate() {
+        out += &format!("\n  rank {rank}: ");
+        let Some(st) = st else {
+            out += "no answer (dead, gone, or not reachable)";
+            continue;
+        };
+        out += &format!("pid {} on {}; ", st.pid, st.host);
+        let show = |d: &Option<OpDesc>| d.as_ref().map_or("none".to_string(), |d| d.to_string());
+        if st.busy {
+            out += &format!("waiting {:.1} s in {}", st.waiting_ms as f64 / 1000.0, show(&st.started));
+        } else {
+            out += &format!("in no operation; last started {}", show(&st.started));
+        }
+        out += &format!("; last finished {}", show(&st.finished));
+        out += match standing {
+            Standing::Same => "",
+            Standing::NeverArrived => "  <- never arrived",
+            Standing::Different => "  <- in a different operation",
+            Standing::NoAnswer | Standing::Idle => "",
+        };
+    }
+    if reference.is_some() {
+        let list = |want: Standing| {
+            let v: Vec<String> = standing.iter().enumerate().filter(|(_, s)| **s == want).map(|(r, _)| r.to_string()).collect();
+            if v.is_empty() { "none".to_string() } else { v.join(", ") }
+        };
+        out += &format!(
+            "\n  never arrived: {}; in a different operation: {}; no answer: {}",
+            list(Standing::NeverArrived),
+            list(Standing::Different),
+            list(Standing::NoAnswer)
+        );
+    }
+    out
+}
+
+/// Communicators alive in this process, for the report signal.
+static LIVE: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Makes a new communicator known to the report signal.
+pub(super) fn register(inner: &Arc<Inner>) {
+    let mut live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(inner));
+    drop(live);
+    install_signal_once();
+}
+
+fn install_signal_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let name = crate::params::env_str("RUSTCCL_HANG_REPORT_SIGNAL").unwrap_or_else(|| "USR1".into());
+        let sig = match name.trim().trim_start_matches("SIG").to_ascii_uppercase().as_str() {
+            "USR1" => libc::SIGUSR1,
+            "USR2" => libc::SIGUSR2,
+            "NONE" | "0" | "" => return,
+            other => {
+                tracing::warn!(target: "INIT", "RUSTCCL_HANG_REPORT_SIGNAL={other:?}: use USR1, USR2 or none; no report signal installed");
+                return;
+            }
+        };
+        // A signal the program already handles is left alone.
+        // SAFETY: reads the current disposition only (a null new action).
+        let current = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old);
+            old.sa_sigaction
+        };
+        if current != libc::SIG_DFL {
+            tracing::info!(target: "INIT", "signal {name} already has a handler; hang reports by signal are off");
+            return;
+        }
+        let mut signals = match signal_hook::iterator::Signals::new([sig]) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(target: "INIT", "cannot install the hang-report signal {name}: {e}");
+                return;
+            }
+        };
+        let _ = std::thread::Builder::new().name("rustccl-report-signal".into()).spawn(move || {
+            for _ in signals.forever() {
+                let comms: Vec<Arc<Inner>> =
+                    LIVE.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(|w| w.upgrade()).collect();
+                for inner in comms {
+                    let comm = Communicator { inner };
+                    if let Err(e) = comm.hang_report() {
+                        tracing::warn!(target: "INIT", "hang report on signal: {}", e.message);
+                    }
+                }
+            }
+        });
+    });
+}
+
+impl Communicator {
+    /// Wires the op log to the bootstrap (status answers, peers' reports); after init.
+    pub(super) fn attach_health(inner: &Inner) {
+        let Some(bs) = inner.bootstrap.get() else { return };
+        let log = Arc::clone(&inner.ops);
+        bs.set_status_provider(Box::new(move || serde_json::to_vec(&log.status()).unwrap_or_default()));
+        let log = Arc::clone(&inner.ops);
+        let (hash, rank) = (inner.comm_hash, inner.rank);
+        bs.set_report_handler(Box::new(move |from, text| {
+            let after = hang_report_after();
+            if !log.reported_lately(after) {
+                log.mark_reported();
+                tracing::warn!(target: "INIT", "rank {rank}: hang report received from rank {from} (communicator {hash:016x}):\n{text}");
+            }
+        }));
+    }
+
+    /// Every rank's status, this one's first-hand (`None` for ranks that gave no answer).
+    pub fn rank_statuses(&self) -> Result<Vec<Option<RankStatus>>> {
+        let bs = self.ready("hang_report")?;
+        let mut all: Vec<Option<RankStatus>> =
+            bs.query_status(GATHER_WAIT).into_iter().map(|a| a.and_then(|b| serde_json::from_slice(&b).ok())).collect();
+        all[self.inner.rank as usize] = Some(self.inner.ops.status());
+        Ok(all)
+    }
+
+    /// Builds a hang report of this communicator now (gathered from every rank), logs it,
+    /// sends it to the other ranks (which log it too) and returns its text.
+    pub fn hang_report(&self) -> Result<String> {
+        self.report("report requested")
+    }
+
+    fn report(&self, why: &str) -> Result<String> {
+        let statuses = self.rank_statuses()?;
+        let text = format_report(self.inner.comm_hash, self.inner.rank, why, &statuses);
+        tracing::warn!(target: "INIT", "{text}");
+        self.inner.ops.mark_reported();
+        if let Some(bs) = self.inner.bootstrap.get() {
+            bs.send_report(&text);
+        }
+        Ok(text)
+    }
+
+    /// Called while an operation waits: logs a hang report once it has waited past the
+    /// threshold, and fails it with `Timeout` past the communicator's operation timeout.
+    pub(crate) fn check_op_health(&self) -> Result<()> {
+        let Some(waited) = self.inner.ops.waiting() else { return Ok(()) };
+        let after = hang_report_after();
+        if let Some(limit) = self.inner.config.op_timeout {
+            if waited >= limit {
+                let what = self.inner.ops.status().started.map_or("an operation".to_string(), |d| d.to_string());
+                let why = format!("{what} did not complete within the operation timeout ({:.1} s)", limit.as_secs_f64());
+                let report = self.report(&why).unwrap_or_else(|e| format!("(no report: {})", e.message));
+                let summary = report.lines().last().unwrap_or_default().trim().to_string();
+                return Err(Error::timeout(format!(
+                    "rank {}: {why}; {summary}. The communicator can now be aborted or shrunk",
+                    self.inner.rank
+                )));
+            }
+        }
+        if waited >= after && !self.inner.ops.reported_lately(after.max(waited)) {
+            let why = format!("an operation has waited {:.1} s (RUSTCCL_HANG_REPORT_S = {:.0})", waited.as_secs_f64(), after.as_secs_f64());
+            if let Err(e) = self.report(&why) {
+                tracing::warn!(target: "INIT", "rank {}: hang report failed: {}", self.inner.rank, e.message);
+                self.inner.ops.mark_reported();
+            }
+        }
+        Ok(())
+    }
+
+    /// This rank's operation log.
+    pub(crate) fn op_log(&self) -> &OpLog {
+        &self.inner.ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(seq: u64, coll_seq: u64, kind: &str, count: u64) -> OpDesc {
+        OpDesc { seq, coll_seq, kind: kind.into(), rank: None, count, dtype: "Float32".into(), op: Some("sum".into()) }
+    }
+
+    fn st(rank: u32, started: Option<OpDesc>, busy: bool) -> Option<RankStatus> {
+        Some(RankStatus { rank, pid: 100 + rank, host: "h".into(), finished: None, started, busy, waiting_ms: 61_000 })
+    }
+
+    #[test]
+    fn ranks_are_classified_against_the_waiting_operation() {
+        let r = desc(5, 5, "AllReduce", 1024);
+        let statuses = vec![
+            st(0, Some(r.clone()), true),
+            st(1, Some(desc(4, 4, "AllReduce", 1024)), false),
+            st(2, Some(desc(5, 5, "Broadcast", 1024)), true),
+            None,
+            st(4, Some(desc(5, 5, "AllReduce", 1024)), true),
+            st(5, None, false),
+        ];
+        let c = classify(Some(&r), &statuses);
+        use Standing::*;
+        assert_eq!(c, vec![Same, NeverArrived, Different, NoAnswer, Same, NeverArrived]);
+        let text = format_report(0xabc, 0, "waited 61.0 s", &statuses);
+        assert!(text.contains("never arrived: 1, 5; in a different operation: 2; no answer: 3"), "{text}");
+        assert!(text.contains("rank 0 waits in #5 AllReduce(count 1024, Float32, sum; collective #5)"), "{text}");
+        assert!(text.contains("rank 2: pid 102 on h; waiting 61.0 s in #5 Broadcast"), "{text}");
+        assert_eq!(text.lines().count(), 1 + statuses.len() + 1);
+    }
+
+    #[test]
+    fn p2p_waits_name_the_peer_that_is_idle() {
+        let r = OpDesc { seq: 3, coll_seq: 1, kind: "Send".into(), rank: Some(1), count: 8, dtype: "Int32".into(), op: None };
+        let c = classify(Some(&r), &[st(0, Some(r.clone()), true), st(1, None, false)]);
+        assert_eq!(c, vec![Standing::Same, Standing::NeverArrived]);
+        assert_eq!(r.to_string(), "#3 Send(count 8, Int32, to rank 1)");
+    }
+
+    #[test]
+    fn the_log_numbers_operations_and_tracks_waiting() {
+        let log = OpLog::new(0);
+        assert!(log.waiting().is_none());
+        let t = |kind| Task {
+            kind,
+            send: crate::backend::DevicePtr(8),
+            recv: crate::backend::DevicePtr(8),
+            count: 4,
+            dtype: crate::types::DataType::Float32,
+            op: ReduceOp::Sum,
+            stream: crate::backend::Stream(0),
+        };
+        log.started(&[t(CollKind::AllReduce), t(CollKind::Send { peer: 1 })]);
+        let s = log.status();
+        assert!(s.busy);
+        assert_eq!((s.started.as_ref().unwrap().seq, s.started.as_ref().unwrap().coll_seq), (2, 1));
+        assert!(log.waiting().is_some());
+        log.all_finished();
+        let s = log.status();
+        assert!(!s.busy);
+        assert_eq!(s.finished, s.started);
+    }
+}
