@@ -119,3 +119,14 @@ fn reports_on_request_and_by_signal() {
         assert!(o.stderr.contains("hang report received from rank 0"), "rank {}:\n{}", o.rank, o.stderr);
     }
 }
+
+#[test]
+fn abort_from_another_thread_ends_a_stuck_operation_at_once() {
+    let out = finish_all(spawn("fault-abort-stuck", 3, &[0, 1, 2], &ids_arg(&[new_id()]), &host()), LIMIT);
+    assert_all_ok(&out);
+    for o in &out[..2] {
+        let r = o.results().into_iter().find_map(|l| l.strip_prefix("abort-stuck ")).unwrap_or_else(|| panic!("{o:?}")).to_string();
+        let ms: Vec<u64> = r.split(' ').map(|v| v.parse().unwrap()).collect();
+        assert!(ms[0] < 1000 && ms[1] < 1000, "rank {}: abort took {} ms, the operation ended {} ms after it", o.rank, ms[0], ms[1]);
+    }
+}

@@ -393,10 +393,7 @@ impl Communicator {
                 let why = format!("{what} did not complete within the operation timeout ({:.1} s)", limit.as_secs_f64());
                 let report = self.report(&why).unwrap_or_else(|e| format!("(no report: {})", e.message));
                 let summary = report.lines().last().unwrap_or_default().trim().to_string();
-                return Err(Error::timeout(format!(
-                    "rank {}: {why}; {summary}. The communicator can now be aborted or shrunk",
-                    self.inner.rank
-                )));
+                return Err(Error::timeout(format!("{why}; {summary}. The communicator can now be aborted or shrunk")));
             }
         }
         if waited >= after && !self.inner.ops.reported_lately(after.max(waited)) {

@@ -45,6 +45,7 @@ fn main() {
         "fault-mismatch" => worker_faults::mismatch(nranks, rank, &ids),
         "fault-hang" => worker_faults::hang(nranks, rank, &ids),
         "fault-report" => worker_faults::report(nranks, rank, &ids),
+        "fault-abort-stuck" => worker_faults::abort_stuck(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {

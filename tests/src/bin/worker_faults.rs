@@ -12,6 +12,10 @@
 //!   log holds the hang reports). `HANG_MODE=timeout`: the others' operation ends with Timeout;
 //!   the absent rank's late call fails with Timeout too; then every rank shrinks the
 //!   communicator (excluding nobody) and runs an AllReduce on the new one.
+//! - `fault-abort-stuck`: rank `ABSENT` (the last) never calls; the others start an AllReduce
+//!   and another thread aborts the communicator 0.5 s later. The operation must end (the call
+//!   on the host backend, the stream on devices) and the abort return, each within 1 s:
+//!   `RESULT abort-stuck <abort ms> <end ms>`.
 //! - `fault-report`: rank 0 asks for a report through the Rust API and by the signal SIGUSR1
 //!   while the others wait in a barrier; every rank then destroys its communicator.
 
@@ -161,5 +165,40 @@ pub fn report(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     s.comm.barrier()?;
     s.comm.destroy()?;
     println!("RESULT report done");
+    Ok(())
+}
+
+pub fn abort_stuck(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    let s = setup(nranks, rank, ids)?;
+    hang_guard(rank, 30, "fault-abort-stuck");
+    if rank == nranks - 1 {
+        // Never calls; leaves once the others have aborted (they are seen to go).
+        let t0 = Instant::now();
+        while s.comm.async_error() == ResultCode::Success && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s.comm.abort()?;
+        println!("RESULT abort-stuck absent");
+        return Ok(());
+    }
+    let (abort_ms, end_ms) = std::thread::scope(|scope| {
+        let aborter = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(500));
+            let t0 = Instant::now();
+            let r = s.comm.abort();
+            (t0.elapsed().as_millis(), r)
+        });
+        let t0 = Instant::now();
+        let call = s.comm.all_reduce(s.x, s.y, COUNT, DataType::Float32, ReduceOp::Sum, s.stream);
+        let synced = s.be.synchronize(s.stream);
+        let end = t0.elapsed().as_millis();
+        let (abort_ms, r) = aborter.join().expect("aborter");
+        r.map(|_| (abort_ms, end.saturating_sub(500), call, synced))
+    })
+    .map(|(a, e, call, synced)| {
+        println!("NOTE call {call:?} synchronize {synced:?}");
+        (a, e)
+    })?;
+    println!("RESULT abort-stuck {abort_ms} {end_ms}");
     Ok(())
 }
