@@ -205,7 +205,8 @@ pub enum Standing {
     Different,
     /// Gave no answer: dead, gone, or unreachable.
     NoAnswer,
-    /// Idle and past it (a report asked for while nothing waits).
+    /// Idle and past it (it finished that operation, or a report was asked for while
+    /// nothing waits).
     Idle,
 }
 
@@ -229,6 +230,7 @@ pub fn classify(reference: Option<&OpDesc>, statuses: &[Option<RankStatus>]) -> 
             match started {
                 Some(s) if st.busy && s.same_collective(r) => Standing::Same,
                 Some(s) if !st.busy && s.coll_seq < r.coll_seq => Standing::NeverArrived,
+                Some(s) if !st.busy && s.coll_seq == r.coll_seq && s.same_collective(r) => Standing::Idle,
                 None => Standing::NeverArrived,
                 _ => Standing::Different,
             }
@@ -259,11 +261,11 @@ pub fn format_report(hash: u64, me: u32, why: &str, statuses: &[Option<RankStatu
             out += &format!("in no operation; last started {}", show(&st.started));
         }
         out += &format!("; last finished {}", show(&st.finished));
-        out += match standing {
-            Standing::Same => "",
-            Standing::NeverArrived => "  <- never arrived",
-            Standing::Different => "  <- in a different operation",
-            Standing::NoAnswer | Standing::Idle => "",
+        out += match (standing, reference) {
+            (Standing::NeverArrived, _) => "  <- never arrived",
+            (Standing::Different, _) => "  <- in a different operation",
+            (Standing::Idle, Some(_)) => "  <- finished it",
+            _ => "",
         };
     }
     if reference.is_some() {
@@ -341,10 +343,13 @@ fn install_signal_once() {
 
 impl Communicator {
     /// Wires the op log to the bootstrap (status answers, peers' reports); after init.
-    pub(super) fn attach_health(inner: &Inner) {
+    pub(super) fn attach_health(inner: &Arc<Inner>) {
         let Some(bs) = inner.bootstrap.get() else { return };
-        let log = Arc::clone(&inner.ops);
-        bs.set_status_provider(Box::new(move || serde_json::to_vec(&log.status()).unwrap_or_default()));
+        let weak = Arc::downgrade(inner);
+        bs.set_status_provider(Box::new(move || {
+            let status = weak.upgrade().map(|inner| Communicator { inner }.fresh_status());
+            status.map(|s| serde_json::to_vec(&s).unwrap_or_default()).unwrap_or_default()
+        }));
         let log = Arc::clone(&inner.ops);
         let (hash, rank) = (inner.comm_hash, inner.rank);
         bs.set_report_handler(Box::new(move |from, text| {
@@ -361,8 +366,17 @@ impl Communicator {
         let bs = self.ready("hang_report")?;
         let mut all: Vec<Option<RankStatus>> =
             bs.query_status(GATHER_WAIT).into_iter().map(|a| a.and_then(|b| serde_json::from_slice(&b).ok())).collect();
-        all[self.inner.rank as usize] = Some(self.inner.ops.status());
+        all[self.inner.rank as usize] = Some(self.fresh_status());
         Ok(all)
+    }
+
+    /// This rank's status, after looking whether device work still marked as running has
+    /// completed meanwhile (the watchdog looks only every few milliseconds).
+    fn fresh_status(&self) -> RankStatus {
+        if self.inner.ops.status().busy {
+            let _ = self.device_completed();
+        }
+        self.inner.ops.status()
     }
 
     /// Builds a hang report of this communicator now (gathered from every rank), logs it,
@@ -434,14 +448,16 @@ mod tests {
             None,
             st(4, Some(desc(5, 5, "AllReduce", 1024)), true),
             st(5, None, false),
+            st(6, Some(desc(5, 5, "AllReduce", 1024)), false),
         ];
         let c = classify(Some(&r), &statuses);
         use Standing::*;
-        assert_eq!(c, vec![Same, NeverArrived, Different, NoAnswer, Same, NeverArrived]);
+        assert_eq!(c, vec![Same, NeverArrived, Different, NoAnswer, Same, NeverArrived, Idle]);
         let text = format_report(0xabc, 0, "waited 61.0 s", &statuses);
         assert!(text.contains("never arrived: 1, 5; in a different operation: 2; no answer: 3"), "{text}");
         assert!(text.contains("rank 0 waits in #5 AllReduce(count 1024, Float32, sum; collective #5)"), "{text}");
         assert!(text.contains("rank 2: pid 102 on h; waiting 61.0 s in #5 Broadcast"), "{text}");
+        assert!(text.contains("rank 6: pid 106 on h; in no operation; last started #5 AllReduce(count 1024, Float32, sum; collective #5); last finished none  <- finished it"), "{text}");
         assert_eq!(text.lines().count(), 1 + statuses.len() + 1);
     }
 

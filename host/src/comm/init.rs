@@ -196,7 +196,7 @@ impl Communicator {
 }
 
 /// The body of init: bootstrap, then publish the result in the state.
-fn run_init(inner: &Inner, ids: &[UniqueId]) {
+fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
     let _g = crate::log::rank_scope(inner.rank as i32);
     let req = JoinRequest { ids, nranks: inner.nranks, rank: inner.rank, device: inner.device };
     let result = Bootstrap::init(&req, Arc::clone(&inner.stop)).and_then(|bs| {

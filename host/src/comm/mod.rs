@@ -528,19 +528,28 @@ impl Communicator {
     /// Whether the device work launched so far has completed (then the op log says so), and
     /// the hang report and timeout of work that has not.
     fn device_health(&self) -> Result<()> {
-        if self.inner.ops.status().busy {
-            let event = self.device_cache().exec.last_event();
-            let done = match event {
-                Some(ev) => self.inner.shared.backend.query_event(ev).unwrap_or(false),
-                None => true,
-            };
-            if done {
-                self.inner.ops.all_finished();
-                return Ok(());
-            }
+        if self.inner.ops.status().busy && !self.device_completed() {
             self.check_op_health()?;
         }
         Ok(())
+    }
+
+    /// Whether the device work launched so far has completed; if so the op log says so.
+    fn device_completed(&self) -> bool {
+        let done = {
+            let cache = self.device_cache();
+            if !cache.exec.watching {
+                return false;
+            }
+            match cache.exec.last_event() {
+                Some(ev) => self.inner.shared.backend.query_event(ev).unwrap_or(false),
+                None => true,
+            }
+        };
+        if done {
+            self.inner.ops.all_finished();
+        }
+        done
     }
 
     /// Waits until this communicator's device work has completed; a failure found meanwhile
