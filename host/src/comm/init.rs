@@ -172,6 +172,7 @@ impl Communicator {
             transports: Mutex::new(Default::default()),
             broken: Mutex::new(None),
             device_cache: Mutex::new(Default::default()),
+            jobs: Default::default(),
         });
         let ids = ids.to_vec();
         let job = {

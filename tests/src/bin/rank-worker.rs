@@ -5,6 +5,7 @@
 
 mod worker_coll;
 mod worker_graph;
+mod worker_nonblocking;
 mod worker_streams;
 
 use std::io::BufRead;
@@ -41,6 +42,9 @@ fn main() {
         "coll-graph" => worker_graph::graph(nranks, rank, &ids),
         "coll-streams" => worker_streams::streams(nranks, rank, &ids),
         "coll-peer-death" => worker_streams::peer_death(nranks, rank, &ids),
+        "nb-ops" => worker_nonblocking::ops(nranks, rank, &ids),
+        "nb-stuck" => worker_nonblocking::stuck(nranks, rank, &ids),
+        "nb-mixed" => worker_nonblocking::mixed(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
