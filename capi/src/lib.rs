@@ -4,7 +4,9 @@
 //!
 //! With `RUSTCCL_BACKEND=host` the whole API runs on host memory: buffers are ordinary host
 //! pointers, the stream argument is ignored (NULL is fine), and an operation has completed when
-//! its call (or the outermost `ncclGroupEnd`) returns.
+//! its call (or the outermost `ncclGroupEnd`) returns; on a non-blocking communicator that call
+//! returns `ncclInProgress` and the operation has completed once `ncclCommGetAsyncError` no
+//! longer says `ncclInProgress`.
 
 mod buffers;
 mod comm_api;

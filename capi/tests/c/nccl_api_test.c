@@ -23,7 +23,20 @@ static int passed = 0, failed = 0, rank = 0, nranks = 1;
     }                                                                 \
   } while (0)
 
-#define OK(call) CHECK((call) == ncclSuccess, "%s -> %s (%s)", #call, "error", ncclGetLastError(NULL))
+/* The communicator under test is non-blocking: its operations return ncclInProgress and
+ * complete in the background. settle() waits for that, as an NCCL caller would. */
+static ncclComm_t nonblocking = NULL;
+
+static ncclResult_t settle(ncclResult_t r) {
+  if (r != ncclInProgress || nonblocking == NULL) return r;
+  ncclResult_t st = ncclInProgress;
+  while (st == ncclInProgress) {
+    if (ncclCommGetAsyncError(nonblocking, &st) != ncclSuccess) return ncclInternalError;
+  }
+  return st;
+}
+
+#define OK(call) CHECK(settle(call) == ncclSuccess, "%s -> %s (%s)", #call, "error", ncclGetLastError(NULL))
 
 static float* fbuf(size_t n) { return (float*)calloc(n, sizeof(float)); }
 
@@ -202,6 +215,7 @@ int main(void) {
   CHECK(count == nranks && me == rank && dev == 0, "count %d rank %d dev %d", count, me, dev);
   CHECK(ncclCommCount(comm, NULL) == ncclInvalidArgument, "NULL count");
 
+  nonblocking = comm;
   test_collectives(comm);
 
   /* Split by parity, key reverses the order. */
@@ -217,8 +231,10 @@ int main(void) {
   OK(ncclCommUserRank(half, &hr));
   CHECK(hn == (nranks + 1 - rank % 2) / 2, "split size %d", hn);
   float x = 1.0f;
+  nonblocking = half;
   OK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, half, NULL));
   CHECK(x == (float)hn, "all-reduce on the split comm %f", x);
+  nonblocking = comm;
   OK(ncclCommDestroy(half));
   ncclComm_t none = (ncclComm_t)1;
   OK(ncclCommSplit(comm, NCCL_SPLIT_NOCOLOR, 0, &none, NULL));

@@ -2,10 +2,14 @@
 //! group are queued and run together at the end of the outermost one, across every
 //! communicator they were called on (several ranks of one process in one group work, because
 //! one executor progresses all of them at once). Outside a group an operation is a group of one.
+//!
+//! A group of non-blocking communicators (`blocking = 0`) is handed to a background job
+//! ([`super::background`]) and its end (the call, outside a group) returns `InProgress`; as in
+//! NCCL, one group cannot hold both blocking and non-blocking communicators.
 
 use std::cell::RefCell;
 
-use super::{exec, plan, Task};
+use super::{background, exec, plan, Task};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 
@@ -16,6 +20,8 @@ struct GroupState {
     /// The first operation refused inside the group: the group then runs nothing and its
     /// end returns this error (a group's operations succeed or fail together).
     error: Option<Error>,
+    /// Whether the group's communicators are blocking (set by its first operation).
+    blocking: Option<bool>,
 }
 
 thread_local! {
@@ -40,6 +46,7 @@ fn leave(what: &str) -> Result<Option<Vec<(Communicator, Task)>>> {
             return Ok(None);
         }
         let tasks = std::mem::take(&mut g.tasks);
+        g.blocking = None;
         match g.error.take() {
             Some(e) => Err(e.context(format!("{what}: an operation in the group was refused, so none ran"))),
             None => Ok(Some(tasks)),
@@ -58,10 +65,11 @@ pub(crate) fn fail(e: &Error) {
 }
 
 /// `ncclGroupEnd`: at the outermost level, runs every queued operation and returns when all
-/// have completed.
+/// have completed; or, for non-blocking communicators, queues them as a background job and
+/// returns `InProgress`.
 pub fn group_end() -> Result<()> {
     match leave("group_end")? {
-        Some(tasks) if !tasks.is_empty() => run(tasks),
+        Some(tasks) if !tasks.is_empty() => start(tasks),
         _ => Ok(()),
     }
 }
@@ -77,22 +85,59 @@ pub fn group_simulate_end() -> Result<f32> {
     Ok(total)
 }
 
-/// Queues a task, or runs it at once outside a group.
+/// Queues a task, or starts it at once outside a group.
 pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
+    let blocking = comm.config().blocking;
     let queued = GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        if g.depth > 0 {
-            g.tasks.push((comm.handle(), task.clone()));
-            true
-        } else {
-            false
+        if g.depth == 0 {
+            return Ok(false);
         }
-    });
+        if *g.blocking.get_or_insert(blocking) != blocking {
+            let e = Error::invalid_usage(format!(
+                "{}: blocking and non-blocking communicators cannot be in one group (this one is {}, the group's first is {}); \
+                 end the group first, or give the communicators the same config.blocking",
+                task.kind.name(),
+                if blocking { "blocking" } else { "non-blocking" },
+                if blocking { "non-blocking" } else { "blocking" },
+            ));
+            g.error.get_or_insert_with(|| e.clone());
+            return Err(e);
+        }
+        g.tasks.push((comm.handle(), task.clone()));
+        Ok(true)
+    })?;
     if queued {
         Ok(())
     } else {
-        run(vec![(comm.handle(), task)])
+        start(vec![(comm.handle(), task)])
     }
+}
+
+/// Runs the tasks of a group that ended: here, or, for non-blocking communicators, as a
+/// background job (then `InProgress`).
+fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
+    // Every communicator of a group is blocking, or every one is not (checked as queued).
+    if tasks[0].0.config().blocking {
+        return run(tasks);
+    }
+    let mut comms: Vec<Communicator> = Vec::new();
+    for (c, _) in &tasks {
+        if !comms.iter().any(|k| k.same_as(c)) {
+            comms.push(c.handle());
+        }
+    }
+    // An earlier job that failed left the communicator unusable, as its asynchronous error
+    // says: refuse at once rather than queue behind it.
+    for c in &comms {
+        if let Some(e) = c.background_jobs().error() {
+            return Err(c.record_error(e.context("an earlier non-blocking operation on this communicator failed (see async_error; abort it)")));
+        }
+    }
+    background::launch(comms, move || run(tasks));
+    Err(Error::in_progress(
+        "the operations were queued on a non-blocking communicator; poll async_error until it is no longer InProgress",
+    ))
 }
 
 /// Plans, connects and runs tasks, grouped by communicator in call order.

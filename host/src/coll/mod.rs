@@ -6,8 +6,16 @@
 //!
 //! On the host backend an operation has completed when its call (or the outermost
 //! `group_end`) returns; the stream argument orders nothing more.
+//!
+//! On a non-blocking communicator (`CommConfig::blocking = 0`) an operation outside a group,
+//! and the end of a group, return `Err` with code `InProgress` (NCCL's `ncclInProgress`)
+//! instead: the work runs in the background ([`background`]), after any still queued on the
+//! same communicator. The caller polls [`Communicator::async_error`] until it is no longer
+//! `InProgress` (or blocks in [`Communicator::wait_idle`]) before it reads the results; it
+//! may abort stuck work from the same thread. Argument errors are still returned at once.
 
 pub mod check;
+pub mod background;
 pub mod device;
 pub mod exec;
 pub mod group;
@@ -150,7 +158,7 @@ impl Communicator {
             group::fail(&e);
             return Err(self.record_error(e));
         }
-        group::enqueue(self, task).map_err(|e| self.record_error(e))
+        group::enqueue(self, task).map_err(|e| if e.code == crate::error::ResultCode::InProgress { e } else { self.record_error(e) })
     }
 
     /// `ncclAllReduce`.

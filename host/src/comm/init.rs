@@ -173,6 +173,7 @@ impl Communicator {
             broken: Mutex::new(None),
             device_cache: Mutex::new(Default::default()),
             ops: Arc::new(super::health::OpLog::new(rank as u32)),
+            jobs: Default::default(),
         });
         super::health::register(&inner);
         let ids = ids.to_vec();

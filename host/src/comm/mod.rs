@@ -84,6 +84,8 @@ struct Inner {
     device_cache: Mutex<DeviceCache>,
     /// The operations started and finished (hang reports, timeouts).
     ops: Arc<health::OpLog>,
+    /// Operations queued or running in the background (non-blocking communicators).
+    jobs: crate::coll::background::CommJobs,
 }
 
 /// One rank's communicator.
@@ -187,7 +189,7 @@ impl Communicator {
     /// `ncclCommGetAsyncError`: `InProgress` while a non-blocking init runs, then `Success`
     /// or the error that ended it; a peer's failure shows here as `RemoteError`.
     pub fn async_error(&self) -> ResultCode {
-        if matches!(&*self.lock_state(), State::InProgress) {
+        if matches!(&*self.lock_state(), State::InProgress) || self.inner.jobs.busy() {
             return ResultCode::InProgress;
         }
         self.async_error_detail().map_or(ResultCode::Success, |e| e.code)
@@ -200,6 +202,9 @@ impl Communicator {
             State::Failed(e) => return Some(e.clone()),
         }
         if let Some(e) = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Some(e);
+        }
+        if let Some(e) = self.inner.jobs.error() {
             return Some(e);
         }
         self.inner.bootstrap.get().and_then(|b| b.failure())
@@ -310,11 +315,23 @@ impl Communicator {
     }
 
     /// `ncclCommFinalize`: completes outstanding work; afterwards only destroy is allowed.
+    /// On a non-blocking communicator with operations still queued it returns `InProgress`
+    /// at once, and [`async_error`](Self::async_error) says when it has completed.
     pub fn finalize(&self) -> Result<()> {
         self.ready("finalize")?;
         if self.inner.finalized.swap(true, Ordering::AcqRel) {
             return self.fail(Error::invalid_argument("finalize: the communicator was already finalized"));
         }
+        if !self.inner.config.blocking && self.inner.jobs.busy() {
+            // Non-blocking with operations queued: finalize completes behind them.
+            let comm = self.handle();
+            crate::coll::background::launch(vec![self.handle()], move || comm.finish_finalize());
+            return Err(Error::in_progress("finalize: queued operations are completing; poll async_error"));
+        }
+        self.finish_finalize()
+    }
+
+    fn finish_finalize(&self) -> Result<()> {
         // Outstanding device work completes (a failure stops it through the watchdog).
         if let Err(e) = self.wait_device_idle() {
             return self.fail(e.context("finalize"));
@@ -328,6 +345,8 @@ impl Communicator {
     /// `ncclCommDestroy`: releases the communicator; peers are told, so they do not take
     /// this for a failure. A second destroy is an invalid argument.
     pub fn destroy(&self) -> Result<()> {
+        // Queued operations (non-blocking) complete first.
+        self.inner.jobs.wait_idle(None);
         if self.inner.destroyed.swap(true, Ordering::AcqRel) {
             return self.fail(Error::invalid_argument("destroy: the communicator has already been destroyed"));
         }
@@ -352,6 +371,7 @@ impl Communicator {
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(false);
         }
+        self.stop_background_jobs();
         let _ = self.wait_ready();
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(false);
@@ -364,6 +384,10 @@ impl Communicator {
 
 /// What the collective machinery needs from a communicator.
 impl Communicator {
+    pub(crate) fn background_jobs(&self) -> &crate::coll::background::CommJobs {
+        &self.inner.jobs
+    }
+
     pub(crate) fn handle(&self) -> Communicator {
         Communicator { inner: Arc::clone(&self.inner) }
     }

@@ -6,6 +6,7 @@
 mod worker_coll;
 mod worker_faults;
 mod worker_graph;
+mod worker_nonblocking;
 mod worker_streams;
 
 use std::io::BufRead;
@@ -46,6 +47,9 @@ fn main() {
         "fault-hang" => worker_faults::hang(nranks, rank, &ids),
         "fault-report" => worker_faults::report(nranks, rank, &ids),
         "fault-abort-stuck" => worker_faults::abort_stuck(nranks, rank, &ids),
+        "nb-ops" => worker_nonblocking::ops(nranks, rank, &ids),
+        "nb-stuck" => worker_nonblocking::stuck(nranks, rank, &ids),
+        "nb-mixed" => worker_nonblocking::mixed(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
