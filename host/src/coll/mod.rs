@@ -21,6 +21,30 @@ use crate::types::{DataType, RedOp};
 
 pub use group::{group_end, group_start, group_simulate_end};
 
+/// The bytes of `count` elements of `dtype`, `times` over (the ranks of an AllGather output or
+/// a ReduceScatter input); an invalid argument when that is more than any buffer can hold
+/// (it overflows, or exceeds `isize::MAX`, the most one allocation can have).
+pub fn checked_bytes(what: &str, count: usize, dtype: DataType, times: usize) -> Result<usize> {
+    count
+        .checked_mul(dtype.size())
+        .and_then(|b| b.checked_mul(times))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            let ranks = if times == 1 { String::new() } else { format!(" x {times} ranks") };
+            Error::invalid_argument(format!(
+                "{what}: count {count} of {dtype} ({} bytes each){ranks} is more bytes than a buffer can hold; check the count argument",
+                dtype.size()
+            ))
+        })
+}
+
+/// Cancels the current group (if the calling thread is inside one) because one of its
+/// operations was refused before reaching [`Communicator`] (for example by the C API, which
+/// checks data types and operators itself): the group's end returns the error and runs nothing.
+pub fn cancel_group(e: &Error) {
+    group::fail(e);
+}
+
 /// A reduction operator, as a caller gives it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceOp {
@@ -97,12 +121,16 @@ pub struct Task {
 }
 
 impl Communicator {
+    /// Refuses an operation: records the error and, inside a group, cancels the group.
+    fn refuse(&self, e: Error) -> Error {
+        group::fail(&e);
+        self.record_error(e)
+    }
+
     fn check_rank_arg(&self, r: i32, what: &str, name: &str) -> Result<u32> {
         let n = self.nranks_unchecked();
         if r < 0 || r as u32 >= n {
-            let e = Error::invalid_argument(format!("{what}: {name} {r} is out of range for {n} ranks"));
-            group::fail(&e);
-            return Err(e);
+            return Err(self.refuse(Error::invalid_argument(format!("{what}: {name} {r} is out of range for {n} ranks"))));
         }
         Ok(r as u32)
     }
@@ -119,6 +147,11 @@ impl Communicator {
     fn submit(&self, task: Task) -> Result<()> {
         let what = task.kind.name();
         let checked = self.check_collective_ready(what).and_then(|_| {
+            let times = match task.kind {
+                CollKind::AllGather | CollKind::ReduceScatter => self.nranks_unchecked() as usize,
+                _ => 1,
+            };
+            checked_bytes(what, task.count, task.dtype, times)?;
             let me = self.rank_unchecked();
             // Buffers a rank does not use may be NULL: the receive buffer of Send, the send
             // buffer of Recv, a non-root's send buffer in Broadcast and receive buffer in Reduce.
@@ -146,8 +179,7 @@ impl Communicator {
             Ok(())
         });
         if let Err(e) = checked {
-            group::fail(&e);
-            return Err(self.record_error(e));
+            return Err(self.refuse(e));
         }
         group::enqueue(self, task).map_err(|e| self.record_error(e))
     }
@@ -159,14 +191,14 @@ impl Communicator {
 
     /// `ncclBroadcast`.
     pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
-        let root = self.check_root(root, "Broadcast").map_err(|e| self.record_error(e))?;
+        let root = self.check_root(root, "Broadcast")?;
         self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclReduce`.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, stream: Stream) -> Result<()> {
-        let root = self.check_root(root, "Reduce").map_err(|e| self.record_error(e))?;
+        let root = self.check_root(root, "Reduce")?;
         self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream })
     }
 
@@ -182,19 +214,20 @@ impl Communicator {
 
     /// `ncclSend`.
     pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
-        let peer = self.check_peer(peer, "Send").map_err(|e| self.record_error(e))?;
+        let peer = self.check_peer(peer, "Send")?;
         self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclRecv`.
     pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
-        let peer = self.check_peer(peer, "Recv").map_err(|e| self.record_error(e))?;
+        let peer = self.check_peer(peer, "Recv")?;
         self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).
     pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, stream: Stream) -> Result<()> {
         let n = self.nranks_unchecked() as usize;
+        checked_bytes("AlltoAll", count, dtype, n).map_err(|e| self.refuse(e))?;
         let counts = vec![count; n];
         let displs: Vec<usize> = (0..n).map(|i| i * count).collect();
         self.all_to_allv(send, &counts, &displs, recv, &counts, &displs, dtype, stream)
@@ -217,15 +250,28 @@ impl Communicator {
     ) -> Result<()> {
         let n = self.nranks_unchecked() as usize;
         if [send_counts.len(), send_displs.len(), recv_counts.len(), recv_displs.len()].iter().any(|&l| l != n) {
-            return Err(self.record_error(Error::invalid_argument(format!(
+            return Err(self.refuse(Error::invalid_argument(format!(
                 "AlltoAllv: counts and displacements need one entry per rank ({n})"
             ))));
         }
-        let e = dtype.size();
+        // Each block's end (displacement + count) must be a byte offset a buffer can have.
+        let offsets = |counts: &[usize], displs: &[usize]| -> Result<Vec<usize>> {
+            (0..n)
+                .map(|p| {
+                    let end = displs[p].checked_add(counts[p]).unwrap_or(usize::MAX);
+                    checked_bytes("AlltoAllv", end, dtype, 1)?;
+                    Ok(displs[p] * dtype.size())
+                })
+                .collect()
+        };
+        let (send_off, recv_off) = match offsets(send_counts, send_displs).and_then(|s| Ok((s, offsets(recv_counts, recv_displs)?))) {
+            Ok(o) => o,
+            Err(e) => return Err(self.refuse(e)),
+        };
         group_start();
         let result = (0..n).try_for_each(|peer| {
-            self.send(send.offset(send_displs[peer] * e), send_counts[peer], dtype, peer as i32, stream)?;
-            self.recv(recv.offset(recv_displs[peer] * e), recv_counts[peer], dtype, peer as i32, stream)
+            self.send(send.offset(send_off[peer]), send_counts[peer], dtype, peer as i32, stream)?;
+            self.recv(recv.offset(recv_off[peer]), recv_counts[peer], dtype, peer as i32, stream)
         });
         let end = group_end();
         result.and(end)
@@ -233,8 +279,9 @@ impl Communicator {
 
     /// `ncclGather`: every rank's `count` elements to `root`, in rank order.
     pub fn gather(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
-        let root_u = self.check_root(root, "Gather").map_err(|e| self.record_error(e))?;
+        let root_u = self.check_root(root, "Gather")?;
         let me = self.rank_unchecked();
+        checked_bytes("Gather", count, dtype, self.nranks_unchecked() as usize).map_err(|e| self.refuse(e))?;
         let e = count * dtype.size();
         group_start();
         let mut result = self.send(send, count, dtype, root, stream);
@@ -247,8 +294,9 @@ impl Communicator {
 
     /// `ncclScatter`: block `i` of `root`'s buffer to rank `i`.
     pub fn scatter(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
-        let root_u = self.check_root(root, "Scatter").map_err(|e| self.record_error(e))?;
+        let root_u = self.check_root(root, "Scatter")?;
         let me = self.rank_unchecked();
+        checked_bytes("Scatter", count, dtype, self.nranks_unchecked() as usize).map_err(|e| self.refuse(e))?;
         let e = count * dtype.size();
         group_start();
         let mut result = Ok(());
