@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 fn target_dir() -> PathBuf {
@@ -14,8 +15,20 @@ fn target_dir() -> PathBuf {
 }
 
 /// Lays the built library out as an installed `libnccl.so.2` (programs load it by its
-/// soname) in a folder of this test's own, and compiles `tests/c/<name>.c` against it.
+/// soname) in a folder of this test's own, and compiles `tests/c/<name>.c` against it (once
+/// per test process: tests running in parallel share it).
 fn build(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
+        return exe.clone();
+    }
+    let exe = compile(name);
+    built.push((name.to_string(), exe.clone()));
+    exe
+}
+
+fn compile(name: &str) -> PathBuf {
     let dir = target_dir();
     let lib = [dir.join("libnccl.so"), dir.join("deps/libnccl.so")]
         .into_iter()
@@ -93,6 +106,16 @@ fn abort_destroy_and_finalize_racing_collectives_never_crash() {
     // Two processes at once, 500 rounds each: 1000 rounds of one-rank communicators.
     let children = (0..2).map(|_| spawn(&exe, &["500"], &[])).collect();
     expect_clean(children, Duration::from_secs(120), "race_test");
+}
+
+#[test]
+fn abort_during_a_two_rank_collective_ends_the_peers_collective_with_an_error() {
+    let exe = build("race_test");
+    let ids: Vec<String> = (0..20).map(|_| rustccl::get_unique_id().unwrap().to_hex()).collect();
+    let ids = ids.join(",");
+    let children =
+        (0..2).map(|rank| spawn(&exe, &["pair"], &[("RANK", rank.to_string()), ("NCCL_TEST_IDS", ids.clone())])).collect();
+    expect_clean(children, Duration::from_secs(120), "race_test pair");
 }
 
 #[test]

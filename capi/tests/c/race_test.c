@@ -2,7 +2,12 @@
  * RUSTCCL_BACKEND=host). Each round makes a one-rank communicator, runs an AllReduce on it,
  * then starts AllReduces on one thread while another thread (or two) aborts, destroys or
  * finalizes it. Nothing may crash or hang, and every call must return one of the codes its
- * documentation allows. argv[1]: the number of rounds. Prints "N passed, M failed". */
+ * documentation allows. argv[1]: the number of rounds. Prints "N passed, M failed".
+ *
+ * With argv[1] "pair", it is one of two processes (RANK 0 or 1; NCCL_TEST_IDS: one unique id
+ * in hex per round, comma-separated) sharing a two-rank communicator per round: both run
+ * AllReduces on it while rank 0 aborts it from another thread; rank 1's AllReduces must end
+ * with an error (the peer is gone), not hang. */
 #include "nccl.h"
 
 #include <pthread.h>
@@ -82,7 +87,54 @@ static void* second_destroy(void* arg) {
   return NULL;
 }
 
+static void hex_to_id(const char* hex, ncclUniqueId* id) {
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+    unsigned v;
+    sscanf(hex + 2 * i, "%2x", &v);
+    id->internal[i] = (char)v;
+  }
+}
+
+static int pair(void) {
+  int rank = atoi(getenv("RANK"));
+  const char* ids = getenv("NCCL_TEST_IDS");
+  int rounds = (int)((strlen(ids) + 1) / (2 * NCCL_UNIQUE_ID_BYTES + 1));
+  for (int i = 0; i < rounds; i++) {
+    struct round r;
+    memset(&r, 0, sizeof r);
+    r.index = i;
+    r.kind = ABORT;
+    ncclUniqueId id;
+    hex_to_id(ids + i * (2 * NCCL_UNIQUE_ID_BYTES + 1), &id);
+    ncclResult_t res = ncclCommInitRank(&r.comm, 2, id, rank);
+    check(res == ncclSuccess, "ncclCommInitRank", i, res);
+    if (res != ncclSuccess) break;
+    for (int k = 0; k < 256; k++) r.buf[k] = 1.0f;
+    res = ncclAllReduce(r.buf, r.buf, 256, ncclFloat, ncclSum, r.comm, NULL);
+    check(res == ncclSuccess && r.buf[0] == 2.0f, "first ncclAllReduce", i, res);
+    if (rank == 0) {
+      pthread_t a, b;
+      pthread_create(&a, NULL, collectives, &r);
+      pthread_create(&b, NULL, ender, &r);
+      pthread_join(a, NULL);
+      pthread_join(b, NULL);
+    } else {
+      /* Runs until the peer's abort ends an AllReduce: it must end with an error. */
+      for (;;) {
+        res = ncclAllReduce(r.buf, r.buf, 256, ncclFloat, ncclSum, r.comm, NULL);
+        if (res != ncclSuccess) break;
+      }
+      check(res == ncclRemoteError || res == ncclInvalidUsage, "ncclAllReduce with the peer aborting", i, res);
+      res = ncclCommAbort(r.comm);
+      check(res == ncclSuccess, "ncclCommAbort after the peer's", i, res);
+    }
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "pair") == 0) return pair();
   int rounds = argc > 1 ? atoi(argv[1]) : 1000;
   for (int i = 0; i < rounds; i++) {
     struct round r;
