@@ -254,20 +254,23 @@ impl Communicator {
                 "AlltoAllv: counts and displacements need one entry per rank ({n})"
             ))));
         }
-        // Each block's end (displacement + count) must be a byte offset a buffer can have.
-        let offsets = |counts: &[usize], displs: &[usize]| -> Result<Vec<usize>> {
+        // Each block must end at a byte offset a buffer can have.
+        let offsets = |side: &str, counts: &[usize], displs: &[usize]| -> Result<Vec<usize>> {
             (0..n)
                 .map(|p| {
-                    let end = displs[p].checked_add(counts[p]).unwrap_or(usize::MAX);
-                    checked_bytes("AlltoAllv", end, dtype, 1)?;
+                    let end = displs[p].checked_add(counts[p]).and_then(|e| e.checked_mul(dtype.size()));
+                    if end.is_none_or(|e| e > isize::MAX as usize) {
+                        return Err(Error::invalid_argument(format!(
+                            "AlltoAllv: {side} block {p} (displacement {} + count {} elements of {dtype}) ends beyond any buffer; check the counts and displacements",
+                            displs[p], counts[p]
+                        )));
+                    }
                     Ok(displs[p] * dtype.size())
                 })
                 .collect()
         };
-        let (send_off, recv_off) = match offsets(send_counts, send_displs).and_then(|s| Ok((s, offsets(recv_counts, recv_displs)?))) {
-            Ok(o) => o,
-            Err(e) => return Err(self.refuse(e)),
-        };
+        let both = offsets("send", send_counts, send_displs).and_then(|s| Ok((s, offsets("receive", recv_counts, recv_displs)?)));
+        let (send_off, recv_off) = both.map_err(|e| self.refuse(e))?;
         group_start();
         let result = (0..n).try_for_each(|peer| {
             self.send(send.offset(send_off[peer]), send_counts[peer], dtype, peer as i32, stream)?;
@@ -308,5 +311,20 @@ impl Communicator {
         }
         let end = group_end();
         result.and(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_that_overflow_or_exceed_isize_are_refused() {
+        assert_eq!(checked_bytes("t", 10, DataType::Float32, 3).unwrap(), 120);
+        let e = checked_bytes("AllGather", usize::MAX / 4 + 2, DataType::Float32, 1).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::InvalidArgument);
+        assert!(e.message.contains("count") && e.message.contains("float32") && e.message.contains("4 bytes"), "{}", e.message);
+        assert!(checked_bytes("t", usize::MAX / 16, DataType::Float64, 2).is_err(), "x ranks overflows");
+        assert!(checked_bytes("t", (isize::MAX as usize) / 8 + 1, DataType::Float64, 1).is_err(), "beyond isize::MAX");
     }
 }
