@@ -2,12 +2,12 @@
 
 use std::os::raw::{c_int, c_void};
 
-use rustccl::backend::{DevicePtr, Stream};
+use rustccl::backend::{BackendKind, DevicePtr, Stream};
 use rustccl::types::{DataType, RedOp};
 use rustccl::{Error, ReduceOp, Scalar};
 
-use crate::handles::{self, CComm, CommHandle};
-use crate::{buffers, guard, nccl_api, NcclResult, NcclSimInfo, SIM_INFO_MAGIC};
+use crate::handles::{self, CComm, CommHandle, UserOp};
+use crate::{buffers, guard, guard_comm, guard_op, nccl_api, NcclResult, NcclSimInfo, SIM_INFO_MAGIC};
 
 /// `ncclScalarResidence_t`.
 const SCALAR_DEVICE: c_int = 0;
@@ -17,17 +17,33 @@ fn dtype(v: c_int, what: &str) -> Result<DataType, Error> {
     DataType::from_i32(v).ok_or_else(|| Error::invalid_argument(format!("{what}: invalid data type {v}")))
 }
 
-fn op(c: &CComm, v: c_int, what: &str) -> Result<ReduceOp, Error> {
+/// The operator `v` for an operation on `t`: a built-in one, or a PreMulSum made on this
+/// communicator for `t`.
+fn op(c: &CComm, v: c_int, t: DataType, what: &str) -> Result<ReduceOp, Error> {
     Ok(match RedOp::from_i32(v) {
         Some(RedOp::Sum) => ReduceOp::Sum,
         Some(RedOp::Prod) => ReduceOp::Prod,
         Some(RedOp::Max) => ReduceOp::Max,
         Some(RedOp::Min) => ReduceOp::Min,
         Some(RedOp::Avg) => ReduceOp::Avg,
-        _ => *c.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&v).ok_or_else(|| {
-            Error::invalid_argument(format!("{what}: invalid reduction operator {v} (not built in, and not made by ncclRedOpCreatePreMulSum on this communicator)"))
-        })?,
+        _ => {
+            let user = *c.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&v).ok_or_else(|| {
+                Error::invalid_argument(format!("{what}: invalid reduction operator {v} (not built in, and not made by ncclRedOpCreatePreMulSum on this communicator)"))
+            })?;
+            if user.dtype != t {
+                return Err(Error::invalid_argument(format!(
+                    "{what}: reduction operator {v} was made by ncclRedOpCreatePreMulSum for {}, not for this operation's {t}",
+                    user.dtype
+                )));
+            }
+            user.op
+        }
     })
+}
+
+/// The bytes of `count` elements of `t`, `times` over; an invalid argument when that overflows.
+fn bytes(what: &str, count: usize, t: DataType, times: usize) -> Result<usize, Error> {
+    rustccl::coll::checked_bytes(what, count, t, times)
 }
 
 fn ptr(p: *const c_void) -> DevicePtr {
@@ -61,33 +77,63 @@ fn with_op_buffers(
 }
 
 fn with_ranges(c: &CComm, ranges: Vec<(usize, usize)>, f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    if c.comm.backend().kind() == BackendKind::Host {
+        for &(p, b) in &ranges {
+            check_mapped(p, b)?;
+        }
+    }
     let r = buffers::prepare(c.comm.backend(), &ranges).and_then(|_| f());
     buffers::finish();
     r
+}
+
+/// On the host backend a buffer is host memory of this process, and the host backend runs
+/// on whatever range it is given: a range that is not mapped memory (a count larger than the
+/// buffer, a range past the end of the address space) is refused here rather than read.
+fn check_mapped(p: usize, bytes: usize) -> Result<(), Error> {
+    if p == 0 || bytes == 0 {
+        return Ok(());
+    }
+    let refuse = || {
+        Error::invalid_argument(format!(
+            "the buffer at {p:#x} of {bytes} bytes is not memory of this process (is the count larger than the buffer?)"
+        ))
+    };
+    let end = p.checked_add(bytes).ok_or_else(refuse)?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let start = p - p % page;
+    // SAFETY: with MS_ASYNC, msync only looks the range up in this process's mappings (it
+    // fails with ENOMEM when part of it is unmapped); it does not read or write the memory.
+    if unsafe { libc::msync(start as *mut c_void, end - start, libc::MS_ASYNC) } != 0 {
+        return Err(refuse());
+    }
+    Ok(())
 }
 
 nccl_api! {
     fn ncclAllReduce / pncclAllReduce(
         send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, red: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclAllReduce", || {
+        guard_op("ncclAllReduce", comm, || {
             let c = handles::get(comm, "ncclAllReduce")?;
-            let (t, o) = (dtype(datatype, "ncclAllReduce")?, op(c, red, "ncclAllReduce")?);
-            let b = count * t.size();
-            with_op_buffers(c, o, t, &[(send, b), (recv, b)], || c.comm.all_reduce(ptr(send), ptr(recv), count, t, o, stream(s)))
+            let t = dtype(datatype, "ncclAllReduce")?;
+            let o = op(&c, red, t, "ncclAllReduce")?;
+            let b = bytes("ncclAllReduce", count, t, 1)?;
+            with_op_buffers(&c, o, t, &[(send, b), (recv, b)], || c.comm.all_reduce(ptr(send), ptr(recv), count, t, o, stream(s)))
         })
     }
 
     fn ncclBroadcast / pncclBroadcast(
         send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclBroadcast", || {
+        guard_op("ncclBroadcast", comm, || {
             let c = handles::get(comm, "ncclBroadcast")?;
             let t = dtype(datatype, "ncclBroadcast")?;
-            let b = count * t.size();
+            let b = bytes("ncclBroadcast", count, t, 1)?;
             let me = c.comm.user_rank()?;
             let src = if me == root { b } else { 0 };
-            with_buffers(c, &[(send, src), (recv, b)], || c.comm.broadcast(ptr(send), ptr(recv), count, t, root, stream(s)))
+            with_buffers(&c, &[(send, src), (recv, b)], || c.comm.broadcast(ptr(send), ptr(recv), count, t, root, stream(s)))
         })
     }
 
@@ -99,87 +145,95 @@ nccl_api! {
     fn ncclReduce / pncclReduce(
         send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, red: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclReduce", || {
+        guard_op("ncclReduce", comm, || {
             let c = handles::get(comm, "ncclReduce")?;
-            let (t, o) = (dtype(datatype, "ncclReduce")?, op(c, red, "ncclReduce")?);
-            let b = count * t.size();
+            let t = dtype(datatype, "ncclReduce")?;
+            let o = op(&c, red, t, "ncclReduce")?;
+            let b = bytes("ncclReduce", count, t, 1)?;
             let dst = if c.comm.user_rank()? == root { b } else { 0 };
-            with_op_buffers(c, o, t, &[(send, b), (recv, dst)], || c.comm.reduce(ptr(send), ptr(recv), count, t, o, root, stream(s)))
+            with_op_buffers(&c, o, t, &[(send, b), (recv, dst)], || c.comm.reduce(ptr(send), ptr(recv), count, t, o, root, stream(s)))
         })
     }
 
     fn ncclAllGather / pncclAllGather(
         send: *const c_void, recv: *mut c_void, sendcount: usize, datatype: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclAllGather", || {
+        guard_op("ncclAllGather", comm, || {
             let c = handles::get(comm, "ncclAllGather")?;
             let t = dtype(datatype, "ncclAllGather")?;
-            let b = sendcount * t.size();
             let n = c.comm.count()? as usize;
-            with_buffers(c, &[(send, b), (recv, b * n)], || c.comm.all_gather(ptr(send), ptr(recv), sendcount, t, stream(s)))
+            let all = bytes("ncclAllGather", sendcount, t, n)?;
+            let b = sendcount * t.size();
+            with_buffers(&c, &[(send, b), (recv, all)], || c.comm.all_gather(ptr(send), ptr(recv), sendcount, t, stream(s)))
         })
     }
 
     fn ncclReduceScatter / pncclReduceScatter(
         send: *const c_void, recv: *mut c_void, recvcount: usize, datatype: c_int, red: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclReduceScatter", || {
+        guard_op("ncclReduceScatter", comm, || {
             let c = handles::get(comm, "ncclReduceScatter")?;
-            let (t, o) = (dtype(datatype, "ncclReduceScatter")?, op(c, red, "ncclReduceScatter")?);
-            let b = recvcount * t.size();
+            let t = dtype(datatype, "ncclReduceScatter")?;
+            let o = op(&c, red, t, "ncclReduceScatter")?;
             let n = c.comm.count()? as usize;
-            with_op_buffers(c, o, t, &[(send, b * n), (recv, b)], || c.comm.reduce_scatter(ptr(send), ptr(recv), recvcount, t, o, stream(s)))
+            let all = bytes("ncclReduceScatter", recvcount, t, n)?;
+            let b = recvcount * t.size();
+            with_op_buffers(&c, o, t, &[(send, all), (recv, b)], || c.comm.reduce_scatter(ptr(send), ptr(recv), recvcount, t, o, stream(s)))
         })
     }
 
     fn ncclAlltoAll / pncclAlltoAll(
         send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclAlltoAll", || {
+        guard_op("ncclAlltoAll", comm, || {
             let c = handles::get(comm, "ncclAlltoAll")?;
             let t = dtype(datatype, "ncclAlltoAll")?;
-            let b = count * t.size() * c.comm.count()? as usize;
-            with_buffers(c, &[(send, b), (recv, b)], || c.comm.all_to_all(ptr(send), ptr(recv), count, t, stream(s)))
+            let b = bytes("ncclAlltoAll", count, t, c.comm.count()? as usize)?;
+            with_buffers(&c, &[(send, b), (recv, b)], || c.comm.all_to_all(ptr(send), ptr(recv), count, t, stream(s)))
         })
     }
 
     fn ncclGather / pncclGather(
         send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclGather", || {
+        guard_op("ncclGather", comm, || {
             let c = handles::get(comm, "ncclGather")?;
             let t = dtype(datatype, "ncclGather")?;
+            let all = bytes("ncclGather", count, t, c.comm.count()? as usize)?;
             let b = count * t.size();
-            let dst = if c.comm.user_rank()? == root { b * c.comm.count()? as usize } else { 0 };
-            with_buffers(c, &[(send, b), (recv, dst)], || c.comm.gather(ptr(send), ptr(recv), count, t, root, stream(s)))
+            let dst = if c.comm.user_rank()? == root { all } else { 0 };
+            with_buffers(&c, &[(send, b), (recv, dst)], || c.comm.gather(ptr(send), ptr(recv), count, t, root, stream(s)))
         })
     }
 
     fn ncclScatter / pncclScatter(
         send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommHandle, s: *mut c_void,
     ) -> NcclResult {
-        guard("ncclScatter", || {
+        guard_op("ncclScatter", comm, || {
             let c = handles::get(comm, "ncclScatter")?;
             let t = dtype(datatype, "ncclScatter")?;
+            let all = bytes("ncclScatter", count, t, c.comm.count()? as usize)?;
             let b = count * t.size();
-            let src = if c.comm.user_rank()? == root { b * c.comm.count()? as usize } else { 0 };
-            with_buffers(c, &[(send, src), (recv, b)], || c.comm.scatter(ptr(send), ptr(recv), count, t, root, stream(s)))
+            let src = if c.comm.user_rank()? == root { all } else { 0 };
+            with_buffers(&c, &[(send, src), (recv, b)], || c.comm.scatter(ptr(send), ptr(recv), count, t, root, stream(s)))
         })
     }
 
     fn ncclSend / pncclSend(send: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: CommHandle, s: *mut c_void) -> NcclResult {
-        guard("ncclSend", || {
+        guard_op("ncclSend", comm, || {
             let c = handles::get(comm, "ncclSend")?;
             let t = dtype(datatype, "ncclSend")?;
-            with_buffers(c, &[(send, count * t.size())], || c.comm.send(ptr(send), count, t, peer, stream(s)))
+            let b = bytes("ncclSend", count, t, 1)?;
+            with_buffers(&c, &[(send, b)], || c.comm.send(ptr(send), count, t, peer, stream(s)))
         })
     }
 
     fn ncclRecv / pncclRecv(recv: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: CommHandle, s: *mut c_void) -> NcclResult {
-        guard("ncclRecv", || {
+        guard_op("ncclRecv", comm, || {
             let c = handles::get(comm, "ncclRecv")?;
             let t = dtype(datatype, "ncclRecv")?;
-            with_buffers(c, &[(recv, count * t.size())], || c.comm.recv(ptr(recv), count, t, peer, stream(s)))
+            let b = bytes("ncclRecv", count, t, 1)?;
+            with_buffers(&c, &[(recv, b)], || c.comm.recv(ptr(recv), count, t, peer, stream(s)))
         })
     }
 
@@ -226,7 +280,7 @@ nccl_api! {
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         out: *mut c_int, scalar: *mut c_void, datatype: c_int, residence: c_int, comm: CommHandle,
     ) -> NcclResult {
-        guard("ncclRedOpCreatePreMulSum", || {
+        guard_comm("ncclRedOpCreatePreMulSum", comm, || {
             let c = handles::get(comm, "ncclRedOpCreatePreMulSum")?;
             if out.is_null() || scalar.is_null() {
                 return Err(Error::invalid_argument("op or scalar is NULL"));
@@ -246,7 +300,7 @@ nccl_api! {
             };
             let mut ops = c.ops.lock().unwrap_or_else(|p| p.into_inner());
             let id = (5..i32::MAX).find(|v| !ops.contains_key(v)).ok_or_else(|| Error::internal("no operator numbers left"))?;
-            ops.insert(id, ReduceOp::PreMulSum(value));
+            ops.insert(id, UserOp { op: ReduceOp::PreMulSum(value), dtype: t });
             // SAFETY: checked non-null.
             unsafe { *out = id };
             Ok(())
@@ -254,12 +308,13 @@ nccl_api! {
     }
 
     fn ncclRedOpDestroy / pncclRedOpDestroy(red: c_int, comm: CommHandle) -> NcclResult {
-        guard("ncclRedOpDestroy", || {
+        guard_comm("ncclRedOpDestroy", comm, || {
             let c = handles::get(comm, "ncclRedOpDestroy")?;
             if (0..5).contains(&red) {
                 return Err(Error::invalid_argument(format!("operator {red} is built in and cannot be destroyed")));
             }
-            c.ops.lock().unwrap_or_else(|p| p.into_inner()).remove(&red).map(|_| ()).ok_or_else(|| {
+            let removed = c.ops.lock().unwrap_or_else(|p| p.into_inner()).remove(&red);
+            removed.map(|_| ()).ok_or_else(|| {
                 Error::invalid_argument(format!("operator {red} was not made by ncclRedOpCreatePreMulSum on this communicator"))
             })
         })

@@ -8,7 +8,7 @@ use rustccl::config::CommConfig;
 use rustccl::{Communicator, Error, ResultCode, ShrinkFlags, UniqueId};
 
 use crate::handles::{self, CommHandle};
-use crate::{guard, nccl_api, NcclConfig, NcclResult, NcclUniqueId};
+use crate::{guard, guard_comm, nccl_api, NcclConfig, NcclResult, NcclUniqueId};
 
 fn out_ptr<T>(p: *mut T, what: &str, name: &str) -> Result<(), Error> {
     if p.is_null() {
@@ -174,7 +174,7 @@ nccl_api! {
     }
 
     fn ncclCommFinalize / pncclCommFinalize(comm: CommHandle) -> NcclResult {
-        guard("ncclCommFinalize", || handles::get(comm, "ncclCommFinalize")?.comm.finalize())
+        guard_comm("ncclCommFinalize", comm, || handles::get(comm, "ncclCommFinalize")?.comm.finalize())
     }
 
     fn ncclCommDestroy / pncclCommDestroy(comm: CommHandle) -> NcclResult {
@@ -182,10 +182,10 @@ nccl_api! {
             if comm.is_null() {
                 return Ok(());
             }
-            let c = handles::get(comm, "ncclCommDestroy")?;
-            let r = c.comm.destroy();
-            handles::retire(comm, "ncclCommDestroy")?;
-            r
+            // Retired first: a call racing this one on another thread either holds the
+            // communicator already (it is dropped when that call returns) or is refused.
+            let c = handles::retire(comm, "ncclCommDestroy")?;
+            c.comm.destroy()
         })
     }
 
@@ -194,17 +194,17 @@ nccl_api! {
             if comm.is_null() {
                 return Ok(());
             }
-            handles::get(comm, "ncclCommAbort")?.comm.abort()?;
-            handles::retire(comm, "ncclCommAbort")
+            let c = handles::retire(comm, "ncclCommAbort")?;
+            c.comm.abort()
         })
     }
 
     fn ncclCommRevoke / pncclCommRevoke(comm: CommHandle, flags: c_int) -> NcclResult {
-        guard("ncclCommRevoke", || handles::get(comm, "ncclCommRevoke")?.comm.revoke(flags))
+        guard_comm("ncclCommRevoke", comm, || handles::get(comm, "ncclCommRevoke")?.comm.revoke(flags))
     }
 
     fn ncclCommSplit / pncclCommSplit(comm: CommHandle, color: c_int, key: c_int, newcomm: *mut CommHandle, config: *const NcclConfig) -> NcclResult {
-        guard("ncclCommSplit", || {
+        guard_comm("ncclCommSplit", comm, || {
             let c = handles::get(comm, "ncclCommSplit")?;
             out_ptr(newcomm, "ncclCommSplit", "newcomm")?;
             // SAFETY: as for ncclCommInitRankConfig.
@@ -223,7 +223,7 @@ nccl_api! {
     fn ncclCommShrink / pncclCommShrink(
         comm: CommHandle, exclude: *const c_int, count: c_int, newcomm: *mut CommHandle, config: *const NcclConfig, flags: c_int,
     ) -> NcclResult {
-        guard("ncclCommShrink", || {
+        guard_comm("ncclCommShrink", comm, || {
             let c = handles::get(comm, "ncclCommShrink")?;
             out_ptr(newcomm, "ncclCommShrink", "newcomm")?;
             if count < 0 || (count > 0 && exclude.is_null()) {
@@ -242,7 +242,7 @@ nccl_api! {
     }
 
     fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: CommHandle, err: *mut NcclResult) -> NcclResult {
-        guard("ncclCommGetAsyncError", || {
+        guard_comm("ncclCommGetAsyncError", comm, || {
             let c = handles::get(comm, "ncclCommGetAsyncError")?;
             out_ptr(err, "ncclCommGetAsyncError", "asyncError")?;
             // SAFETY: checked non-null.
@@ -252,7 +252,7 @@ nccl_api! {
     }
 
     fn ncclCommCount / pncclCommCount(comm: CommHandle, count: *mut c_int) -> NcclResult {
-        guard("ncclCommCount", || {
+        guard_comm("ncclCommCount", comm, || {
             let c = handles::get(comm, "ncclCommCount")?;
             out_ptr(count, "ncclCommCount", "count")?;
             let n = c.comm.count()?;
@@ -263,7 +263,7 @@ nccl_api! {
     }
 
     fn ncclCommCuDevice / pncclCommCuDevice(comm: CommHandle, device: *mut c_int) -> NcclResult {
-        guard("ncclCommCuDevice", || {
+        guard_comm("ncclCommCuDevice", comm, || {
             let c = handles::get(comm, "ncclCommCuDevice")?;
             out_ptr(device, "ncclCommCuDevice", "device")?;
             let d = c.comm.device()?;
@@ -274,7 +274,7 @@ nccl_api! {
     }
 
     fn ncclCommUserRank / pncclCommUserRank(comm: CommHandle, rank: *mut c_int) -> NcclResult {
-        guard("ncclCommUserRank", || {
+        guard_comm("ncclCommUserRank", comm, || {
             let c = handles::get(comm, "ncclCommUserRank")?;
             out_ptr(rank, "ncclCommUserRank", "rank")?;
             let r = c.comm.user_rank()?;

@@ -1,54 +1,82 @@
-//! `ncclComm_t` handles. A handle points to a [`CComm`] the library allocated; the set of live
-//! handles is kept, so a destroyed, foreign or garbage handle is refused with a message
-//! instead of being dereferenced.
+//! `ncclComm_t` handles. A handle is a token naming a [`CComm`] in the table of live
+//! communicators; it is never dereferenced. Each call takes its own reference to the
+//! communicator ([`get`] returns an `Arc`), so a call racing `ncclCommDestroy` or
+//! `ncclCommAbort` on another thread either runs on a still-valid communicator (which is
+//! dropped when the last call using it returns) or is refused cleanly as not live. Tokens are
+//! never reused, so a stale handle cannot reach a later communicator.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use rustccl::types::DataType;
 use rustccl::{Communicator, Error, ReduceOp};
 
-/// What an `ncclComm_t` points to.
+/// A PreMulSum operator made by `ncclRedOpCreatePreMulSum`: valid only with its data type.
+#[derive(Clone, Copy)]
+pub struct UserOp {
+    pub op: ReduceOp,
+    pub dtype: DataType,
+}
+
+/// What an `ncclComm_t` names.
 pub struct CComm {
     pub comm: Communicator,
     /// PreMulSum operators made by `ncclRedOpCreatePreMulSum`, by their `ncclRedOp_t` value.
-    pub ops: Mutex<HashMap<i32, ReduceOp>>,
+    pub ops: Mutex<HashMap<i32, UserOp>>,
 }
 
-/// `ncclComm_t` as seen from C.
+/// `ncclComm_t` as seen from C: an opaque token (see the module documentation).
 pub type CommHandle = *mut CComm;
 
-static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+static LIVE: Mutex<Option<HashMap<usize, Arc<CComm>>>> = Mutex::new(None);
 
-fn live() -> std::sync::MutexGuard<'static, Option<HashSet<usize>>> {
+/// Tokens step by 16 from a non-null start, so they look like aligned pointers to C code.
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(1);
+
+fn live() -> std::sync::MutexGuard<'static, Option<HashMap<usize, Arc<CComm>>>> {
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Makes a handle for a new communicator.
 pub fn publish(comm: Communicator) -> CommHandle {
-    let ptr = Box::into_raw(Box::new(CComm { comm, ops: Mutex::new(HashMap::new()) }));
-    live().get_or_insert_with(HashSet::new).insert(ptr as usize);
-    ptr
+    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) << 4;
+    let c = Arc::new(CComm { comm, ops: Mutex::new(HashMap::new()) });
+    live().get_or_insert_with(HashMap::new).insert(token, c);
+    token as CommHandle
 }
 
-/// The communicator behind a handle that must be live.
-pub fn get<'a>(h: CommHandle, what: &str) -> Result<&'a CComm, Error> {
+fn not_live(h: CommHandle, what: &str) -> Error {
     if h.is_null() {
-        return Err(Error::invalid_argument(format!("{what}: comm is NULL")));
+        return Error::invalid_argument(format!("{what}: comm is NULL"));
     }
-    if !live().as_ref().is_some_and(|s| s.contains(&(h as usize))) {
-        return Err(Error::invalid_argument(format!(
-            "{what}: comm {h:p} is not a live communicator (already destroyed, or not made by this library)"
-        )));
-    }
-    // SAFETY: the handle is in the live set, so it came from `publish` and was not retired.
-    Ok(unsafe { &*h })
+    Error::invalid_argument(format!(
+        "{what}: comm {h:p} is not a live communicator (already destroyed or aborted, or not made by this library)"
+    ))
 }
 
-/// Retires a handle; the communicator is dropped. Errors like [`get`] when not live.
-pub fn retire(h: CommHandle, what: &str) -> Result<(), Error> {
-    get(h, what)?;
-    live().as_mut().map(|s| s.remove(&(h as usize)));
-    // SAFETY: came from `publish` (checked above) and is no longer in the live set.
-    drop(unsafe { Box::from_raw(h) });
-    Ok(())
+/// The communicator behind a handle that must be live; the caller holds it until it drops
+/// the `Arc`, even if another thread retires the handle meanwhile.
+pub fn get(h: CommHandle, what: &str) -> Result<Arc<CComm>, Error> {
+    live().as_ref().and_then(|m| m.get(&(h as usize))).cloned().ok_or_else(|| not_live(h, what))
+}
+
+/// Retires a handle: later calls with it are refused. Returns the communicator, which is
+/// dropped once the caller and any call still running on it are done. Of two racing
+/// retirements of one handle, one gets the communicator and the other an error like [`get`]'s.
+pub fn retire(h: CommHandle, what: &str) -> Result<Arc<CComm>, Error> {
+    live().as_mut().and_then(|m| m.remove(&(h as usize))).ok_or_else(|| not_live(h, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_and_null_handles_are_refused() {
+        let e = get(std::ptr::null_mut(), "t").err().unwrap();
+        assert!(e.message.contains("NULL"), "{}", e.message);
+        let e = retire(0x1230 as CommHandle, "t").err().unwrap();
+        assert!(e.message.contains("not a live communicator"), "{}", e.message);
+    }
 }

@@ -17,30 +17,49 @@ mod types;
 
 use rustccl::{Error, ResultCode};
 
+use handles::CommHandle;
+
 pub use types::*;
 
 /// Runs an API body: a panic becomes `ncclInternalError`, an error is recorded (log and
 /// `ncclGetLastError`) and returned as its code.
 pub(crate) fn guard(what: &str, f: impl FnOnce() -> Result<(), Error>) -> NcclResult {
+    run_guarded(what, None, false, f)
+}
+
+/// As [`guard`], for a call on `comm`: an error is also recorded as that communicator's last
+/// error (`ncclGetLastError(comm)`), whichever layer raised it.
+pub(crate) fn guard_comm(what: &str, comm: CommHandle, f: impl FnOnce() -> Result<(), Error>) -> NcclResult {
+    run_guarded(what, Some(comm), false, f)
+}
+
+/// As [`guard_comm`], for an operation (collective, send, receive): inside a group, an error
+/// also cancels the group, as NCCL does for every argument error (`ncclGroupEnd` returns it
+/// and runs nothing).
+pub(crate) fn guard_op(what: &str, comm: CommHandle, f: impl FnOnce() -> Result<(), Error>) -> NcclResult {
+    run_guarded(what, Some(comm), true, f)
+}
+
+fn run_guarded(what: &str, comm: Option<CommHandle>, op: bool, f: impl FnOnce() -> Result<(), Error>) -> NcclResult {
     rustccl::log::init();
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    match r {
-        Ok(Ok(())) => ResultCode::Success as NcclResult,
-        Ok(Err(e)) => {
-            if e.code != ResultCode::InProgress {
-                let e = e.context(what);
-                tracing::warn!(target: "CALL", "{}", e.message);
-                rustccl::error::set_last_error(&e.message);
-                return e.code as NcclResult;
-            }
-            e.code as NcclResult
-        }
-        Err(_) => {
-            let msg = format!("{what}: internal panic (please report this issue)");
-            rustccl::error::set_last_error(&msg);
-            ResultCode::InternalError as NcclResult
+    let e = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return ResultCode::Success as NcclResult,
+        Ok(Err(e)) if e.code == ResultCode::InProgress => return e.code as NcclResult,
+        Ok(Err(e)) => e.context(what),
+        Err(_) => Error::internal(format!("{what}: internal panic (please report this issue)")),
+    };
+    if op {
+        rustccl::coll::cancel_group(&e);
+    }
+    match comm.and_then(|h| handles::get(h, what).ok()) {
+        // Logs it, and records it as the communicator's and the process's last error.
+        Some(c) => drop(c.comm.record_error(e.clone())),
+        None => {
+            tracing::warn!(target: "CALL", "{}", e.message);
+            rustccl::error::set_last_error(&e.message);
         }
     }
+    e.code as NcclResult
 }
 
 /// Exports each function under its `nccl` name and its `pnccl` profiling alias.

@@ -9,7 +9,7 @@ use rustccl::backend::{DeviceBackend, DevicePtr};
 use rustccl::Error;
 
 use crate::handles::{self, CommHandle};
-use crate::{guard, nccl_api, NcclResult, NcclTeam};
+use crate::{guard, guard_comm, nccl_api, NcclResult, NcclTeam};
 
 /// Allocations made by `ncclMemAlloc`, with their backend, so `ncclMemFree` needs no comm.
 static ALLOCS: Mutex<Vec<(u64, std::sync::Arc<dyn DeviceBackend>)>> = Mutex::new(Vec::new());
@@ -54,7 +54,7 @@ nccl_api! {
     }
 
     fn ncclCommRegister / pncclCommRegister(comm: CommHandle, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> NcclResult {
-        guard("ncclCommRegister", || {
+        guard_comm("ncclCommRegister", comm, || {
             let c = handles::get(comm, "ncclCommRegister")?;
             if buff.is_null() || handle.is_null() || size == 0 {
                 return Err(Error::invalid_argument("buff or handle is NULL, or size is 0"));
@@ -75,7 +75,7 @@ nccl_api! {
     }
 
     fn ncclCommDeregister / pncclCommDeregister(comm: CommHandle, handle: *mut c_void) -> NcclResult {
-        guard("ncclCommDeregister", || {
+        guard_comm("ncclCommDeregister", comm, || {
             let c = handles::get(comm, "ncclCommDeregister")?;
             if handle.is_null() {
                 return Err(Error::invalid_argument("handle is NULL"));
@@ -92,7 +92,7 @@ nccl_api! {
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: CommHandle, _buff: *mut c_void, _size: usize, win: *mut *mut c_void, _flags: c_int,
     ) -> NcclResult {
-        guard("ncclCommWindowRegister", || {
+        guard_comm("ncclCommWindowRegister", comm, || {
             handles::get(comm, "ncclCommWindowRegister")?;
             if !win.is_null() {
                 // SAFETY: checked non-null.
@@ -103,21 +103,21 @@ nccl_api! {
     }
 
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: CommHandle, _win: *mut c_void) -> NcclResult {
-        guard("ncclCommWindowDeregister", || {
+        guard_comm("ncclCommWindowDeregister", comm, || {
             handles::get(comm, "ncclCommWindowDeregister")?;
             Err(Error::invalid_usage(NOT_YET))
         })
     }
 
     fn ncclDevCommCreate / pncclDevCommCreate(comm: CommHandle, _reqs: *const c_void, _out: *mut c_void) -> NcclResult {
-        guard("ncclDevCommCreate", || {
+        guard_comm("ncclDevCommCreate", comm, || {
             handles::get(comm, "ncclDevCommCreate")?;
             Err(Error::invalid_usage(NOT_YET))
         })
     }
 
     fn ncclDevCommDestroy / pncclDevCommDestroy(comm: CommHandle, _dev: *const c_void) -> NcclResult {
-        guard("ncclDevCommDestroy", || {
+        guard_comm("ncclDevCommDestroy", comm, || {
             handles::get(comm, "ncclDevCommDestroy")?;
             Err(Error::invalid_usage(NOT_YET))
         })

@@ -30,6 +30,30 @@ use crate::types::{DataType, RedOp};
 
 pub use group::{group_end, group_start, group_simulate_end};
 
+/// The bytes of `count` elements of `dtype`, `times` over (the ranks of an AllGather output or
+/// a ReduceScatter input); an invalid argument when that is more than any buffer can hold
+/// (it overflows, or exceeds `isize::MAX`, the most one allocation can have).
+pub fn checked_bytes(what: &str, count: usize, dtype: DataType, times: usize) -> Result<usize> {
+    count
+        .checked_mul(dtype.size())
+        .and_then(|b| b.checked_mul(times))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            let ranks = if times == 1 { String::new() } else { format!(" x {times} ranks") };
+            Error::invalid_argument(format!(
+                "{what}: count {count} of {dtype} ({} bytes each){ranks} is more bytes than a buffer can hold; check the count argument",
+                dtype.size()
+            ))
+        })
+}
+
+/// Cancels the current group (if the calling thread is inside one) because one of its
+/// operations was refused before reaching [`Communicator`] (for example by the C API, which
+/// checks data types and operators itself): the group's end returns the error and runs nothing.
+pub fn cancel_group(e: &Error) {
+    group::fail(e);
+}
+
 /// A reduction operator, as a caller gives it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceOp {
@@ -106,12 +130,16 @@ pub struct Task {
 }
 
 impl Communicator {
+    /// Refuses an operation: records the error and, inside a group, cancels the group.
+    fn refuse(&self, e: Error) -> Error {
+        group::fail(&e);
+        self.record_error(e)
+    }
+
     fn check_rank_arg(&self, r: i32, what: &str, name: &str) -> Result<u32> {
         let n = self.nranks_unchecked();
         if r < 0 || r as u32 >= n {
-            let e = Error::invalid_argument(format!("{what}: {name} {r} is out of range for {n} ranks"));
-            group::fail(&e);
-            return Err(e);
+            return Err(self.refuse(Error::invalid_argument(format!("{what}: {name} {r} is out of range for {n} ranks"))));
         }
         Ok(r as u32)
     }
@@ -128,6 +156,11 @@ impl Communicator {
     fn submit(&self, task: Task) -> Result<()> {
         let what = task.kind.name();
         let checked = self.check_collective_ready(what).and_then(|_| {
+            let times = match task.kind {
+                CollKind::AllGather | CollKind::ReduceScatter => self.nranks_unchecked() as usize,
+                _ => 1,
+            };
+            checked_bytes(what, task.count, task.dtype, times)?;
             let me = self.rank_unchecked();
             // Buffers a rank does not use may be NULL: the receive buffer of Send, the send
             // buffer of Recv, a non-root's send buffer in Broadcast and receive buffer in Reduce.
@@ -155,8 +188,7 @@ impl Communicator {
             Ok(())
         });
         if let Err(e) = checked {
-            group::fail(&e);
-            return Err(self.record_error(e));
+            return Err(self.refuse(e));
         }
         group::enqueue(self, task).map_err(|e| if e.code == crate::error::ResultCode::InProgress { e } else { self.record_error(e) })
     }
@@ -168,14 +200,14 @@ impl Communicator {
 
     /// `ncclBroadcast`.
     pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
-        let root = self.check_root(root, "Broadcast").map_err(|e| self.record_error(e))?;
+        let root = self.check_root(root, "Broadcast")?;
         self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclReduce`.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, stream: Stream) -> Result<()> {
-        let root = self.check_root(root, "Reduce").map_err(|e| self.record_error(e))?;
+        let root = self.check_root(root, "Reduce")?;
         self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream })
     }
 
@@ -191,19 +223,20 @@ impl Communicator {
 
     /// `ncclSend`.
     pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
-        let peer = self.check_peer(peer, "Send").map_err(|e| self.record_error(e))?;
+        let peer = self.check_peer(peer, "Send")?;
         self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclRecv`.
     pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
-        let peer = self.check_peer(peer, "Recv").map_err(|e| self.record_error(e))?;
+        let peer = self.check_peer(peer, "Recv")?;
         self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream })
     }
 
     /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).
     pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, stream: Stream) -> Result<()> {
         let n = self.nranks_unchecked() as usize;
+        checked_bytes("AlltoAll", count, dtype, n).map_err(|e| self.refuse(e))?;
         let counts = vec![count; n];
         let displs: Vec<usize> = (0..n).map(|i| i * count).collect();
         self.all_to_allv(send, &counts, &displs, recv, &counts, &displs, dtype, stream)
@@ -226,15 +259,31 @@ impl Communicator {
     ) -> Result<()> {
         let n = self.nranks_unchecked() as usize;
         if [send_counts.len(), send_displs.len(), recv_counts.len(), recv_displs.len()].iter().any(|&l| l != n) {
-            return Err(self.record_error(Error::invalid_argument(format!(
+            return Err(self.refuse(Error::invalid_argument(format!(
                 "AlltoAllv: counts and displacements need one entry per rank ({n})"
             ))));
         }
-        let e = dtype.size();
+        // Each block must end at a byte offset a buffer can have.
+        let offsets = |side: &str, counts: &[usize], displs: &[usize]| -> Result<Vec<usize>> {
+            (0..n)
+                .map(|p| {
+                    let end = displs[p].checked_add(counts[p]).and_then(|e| e.checked_mul(dtype.size()));
+                    if end.is_none_or(|e| e > isize::MAX as usize) {
+                        return Err(Error::invalid_argument(format!(
+                            "AlltoAllv: {side} block {p} (displacement {} + count {} elements of {dtype}) ends beyond any buffer; check the counts and displacements",
+                            displs[p], counts[p]
+                        )));
+                    }
+                    Ok(displs[p] * dtype.size())
+                })
+                .collect()
+        };
+        let both = offsets("send", send_counts, send_displs).and_then(|s| Ok((s, offsets("receive", recv_counts, recv_displs)?)));
+        let (send_off, recv_off) = both.map_err(|e| self.refuse(e))?;
         group_start();
         let result = (0..n).try_for_each(|peer| {
-            self.send(send.offset(send_displs[peer] * e), send_counts[peer], dtype, peer as i32, stream)?;
-            self.recv(recv.offset(recv_displs[peer] * e), recv_counts[peer], dtype, peer as i32, stream)
+            self.send(send.offset(send_off[peer]), send_counts[peer], dtype, peer as i32, stream)?;
+            self.recv(recv.offset(recv_off[peer]), recv_counts[peer], dtype, peer as i32, stream)
         });
         let end = group_end();
         result.and(end)
@@ -242,8 +291,9 @@ impl Communicator {
 
     /// `ncclGather`: every rank's `count` elements to `root`, in rank order.
     pub fn gather(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
-        let root_u = self.check_root(root, "Gather").map_err(|e| self.record_error(e))?;
+        let root_u = self.check_root(root, "Gather")?;
         let me = self.rank_unchecked();
+        checked_bytes("Gather", count, dtype, self.nranks_unchecked() as usize).map_err(|e| self.refuse(e))?;
         let e = count * dtype.size();
         group_start();
         let mut result = self.send(send, count, dtype, root, stream);
@@ -256,8 +306,9 @@ impl Communicator {
 
     /// `ncclScatter`: block `i` of `root`'s buffer to rank `i`.
     pub fn scatter(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
-        let root_u = self.check_root(root, "Scatter").map_err(|e| self.record_error(e))?;
+        let root_u = self.check_root(root, "Scatter")?;
         let me = self.rank_unchecked();
+        checked_bytes("Scatter", count, dtype, self.nranks_unchecked() as usize).map_err(|e| self.refuse(e))?;
         let e = count * dtype.size();
         group_start();
         let mut result = Ok(());
@@ -269,5 +320,20 @@ impl Communicator {
         }
         let end = group_end();
         result.and(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_that_overflow_or_exceed_isize_are_refused() {
+        assert_eq!(checked_bytes("t", 10, DataType::Float32, 3).unwrap(), 120);
+        let e = checked_bytes("AllGather", usize::MAX / 4 + 2, DataType::Float32, 1).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::InvalidArgument);
+        assert!(e.message.contains("count") && e.message.contains("float32") && e.message.contains("4 bytes"), "{}", e.message);
+        assert!(checked_bytes("t", usize::MAX / 16, DataType::Float64, 2).is_err(), "x ranks overflows");
+        assert!(checked_bytes("t", (isize::MAX as usize) / 8 + 1, DataType::Float64, 1).is_err(), "beyond isize::MAX");
     }
 }

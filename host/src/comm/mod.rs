@@ -405,7 +405,7 @@ impl Communicator {
     }
 
     /// Records an error as this communicator's (and the process's) last error.
-    pub(crate) fn record_error(&self, e: Error) -> Error {
+    pub fn record_error(&self, e: Error) -> Error {
         self.inner.record(e)
     }
 
