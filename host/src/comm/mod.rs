@@ -23,6 +23,10 @@ use crate::coll::program::Link;
 use crate::plugin::CommPlugins;
 use crate::transport::{proxy::Proxy, Connection, Context, Dir};
 
+/// How long a failed communicator waits, before it frees device memory its peers map, for the
+/// peers' kernels to stop.
+const PEER_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What the device executor keeps across operations (device backends).
 #[derive(Default)]
 pub(crate) struct DeviceCache {
@@ -605,6 +609,13 @@ impl Communicator {
         }
         let mut cache = std::mem::take(&mut *self.device_cache());
         let backend = &self.inner.shared.backend;
+        // After a failure or an abort, peers' kernels may still write into the FIFO memory
+        // this rank exported to them until they learn of it (it was announced): their
+        // watchdogs stop them within milliseconds; give them that time before it is freed.
+        let failed = self.inner.stop.abort.load(Ordering::Acquire) || self.async_error_detail().is_some();
+        if cache.exec.watching && failed {
+            std::thread::sleep(PEER_STOP_GRACE);
+        }
         // Kernels still running use the connections and the images: they finish (or, after
         // an abort, stop) first.
         cache.exec.release(backend);
