@@ -35,6 +35,14 @@ pub const CONN_LINES_WHOLE: u32 = 2;
 
 /// `ExecControl::error`: a peer's slot held a different number of bytes than the step.
 pub const EXEC_ERR_SIZE: u32 = 1;
+/// `ExecControl::error`: a peer's slot came from another operation (`expected` is this
+/// rank's signature, `got` the peer's).
+pub const EXEC_ERR_SIG: u32 = 2;
+/// Byte offsets in the FIFO header (`transport::fifo::FifoHeader`) the kernel reads and writes.
+pub const FIFO_HEAD: usize = 0;
+pub const FIFO_TAIL: usize = 64;
+pub const FIFO_SIZES: usize = 128;
+pub const FIFO_SIGS: usize = 192;
 
 /// Bytes a step of `bytes` payload bytes occupies in a slot with protocol `proto`.
 pub fn wire_bytes(proto: u8, bytes: usize) -> usize {
@@ -87,6 +95,9 @@ pub struct ExecCtx {
     pub scalar: u64,
     /// SumPostDiv: the divisor.
     pub divisor: u64,
+    /// The operation's signature (`rustccl::coll::check::OpSig`; 0: not checked), published
+    /// with every slot and folded into LL/LL128 line flags.
+    pub sig: u64,
 }
 
 #[repr(C)]
@@ -174,7 +185,7 @@ mod tests {
     fn layouts_match_exec_cu() {
         assert_eq!(std::mem::size_of::<ExecStep>(), 32);
         assert_eq!(std::mem::size_of::<ExecItem>(), 8);
-        assert_eq!(std::mem::size_of::<ExecCtx>(), 32);
+        assert_eq!(std::mem::size_of::<ExecCtx>(), 40);
         assert_eq!(std::mem::size_of::<ExecConn>(), 64);
         assert_eq!(std::mem::size_of::<ExecControl>(), 32);
         assert_eq!(std::mem::size_of::<ExecArgs>(), 48);
@@ -186,6 +197,17 @@ mod tests {
             ("RUSTCCL_EXEC_MAX_PEERS", EXEC_MAX_PEERS),
         ] {
             assert!(src.contains(&format!("#define {name} {value} ")), "{name} differs from exec.cu");
+        }
+        for (name, value) in [
+            ("RUSTCCL_FIFO_HEAD", FIFO_HEAD),
+            ("RUSTCCL_FIFO_TAIL", FIFO_TAIL),
+            ("RUSTCCL_FIFO_SIZES", FIFO_SIZES),
+            ("RUSTCCL_FIFO_SIGS", FIFO_SIGS),
+        ] {
+            assert!(src.contains(&format!("#define {name} {value}\n")), "{name} differs from exec.cu");
+        }
+        for (name, value) in [("RUSTCCL_EXEC_ERR_SIZE", EXEC_ERR_SIZE), ("RUSTCCL_EXEC_ERR_SIG", EXEC_ERR_SIG)] {
+            assert!(src.contains(&format!("#define {name} {value}u\n")), "{name} differs from exec.cu");
         }
     }
 

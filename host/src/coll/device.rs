@@ -354,7 +354,7 @@ pub(crate) fn encode(run: &CommRun, links: &Links, ctxs: std::ops::Range<usize>)
         .iter()
         .map(|c| {
             let (_, scalar, divisor) = crate::backend::cuda::coll_device_op(c.reducer.op, c.reducer.dtype);
-            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor }
+            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor, sig: c.sig.0 }
         })
         .collect();
     let mut bytes = Vec::new();
@@ -447,6 +447,13 @@ pub(crate) fn control_error(host: usize, rank: u32) -> Option<Error> {
             "rank {rank}: a peer sent a step of {} bytes where this rank expected {} (connection {}): \
              the ranks' counts, types or operations do not match",
             c.got, c.expected, c.conn
+        ))),
+        k::EXEC_ERR_SIG => Some(Error::invalid_usage(format!(
+            "rank {rank}: the ranks called different operations: a peer (connection {}) is in {} while rank {rank} is in {}; \
+             every rank must call the same collectives in the same order with the same count, datatype, operator and root",
+            c.conn,
+            super::check::OpSig(c.got),
+            super::check::OpSig(c.expected)
         ))),
         code => Some(Error::internal(format!("rank {rank}: the collective kernel stopped with error {code}"))),
     }

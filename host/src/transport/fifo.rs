@@ -240,6 +240,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn header_offsets_are_those_the_kernels_use() {
+        let h = std::mem::MaybeUninit::<FifoHeader>::uninit();
+        let base = h.as_ptr() as usize;
+        // SAFETY: only field addresses are taken, nothing is read.
+        let (head, tail, sizes, sigs) = unsafe {
+            let p = h.as_ptr();
+            (
+                std::ptr::addr_of!((*p).head) as usize,
+                std::ptr::addr_of!((*p).tail) as usize,
+                std::ptr::addr_of!((*p).sizes) as usize,
+                std::ptr::addr_of!((*p).sigs) as usize,
+            )
+        };
+        use rustccl_kernels::exec as k;
+        assert_eq!((head - base, tail - base, sizes - base, sigs - base), (k::FIFO_HEAD, k::FIFO_TAIL, k::FIFO_SIZES, k::FIFO_SIGS));
+        assert!(std::mem::size_of::<FifoHeader>() <= header_bytes());
+    }
+
+    #[test]
     fn slots_flow_in_order_and_fill_up() {
         let mem = LocalMemory::new(fifo_bytes(64));
         // SAFETY: `mem` outlives the FIFO and is zeroed.

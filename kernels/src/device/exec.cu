@@ -16,15 +16,20 @@
 // SumPostDiv's division), and writes the result to `dst` and to one slot of every send
 // connection. Slots hold the payload in one of three formats (the protocol of the step):
 //   Simple  the payload as is; the consumer waits for `tail` (after a system fence).
-//   LL      16-byte lines {data lo, flag, data hi, flag}: 8 payload bytes per line, flag =
+//   LL      16-byte lines {data lo, flag, data hi, flag ^ h}: 8 payload bytes per line, flag =
 //           slot index + 1; the consumer polls each line's flags, no fence on its path.
-//   LL128   128-byte lines, 120 payload bytes and an 8-byte flag; written and read by 8
-//           threads of a warp in one transaction each.
+//   LL128   128-byte lines, 120 payload bytes and an 8-byte flag (slot index + 1 in the low
+//           half, h in the high half); written and read by 8 threads of a warp in one
+//           transaction each.
+// h is a hash of the operation's signature (kind, type, operator, root, count: host
+// coll::check::OpSig): lines another operation wrote never look ready, so ranks in different
+// operations stop at the published signature check below instead of mixing their data.
 // Consumers wait on the flags only over NVLink P2P, which delivers 128-byte lines whole and
 // gives LL and LL128 slots of their own; on other connections (shared host memory, network)
 // every protocol waits for `tail`.
-// Every protocol also publishes `tail` and the wire size: the network proxy needs them, and
-// the consumer checks the size (a sender whose counts differ is reported, not waited for).
+// Every protocol also publishes `tail`, the wire size and the signature: the network proxy
+// needs them, and the consumer checks them (a sender in another operation, or whose counts
+// differ, is reported, not waited for).
 //
 // Errors and aborts: `control` is host memory the kernel polls (`abort`, set by the host on
 // ncclCommAbort or a failure) and writes (`error`, with the connection, the expected and the
@@ -67,8 +72,10 @@
 #define RUSTCCL_FIFO_HEAD 0
 #define RUSTCCL_FIFO_TAIL 64
 #define RUSTCCL_FIFO_SIZES 128
+#define RUSTCCL_FIFO_SIGS 192
 // control.error codes.
 #define RUSTCCL_EXEC_ERR_SIZE 1u
+#define RUSTCCL_EXEC_ERR_SIG 2u
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -89,8 +96,9 @@ struct RustcclExecStep {   // 32 bytes
 struct RustcclExecItem {   // 8 bytes
   u32 first, count;
 };
-struct RustcclExecCtx {    // 32 bytes
+struct RustcclExecCtx {    // 40 bytes
   u64 src, dst, scalar, divisor;
+  u64 sig;                 // the operation's signature (0: not checked)
 };
 struct RustcclExecConn {   // 64 bytes
   u64 slots;               // device address of slot 0
@@ -208,9 +216,16 @@ struct StepView {
   u64 scalar, divisor;
   u32 bytes;
   u32 flags;
+  u32 h;                     // the operation's signature hash, folded into LL/LL128 flags
   int nrecv, nsend;
   const volatile u32* abort;
 };
+
+// The signature folded into line flags: equal signatures give equal hashes.
+RUSTCCL_DEVICE u32 sig_hash(u64 sig) { return (u32)((sig * 0x9E3779B97F4A7C15ull) >> 32); }
+
+// An LL128 line's flag for slot position `p` (the low half tells slot uses apart).
+RUSTCCL_DEVICE u64 ll128_flag(u64 p, u32 h) { return ((p + 1) & 0xffffffffull) | ((u64)h << 32); }
 
 // The step's result for one word from its NR received words and the source word `s`.
 template <int NR>
@@ -232,7 +247,7 @@ RUSTCCL_DEVICE bool ll_read(const StepView& v, u64 line, u32 flag, u64& out) {
   u32 a, b, c, d;
   for (u32 spins = 0;; ++spins) {
     ld_volatile_v4(line, a, b, c, d);
-    if (b == flag && d == flag) break;
+    if (b == flag && d == (flag ^ v.h)) break;
     if ((spins & 4095) == 4095 && *v.abort) return false;
   }
   out = (u64)a | ((u64)c << 32);
@@ -262,7 +277,7 @@ RUSTCCL_DEVICE bool run_words(const StepView& v, u64 begin, u64 end) {
     for (int k = 0; k < NS; ++k) {
       if (Proto == RUSTCCL_PROTO_LL) {
         const u32 f = (u32)v.sflag[k];
-        st_volatile_v4(v.send[k] + w * 16, (u32)r, f, (u32)(r >> 32), f);
+        st_volatile_v4(v.send[k] + w * 16, (u32)r, f, (u32)(r >> 32), f ^ v.h);
       } else {
         *(u64*)(v.send[k] + off) = r;
       }
@@ -441,9 +456,15 @@ RUSTCCL_DEVICE void report(RustcclExecControl* control, u32 code, u32 conn, u64 
   *(volatile u32*)&control->abort = 1;
 }
 
-// Whether slot `p` of receive connection `ci`, published, holds the `wire` bytes this step
-// expects; reports the mismatch when not.
-RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u64 wire, RustcclExecControl* control) {
+// Whether slot `p` of receive connection `ci`, published, comes from the same operation (its
+// signature, when both sides give one) and holds the `wire` bytes this step expects; reports
+// the mismatch when not.
+RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u64 wire, u64 sig, RustcclExecControl* control) {
+  const u64 theirs = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIGS + (p % RUSTCCL_EXEC_STEPS) * 8);
+  if (sig != 0 && theirs != 0 && theirs != sig) {
+    report(control, RUSTCCL_EXEC_ERR_SIG, ci, sig, theirs);
+    return false;
+  }
   const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
   if (size == wire) return true;
   report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
@@ -453,8 +474,9 @@ RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u
 // Thread 0: whether every input of the step has arrived and every output slot is free.
 // 1 ready, 0 not yet, -1 stop (error reported).
 RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* conns, u64* pos, u64* seen,
-                              RustcclExecControl* control, u32 idle) {
+                              RustcclExecControl* control, u32 idle, u64 sig) {
   const u64 wire = wire_bytes(st.proto, st.bytes);
+  const u32 h = sig_hash(sig);
   for (int k = 0; k < st.nrecv; ++k) {
     const int ci = st.recv[k];
     const RustcclExecConn& c = conns[ci];
@@ -463,21 +485,27 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
       // The sender has started this slot (its first line is there): it finishes it without
       // waiting for anything else, so the lines can be waited for.
       const u64 slot = slot_addr(c, p, st.proto);
-      const bool started = st.proto == RUSTCCL_PROTO_LL ? ld_volatile_u32(slot + 4) == (u32)(p + 1)
-                                                         : ld_volatile_u64(slot + 120) == p + 1;
+      bool started;
+      if (st.proto == RUSTCCL_PROTO_LL) {
+        u32 a, b, cc, d;
+        ld_volatile_v4(slot, a, b, cc, d);
+        started = b == (u32)(p + 1) && d == ((u32)(p + 1) ^ h);
+      } else {
+        started = ld_volatile_u64(slot + 120) == ll128_flag(p, h);
+      }
       if (started) continue;
-      // Not started for a while: a sender whose step has another size may never write
-      // this line; its published size tells.
+      // Not started for a while: a sender whose step has another size, or that runs
+      // another operation, never writes this line as expected; what it published tells.
       if ((idle & 63) != 63) return 0;
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
       if (seen[ci] <= p) return 0;
-      return published_size_ok(c, ci, p, wire, control) ? 0 : -1;
+      return published_size_ok(c, ci, p, wire, sig, control) ? 0 : -1;
     }
     if (seen[ci] <= p) {
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
       if (seen[ci] <= p) return 0;
     }
-    if (!published_size_ok(c, ci, p, wire, control)) return -1;
+    if (!published_size_ok(c, ci, p, wire, sig, control)) return -1;
   }
   for (int k = 0; k < st.nsend; ++k) {
     const int ci = st.send[k];
@@ -531,7 +559,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
       left = true;
       if (tid == 0) {
         s_step = steps[item.first + s_pc[j]];
-        s_ready = step_ready(s_step, conns, s_pos, s_seen, control, idle);
+        s_ready = step_ready(s_step, conns, s_pos, s_seen, control, idle, ctxs[s_step.ctx].sig);
       }
       __syncthreads();
       const int ready = s_ready;
@@ -552,13 +580,17 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
       for (int k = 0; k < RUSTCCL_EXEC_MAX_PEERS; ++k) {
         v.recv[k] = v.send[k] = v.rflag[k] = v.sflag[k] = 0;
       }
+      v.h = sig_hash(cx.sig);
+      const bool ll128 = st.proto == RUSTCCL_PROTO_LL128;
       for (int k = 0; k < st.nrecv; ++k) {
-        v.recv[k] = slot_addr(conns[st.recv[k]], s_pos[st.recv[k]], st.proto);
-        v.rflag[k] = s_pos[st.recv[k]] + 1;
+        const u64 p = s_pos[st.recv[k]];
+        v.recv[k] = slot_addr(conns[st.recv[k]], p, st.proto);
+        v.rflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
       }
       for (int k = 0; k < st.nsend; ++k) {
-        v.send[k] = slot_addr(conns[st.send[k]], s_pos[st.send[k]], st.proto);
-        v.sflag[k] = s_pos[st.send[k]] + 1;
+        const u64 p = s_pos[st.send[k]];
+        v.send[k] = slot_addr(conns[st.send[k]], p, st.proto);
+        v.sflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
       }
       v.scalar = cx.scalar;
       v.divisor = cx.divisor;
@@ -590,6 +622,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
         for (int k = 0; k < st.nsend; ++k) {
           const int ci = st.send[k];
           const u64 p = s_pos[ci];
+          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_SIGS + (p % RUSTCCL_EXEC_STEPS) * 8, cx.sig);
           st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8, wire);
           if (fence) __threadfence_system();
           st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_TAIL, p + 1);
