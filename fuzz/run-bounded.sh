@@ -5,9 +5,9 @@
 #
 # It builds the targets with nightly and the flags cargo-fuzz uses (so cargo-fuzz itself is
 # not needed), with AddressSanitizer where the toolchain supports it. Inputs the fuzzer finds
-# go to a scratch directory (FUZZ_KEEP=1: into the corpus, to commit the small, interesting
-# ones); a crash leaves its
-# input under fuzz/artifacts/<target>/ and fails the script.
+# go to a scratch directory (FUZZ_KEEP=1: those that add coverage are merged into the corpus,
+# to commit); a crash leaves its input under fuzz/artifacts/<target>/ and fails the script.
+# FUZZ_TARGET_DIR sets where the build goes (default fuzz/target; CI keeps one across runs).
 #
 # Without a nightly toolchain it says so and falls back to the stable corpus regression test
 # (every corpus file through the same entry points), so CI still checks the corpus.
@@ -42,7 +42,7 @@ if [ "${FUZZ_SANITIZER:-address}" = address ] && rustc +nightly -Zsanitizer=addr
     sanitizer="-Zsanitizer=address"
 fi
 export RUSTFLAGS="$flags $sanitizer"
-export CARGO_TARGET_DIR="$PWD/target"
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$PWD/target}"
 echo "== fuzz: building ${#targets[@]} targets with nightly ($triple${sanitizer:+, AddressSanitizer})"
 bins=()
 for t in "${targets[@]}"; do bins+=(--bin "$t"); done
@@ -50,17 +50,17 @@ if ! cargo +nightly build --release --target "$triple" "${bins[@]}"; then
     stable_fallback "the nightly build failed"
 fi
 
-# New inputs go to a scratch directory unless FUZZ_KEEP=1 (then into the corpus itself).
+# New inputs go to a scratch directory; FUZZ_KEEP=1 merges those that add coverage into the
+# corpus afterwards (libFuzzer's -merge=1), for committing.
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 failed=()
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t" "artifacts/$t" "$scratch/$t"
     dirs=("$scratch/$t" "corpus/$t")
-    [ "${FUZZ_KEEP:-0}" = 1 ] && dirs=("corpus/$t")
     echo "== fuzz: $t for ${secs}s over $(find "corpus/$t" -type f | wc -l) corpus files"
     # -rss_limit_mb and -malloc_limit_mb catch huge allocations; -timeout catches hangs.
-    if ! "target/$triple/release/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    if ! "$CARGO_TARGET_DIR/$triple/release/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
         -malloc_limit_mb=512 -max_len=4096 -print_final_stats=1 \
         -artifact_prefix="artifacts/$t/" "${dirs[@]}" 2>"artifacts/$t/log.txt"; then
         tail -40 "artifacts/$t/log.txt"
@@ -68,6 +68,11 @@ for t in "${targets[@]}"; do
     else
         grep -E '^(stat::number_of_executed_units|stat::new_units_added)' "artifacts/$t/log.txt" | tr '\n' ' '
         echo
+        rm -f "artifacts/$t/log.txt"
+        if [ "${FUZZ_KEEP:-0}" = 1 ]; then
+            "$CARGO_TARGET_DIR/$triple/release/$t" -merge=1 -max_len=4096 "corpus/$t" "$scratch/$t" 2>/dev/null
+            echo "   corpus/$t now holds $(find "corpus/$t" -type f | wc -l) files"
+        fi
     fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
