@@ -11,6 +11,8 @@ pub mod coll;
 pub mod comm;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
 pub mod params;
 pub mod plugin;

@@ -314,6 +314,15 @@ pub fn bootstrap_interface() -> Result<Interface> {
 /// Parses an `NCCL_COMM_ID` value: `1.2.3.4:5000`, `[::1]:5000` or `hostname:5000` (the
 /// host name resolved, its first address taken).
 pub fn parse_socket_addr(s: &str) -> Result<SocketAddr> {
+    parse_socket_addr_with(s, |host, port| (host, port).to_socket_addrs().map(|a| a.collect()))
+}
+
+/// [`parse_socket_addr`] with the host name resolved by `resolve` (tests and the fuzz target
+/// resolve without asking DNS).
+pub fn parse_socket_addr_with(
+    s: &str,
+    resolve: impl FnOnce(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
+) -> Result<SocketAddr> {
     let value = s.trim();
     if let Ok(addr) = value.parse::<SocketAddr>() {
         return Ok(addr);
@@ -326,9 +335,66 @@ pub fn parse_socket_addr(s: &str) -> Result<SocketAddr> {
     if host.is_empty() || host.contains(':') {
         return Err(bad("bad host"));
     }
-    let mut resolved =
-        (host, port).to_socket_addrs().map_err(|e| bad(&format!("cannot resolve {host}: {e}")))?;
-    resolved.next().ok_or_else(|| bad(&format!("{host} resolves to no address")))
+    let resolved = resolve(host, port).map_err(|e| bad(&format!("cannot resolve {host}: {e}")))?;
+    resolved.into_iter().next().ok_or_else(|| bad(&format!("{host} resolves to no address")))
+}
+
+/// Entry points for the fuzz targets in `fuzz/` and the corpus regression test: arbitrary
+/// text through the parsers, panicking only if a parser breaks a promise. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// An `NCCL_COMM_ID` value, host names "resolved" to 192.0.2.1 without DNS.
+    pub fn comm_id(text: &str) {
+        let fake = |_: &str, port: u16| Ok(vec![SocketAddr::new(IpAddr::V4([192, 0, 2, 1].into()), port)]);
+        match parse_socket_addr_with(text, fake) {
+            Ok(addr) => match text.trim().parse::<SocketAddr>() {
+                Ok(literal) => assert_eq!(addr, literal),
+                Err(_) => {
+                    let port = text.trim().rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+                    assert_eq!(port, Some(Ok(addr.port())), "{text:?} gave {addr}");
+                }
+            },
+            Err(e) => assert_eq!(e.code, ResultCode::InvalidArgument, "{e}"),
+        }
+    }
+
+    /// An `NCCL_SOCKET_IFNAME` value (and, after a newline, an `NCCL_SOCKET_FAMILY` one),
+    /// matched against made-up interfaces and used to choose one of them.
+    pub fn socket_ifname(text: &str) {
+        let (spec_text, family_text) = text.split_once('\n').unwrap_or((text, ""));
+        let spec = IfnameSpec::parse(spec_text);
+        let family = Family::parse(family_text);
+        let iface = |name: &str, addr: &str, up: bool, loopback: bool| Interface {
+            name: name.into(),
+            addr: addr.parse().unwrap(),
+            up,
+            running: up,
+            loopback,
+        };
+        let ifaces = [
+            iface("lo", "127.0.0.1", true, true),
+            iface("eth0", "10.0.0.1", true, false),
+            iface("eth1", "fd00::1", true, false),
+            iface("ib0", "10.1.0.1", false, false),
+            iface("docker0", "172.17.0.1", true, false),
+        ];
+        for i in &ifaces {
+            let listed = spec.names.iter().any(|n| if spec.exact { &i.name == n } else { i.name.starts_with(n.as_str()) });
+            assert_eq!(spec.matches(&i.name), listed != spec.exclude);
+        }
+        match choose(&ifaces, Some(spec_text), family) {
+            Ok((chosen, reason)) => {
+                assert!(chosen.usable() && !reason.is_empty(), "{chosen} {reason}");
+                assert!(family.is_none_or(|f| chosen.family() == f));
+                if !spec_text.trim().is_empty() {
+                    assert!(spec.matches(&chosen.name), "{spec_text:?} chose {chosen}");
+                }
+            }
+            Err(e) => assert!(!e.message.is_empty()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -114,6 +114,28 @@ impl HostBackend {
         self.memory.write().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `import` and `import_last`: checks the handle and maps its file with `open`.
+    fn import_region(
+        &self,
+        device: usize,
+        handle: &ShareHandle,
+        open: fn(&std::path::Path, &str, usize) -> Result<SharedRegion>,
+    ) -> Result<DevicePtr> {
+        self.check_device(device, "import")?;
+        if handle.kind() != BackendKind::Host {
+            return Err(Error::invalid_argument(format!(
+                "import: the share handle was made by the {} backend; the host backend imports only its own",
+                handle.kind()
+            )));
+        }
+        let name = std::str::from_utf8(handle.payload())
+            .map_err(|_| Error::invalid_argument("invalid share handle: the file name is not UTF-8"))?;
+        let bytes = usize::try_from(handle.bytes())
+            .map_err(|_| Error::invalid_argument(format!("invalid share handle: {} bytes", handle.bytes())))?;
+        let region = open(&self.shm_dir, name, bytes)?;
+        self.write_memory().insert(Allocation::shared(region, Kind::Imported, Some(device)))
+    }
+
     fn check_device(&self, device: usize, op: &str) -> Result<()> {
         if device < self.devices {
             Ok(())
@@ -352,19 +374,11 @@ impl DeviceBackend for HostBackend {
     }
 
     fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
-        self.check_device(device, "import")?;
-        if handle.kind() != BackendKind::Host {
-            return Err(Error::invalid_argument(format!(
-                "import: the share handle was made by the {} backend; the host backend imports only its own",
-                handle.kind()
-            )));
-        }
-        let name = std::str::from_utf8(handle.payload())
-            .map_err(|_| Error::invalid_argument("invalid share handle: the file name is not UTF-8"))?;
-        let bytes = usize::try_from(handle.bytes())
-            .map_err(|_| Error::invalid_argument(format!("invalid share handle: {} bytes", handle.bytes())))?;
-        let region = SharedRegion::open(&self.shm_dir, name, bytes)?;
-        self.write_memory().insert(Allocation::shared(region, Kind::Imported, Some(device)))
+        self.import_region(device, handle, SharedRegion::open)
+    }
+
+    fn import_last(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+        self.import_region(device, handle, SharedRegion::open_last)
     }
 
     fn close_import(&self, ptr: DevicePtr) -> Result<()> {

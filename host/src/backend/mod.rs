@@ -200,6 +200,14 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// [`ShareHandle::bytes`]. A handle made by another backend kind is `InvalidArgument`.
     fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr>;
 
+    /// As [`import`](DeviceBackend::import), by the last process that will import `handle`:
+    /// the backend may then withdraw what names the memory, so that it goes away with the
+    /// last mapping however the processes end (the host backend unlinks its /dev/shm file;
+    /// others need nothing more).
+    fn import_last(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+        self.import(device, handle)
+    }
+
     /// Unmaps memory from [`import`](DeviceBackend::import).
     fn close_import(&self, ptr: DevicePtr) -> Result<()>;
 

@@ -132,9 +132,12 @@ impl UniqueId {
             return Err(Error::invalid_argument("a unique id in hex has 256 hex digits"));
         }
         let mut bytes = [0u8; UNIQUE_ID_BYTES];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| Error::invalid_argument("a unique id in hex has only hex digits"))?;
+        // Digit by digit: `u8::from_str_radix` would also take a sign ("+f").
+        let digit = |c: u8| {
+            (c as char).to_digit(16).ok_or_else(|| Error::invalid_argument("a unique id in hex has only hex digits"))
+        };
+        for (b, pair) in bytes.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
+            *b = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
         }
         UniqueId::from_bytes(&bytes)
     }
@@ -165,6 +168,20 @@ mod tests {
         let mut bytes = *UniqueId::from_parts([1; 16], "1.2.3.4:5".parse().unwrap()).as_bytes();
         bytes[24] = 9;
         assert!(UniqueId::from_bytes(&bytes).is_err());
+    }
+
+    #[test]
+    fn hex_is_only_hex_digits() {
+        // Found by the unique_id fuzz target: `u8::from_str_radix` takes a sign, so a digit
+        // pair "+0" was read as 0x00 and a mangled id accepted.
+        let hex = UniqueId::from_parts([3; 16], "127.0.0.1:80".parse().unwrap()).to_hex();
+        for (at, bad) in [(200, "+0"), (2, "+5"), (254, "-0")] {
+            let mangled = format!("{}{bad}{}", &hex[..at], &hex[at + 2..]);
+            let e = UniqueId::from_hex(&mangled).unwrap_err();
+            assert!(e.message.contains("only hex digits"), "{mangled}: {}", e.message);
+        }
+        let upper = hex.to_ascii_uppercase();
+        assert_eq!(UniqueId::from_hex(&format!(" {upper}\n")).unwrap().to_hex(), hex);
     }
 
     #[test]

@@ -23,6 +23,8 @@ const HEADER_BYTES: usize = 16;
 /// How often a blocked read or write wakes up to look at the stop flags and the deadline.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const PROOF_CONTEXT: &[u8] = b"rustccl bootstrap proof v1";
+/// A received payload's first buffer; it doubles as more arrives.
+const PAYLOAD_STEP: usize = 64 * 1024;
 
 /// Frame kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,22 +232,16 @@ impl Conn {
     pub fn recv(&mut self, cancel: &Cancel) -> Result<(Kind, Vec<u8>)> {
         let mut header = [0u8; HEADER_BYTES];
         self.read_exact(&mut header, cancel, false)?;
-        if &header[0..4] != FRAME_MAGIC {
-            return Err(Error::remote(format!("{}: {} sent bytes that are not a rustccl frame", cancel.what, self.peer)));
+        let (kind, len) = decode_header(&header, self.max_payload)
+            .map_err(|why| Error::remote(format!("{}: {} {why}", cancel.what, self.peer)))?;
+        // The buffer grows with what arrives (doubling), so a header that announces a large
+        // payload and no payload behind it costs no memory.
+        let mut payload = Vec::new();
+        while payload.len() < len {
+            let start = payload.len();
+            payload.resize(start + (len - start).min(start.max(PAYLOAD_STEP)), 0);
+            self.read_exact(&mut payload[start..], cancel, true)?;
         }
-        let raw_kind = u32::from_le_bytes(header[4..8].try_into().unwrap());
-        let kind = Kind::from_u32(raw_kind).ok_or_else(|| {
-            Error::remote(format!("{}: {} sent a frame of unknown kind {raw_kind}", cancel.what, self.peer))
-        })?;
-        let len = u64::from_le_bytes(header[8..16].try_into().unwrap());
-        if len > self.max_payload {
-            return Err(Error::remote(format!(
-                "{}: {} announced a {len}-byte message, more than the {} allowed here",
-                cancel.what, self.peer, self.max_payload
-            )));
-        }
-        let mut payload = vec![0u8; len as usize];
-        self.read_exact(&mut payload, cancel, true)?;
         Ok((kind, payload))
     }
 
@@ -267,8 +263,7 @@ impl Conn {
     /// Receives a JSON control message; one that does not parse is a protocol error.
     pub fn recv_json<T: serde::de::DeserializeOwned>(&mut self, cancel: &Cancel) -> Result<T> {
         let payload = self.expect(Kind::Control, cancel)?;
-        serde_json::from_slice(&payload)
-            .map_err(|e| Error::remote(format!("{}: {} sent a malformed message: {e}", cancel.what, self.peer)))
+        decode_json(&payload).map_err(|why| Error::remote(format!("{}: {} {why}", cancel.what, self.peer)))
     }
 
     /// Accepting side of the handshake: challenges the peer and checks its proof.
@@ -291,6 +286,30 @@ impl Conn {
         let proof = proof_mac(secret, &nonce).finalize().into_bytes();
         self.send(Kind::Proof, &[&proof], cancel)
     }
+}
+
+/// The bytes of a frame header.
+pub const FRAME_HEADER_BYTES: usize = HEADER_BYTES;
+
+/// Checks a frame header; returns the frame's kind and payload length, or why it is not a
+/// frame this side accepts (completing "<peer> ..."). [`Conn::recv`] reads frames with it.
+pub fn decode_header(header: &[u8; HEADER_BYTES], max_payload: u64) -> std::result::Result<(Kind, usize), String> {
+    if &header[0..4] != FRAME_MAGIC {
+        return Err("sent bytes that are not a rustccl frame".into());
+    }
+    let raw_kind = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    let kind = Kind::from_u32(raw_kind).ok_or_else(|| format!("sent a frame of unknown kind {raw_kind}"))?;
+    let len = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+    match usize::try_from(len) {
+        Ok(n) if len <= max_payload => Ok((kind, n)),
+        _ => Err(format!("announced a {len}-byte message, more than the {max_payload} allowed here")),
+    }
+}
+
+/// Decodes a JSON control message's payload; or why it is malformed (completing
+/// "<peer> ..."). [`Conn::recv_json`] decodes with it.
+pub fn decode_json<T: serde::de::DeserializeOwned>(payload: &[u8]) -> std::result::Result<T, String> {
+    serde_json::from_slice(payload).map_err(|e| format!("sent a malformed message: {e}"))
 }
 
 fn proof_mac(secret: &Secret, nonce: &[u8]) -> Hmac<Sha256> {

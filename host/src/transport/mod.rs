@@ -219,7 +219,8 @@ impl Context<'_> {
         }
         let handle_len = 128;
         let hhandle = ShareHandle::from_bytes(msg.get(1..1 + handle_len).ok_or_else(|| Error::internal("short handle"))?)?;
-        let hptr = host.import(0, &hhandle)?;
+        // The only importer: the file goes once mapped (nothing left if a rank is killed).
+        let hptr = host.import_last(0, &hhandle)?;
         let host_mem = Memory::Imported { backend: Arc::clone(&host), ptr: hptr };
         // Shared pinned host memory (message 3): header and slots, registered here too.
         let haddr = host.host_address(hptr, hb + slots)?;
@@ -311,7 +312,9 @@ impl Establish {
                     }
                     (Some(0), Kind::Shm) => {
                         let handle = ShareHandle::from_bytes(&msg[1..])?;
-                        let ptr = cx.backend.import(cx.device, &handle)?;
+                        // The only importer: the file goes once mapped, so a killed rank
+                        // leaves nothing in /dev/shm.
+                        let ptr = cx.backend.import_last(cx.device, &handle)?;
                         let base = cx.backend.host_address(ptr, fifo_bytes(SLOT_BYTES))?;
                         let memory = Memory::Imported { backend: Arc::clone(cx.backend), ptr };
                         // SAFETY: the receiver's zeroed FIFO region, mapped while `memory` lives.

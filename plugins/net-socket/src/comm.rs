@@ -422,10 +422,9 @@ impl Shared {
                 Ok(0) => st.ctrl_closed = true,
                 Ok(n) => {
                     st.inbuf.extend_from_slice(&bytes[..n]);
-                    if st.inbuf.len() == HEADER_BYTES {
-                        let header = Header::decode(&st.inbuf);
+                    if let Ok(bytes) = <[u8; HEADER_BYTES]>::try_from(st.inbuf.as_slice()) {
                         st.inbuf.clear();
-                        self.start_receive(st, header);
+                        self.start_receive(st, Header::decode(&bytes));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,

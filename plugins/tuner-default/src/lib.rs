@@ -361,6 +361,48 @@ impl TunerProvider for Provider {
 rustccl_plugin_api::export_tuner_v2!("csv-table", provider = Provider);
 rustccl_plugin_api::export_tuner_v1!("csv-table", provider = Provider);
 
+/// Entry point for the fuzz target in `fuzz/` and the corpus regression test: a rule table
+/// through the parser, then its rules applied to a cost table. Panics only if the parser
+/// breaks a promise. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    pub fn rule_table(text: &str) {
+        let parsed = parse_config(text);
+        let lines = text.lines().count();
+        let mut last = 0;
+        for rule in &parsed.rules {
+            assert!(rule.line > last && rule.line <= lines, "rule lines out of order: {rule:?}");
+            last = rule.line;
+            assert!(rule.min_bytes <= rule.max_bytes, "{rule:?}");
+            assert!(rule.channels.is_none_or(|c| c >= 1 && c <= i32::MAX as u32), "{rule:?}");
+            assert!(rule.n_nodes != Some(0) && rule.n_ranks != Some(0), "{rule:?}");
+        }
+        for e in &parsed.errors {
+            assert!(e.line >= 1 && e.line <= lines && !e.message.is_empty(), "{e:?}");
+        }
+        let (n_algo, n_proto) = (Algorithm::ALL.len(), Protocol::ALL.len());
+        let state = TunerState { n_ranks: 8, n_nodes: 2, rules: parsed.rules };
+        for &coll in CollType::ALL {
+            for nbytes in [0, 1, 4096, 1 << 20, usize::MAX] {
+                let mut costs = vec![1.0f32; n_algo * n_proto];
+                let mut table = CostTable::new(&mut costs, n_algo, n_proto).expect("sized table");
+                let mut channels = -7;
+                let applied = state.apply(coll, nbytes, &mut table, &mut channels).cloned();
+                match applied {
+                    Some(rule) => {
+                        assert!(rule.matches(coll, nbytes as u64, 2, 8));
+                        assert_eq!(channels, rule.channels.map_or(-7, |c| c as i32));
+                        assert_eq!(costs.iter().filter(|&&c| c == 0.0).count(), 1);
+                    }
+                    None => assert!(channels == -7 && costs.iter().all(|&c| c == 1.0)),
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,13 +4,23 @@
 //! The file is sized with `posix_fallocate`, so a /dev/shm too small for it fails at once
 //! with a clear message rather than with SIGBUS on first touch. The creator unlinks the file
 //! when it frees the memory; importers keep their mappings.
+//!
+//! Files must not outlive their processes, even SIGKILLed ones (nothing runs then):
+//! - The last importer unlinks the file as soon as it has mapped it
+//!   ([`SharedRegion::open_last`]), so once a connection is made its memory lives only in
+//!   the two mappings and goes away with them, however the processes end.
+//! - A file whose processes died before that (between create and import) is swept by the
+//!   next process that creates one: names are `rustccl-<pid>-<start>-<pidns>-<n>-<random>`
+//!   (the creator's pid, its start time in clock ticks since boot and its pid namespace), and
+//!   a file of this pid namespace whose pid is gone, or now belongs to a process started at
+//!   another time, is removed ([`sweep_dead`]).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapMut, MmapOptions};
 use nix::errno::Errno;
@@ -25,6 +35,79 @@ const PREFIX: &str = "rustccl-";
 
 /// Distinguishes the files one process creates.
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The pid that last swept the directory (so each process sweeps once, a forked child too).
+static SWEPT_BY: AtomicU32 = AtomicU32::new(0);
+
+/// Who created a file: the part of its name after the prefix that identifies the process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Creator {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (field 22 of /proc/<pid>/stat).
+    pub start: u64,
+    /// The inode of the pid namespace pids are counted in.
+    pub pidns: u64,
+}
+
+impl Creator {
+    /// This process, or `None` where /proc cannot tell (then no file is ever swept as ours
+    /// and this process sweeps nothing).
+    fn me() -> Option<Creator> {
+        let pid = std::process::id();
+        Some(Creator { pid, start: start_time(&format!("/proc/{pid}/stat"))?, pidns: pid_namespace()? })
+    }
+
+    /// Parses the creator out of a file name; `None` for names of another format.
+    pub fn from_name(name: &str) -> Option<Creator> {
+        let mut f = name.strip_prefix(PREFIX)?.split('-');
+        let (pid, start, pidns) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+        // The counter and the random part follow.
+        (f.count() == 2).then_some(Creator { pid, start, pidns })
+    }
+
+    /// Whether this creator is certainly dead, as seen from a process of pid namespace
+    /// `pidns` (of another namespace, it cannot be told).
+    fn is_dead(&self, pidns: u64) -> bool {
+        self.pidns == pidns && start_time(&format!("/proc/{}/stat", self.pid)) != Some(self.start)
+    }
+}
+
+/// Field 22 (starttime) of a /proc/<pid>/stat file; `None` if there is no such process.
+fn start_time(stat_path: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces or parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The inode of this process's pid namespace (`pid:[4026531836]`).
+fn pid_namespace() -> Option<u64> {
+    let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    link.to_str()?.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// Removes the files in `dir` whose creator is dead (see the module docs); returns their
+/// names. Files of other pid namespaces and of other name formats are left alone.
+pub fn sweep_dead(dir: &Path) -> Vec<String> {
+    let Some(me) = Creator::me() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        let Some(creator) = Creator::from_name(&name) else { continue };
+        if creator != me && creator.is_dead(me.pidns) {
+            match std::fs::remove_file(dir.join(&name)) {
+                Ok(()) => removed.push(name),
+                // Another process swept it first, or it is not ours to remove.
+                Err(e) => tracing::debug!(target: "SHM", "sweeping {name}: {e}"),
+            }
+        }
+    }
+    if !removed.is_empty() {
+        tracing::info!(target: "SHM", "removed {} shared memory file(s) of dead processes from {}: {removed:?}", removed.len(), dir.display());
+    }
+    removed
+}
 
 /// A mapped shared memory file.
 pub struct SharedRegion {
@@ -53,12 +136,18 @@ impl SharedRegion {
         }
         let len = libc::off_t::try_from(bytes)
             .map_err(|_| Error::invalid_argument(format!("{bytes} bytes of shareable memory is too large")))?;
+        let pid = std::process::id();
+        if SWEPT_BY.swap(pid, Ordering::Relaxed) != pid {
+            sweep_dead(dir);
+        }
         let mut random = [0u8; 8];
         getrandom::fill(&mut random)
             .map_err(|e| Error::system(format!("no randomness for a shared memory name: {e}")))?;
+        let me = Creator::me().unwrap_or(Creator { pid, start: 0, pidns: 0 });
         let name = format!(
-            "{PREFIX}{}-{}-{:016x}",
-            std::process::id(),
+            "{PREFIX}{pid}-{}-{}-{}-{:016x}",
+            me.start,
+            me.pidns,
             COUNTER.fetch_add(1, Ordering::Relaxed),
             u64::from_ne_bytes(random)
         );
@@ -122,6 +211,19 @@ impl SharedRegion {
         Ok(region)
     }
 
+    /// As [`SharedRegion::open`], for the last process to map the file: it is unlinked once
+    /// mapped, so it disappears with the last mapping even if every process is killed. (The
+    /// creator's own unlink then finds nothing, which is fine.)
+    pub fn open_last(dir: &Path, name: &str, bytes: usize) -> Result<SharedRegion> {
+        let region = SharedRegion::open(dir, name, bytes)?;
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::debug!(target: "SHM", "unlinked {} (all mapped)", path.display()),
+            Err(e) => tracing::debug!(target: "SHM", "unlinking {} after mapping it: {e}", path.display()),
+        }
+        Ok(region)
+    }
+
     pub fn ptr(&self) -> NonNull<u8> {
         self.ptr
     }
@@ -136,6 +238,8 @@ impl Drop for SharedRegion {
         if let Some(path) = &self.owned_path {
             match std::fs::remove_file(path) {
                 Ok(()) => tracing::debug!(target: "SHM", "unlinked {}", path.display()),
+                // The last importer unlinked it already (open_last).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => tracing::warn!(target: "SHM", "unlinking {}: {e}", path.display()),
             }
         }
@@ -219,6 +323,64 @@ mod tests {
         assert_eq!(e.code, crate::error::ResultCode::SystemError);
         assert!(e.message.contains("is too small"), "{}", e.message);
         assert!(e.message.contains(&format!("{} bytes", 1u64 << 50)), "{}", e.message);
+    }
+
+    #[test]
+    fn names_say_who_created_them() {
+        let (a, name) = SharedRegion::create(Path::new(SHM_DIR), 4096).unwrap();
+        let me = Creator::me().expect("/proc tells this process's start time and pid namespace");
+        assert_eq!(Creator::from_name(&name), Some(me.clone()), "{name}");
+        assert!(name.starts_with(&format!("rustccl-{}-", std::process::id())), "{name}");
+        assert!(!me.is_dead(me.pidns));
+        assert_eq!(Creator::from_name("rustccl-12-0-00ff00ff00ff00ff"), None, "the old format");
+        assert_eq!(Creator::from_name("rustccl-1-2-3-4"), None);
+        assert_eq!(Creator::from_name("rustccl-1-2-3-4-5-6"), None);
+        drop(a);
+    }
+
+    #[test]
+    fn files_of_dead_creators_are_swept_and_others_kept() {
+        let dir = std::env::temp_dir().join(format!("rustccl-sweep-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = Creator::me().unwrap();
+        let name = |pid: u32, start: u64, ns: u64| format!("rustccl-{pid}-{start}-{ns}-0-00000000000000ff");
+        // This pid, started at another time: a dead process whose pid was reused.
+        let reused = name(me.pid, me.start + 1, me.pidns);
+        // A pid above the largest possible one (4194304): no such process.
+        let gone = name(4_194_305, 1, me.pidns);
+        let mine = name(me.pid, me.start, me.pidns);
+        // Another pid namespace: its pids cannot be checked from here.
+        let foreign = name(4_194_305, 1, me.pidns + 1);
+        let unrelated = ["rustccl-12-0-00ff00ff00ff00ff".to_string(), "other-file".to_string()];
+        for n in [&reused, &gone, &mine, &foreign].into_iter().chain(&unrelated) {
+            std::fs::write(dir.join(n), b"x").unwrap();
+        }
+        let mut removed = sweep_dead(&dir);
+        removed.sort();
+        let mut want = vec![gone.clone(), reused.clone()];
+        want.sort();
+        assert_eq!(removed, want);
+        for n in [&mine, &foreign].into_iter().chain(&unrelated) {
+            assert!(dir.join(n).exists(), "{n} was removed");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_last_importer_unlinks_the_file() {
+        let dir = Path::new(SHM_DIR);
+        let (a, name) = SharedRegion::create(dir, 4096).unwrap();
+        let b = SharedRegion::open_last(dir, &name, 4096).unwrap();
+        assert!(!dir.join(&name).exists());
+        // SAFETY: both mappings are 4096 bytes long and alive.
+        unsafe {
+            a.ptr().as_ptr().add(7).write(9);
+            assert_eq!(b.ptr().as_ptr().add(7).read(), 9);
+        }
+        let e = SharedRegion::open(dir, &name, 4096).unwrap_err();
+        assert!(e.message.contains("does not exist"), "{}", e.message);
+        drop(a); // finds nothing to unlink, quietly
+        drop(b);
     }
 
     #[test]

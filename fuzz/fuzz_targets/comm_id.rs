@@ -1,0 +1,3 @@
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| rustccl_netif::fuzzing::comm_id(&String::from_utf8_lossy(data)));
