@@ -27,6 +27,12 @@ f peer_death 2 90 coll-peer-death
 f abort_stuck 3 60 fault-abort-stuck
 f mismatch_count 2 60 fault-mismatch MISMATCH=count
 f mismatch_kind 2 60 fault-mismatch MISMATCH=kind NCCL_OP_TIMEOUT_MS=5000
+f mismatch_type 2 60 fault-mismatch MISMATCH=type NCCL_OP_TIMEOUT_MS=5000
+for p in LL LL128 Simple; do
+    f mismatch_type_$p 2 60 fault-mismatch MISMATCH=type NCCL_PROTO=$p NCCL_OP_TIMEOUT_MS=5000
+    f mismatch_kind_$p 2 60 fault-mismatch MISMATCH=kind NCCL_PROTO=$p NCCL_OP_TIMEOUT_MS=5000
+    f mismatch_count_$p 2 60 fault-mismatch MISMATCH=count NCCL_PROTO=$p NCCL_OP_TIMEOUT_MS=5000
+done
 f mismatch_type_checked 2 60 fault-mismatch MISMATCH=type RUSTCCL_CHECK_COLLECTIVES=1
 f hang_report 3 60 fault-hang HANG_MODE=report RUSTCCL_HANG_REPORT_S=1 ABSENT_S=3
 f hang_timeout 3 60 fault-hang HANG_MODE=timeout NCCL_OP_TIMEOUT_MS=1500 ABSENT_S=3
