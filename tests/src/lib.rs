@@ -235,6 +235,22 @@ impl Nodes {
                 ip(&["-n", &n.ns[i], "link", "set", &n.dev[i], "up"])?;
                 ip(&["-n", &n.ns[i], "link", "set", "lo", "up"])?;
             }
+            // A veth end is "up" at once but carries traffic only once both ends are: wait
+            // for the carrier (on a loaded machine the ranks could start before it).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for i in 0..2 {
+                loop {
+                    let out = Command::new("ip").args(["-n", &n.ns[i], "link", "show", "dev", &n.dev[i]]).output();
+                    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+                    if text.contains("state UP") && !text.contains("NO-CARRIER") {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(format!("{} in {} did not come up: {}", n.dev[i], n.ns[i], text.trim()));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             Ok(())
         })();
         made.map(|_| n)

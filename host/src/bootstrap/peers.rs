@@ -39,8 +39,9 @@ struct Mail {
     departed: HashSet<u32>,
     /// The first operation failure announced by any rank (this one included).
     comm_failed: Option<CommFailure>,
-    /// The first failure of either kind: what every wait reports.
-    first: Option<Error>,
+    /// The first failure of either kind: what every wait reports (with the rank it is the
+    /// death of, for deaths).
+    first: Option<(Option<u32>, Error)>,
 }
 
 /// An operation failure that ends the communicator on every rank.
@@ -104,7 +105,7 @@ impl Shared {
             return false;
         }
         tracing::warn!(target: "BOOTSTRAP", "{reason}");
-        mail.first.get_or_insert_with(|| Error::remote(reason.clone()));
+        mail.first.get_or_insert_with(|| (Some(rank), Error::remote(reason.clone())));
         mail.dead.insert(rank, reason);
         self.arrived.notify_all();
         true
@@ -140,7 +141,11 @@ impl Shared {
         if mail.comm_failed.is_some() {
             return false;
         }
-        mail.first.get_or_insert_with(|| Error::new(f.code, f.reason.clone()));
+        // A rank that announced a failure and then left (or was seen gone by another rank
+        // first, whose news can overtake the announcement) failed for the announced reason.
+        if mail.first.as_ref().is_none_or(|(dead, _)| *dead == Some(f.origin)) {
+            mail.first = Some((None, Error::new(f.code, f.reason.clone())));
+        }
         mail.comm_failed = Some(f);
         self.arrived.notify_all();
         true
@@ -280,7 +285,10 @@ impl Shared {
     }
 
     fn fail_peer(self: &Arc<Self>, peer: u32, reason: String) {
-        if self.mark_dead(peer, reason.clone()) {
+        // A rank that announced a failure told every rank itself; news of its end would only
+        // race its announcement.
+        let announced = self.lock().comm_failed.as_ref().is_some_and(|f| f.origin == peer);
+        if self.mark_dead(peer, reason.clone()) && !announced {
             self.spread_failure(peer, reason);
         }
     }
@@ -331,7 +339,7 @@ impl PeerNet {
     }
 
     fn failure_of(mail: &Mail) -> Option<Error> {
-        mail.first.clone()
+        mail.first.as_ref().map(|(_, e)| e.clone())
     }
 
     /// The announced operation failure, if any.

@@ -411,6 +411,8 @@ impl Communicator {
             }
         }
         if waited >= after && !self.inner.ops.reported_lately(after.max(waited)) {
+            // From now on reports from peers are not logged here: this rank logs its own.
+            self.inner.ops.mark_reported();
             let why = format!("an operation has waited {:.1} s (RUSTCCL_HANG_REPORT_S = {:.0})", waited.as_secs_f64(), after.as_secs_f64());
             if let Err(e) = self.report(&why) {
                 tracing::warn!(target: "INIT", "rank {}: hang report failed: {}", self.inner.rank, e.message);

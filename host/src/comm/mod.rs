@@ -366,19 +366,22 @@ impl Communicator {
     /// `ncclCommAbort`: stops everything now, even with dead peers or a non-blocking init in
     /// progress; always succeeds. Peers see this rank as failed.
     pub fn abort(&self) -> Result<()> {
-        if !self.inner.stop.abort.load(Ordering::Acquire) && !self.inner.destroyed.load(Ordering::Acquire) {
+        // After a failure every rank already knows (announced): leave saying goodbye, so that
+        // peers keep reporting that failure rather than this rank's departure.
+        let known_failure = self.inner.bootstrap.get().is_some_and(|b| b.comm_failure().is_some());
+        if !known_failure && !self.inner.stop.abort.load(Ordering::Acquire) && !self.inner.destroyed.load(Ordering::Acquire) {
             self.announce(&Error::remote("it aborted the communicator (ncclCommAbort)"));
         }
         self.inner.stop.abort.store(true, Ordering::Release);
         self.device_cache().exec.abort();
         self.inner.destroyed.store(true, Ordering::Release);
         if let Some(bs) = self.inner.bootstrap.get() {
-            bs.close(false);
+            bs.close(known_failure);
         }
         self.stop_background_jobs();
         let _ = self.wait_ready();
         if let Some(bs) = self.inner.bootstrap.get() {
-            bs.close(false);
+            bs.close(known_failure);
         }
         self.release_plugins();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} aborted", self.inner.rank, self.inner.comm_hash);
