@@ -443,6 +443,8 @@ impl PeerNet {
             if let Some(why) = mail.dead.get(&peer) {
                 return Err(Error::remote(why.clone()));
             }
+            // This rank's own abort or revoke first, then what other ranks reported.
+            cancel.check()?;
             if strict {
                 if let Some(e) = Self::failure_of(&mail) {
                     return Err(e);

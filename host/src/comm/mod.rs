@@ -309,10 +309,9 @@ impl Communicator {
             )));
         }
         self.ready("revoke")?;
-        if !self.inner.stop.revoked.load(Ordering::Acquire) {
+        if !self.inner.stop.revoked.swap(true, Ordering::AcqRel) {
             self.announce(&Error::remote("it revoked the communicator (ncclCommRevoke)"));
         }
-        self.inner.stop.revoked.store(true, Ordering::Release);
         self.device_cache().exec.abort();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} revoked", self.inner.rank, self.inner.comm_hash);
         Ok(())
@@ -369,10 +368,11 @@ impl Communicator {
         // After a failure every rank already knows (announced): leave saying goodbye, so that
         // peers keep reporting that failure rather than this rank's departure.
         let known_failure = self.inner.bootstrap.get().is_some_and(|b| b.comm_failure().is_some());
-        if !known_failure && !self.inner.stop.abort.load(Ordering::Acquire) && !self.inner.destroyed.load(Ordering::Acquire) {
+        // The flag first: this rank's own waits then report the abort, not its announcement.
+        let first = !self.inner.stop.abort.swap(true, Ordering::AcqRel);
+        if first && !known_failure && !self.inner.destroyed.load(Ordering::Acquire) {
             self.announce(&Error::remote("it aborted the communicator (ncclCommAbort)"));
         }
-        self.inner.stop.abort.store(true, Ordering::Release);
         self.device_cache().exec.abort();
         self.inner.destroyed.store(true, Ordering::Release);
         if let Some(bs) = self.inner.bootstrap.get() {
