@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use rustccl::backend::{BackendKind, DeviceBackend, DevicePtr};
+use rustccl::backend::{DeviceBackend, DevicePtr};
 use rustccl::Error;
 
 /// A registration made here, and how many pending or running operations hold it.
@@ -48,7 +48,7 @@ fn registered() -> std::sync::MutexGuard<'static, Vec<Registration>> {
 pub fn prepare(backend: &Arc<dyn DeviceBackend>, ranges: &[(usize, usize)]) -> Result<(), Error> {
     // A job a Rust caller queued on this thread is nothing of this operation's.
     drop(rustccl::coll::background::take_launched());
-    if backend.kind() != BackendKind::Host {
+    if !backend.capabilities().host_addressable {
         return Ok(());
     }
     let mut ranges: Vec<(usize, usize)> = ranges.iter().copied().filter(|&(p, b)| p != 0 && b > 0).collect();

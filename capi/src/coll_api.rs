@@ -2,7 +2,7 @@
 
 use std::os::raw::{c_int, c_void};
 
-use rustccl::backend::{BackendKind, DevicePtr, Stream};
+use rustccl::backend::{DevicePtr, Stream};
 use rustccl::types::{DataType, RedOp};
 use rustccl::{Error, ReduceOp, Scalar};
 
@@ -77,7 +77,7 @@ fn with_op_buffers(
 }
 
 fn with_ranges(c: &CComm, ranges: Vec<(usize, usize)>, f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
-    if c.comm.backend().kind() == BackendKind::Host {
+    if c.comm.backend().capabilities().host_addressable {
         for &(p, b) in &ranges {
             check_mapped(p, b)?;
         }

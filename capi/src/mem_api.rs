@@ -60,7 +60,7 @@ nccl_api! {
                 return Err(Error::invalid_argument("buff or handle is NULL, or size is 0"));
             }
             let backend = c.comm.backend();
-            let known = backend.kind() != rustccl::backend::BackendKind::Host
+            let known = !backend.capabilities().host_addressable
                 || backend.host_address(DevicePtr(buff as u64), size).is_ok();
             let reg = if known {
                 Registration { ptr: DevicePtr(buff as u64), owned: false }

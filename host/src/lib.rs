@@ -16,6 +16,7 @@ pub mod fuzzing;
 pub mod log;
 pub mod params;
 pub mod plugin;
+pub mod program;
 pub mod reduce;
 pub mod transport;
 pub mod types;

@@ -233,6 +233,10 @@ impl DeviceBackend for HostBackend {
         BackendKind::Host
     }
 
+    fn capabilities(&self) -> &crate::backend::Capabilities {
+        crate::backend::caps::host_static()
+    }
+
     fn device_count(&self) -> Result<usize> {
         Ok(self.devices)
     }

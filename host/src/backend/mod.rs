@@ -8,6 +8,7 @@
 //! issue; the handle types here are plain 64-bit values so those handles fit unchanged.
 //! [`select_backend`] picks one from `RUSTCCL_BACKEND`.
 
+pub mod caps;
 pub mod cuda;
 pub mod handle;
 pub mod host;
@@ -16,6 +17,7 @@ pub mod share;
 
 use std::sync::Arc;
 
+pub use caps::{Capabilities, ProtocolCost};
 pub use handle::{DevicePtr, Event, HostMapped, Stream};
 pub use cuda::CudaBackend;
 pub use host::HostBackend;
@@ -102,6 +104,10 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     // ---- identity ----
 
     fn kind(&self) -> BackendKind;
+
+    /// What the backend offers the planner and the transports (they ask this, never
+    /// [`kind`](DeviceBackend::kind)).
+    fn capabilities(&self) -> &Capabilities;
 
     /// The number of devices this process can use.
     fn device_count(&self) -> Result<usize>;

@@ -20,7 +20,7 @@ use rustccl_plugin_api::Protocol;
 
 use super::plan::CommRun;
 use super::profile::{self, Stage};
-use super::program::Link;
+use crate::program::Link;
 use crate::backend::{DeviceBackend, DevicePtr, Event, ExecLaunch, HostMapped, Stream};
 use crate::error::{Error, Result};
 use crate::transport::{p2p_protocol_slots, Connection, Dir, Kind, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
@@ -463,7 +463,7 @@ pub(crate) fn control_error(host: usize, rank: u32) -> Option<Error> {
 mod tests {
     use super::*;
     use crate::coll::plan::{OpCtx, WorkItem};
-    use crate::coll::program::{self, Purpose, Ring, Step};
+    use crate::program::{self, Purpose, Ring, Step};
     use crate::reduce::{DevOp, Reducer};
     use crate::transport::fifo::{header_bytes, Fifo, LocalMemory, STEPS};
     use crate::transport::GPU_SLOT_BYTES;

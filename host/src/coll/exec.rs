@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::check::{self, OpSig};
 use super::plan::{CommRun, OpCtx};
-use super::program::{Link, Step};
+use crate::program::{Link, Step};
 use crate::error::{Error, Result};
 use crate::transport::{Connection, Dir, SLOT_BYTES};
 

@@ -21,7 +21,7 @@ pub mod exec;
 pub mod group;
 pub mod plan;
 pub mod profile;
-pub mod program;
+
 
 use crate::backend::{DevicePtr, Stream};
 use crate::comm::Communicator;

@@ -10,14 +10,15 @@
 
 use rustccl_plugin_api::{Algorithm, CollType, CostTable, Protocol, ALGO_PROTO_IGNORE};
 
-use super::program::{self, Ring, Step};
+use crate::program::{self, Ring, Step};
 use super::{CollKind, ReduceOp, Scalar, Task};
 use crate::backend::DevicePtr;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::params;
 use crate::reduce::{DevOp, Reducer};
-use crate::transport::{GPU_SLOT_BYTES, SLOT_BYTES};
+use crate::backend::Capabilities;
+use crate::transport::SLOT_BYTES;
 use crate::types::DataType;
 
 /// The buffers and the reduction of one task, as the executor needs them.
@@ -94,32 +95,11 @@ fn task_bytes(task: &Task, nranks: usize) -> usize {
     }
 }
 
-/// Per-step latency (us) and bandwidth (GB/s, per channel on devices) of each protocol, and
-/// the host backend's chunk.
-fn proto_model(p: Protocol, device: bool) -> (f32, f32, usize) {
-    match (p, device) {
-        (Protocol::Ll, false) => (4.0, 1.5, 16 * 1024),
-        (Protocol::Ll128, false) => (6.0, 3.0, 128 * 1024),
-        (Protocol::Simple, false) => (12.0, 6.0, SLOT_BYTES),
-        // The device interpreter (H200, NVLink, measured per channel): LL needs no fence nor
-        // counter round trip but moves half its bytes as flags; LL128 loses 1/16; Simple
-        // waits for a counter in host memory at each step.
-        (Protocol::Ll, true) => (2.0, 4.0, 0),
-        (Protocol::Ll128, true) => (3.0, 8.0, 0),
-        (Protocol::Simple, true) => (6.0, 17.0, 0),
-    }
-}
-
-/// Device channels for `bytes`: one per 128 KiB, up to 32 (each is a block of the
-/// interpreter with its own connections).
-fn device_channels(bytes: usize) -> u32 {
-    (bytes >> 17).clamp(1, 32) as u32
-}
-
 /// The cost model: time of `algo`/`proto` for `bytes` on `n` ranks, or IGNORE if unusable.
-fn model_time(kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize, device: bool) -> f32 {
-    let (lat, per_channel, _) = proto_model(proto, device);
-    let bw = if device { per_channel * device_channels(bytes) as f32 } else { per_channel };
+fn model_time(caps: &Capabilities, kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize) -> f32 {
+    let cost = caps.protocol(proto);
+    let lat = cost.latency_us;
+    let bw = if caps.bandwidth_per_channel { cost.gbps * caps.channels_by_size(bytes) as f32 } else { cost.gbps };
     let nf = n as f32;
     let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
     match (kind, algo) {
@@ -162,11 +142,11 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let n_algo = Algorithm::ALL.len();
     let n_proto = Protocol::ALL.len();
     let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
-    let device = comm.backend().kind() != crate::backend::BackendKind::Host;
+    let caps = comm.backend().capabilities();
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
             if allowed(algo_setting(), a.name()) && allowed(proto_setting(), p.name()) {
-                costs[a.index() * n_proto + p.index()] = model_time(&task.kind, a, p, bytes, n, device);
+                costs[a.index() * n_proto + p.index()] = model_time(caps, &task.kind, a, p, bytes, n);
             }
         }
     }
@@ -182,13 +162,13 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     let (algo, proto, time_us) = match best {
         Some(b) => b,
         // What the user forced does not exist for this collective (a tree all-gather): ring.
-        None if comm.backend().kind() != crate::backend::BackendKind::Host => {
+        None if caps.ring_simple_fallback => {
             tracing::info!(
                 target: "TUNING",
                 "{}: no allowed algorithm runs this on device buffers (NCCL_ALGO / NCCL_PROTO); using Ring/Simple",
                 task.kind.name()
             );
-            let time = model_time(&task.kind, Algorithm::Ring, Protocol::Simple, bytes, n, true);
+            let time = model_time(caps, &task.kind, Algorithm::Ring, Protocol::Simple, bytes, n);
             (Algorithm::Ring, Protocol::Simple, time)
         }
         None => {
@@ -199,12 +179,13 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
         }
     };
     let config = comm.config();
-    // The host backend's channels are polled by one thread: a few help overlap.
-    let (by_size, most) = if device { (device_channels(bytes), 32) } else { (if bytes >= 4 << 20 { 2 } else { 1 }, 4) };
-    let wanted = if channels > 0 { channels as u32 } else { by_size };
-    let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(most));
-    let most_chunk = if device { device_chunk(proto) } else { SLOT_BYTES };
-    let mut chunk_bytes = if device { most_chunk } else { proto_model(proto, false).2 };
+    let wanted = if channels > 0 { channels as u32 } else { caps.channels_by_size(bytes) };
+    let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(caps.max_channels));
+    let most_chunk = max_chunk(caps, proto);
+    let mut chunk_bytes = match caps.protocol(proto).chunk_bytes {
+        0 => most_chunk,
+        c => c.min(most_chunk),
+    };
     if let Some(t) = &plugins.tuner {
         if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, coll_type(&task.kind), bytes, algo, proto, channels as i32) {
             chunk_bytes = c.clamp(task.dtype.size(), most_chunk);
@@ -213,15 +194,18 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
     Ok(Choice { algo, proto, channels, chunk_bytes, time_us })
 }
 
-/// The most payload bytes one device step of `proto` carries (a P2P slot of the protocol, in
-/// its format; other connections' slots are larger), a multiple of 16.
-pub fn device_chunk(proto: Protocol) -> usize {
-    use crate::transport::{GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
+/// The most payload bytes one step of `proto` carries: a slot's worth in the protocol's format
+/// (the protocol's own slot where it has one), a multiple of 16; the host backend's steps
+/// carry bytes as they are.
+pub fn max_chunk(caps: &Capabilities, proto: Protocol) -> usize {
     use rustccl_kernels::exec::{payload_capacity, PROTO_LL, PROTO_LL128, PROTO_SIMPLE};
+    if caps.host_addressable {
+        return caps.slot_bytes;
+    }
     let capacity = match proto {
-        Protocol::Ll => payload_capacity(PROTO_LL, GPU_LL_SLOT_BYTES),
-        Protocol::Ll128 => payload_capacity(PROTO_LL128, GPU_LL128_SLOT_BYTES),
-        Protocol::Simple => payload_capacity(PROTO_SIMPLE, GPU_SLOT_BYTES),
+        Protocol::Ll => payload_capacity(PROTO_LL, caps.ll_slot_bytes),
+        Protocol::Ll128 => payload_capacity(PROTO_LL128, caps.ll128_slot_bytes),
+        Protocol::Simple => payload_capacity(PROTO_SIMPLE, caps.slot_bytes),
     };
     capacity / 16 * 16
 }
@@ -253,7 +237,7 @@ fn address(comm: &Communicator, ptr: DevicePtr, bytes: usize, what: &str) -> Res
     if bytes == 0 {
         return Ok(0);
     }
-    if comm.backend().kind() != crate::backend::BackendKind::Host {
+    if !comm.backend().capabilities().host_addressable {
         return Ok(ptr.0 as usize);
     }
     comm.backend().host_address(ptr, bytes).map_err(|e| e.context(what))
@@ -263,8 +247,9 @@ fn address(comm: &Communicator, ptr: DevicePtr, bytes: usize, what: &str) -> Res
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
     let n = comm.nranks_unchecked();
     let rank = comm.rank_unchecked();
-    let device = comm.backend().kind() != crate::backend::BackendKind::Host;
-    let p2p_chunk = if device { GPU_SLOT_BYTES } else { SLOT_BYTES };
+    let caps = comm.backend().capabilities();
+    let device = !caps.host_addressable;
+    let p2p_chunk = caps.slot_bytes;
     let mut ctxs = Vec::new();
     let mut items: Vec<(ItemKey, Vec<(usize, Step)>)> = Vec::new();
     let mut push = |key: ItemKey, ctx: usize, steps: Vec<Step>| {
@@ -316,7 +301,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
                 _ => {
                     // One rank: the result is this rank's input, through the op (pre and post).
                     let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
-                    for (c, steps) in local_channels(b, reduce, p2p_channels(device, b, n)) {
+                    for (c, steps) in local_channels(b, reduce, caps.p2p_channels(b, n)) {
                         push(ItemKey::Local(c), ci, steps);
                     }
                 }
@@ -325,7 +310,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         }
         match task.kind {
             CollKind::Send { peer } | CollKind::Recv { peer } => {
-                let nch = p2p_channels(device, b, n);
+                let nch = caps.p2p_channels(b, n);
                 for c in 0..nch {
                     let range = program::p2p_range(b, c, nch);
                     if range.0 == range.1 && c > 0 {
@@ -374,24 +359,13 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         // The receive's context gets the send's source.
         ctxs[r].src = ctxs[s].src;
         ctxs[r].src_len = ctxs[s].src_len;
-        for (c, steps) in local_channels(sb, false, p2p_channels(device, sb, n)) {
+        for (c, steps) in local_channels(sb, false, caps.p2p_channels(sb, n)) {
             push(ItemKey::Local(c), r, steps);
         }
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
     Ok(CommRun { comm: comm.handle(), ctxs, items, device, stream })
-}
-
-/// Channels a point-to-point message (or a local copy) of `bytes` is spread over: one on the
-/// host backend; on devices one per MiB, up to 8, and fewer with many peers (each channel of
-/// each peer is a connection with its own slots).
-fn p2p_channels(device: bool, bytes: usize, nranks: u32) -> u32 {
-    if !device {
-        return 1;
-    }
-    let most = (16 / nranks.saturating_sub(1).max(1)).clamp(1, 8);
-    ((bytes >> 20) as u32).clamp(1, most)
 }
 
 /// A local copy (or pass through the op) of `bytes`, spread over `nch` channels: each

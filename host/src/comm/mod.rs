@@ -19,7 +19,7 @@ use crate::backend::DeviceBackend;
 use crate::bootstrap::{Bootstrap, StopFlags};
 use crate::config::{CommConfig, ResolvedConfig};
 use crate::error::{set_last_error, Error, Result, ResultCode};
-use crate::coll::program::Link;
+use crate::program::Link;
 use crate::plugin::CommPlugins;
 use crate::transport::{proxy::Proxy, Connection, Context, Dir};
 

@@ -17,7 +17,7 @@ use rustccl_plugin_api::PluginHandle;
 
 use crate::backend::{DeviceBackend, DevicePtr, ShareHandle};
 use crate::bootstrap::Bootstrap;
-use crate::coll::program::{Link, Purpose};
+use crate::program::{Link, Purpose};
 use crate::error::{Error, Result};
 use crate::plugin::net::NetInstance;
 use fifo::{fifo_bytes, Fifo, LocalMemory};
@@ -97,7 +97,7 @@ impl Connection {
     }
 }
 
-/// Bytes of each FIFO slot.
+/// Bytes of each FIFO slot of the host backend (its `Capabilities::slot_bytes`).
 pub const SLOT_BYTES: usize = 512 * 1024;
 /// Bytes of each FIFO slot of device connections (as NCCL's Simple buffer: 4 MiB over 8 steps).
 pub const GPU_SLOT_BYTES: usize = 512 << 10;
@@ -144,7 +144,7 @@ impl Context<'_> {
     pub fn kind_for(&self, peer: u32) -> Kind {
         let peers = self.bootstrap.peers();
         let same_host = peers[peer as usize].host_hash == peers[self.bootstrap.rank() as usize].host_hash;
-        let device = self.backend.kind() != crate::backend::BackendKind::Host;
+        let device = !self.backend.capabilities().host_addressable;
         match (device, same_host) {
             (false, true) if !self.shm_disabled => Kind::Shm,
             (false, _) => Kind::Net,
@@ -154,13 +154,9 @@ impl Context<'_> {
         }
     }
 
-    /// FIFO slot size: larger for device backends, whose every step costs a launch.
+    /// FIFO slot size (the backend's).
     pub fn slot_bytes(&self) -> usize {
-        if self.backend.kind() == crate::backend::BackendKind::Host {
-            SLOT_BYTES
-        } else {
-            GPU_SLOT_BYTES
-        }
+        self.backend.capabilities().slot_bytes
     }
 
     fn host() -> Result<Arc<dyn DeviceBackend>> {
@@ -366,7 +362,7 @@ impl Establish {
     fn net_connection(&self, cx: &Context, link: Link, dir: Dir, comm: PluginHandle, mem: LocalMemory) -> Result<Arc<Connection>> {
         let slot = cx.slot_bytes();
         let mut memory = Vec::new();
-        let fifo = if cx.backend.kind() == crate::backend::BackendKind::Host {
+        let fifo = if cx.backend.capabilities().host_addressable {
             // SAFETY: `mem` is zeroed and sized for the FIFO; the connection owns it.
             unsafe { Fifo::new(mem.ptr(), slot) }
         } else {
@@ -382,5 +378,17 @@ impl Establish {
         let conn = Arc::new(Connection { link, dir, kind: Kind::Net, fifo, error: Mutex::new(None), _memory: memory });
         cx.proxy.add(Arc::clone(&conn), comm, mr);
         Ok(conn)
+    }
+}
+
+#[cfg(test)]
+mod caps_tests {
+    use super::*;
+
+    #[test]
+    fn slot_constants_are_the_backends_capabilities() {
+        let (h, g) = (crate::backend::Capabilities::host(), crate::backend::Capabilities::gpu());
+        assert_eq!(h.slot_bytes, SLOT_BYTES);
+        assert_eq!((g.slot_bytes, g.ll_slot_bytes, g.ll128_slot_bytes), (GPU_SLOT_BYTES, GPU_LL_SLOT_BYTES, GPU_LL128_SLOT_BYTES));
     }
 }

@@ -602,6 +602,10 @@ impl DeviceBackend for CudaBackend {
         BackendKind::Cuda
     }
 
+    fn capabilities(&self) -> &crate::backend::Capabilities {
+        crate::backend::caps::gpu_static()
+    }
+
     fn device_count(&self) -> Result<usize> {
         Ok(self.devices.len())
     }

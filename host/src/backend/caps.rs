@@ -1,0 +1,150 @@
+//! What a backend offers the planner and the transports. They ask for these capabilities,
+//! never for which backend it is (wgpu-hal's adapter limits and features).
+
+use rustccl_plugin_api::Protocol;
+
+/// The cost model of one protocol.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProtocolCost {
+    /// Time of one step, microseconds.
+    pub latency_us: f32,
+    /// Bandwidth, GB/s (per channel when [`Capabilities::bandwidth_per_channel`]).
+    pub gbps: f32,
+    /// Payload bytes one step carries; 0: as much as a slot holds in the protocol's format.
+    pub chunk_bytes: usize,
+}
+
+/// What a backend offers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Capabilities {
+    /// The CPU can address the backend's memory: operations run on CPU threads (the host
+    /// executor) and buffers are host addresses. Otherwise they run on the device (the
+    /// collective interpreter) and connections between devices of one host can be P2P.
+    pub host_addressable: bool,
+    /// The cost model, by [`Protocol::index`].
+    pub protocols: [ProtocolCost; 3],
+    /// Bandwidth grows with the channels (each channel is a block of its own).
+    pub bandwidth_per_channel: bool,
+    /// Channels chosen by size: one per `channel_bytes`, between 1 and `size_channels`.
+    pub channel_bytes: usize,
+    pub size_channels: u32,
+    /// The most channels a collective may use (a tuner's or the config's choice included).
+    pub max_channels: u32,
+    /// Point-to-point messages and local copies: one channel per `p2p_channel_bytes` up to
+    /// `p2p_max_channels`, and `p2p_channel_budget` channels shared among the peers; 0: one.
+    pub p2p_channel_bytes: usize,
+    pub p2p_max_channels: u32,
+    pub p2p_channel_budget: u32,
+    /// Bytes of each Simple FIFO slot; connections whose lines arrive whole (P2P) also have
+    /// LL and LL128 slots of these sizes.
+    pub slot_bytes: usize,
+    pub ll_slot_bytes: usize,
+    pub ll128_slot_bytes: usize,
+    /// When `NCCL_ALGO`/`NCCL_PROTO` leave nothing for a collective, run Ring/Simple anyway
+    /// (rather than refusing): the device path has no tree for every collective.
+    pub ring_simple_fallback: bool,
+}
+
+impl Capabilities {
+    pub fn protocol(&self, p: Protocol) -> ProtocolCost {
+        self.protocols[p.index()]
+    }
+
+    /// Channels for a collective of `bytes` by size alone.
+    pub fn channels_by_size(&self, bytes: usize) -> u32 {
+        ((bytes / self.channel_bytes.max(1)) as u64).clamp(1, self.size_channels.max(1) as u64) as u32
+    }
+
+    /// Channels a point-to-point message (or local copy) of `bytes` is spread over with
+    /// `nranks` ranks (each channel of each peer is a connection with slots of its own).
+    pub fn p2p_channels(&self, bytes: usize, nranks: u32) -> u32 {
+        if self.p2p_channel_bytes == 0 {
+            return 1;
+        }
+        let most = (self.p2p_channel_budget / nranks.saturating_sub(1).max(1)).clamp(1, self.p2p_max_channels.max(1));
+        ((bytes / self.p2p_channel_bytes) as u64).clamp(1, most as u64) as u32
+    }
+
+    /// The host backend: CPU threads poll FIFOs in shared memory.
+    pub fn host() -> Capabilities {
+        const SLOT: usize = 512 * 1024;
+        Capabilities {
+            host_addressable: true,
+            protocols: [
+                ProtocolCost { latency_us: 4.0, gbps: 1.5, chunk_bytes: 16 * 1024 },
+                ProtocolCost { latency_us: 6.0, gbps: 3.0, chunk_bytes: 128 * 1024 },
+                ProtocolCost { latency_us: 12.0, gbps: 6.0, chunk_bytes: SLOT },
+            ],
+            bandwidth_per_channel: false,
+            // One thread polls every channel: a second one helps overlap from 4 MiB on.
+            channel_bytes: 2 << 20,
+            size_channels: 2,
+            max_channels: 4,
+            p2p_channel_bytes: 0,
+            p2p_max_channels: 1,
+            p2p_channel_budget: 1,
+            slot_bytes: SLOT,
+            ll_slot_bytes: 0,
+            ll128_slot_bytes: 0,
+            ring_simple_fallback: false,
+        }
+    }
+
+    /// GPUs running the collective interpreter (`kernels/src/device/exec.cu`), measured on
+    /// H200s over NVLink, per channel: LL needs no fence nor counter round trip but moves half
+    /// its bytes as flags; LL128 loses 1/16; Simple waits for a counter at each step.
+    pub fn gpu() -> Capabilities {
+        Capabilities {
+            host_addressable: false,
+            protocols: [
+                ProtocolCost { latency_us: 2.0, gbps: 4.0, chunk_bytes: 0 },
+                ProtocolCost { latency_us: 3.0, gbps: 8.0, chunk_bytes: 0 },
+                ProtocolCost { latency_us: 6.0, gbps: 17.0, chunk_bytes: 0 },
+            ],
+            bandwidth_per_channel: true,
+            // One channel (a block with its own connections) per 128 KiB, up to 32.
+            channel_bytes: 128 << 10,
+            size_channels: 32,
+            max_channels: 32,
+            // One per MiB, up to 8 per peer, 16 shared among the peers.
+            p2p_channel_bytes: 1 << 20,
+            p2p_max_channels: 8,
+            p2p_channel_budget: 16,
+            // As NCCL's Simple buffer: 4 MiB over 8 steps.
+            slot_bytes: 512 << 10,
+            ll_slot_bytes: 64 << 10,
+            ll128_slot_bytes: 256 << 10,
+            ring_simple_fallback: true,
+        }
+    }
+}
+
+/// The host backend's capabilities, made once.
+pub fn host_static() -> &'static Capabilities {
+    static C: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
+    C.get_or_init(Capabilities::host)
+}
+
+/// The GPU backends' capabilities, made once.
+pub fn gpu_static() -> &'static Capabilities {
+    static C: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
+    C.get_or_init(Capabilities::gpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_rules_are_the_ones_the_planner_used() {
+        let (h, g) = (Capabilities::host(), Capabilities::gpu());
+        for (bytes, host, gpu) in [(0, 1, 1), (1 << 20, 1, 8), ((4 << 20) - 1, 1, 31), (4 << 20, 2, 32), (1 << 30, 2, 32)] {
+            assert_eq!((h.channels_by_size(bytes), g.channels_by_size(bytes)), (host, gpu), "{bytes}");
+        }
+        assert_eq!(h.p2p_channels(1 << 30, 2), 1);
+        assert_eq!(g.p2p_channels(3 << 20, 2), 3);
+        assert_eq!(g.p2p_channels(1 << 30, 2), 8);
+        assert_eq!(g.p2p_channels(1 << 30, 5), 4);
+        assert_eq!(g.p2p_channels(1 << 30, 64), 1);
+    }
+}
