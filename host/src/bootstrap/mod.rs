@@ -7,6 +7,7 @@
 pub mod id;
 pub mod peers;
 pub mod root;
+pub mod tags;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -86,11 +87,8 @@ pub fn hostname() -> String {
     nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "unknown".into())
 }
 
-/// Tags of internal operations have the top bit set; user point-to-point tags must not.
-/// Below it, bits 48..63 name the internal operation: 1 all-gather, 2 barrier, 3 ring
-/// exchange (each with a sequence number), 15 status replies (with a nonce).
-const INTERNAL_TAG: u64 = 1 << 63;
-const STATUS_REPLY_OP: u64 = 15;
+/// Tags of internal operations have the top bit set (see [`tags`]).
+const INTERNAL_TAG: u64 = tags::INTERNAL;
 static STATUS_NONCE: AtomicU64 = AtomicU64::new(1);
 
 /// One rank's bootstrap network for one communicator.
@@ -183,7 +181,7 @@ impl Bootstrap {
     /// Every rank's answer to a status query (`None` for this rank and silent ones).
     pub fn query_status(&self, wait: Duration) -> Vec<Option<Vec<u8>>> {
         let nonce = STATUS_NONCE.fetch_add(1, Ordering::Relaxed);
-        self.net.query_status(INTERNAL_TAG | (STATUS_REPLY_OP << 48) | (nonce & 0xffff_ffff_ffff), wait)
+        self.net.query_status(tags::status_reply(nonce), wait)
     }
 
     /// Sends a report to every other rank.
@@ -196,8 +194,7 @@ impl Bootstrap {
     }
 
     fn next_tag(&self, op: u64) -> u64 {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        INTERNAL_TAG | (op << 48) | ((seq & 0xffff_ffff) << 16)
+        tags::internal(op, self.seq.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Sends a message to `peer` (`tag` below 2^63).
@@ -247,7 +244,7 @@ impl Bootstrap {
     pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.check_live()?;
         let (rank, n) = (self.rank(), self.nranks());
-        let tag = self.next_tag(1);
+        let tag = self.next_tag(tags::OP_ALLGATHER);
         let mut all = vec![Vec::new(); n as usize];
         all[rank as usize] = mine.to_vec();
         let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
@@ -265,7 +262,7 @@ impl Bootstrap {
     pub fn barrier(&self) -> Result<()> {
         self.check_live()?;
         let (rank, n) = (self.rank(), self.nranks());
-        let tag = self.next_tag(2);
+        let tag = self.next_tag(tags::OP_BARRIER);
         let cancel = self.cancel("bootstrap barrier");
         let mut dist = 1;
         let mut round = 0u64;
@@ -282,7 +279,7 @@ impl Bootstrap {
     pub fn ring_exchange(&self, data: &[u8]) -> Result<Vec<u8>> {
         self.check_live()?;
         let (rank, n) = (self.rank(), self.nranks());
-        let tag = self.next_tag(3);
+        let tag = self.next_tag(tags::OP_RING);
         if n == 1 {
             return Ok(data.to_vec());
         }

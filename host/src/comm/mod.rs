@@ -276,15 +276,18 @@ impl Communicator {
         self.run("allgather", |bs| bs.allgather(mine))
     }
 
-    /// Sends bytes to `peer` under `tag` (out-of-band, through the bootstrap network).
+    /// Sends bytes to `peer` under `tag` (below 2^48; out-of-band, through the bootstrap
+    /// network).
     pub fn send_bytes(&self, peer: i32, tag: u64, data: &[u8]) -> Result<()> {
         let peer = self.peer_index(peer)?;
+        crate::bootstrap::tags::check_user(tag).or_else(|e| self.fail(e))?;
         self.run("send", |bs| bs.send(peer, tag, data))
     }
 
     /// Receives the next bytes `peer` sent under `tag`.
     pub fn recv_bytes(&self, peer: i32, tag: u64) -> Result<Vec<u8>> {
         let peer = self.peer_index(peer)?;
+        crate::bootstrap::tags::check_user(tag).or_else(|e| self.fail(e))?;
         self.run("recv", |bs| bs.recv(peer, tag))
     }
 

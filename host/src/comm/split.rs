@@ -48,7 +48,7 @@ struct SplitVote {
 
 /// Tag of the message carrying a child's id: kind (1 split, 2 shrink) and child number.
 fn child_tag(kind: u64, seq: u64) -> u64 {
-    (7 << 48) | (kind << 40) | (seq & 0xff_ffff_ffff)
+    crate::bootstrap::tags::child_id(kind, seq)
 }
 
 /// The child's rank 0 starts its root and sends the id to the others; the others receive it.

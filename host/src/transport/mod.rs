@@ -119,13 +119,7 @@ pub fn p2p_protocol_slots(slots: u64) -> (u64, u64) {
 
 /// The bootstrap tag under which the receiver of `link` sends its handle.
 fn handle_tag(purpose: Purpose) -> u64 {
-    let code = match purpose {
-        Purpose::Ring(c) => (1 << 20) | c as u64,
-        Purpose::TreeUp(c) => (2 << 20) | c as u64,
-        Purpose::TreeDown(c) => (3 << 20) | c as u64,
-        Purpose::P2p(c) => (4 << 20) | c as u64,
-    };
-    (1 << 62) | code
+    crate::bootstrap::tags::connection(purpose)
 }
 
 /// What a communicator offers connection making.
