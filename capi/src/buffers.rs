@@ -47,7 +47,7 @@ fn registered() -> std::sync::MutexGuard<'static, Vec<Registration>> {
 /// range inside another (in-place AllGather) is covered by the outer registration.
 pub fn prepare(backend: &Arc<dyn DeviceBackend>, ranges: &[(usize, usize)]) -> Result<(), Error> {
     // A job a Rust caller queued on this thread is nothing of this operation's.
-    drop(rustccl::coll::background::take_launched());
+    drop(rustccl::comm::jobs::take_launched());
     if !backend.capabilities().host_addressable {
         return Ok(());
     }
@@ -101,7 +101,7 @@ pub fn finish() {
         }
     });
     let Some(done) = done else { return };
-    match rustccl::coll::background::take_launched() {
+    match rustccl::comm::jobs::take_launched() {
         Some(job) => job.on_done(move || release(done)),
         None => release(done),
     }

@@ -11,16 +11,19 @@ pub mod coll;
 pub mod comm;
 pub mod config;
 pub mod error;
+pub mod exec;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod log;
 pub mod params;
 pub mod plugin;
+pub mod profile;
 pub mod program;
 pub mod reduce;
 pub mod transport;
 pub mod types;
 pub mod version;
+pub mod work;
 
 pub use bootstrap::UniqueId;
 pub use comm::{get_unique_id, Communicator, ShrinkFlags, SPLIT_NOCOLOR};

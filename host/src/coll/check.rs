@@ -15,13 +15,9 @@
 use super::{CollKind, Task};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::types::DataType;
 
-/// An operation's identity as a rank's FIFO slots carry it. 0 means "not known".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OpSig(pub u64);
-
-const NO_ROOT: u64 = 0xf_ffff;
+pub use crate::work::{mismatch, OpSig};
+use crate::work::NO_ROOT;
 
 fn kind_code(kind: &CollKind) -> (u64, u64) {
     match *kind {
@@ -48,42 +44,6 @@ impl OpSig {
         OpSig(kind << 60 | (task.dtype as u64 + 1) << 56 | op << 52 | root << 32 | (task.count as u64 & 0xffff_ffff))
     }
 
-    pub fn is_known(self) -> bool {
-        self.0 != 0
-    }
-}
-
-impl std::fmt::Display for OpSig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let v = self.0;
-        let kind = match v >> 60 {
-            1 => "AllReduce",
-            2 => "Broadcast",
-            3 => "Reduce",
-            4 => "AllGather",
-            5 => "ReduceScatter",
-            6 => "Send/Recv",
-            _ => "an unknown operation",
-        };
-        let dtype = DataType::from_i32(((v >> 56) & 0xf) as i32 - 1).map_or("?".to_string(), |t| format!("{t:?}"));
-        write!(f, "{kind}(count {}, {dtype}", v & 0xffff_ffff)?;
-        const OPS: [&str; 6] = ["Sum", "Prod", "Max", "Min", "Avg", "PreMulSum"];
-        if let Some(op) = (((v >> 52) & 0xf) as usize).checked_sub(1).and_then(|i| OPS.get(i)) {
-            write!(f, ", {op}")?;
-        }
-        let root = (v >> 32) & NO_ROOT;
-        if root != NO_ROOT {
-            write!(f, ", root {root}")?;
-        }
-        write!(f, ")")
-    }
-}
-
-/// The error for a slot from `peer` whose signature differs from this rank's.
-pub fn mismatch(me: u32, mine: OpSig, peer: u32, theirs: OpSig) -> Error {
-    Error::invalid_usage(format!(
-        "the ranks called different operations: rank {peer} is in {theirs} while rank {me} is in {mine}; every rank must call the same collectives in the same order with the same count, datatype, operator and root"
-    ))
 }
 
 /// Whether `RUSTCCL_CHECK_COLLECTIVES=1`.
@@ -188,6 +148,7 @@ mod tests {
     use super::*;
     use crate::backend::{DevicePtr, Stream};
     use crate::coll::ReduceOp;
+    use crate::types::DataType;
 
     fn task(kind: CollKind, count: usize, dtype: DataType, op: ReduceOp) -> Task {
         Task { kind, send: DevicePtr(8), recv: DevicePtr(8), count, dtype, op, stream: Stream(0) }

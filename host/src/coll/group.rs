@@ -4,12 +4,12 @@
 //! one executor progresses all of them at once). Outside a group an operation is a group of one.
 //!
 //! A group of non-blocking communicators (`blocking = 0`) is handed to a background job
-//! ([`super::background`]) and its end (the call, outside a group) returns `InProgress`; as in
+//! (`comm::jobs`) and its end (the call, outside a group) returns `InProgress`; as in
 //! NCCL, one group cannot hold both blocking and non-blocking communicators.
 
 use std::cell::RefCell;
 
-use super::{background, exec, plan, Task};
+use super::{exec, plan, Task};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 
@@ -134,7 +134,7 @@ fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
             return Err(c.record_error(e.context("an earlier non-blocking operation on this communicator failed (see async_error; abort it)")));
         }
     }
-    background::launch(comms, move || run(tasks));
+    crate::comm::jobs::launch(comms, move || run(tasks));
     Err(Error::in_progress(
         "the operations were queued on a non-blocking communicator; poll async_error until it is no longer InProgress",
     ))
@@ -159,15 +159,15 @@ fn run(tasks: Vec<(Communicator, Task)>) -> Result<()> {
     for (comm, tasks) in &by_comm {
         runs.push(plan::build(comm, tasks).map_err(|e| comm.record_error(e))?);
     }
-    super::profile::record(super::profile::Stage::Plan, start);
+    crate::profile::record(crate::profile::Stage::Plan, start);
     for (comm, tasks) in &by_comm {
-        comm.op_log().started(tasks);
+        comm.op_log().started(&tasks.iter().map(Task::shape).collect::<Vec<_>>());
     }
     let r = exec::run(&mut runs);
     // Device work finishes later (the watchdog sees it); host work has finished or failed.
     for run in runs.iter().filter(|run| !run.device || r.is_err()) {
         run.comm.op_log().all_finished();
     }
-    super::profile::record(super::profile::Stage::Total, start);
+    crate::profile::record(crate::profile::Stage::Total, start);
     r
 }

@@ -9,18 +9,15 @@
 //!
 //! On a non-blocking communicator (`CommConfig::blocking = 0`) an operation outside a group,
 //! and the end of a group, return `Err` with code `InProgress` (NCCL's `ncclInProgress`)
-//! instead: the work runs in the background ([`background`]), after any still queued on the
+//! instead: the work runs in the background (`comm::jobs`), after any still queued on the
 //! same communicator. The caller polls [`Communicator::async_error`] until it is no longer
 //! `InProgress` (or blocks in [`Communicator::wait_idle`]) before it reads the results; it
 //! may abort stuck work from the same thread. Argument errors are still returned at once.
 
 pub mod check;
-pub mod background;
-pub mod device;
 pub mod exec;
 pub mod group;
 pub mod plan;
-pub mod profile;
 
 
 use crate::backend::{DevicePtr, Stream};
@@ -127,6 +124,38 @@ pub struct Task {
     pub op: ReduceOp,
     /// The caller's stream (device backends run the operation on it).
     pub stream: Stream,
+}
+
+impl Task {
+    /// The task as the communicator's op log (hang reports) describes it.
+    pub(crate) fn shape(&self) -> crate::comm::health::OpShape {
+        let (rank, reduces) = match self.kind {
+            CollKind::AllReduce | CollKind::ReduceScatter => (None, true),
+            CollKind::Reduce { root } => (Some(root), true),
+            CollKind::Broadcast { root } => (Some(root), false),
+            CollKind::AllGather => (None, false),
+            CollKind::Send { peer } | CollKind::Recv { peer } => (Some(peer), false),
+        };
+        let op = reduces.then(|| {
+            match self.op {
+                ReduceOp::Sum => "sum",
+                ReduceOp::Prod => "prod",
+                ReduceOp::Max => "max",
+                ReduceOp::Min => "min",
+                ReduceOp::Avg => "avg",
+                ReduceOp::PreMulSum(_) => "premulsum",
+            }
+            .to_string()
+        });
+        crate::comm::health::OpShape {
+            kind: self.kind.name(),
+            rank,
+            count: self.count as u64,
+            dtype: format!("{:?}", self.dtype),
+            op,
+            p2p: matches!(self.kind, CollKind::Send { .. } | CollKind::Recv { .. }),
+        }
+    }
 }
 
 impl Communicator {

@@ -18,24 +18,9 @@ use crate::error::{Error, Result};
 use crate::params;
 use crate::reduce::{DevOp, Reducer};
 use crate::backend::Capabilities;
+use crate::work::{OpCtx, Work, WorkItem};
 use crate::transport::SLOT_BYTES;
 use crate::types::DataType;
-
-/// The buffers and the reduction of one task, as the executor needs them.
-pub struct OpCtx {
-    /// Host address of the source buffer (0 when the rank reads none).
-    pub src: usize,
-    /// Host address of the destination buffer (0 when the rank writes none).
-    pub dst: usize,
-    /// Bytes of the source and destination buffers this rank touches.
-    pub src_len: usize,
-    pub dst_len: usize,
-    pub reducer: Reducer,
-    /// The protocol of the steps (the format of the FIFO slots on device backends).
-    pub proto: Protocol,
-    /// The operation's signature, carried by the FIFO slots it fills (see [`super::check`]).
-    pub sig: super::check::OpSig,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ItemKey {
@@ -46,21 +31,12 @@ enum ItemKey {
     Local(u32),
 }
 
-/// Steps that run in order, each with the index of its task's [`OpCtx`].
-pub struct WorkItem {
-    pub steps: Vec<(usize, Step)>,
-    pub pc: usize,
-}
-
-/// One communicator's share of a group.
+/// One communicator's share of a group: its work, and whether it runs on a device.
 pub struct CommRun {
     pub comm: Communicator,
-    pub ctxs: Vec<OpCtx>,
-    pub items: Vec<WorkItem>,
-    /// Whether the buffers are device memory (the steps then run as device work).
+    pub work: Work,
+    /// Whether the buffers are device memory (the device executor runs the work).
     pub device: bool,
-    /// The stream device work runs on (the first task's).
-    pub stream: crate::backend::Stream,
 }
 
 /// What the planner chose for one collective.
@@ -365,7 +341,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
-    Ok(CommRun { comm: comm.handle(), ctxs, items, device, stream })
+    Ok(CommRun { comm: comm.handle(), work: Work { ctxs, items, stream }, device })
 }
 
 /// A local copy (or pass through the op) of `bytes`, spread over `nch` channels: each

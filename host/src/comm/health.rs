@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::{Communicator, Inner};
-use crate::coll::{CollKind, ReduceOp, Task};
 use crate::error::{Error, Result};
 
 /// How long a report waits for the other ranks' answers.
@@ -40,24 +39,23 @@ pub struct OpDesc {
     pub op: Option<String>,
 }
 
+/// What the op log needs of an operation (the collective layer describes its tasks so).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpShape {
+    pub kind: &'static str,
+    /// The root, or the peer of a send or receive.
+    pub rank: Option<u32>,
+    pub count: u64,
+    pub dtype: String,
+    /// The reduction operator, for operations that reduce.
+    pub op: Option<String>,
+    /// A send or a receive (not numbered among the collectives).
+    pub p2p: bool,
+}
+
 impl OpDesc {
-    fn of(task: &Task, seq: u64, coll_seq: u64) -> OpDesc {
-        let (rank, reduces) = match task.kind {
-            CollKind::AllReduce | CollKind::ReduceScatter => (None, true),
-            CollKind::Reduce { root } => (Some(root), true),
-            CollKind::Broadcast { root } => (Some(root), false),
-            CollKind::AllGather => (None, false),
-            CollKind::Send { peer } | CollKind::Recv { peer } => (Some(peer), false),
-        };
-        let op = reduces.then(|| match task.op {
-            ReduceOp::Sum => "sum".to_string(),
-            ReduceOp::Prod => "prod".to_string(),
-            ReduceOp::Max => "max".to_string(),
-            ReduceOp::Min => "min".to_string(),
-            ReduceOp::Avg => "avg".to_string(),
-            ReduceOp::PreMulSum(_) => "premulsum".to_string(),
-        });
-        OpDesc { seq, coll_seq, kind: task.kind.name().to_string(), rank, count: task.count as u64, dtype: format!("{:?}", task.dtype), op }
+    fn of(shape: &OpShape, seq: u64, coll_seq: u64) -> OpDesc {
+        OpDesc { seq, coll_seq, kind: shape.kind.to_string(), rank: shape.rank, count: shape.count, dtype: shape.dtype.clone(), op: shape.op.clone() }
     }
 
     fn is_p2p(&self) -> bool {
@@ -132,12 +130,12 @@ impl OpLog {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records that `tasks` start now.
-    pub(crate) fn started(&self, tasks: &[Task]) {
+    /// Records that operations of these shapes start now.
+    pub(crate) fn started(&self, tasks: &[OpShape]) {
         let mut s = self.lock();
         for t in tasks {
             s.seq += 1;
-            if !matches!(t.kind, CollKind::Send { .. } | CollKind::Recv { .. }) {
+            if !t.p2p {
                 s.coll_seq += 1;
             }
             s.started = Some(OpDesc::of(t, s.seq, s.coll_seq));
@@ -475,16 +473,8 @@ mod tests {
     fn the_log_numbers_operations_and_tracks_waiting() {
         let log = OpLog::new(0);
         assert!(log.waiting().is_none());
-        let t = |kind| Task {
-            kind,
-            send: crate::backend::DevicePtr(8),
-            recv: crate::backend::DevicePtr(8),
-            count: 4,
-            dtype: crate::types::DataType::Float32,
-            op: ReduceOp::Sum,
-            stream: crate::backend::Stream(0),
-        };
-        log.started(&[t(CollKind::AllReduce), t(CollKind::Send { peer: 1 })]);
+        let shape = |kind, p2p: bool| OpShape { kind, rank: p2p.then_some(1), count: 4, dtype: "Float32".into(), op: None, p2p };
+        log.started(&[shape("AllReduce", false), shape("Send", true)]);
         let s = log.status();
         assert!(s.busy);
         assert_eq!((s.started.as_ref().unwrap().seq, s.started.as_ref().unwrap().coll_seq), (2, 1));

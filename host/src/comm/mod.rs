@@ -9,6 +9,7 @@
 
 pub mod health;
 mod init;
+pub mod jobs;
 mod split;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +31,7 @@ const PEER_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(10
 /// What the device executor keeps across operations (device backends).
 #[derive(Default)]
 pub(crate) struct DeviceCache {
-    pub exec: crate::coll::device::ExecState,
+    pub exec: crate::exec::gpu::ExecState,
 }
 
 /// A communicator's connections, made on first use and kept until destroy.
@@ -89,7 +90,7 @@ struct Inner {
     /// The operations started and finished (hang reports, timeouts).
     ops: Arc<health::OpLog>,
     /// Operations queued or running in the background (non-blocking communicators).
-    jobs: crate::coll::background::CommJobs,
+    jobs: jobs::CommJobs,
 }
 
 /// One rank's communicator.
@@ -331,7 +332,7 @@ impl Communicator {
         if !self.inner.config.blocking && self.inner.jobs.busy() {
             // Non-blocking with operations queued: finalize completes behind them.
             let comm = self.handle();
-            crate::coll::background::launch(vec![self.handle()], move || comm.finish_finalize());
+            jobs::launch(vec![self.handle()], move || comm.finish_finalize());
             return Err(Error::in_progress("finalize: queued operations are completing; poll async_error"));
         }
         self.finish_finalize()
@@ -394,7 +395,7 @@ impl Communicator {
 
 /// What the collective machinery needs from a communicator.
 impl Communicator {
-    pub(crate) fn background_jobs(&self) -> &crate::coll::background::CommJobs {
+    pub(crate) fn background_jobs(&self) -> &jobs::CommJobs {
         &self.inner.jobs
     }
 
@@ -552,7 +553,7 @@ impl Communicator {
             // Read under the lock: release frees the control block under it.
             let cache = self.device_cache();
             let control = cache.exec.control_host()?;
-            crate::coll::device::control_error(control, self.inner.rank)
+            crate::exec::gpu::control_error(control, self.inner.rank)
         };
         kernel_error
             .or_else(|| self.check_running("collective").err())
@@ -600,6 +601,18 @@ impl Communicator {
             std::thread::sleep(std::time::Duration::from_micros(if spins < 100 { 10 } else { 500 }));
         }
         Ok(())
+    }
+
+    /// Launches this communicator's work on its device (the device executor), starting the
+    /// watchdog with the first launch.
+    pub(crate) fn launch_on_device(&self, work: &crate::work::Work, links: &crate::exec::Links) -> Result<()> {
+        let device = self.device()? as usize;
+        let mut cache = self.device_cache();
+        if !cache.exec.watching {
+            cache.exec.watching = true;
+            self.start_watchdog();
+        }
+        crate::exec::gpu::launch(&self.inner.shared.backend, device, &mut cache.exec, work, links)
     }
 
     /// The executor's reusable device objects.

@@ -340,12 +340,12 @@ fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
             Ok((t.elapsed().as_secs_f64() * 1e6 / n as f64, enqueue.as_secs_f64() * 1e6 / n as f64))
         };
         run(20, false)?;
-        rustccl::coll::profile::reset();
+        rustccl::profile::reset();
         let (pipelined, enq) = run(500, false)?;
         let (synced, enq_synced) = run(200, true)?;
         println!(
             "RESULT latency {bytes} B: pipelined {pipelined:.1} us/call (enqueue {enq:.1}), synchronized {synced:.1} us/call (enqueue {enq_synced:.1}); stages: {}",
-            rustccl::coll::profile::report()
+            rustccl::profile::report()
         );
     }
     comm.destroy()

@@ -1,0 +1,199 @@
+//! Program images: the planner's work for one device launch, encoded as the interpreter
+//! (`kernels/src/device/exec.cu`) reads it — work items, steps, operation contexts and
+//! connections — and the split of a run into launches whose reductions share one kernel.
+
+use std::collections::HashMap;
+
+use rustccl_kernels::exec::{self as k, ExecConn, ExecCtx, ExecItem, ExecStep};
+use rustccl_kernels::DeviceOp;
+use rustccl_plugin_api::Protocol;
+
+use super::super::Links;
+use crate::backend::DevicePtr;
+use crate::error::{Error, Result};
+use crate::program::Link;
+use crate::transport::{p2p_protocol_slots, Dir, Kind, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
+use crate::types::DataType;
+use crate::work::Work;
+
+/// One launch's worth of a run: the tasks (contexts) it covers and the kernel it needs.
+pub(crate) struct Segment {
+    pub ctxs: std::ops::Range<usize>,
+    pub op: DeviceOp,
+    pub dtype: DataType,
+}
+
+/// Splits the run's tasks, in order, into launches whose reductions share one kernel.
+pub(crate) fn segments(run: &Work) -> Vec<Segment> {
+    let mut reduces = vec![false; run.ctxs.len()];
+    for item in &run.items {
+        for (ci, s) in &item.steps {
+            reduces[*ci] |= s.reduce;
+        }
+    }
+    let mut out: Vec<Segment> = Vec::new();
+    let mut start = 0;
+    let mut kernel: Option<(DeviceOp, DataType)> = None;
+    for (ci, ctx) in run.ctxs.iter().enumerate() {
+        if !reduces[ci] {
+            continue;
+        }
+        let r = &ctx.reducer;
+        let want = (crate::backend::cuda::coll_device_op(r.op, r.dtype).0, r.dtype);
+        match kernel {
+            None => kernel = Some(want),
+            Some(have) if have == want => {}
+            Some((op, dtype)) => {
+                out.push(Segment { ctxs: start..ci, op, dtype });
+                start = ci;
+                kernel = Some(want);
+            }
+        }
+    }
+    let (op, dtype) = kernel.unwrap_or((DeviceOp::Sum, DataType::Uint8));
+    out.push(Segment { ctxs: start..run.ctxs.len(), op, dtype });
+    out
+}
+
+fn proto_code(p: Protocol) -> u8 {
+    match p {
+        Protocol::Ll => k::PROTO_LL,
+        Protocol::Ll128 => k::PROTO_LL128,
+        Protocol::Simple => k::PROTO_SIMPLE,
+    }
+}
+
+/// A program image and what its launch needs besides.
+pub(crate) struct Encoded {
+    pub bytes: Vec<u8>,
+    /// Offsets of items, contexts, connections and steps in `bytes`.
+    pub offsets: [usize; 4],
+    pub nitems: u32,
+    pub nconns: u32,
+    pub blocks: u32,
+    pub slots: Vec<DevicePtr>,
+}
+
+fn append<T: Copy>(bytes: &mut Vec<u8>, items: &[T]) -> usize {
+    while !bytes.len().is_multiple_of(32) {
+        bytes.push(0);
+    }
+    let at = bytes.len();
+    bytes.extend_from_slice(k::as_bytes(items));
+    at
+}
+
+/// Encodes the steps of the tasks in `ctxs` (None when they have no step).
+pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) -> Result<Option<Encoded>> {
+    let mut conns: Vec<ExecConn> = Vec::new();
+    let mut slots = Vec::new();
+    let mut index: HashMap<(Link, Dir), u8> = HashMap::new();
+    let mut conn_of = |link: Link, dir: Dir| -> Result<u8> {
+        if let Some(&i) = index.get(&(link, dir)) {
+            return Ok(i);
+        }
+        if conns.len() >= k::EXEC_MAX_CONNS {
+            return Err(Error::invalid_usage(format!(
+                "this group needs more than {} connections on one device; split it into smaller groups",
+                k::EXEC_MAX_CONNS
+            )));
+        }
+        let c = links.get(&(link, dir)).ok_or_else(|| Error::internal("a link was not connected"))?;
+        let mut conn = ExecConn {
+            slots: c.fifo.slot_addr(0),
+            header: c.fifo.device_header(),
+            slot_bytes: c.fifo.slot_bytes() as u32,
+            flags: if dir == Dir::Send { k::CONN_SEND } else { 0 },
+            ..ExecConn::default()
+        };
+        if c.kind == Kind::P2p {
+            conn.flags |= k::CONN_LINES_WHOLE;
+            (conn.ll_slots, conn.ll128_slots) = p2p_protocol_slots(conn.slots);
+            conn.ll_slot_bytes = GPU_LL_SLOT_BYTES as u32;
+            conn.ll128_slot_bytes = GPU_LL128_SLOT_BYTES as u32;
+        }
+        if conn.header == 0 {
+            return Err(Error::internal(format!("the connection with rank {} has no device mapping", link.peer)));
+        }
+        conns.push(conn);
+        slots.push(DevicePtr(c.fifo.slot_addr(0)));
+        let i = (conns.len() - 1) as u8;
+        index.insert((link, dir), i);
+        Ok(i)
+    };
+    let mut items: Vec<ExecItem> = Vec::new();
+    let mut steps: Vec<ExecStep> = Vec::new();
+    for item in &run.items {
+        let first = steps.len();
+        for (ci, s) in item.steps.iter().filter(|(ci, _)| ctxs.contains(ci)) {
+            if s.recv.len() > k::EXEC_MAX_PEERS || s.send.len() > k::EXEC_MAX_PEERS {
+                return Err(Error::internal("a step with more than two peers on one side"));
+            }
+            let ctx = &run.ctxs[*ci];
+            let mut e = ExecStep {
+                src: s.src.unwrap_or(0) as u64,
+                dst: s.dst.unwrap_or(0) as u64,
+                bytes: u32::try_from(s.bytes).map_err(|_| Error::internal("a step over 4 GiB"))?,
+                ctx: u16::try_from(*ci).map_err(|_| Error::invalid_usage("more than 65535 operations in one group"))?,
+                flags: 0,
+                proto: if s.recv.is_empty() && s.send.is_empty() { k::PROTO_SIMPLE } else { proto_code(ctx.proto) },
+                nrecv: s.recv.len() as u8,
+                nsend: s.send.len() as u8,
+                ..ExecStep::default()
+            };
+            for (flag, on) in [
+                (k::STEP_SRC, s.src.is_some()),
+                (k::STEP_DST, s.dst.is_some()),
+                (k::STEP_REDUCE, s.reduce),
+                (k::STEP_POST, s.post),
+                (k::STEP_SRC_IN_DST, s.src_in_dst),
+            ] {
+                if on {
+                    e.flags |= flag;
+                }
+            }
+            for (j, l) in s.recv.iter().enumerate() {
+                e.recv[j] = conn_of(*l, Dir::Recv)?;
+            }
+            for (j, l) in s.send.iter().enumerate() {
+                e.send[j] = conn_of(*l, Dir::Send)?;
+            }
+            steps.push(e);
+        }
+        if steps.len() > first {
+            items.push(ExecItem { first: first as u32, count: (steps.len() - first) as u32 });
+        }
+    }
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if items.len() > k::EXEC_MAX_BLOCKS * k::EXEC_MAX_ITEMS_PER_BLOCK {
+        return Err(Error::invalid_usage(format!(
+            "this group has {} independent streams of work on one device (at most {}); split it into smaller groups",
+            items.len(),
+            k::EXEC_MAX_BLOCKS * k::EXEC_MAX_ITEMS_PER_BLOCK
+        )));
+    }
+    let exec_ctxs: Vec<ExecCtx> = run
+        .ctxs
+        .iter()
+        .map(|c| {
+            let (_, scalar, divisor) = crate::backend::cuda::coll_device_op(c.reducer.op, c.reducer.dtype);
+            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor, sig: c.sig.0 }
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    let o_items = append(&mut bytes, &items);
+    let o_ctxs = append(&mut bytes, &exec_ctxs);
+    let o_conns = append(&mut bytes, &conns);
+    let o_steps = append(&mut bytes, &steps);
+    Ok(Some(Encoded {
+        bytes,
+        offsets: [o_items, o_ctxs, o_conns, o_steps],
+        nitems: items.len() as u32,
+        nconns: conns.len() as u32,
+        blocks: items.len().min(k::EXEC_MAX_BLOCKS) as u32,
+        slots,
+    }))
+}
+

@@ -1,0 +1,244 @@
+//! The device executor: a communicator's work in a group, on a device backend, becomes one
+//! launch of the collective interpreter (`kernels/src/device/exec.cu`) on the caller's stream
+//! — or a few in a row when its reductions differ in operator or element type, each launch
+//! being compiled for one pair. The host encodes the planner's programs into a program image
+//! ([`encode`]), puts it in device memory ([`state`]) and launches; it does not wait.
+//! Completion is the stream's business, as with NCCL; failures found later (a dead peer, a
+//! peer in another operation, an abort) reach the kernel through the control block and the
+//! caller through the communicator's asynchronous error (its watchdog reads
+//! [`control_error`]).
+//!
+//! Images are cached per communicator by content, so a loop over the same buffers pays the
+//! upload once. A launch captured into a CUDA graph gets an image of its own that lives as
+//! long as the communicator, since the graph may be replayed at any time. Everything here
+//! goes through the `DeviceBackend` trait, so CUDA and a later HIP backend share it.
+
+pub mod encode;
+pub mod state;
+
+use std::sync::Arc;
+
+use rustccl_kernels::exec::{self as k, ExecArgs};
+
+use super::Links;
+use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch};
+use crate::error::{Error, Result};
+use crate::profile::{self, Stage};
+use crate::work::Work;
+pub use state::ExecState;
+
+/// Launches a communicator's work on its stream on `device`; returns once it is enqueued.
+/// `state` is the communicator's (its watchdog starts when `state.watching` is first set).
+pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mut ExecState, run: &Work, links: &Links) -> Result<()> {
+    let backend = Arc::clone(backend);
+    let stream = run.stream;
+    let t = std::time::Instant::now();
+    let capturing = backend.is_capturing(stream)?;
+    profile::record(Stage::Capture, t);
+    let cache = state;
+    let control = cache.control(&backend)?;
+    // Launches of one communicator run in order, whatever streams they come on: each reads
+    // where its connections stand when it starts.
+    if cache.last.is_some_and(|s| s != stream) && !capturing {
+        if let Some(e) = cache.last_event() {
+            backend.stream_wait_event(stream, e)?;
+        }
+    }
+    let buffers: Vec<(DevicePtr, usize)> = run
+        .ctxs
+        .iter()
+        .flat_map(|c| [(DevicePtr(c.src as u64), c.src_len), (DevicePtr(c.dst as u64), c.dst_len)])
+        .filter(|(p, n)| *n > 0 && p.0 != 0)
+        .collect();
+    for seg in encode::segments(run) {
+        let t = std::time::Instant::now();
+        let Some(enc) = encode::encode(run, links, seg.ctxs.clone())? else { continue };
+        profile::record(Stage::Encode, t);
+        let t = std::time::Instant::now();
+        let base = cache.image(&backend, device, &enc.bytes, capturing, stream)?;
+        profile::record(Stage::Image, t);
+        let at = |i: usize| base.0 + enc.offsets[i] as u64;
+        let args = ExecArgs {
+            items: at(0),
+            ctxs: at(1),
+            conns: at(2),
+            steps: at(3),
+            control: control.0,
+            nitems: enc.nitems,
+            nconns: enc.nconns,
+        };
+        let l = ExecLaunch {
+            device,
+            op: seg.op,
+            dtype: seg.dtype,
+            args,
+            blocks: enc.blocks,
+            buffers: buffers.clone(),
+            slots: enc.slots,
+        };
+        let t = std::time::Instant::now();
+        backend.launch_exec(&l, stream)?;
+        profile::record(Stage::Kernel, t);
+    }
+    if !capturing {
+        cache.launched(&backend, device, stream)?;
+    }
+    Ok(())
+}
+
+/// What the control block says went wrong, if anything.
+pub(crate) fn control_error(host: usize, rank: u32) -> Option<Error> {
+    // SAFETY: `host` is the live control block of a communicator (the caller keeps it); the
+    // kernel writes the details before the code, with a system fence between.
+    let c = unsafe { std::ptr::read_volatile(host as *const k::ExecControl) };
+    match c.error {
+        0 => None,
+        k::EXEC_ERR_SIZE => Some(Error::invalid_usage(format!(
+            "rank {rank}: a peer sent a step of {} bytes where this rank expected {} (connection {}): \
+             the ranks' counts, types or operations do not match",
+            c.got, c.expected, c.conn
+        ))),
+        k::EXEC_ERR_SIG => Some(Error::invalid_usage(format!(
+            "rank {rank}: the ranks called different operations: a peer (connection {}) is in {} while rank {rank} is in {}; \
+             every rank must call the same collectives in the same order with the same count, datatype, operator and root",
+            c.conn,
+            crate::work::OpSig(c.got),
+            crate::work::OpSig(c.expected)
+        ))),
+        code => Some(Error::internal(format!("rank {rank}: the collective kernel stopped with error {code}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode::{encode, segments};
+    use super::*;
+    use crate::backend::Stream;
+    use crate::program::Link;
+    use crate::transport::{Connection, Dir, Kind};
+    use crate::types::DataType;
+    use crate::work::{OpCtx, Work, WorkItem};
+    use rustccl_kernels::exec::{ExecConn, ExecCtx, ExecItem, ExecStep};
+    use rustccl_kernels::DeviceOp;
+    use rustccl_plugin_api::Protocol;
+    use crate::program::{self, Purpose, Ring, Step};
+    use crate::reduce::{DevOp, Reducer};
+    use crate::transport::fifo::{header_bytes, Fifo, LocalMemory, STEPS};
+    use crate::transport::{GPU_LL_SLOT_BYTES, GPU_SLOT_BYTES};
+
+    /// A connection whose slots and header sit at made-up device addresses from `base`.
+    fn conn(link: Link, dir: Dir, kind: Kind, base: u64) -> Arc<Connection> {
+        let header = LocalMemory::new(header_bytes());
+        // SAFETY: the header stand-in is zeroed and lives with the connection; the device
+        // addresses are only encoded, never touched.
+        let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, GPU_SLOT_BYTES) };
+        Arc::new(Connection::for_test(link, dir, kind, fifo, header))
+    }
+
+    fn ctx(dtype: DataType, op: DevOp, proto: Protocol) -> OpCtx {
+        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto, sig: crate::work::OpSig(0) }
+    }
+
+    fn run(ctxs: Vec<OpCtx>, items: Vec<Vec<(usize, Step)>>) -> Work {
+        Work { ctxs, items: items.into_iter().map(|steps| WorkItem { steps, pc: 0 }).collect(), stream: Stream::DEFAULT }
+    }
+
+    fn decode<T: Copy + Default>(bytes: &[u8], at: usize, n: usize) -> Vec<T> {
+        let size = std::mem::size_of::<T>();
+        (0..n)
+            .map(|i| {
+                let mut v = T::default();
+                // SAFETY: T is one of the plain #[repr(C)] image structs; the bytes were made
+                // from values of it.
+                unsafe { std::ptr::copy_nonoverlapping(bytes[at + i * size..].as_ptr(), &mut v as *mut T as *mut u8, size) };
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ring_all_reduce_encodes_links_flags_and_p2p_regions() {
+        let ring = Ring { rank: 0, nranks: 2, channel: 0 };
+        let prog = program::ring_all_reduce(ring, (0, 10), 4, 4);
+        let r = run(
+            vec![ctx(DataType::Float32, DevOp::Sum, Protocol::Ll)],
+            vec![prog.iter().cloned().map(|s| (0, s)).collect()],
+        );
+        let link = Link { peer: 1, purpose: Purpose::Ring(0) };
+        let mut links = Links::new();
+        links.insert((link, Dir::Send), conn(link, Dir::Send, Kind::P2p, 0x10_0000_0000));
+        links.insert((link, Dir::Recv), conn(link, Dir::Recv, Kind::Net, 0x20_0000_0000));
+        let enc = encode(&r, &links, 0..1).unwrap().expect("steps");
+        assert_eq!((enc.nitems, enc.blocks), (1, 1));
+        assert!(enc.offsets.iter().all(|o| o % 32 == 0), "{:?}", enc.offsets);
+        let items: Vec<ExecItem> = decode(&enc.bytes, enc.offsets[0], 1);
+        assert_eq!(items[0], ExecItem { first: 0, count: prog.len() as u32 });
+        let conns: Vec<ExecConn> = decode(&enc.bytes, enc.offsets[2], enc.nconns as usize);
+        let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], prog.len());
+        for (s, e) in prog.iter().zip(&steps) {
+            assert_eq!(e.bytes as usize, s.bytes);
+            assert_eq!((e.nrecv as usize, e.nsend as usize), (s.recv.len(), s.send.len()));
+            assert_eq!(e.proto, k::PROTO_LL);
+            assert_eq!(e.flags & k::STEP_REDUCE != 0, s.reduce);
+            assert_eq!(e.flags & k::STEP_POST != 0, s.post);
+            assert_eq!(e.flags & k::STEP_SRC != 0, s.src.is_some());
+            assert_eq!(e.flags & k::STEP_DST != 0, s.dst.is_some());
+            assert_eq!(e.src, s.src.unwrap_or(0) as u64);
+            assert_eq!(e.dst, s.dst.unwrap_or(0) as u64);
+            if s.send.len() == 1 {
+                let c = conns[e.send[0] as usize];
+                assert_eq!(c.flags, k::CONN_SEND | k::CONN_LINES_WHOLE, "the P2P send end");
+                assert_eq!(c.header, 0x10_0000_0000);
+                assert_eq!(c.ll_slots, c.slots + (STEPS * GPU_SLOT_BYTES) as u64);
+                assert_eq!(c.ll128_slots, c.ll_slots + (STEPS * GPU_LL_SLOT_BYTES) as u64);
+            }
+            if s.recv.len() == 1 {
+                let c = conns[e.recv[0] as usize];
+                assert_eq!(c.flags, 0, "a network receive end waits on tail, one slot region");
+                assert_eq!((c.ll_slots, c.ll128_slots), (0, 0));
+                assert_eq!(c.slot_bytes as usize, GPU_SLOT_BYTES);
+            }
+        }
+        let ctxs: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], 1);
+        assert_eq!((ctxs[0].src, ctxs[0].dst), (0x1000, 0x2000));
+    }
+
+    #[test]
+    fn local_steps_are_simple_and_premulsum_scalars_are_encoded() {
+        let local = Step { recv: vec![], send: vec![], src: Some(0), dst: Some(0), bytes: 8, reduce: true, post: true, src_in_dst: false };
+        let r = run(vec![ctx(DataType::Float32, DevOp::PreMulSum { scalar: 0.5 }, Protocol::Ll128)], vec![vec![(0, local)]]);
+        let enc = encode(&r, &Links::new(), 0..1).unwrap().expect("steps");
+        assert_eq!(enc.nconns, 0);
+        let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], 1);
+        assert_eq!(steps[0].proto, k::PROTO_SIMPLE, "no peer, no line format");
+        let ctxs: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], 1);
+        assert_eq!(ctxs[0].scalar, 0.5f32.to_bits() as u64);
+    }
+
+    #[test]
+    fn launches_split_where_the_reduction_kernel_changes() {
+        let step = |reduce| Step { recv: vec![], send: vec![], src: Some(0), dst: Some(0), bytes: 8, reduce, post: false, src_in_dst: false };
+        let r = run(
+            vec![
+                ctx(DataType::Float32, DevOp::Sum, Protocol::Simple),
+                ctx(DataType::Uint8, DevOp::Sum, Protocol::Simple),
+                ctx(DataType::Float16, DevOp::Max, Protocol::Simple),
+                ctx(DataType::Float16, DevOp::Max, Protocol::Simple),
+                ctx(DataType::Int32, DevOp::Sum, Protocol::Simple),
+            ],
+            vec![vec![(0, step(true)), (1, step(false)), (2, step(true)), (3, step(true)), (4, step(false))]],
+        );
+        let segs = segments(&r);
+        let got: Vec<_> = segs.iter().map(|s| (s.ctxs.clone(), s.op, s.dtype)).collect();
+        assert_eq!(
+            got,
+            vec![(0..2, DeviceOp::Sum, DataType::Float32), (2..5, DeviceOp::Max, DataType::Float16)],
+            "copies join the launch they fall in"
+        );
+        // Each launch carries only its tasks' steps.
+        let enc = encode(&r, &Links::new(), segs[1].ctxs.clone()).unwrap().expect("steps");
+        let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], 3);
+        assert_eq!(steps.iter().map(|s| s.ctx).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert!(encode(&r, &Links::new(), 5..5).unwrap().is_none());
+    }
+}

@@ -1,0 +1,175 @@
+//! The device executor's state of one communicator: the control block kernels poll (abort)
+//! and write (errors), the program images in device memory (an arena for launches not
+//! captured, images of their own for captured ones), and the event after the last launch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustccl_kernels::exec as k;
+
+use crate::backend::{DeviceBackend, DevicePtr, Event, HostMapped, Stream};
+use crate::error::Result;
+
+/// Bytes of each communicator's image arena (pinned host memory and as much device memory).
+const ARENA_BYTES: usize = 8 << 20;
+
+/// A program image: pinned host memory (the copy's source) and device memory (what the kernel
+/// reads).
+pub(crate) struct Image {
+    host: HostMapped,
+    device: DevicePtr,
+}
+
+/// Where images of launches not captured live: one allocation made once, filled from the start
+/// and emptied (with the cache) when full, after the device is idle. Allocating on the launch
+/// path would be worse than slow: pinned and device allocations may wait for every running
+/// kernel, and with several devices in one process a kernel may be waiting for the very thread
+/// that allocates (to launch its peer's half).
+struct Arena {
+    mem: Image,
+    used: usize,
+}
+
+/// The device executor's state of one communicator (kept in its device cache).
+#[derive(Default)]
+pub struct ExecState {
+    /// Host memory the kernels poll and write (`ExecControl`).
+    control: Option<HostMapped>,
+    arena: Option<Arena>,
+    /// Images in the arena by content: offset.
+    cache: HashMap<Vec<u8>, usize>,
+    /// Images of captured launches: kept until the communicator goes.
+    captured: Vec<Image>,
+    /// The stream of the last launch not captured, and an event recorded after that launch
+    /// (recorded at once: the caller may destroy the stream before the communicator).
+    pub(crate) last: Option<Stream>,
+    event: Option<Event>,
+    /// Whether the watchdog runs.
+    pub watching: bool,
+}
+
+impl ExecState {
+    /// The control block, made on first use.
+    pub(crate) fn control(&mut self, backend: &Arc<dyn DeviceBackend>) -> Result<DevicePtr> {
+        if let Some(c) = &self.control {
+            return Ok(c.device);
+        }
+        let c = backend.alloc_host_mapped(std::mem::size_of::<k::ExecControl>().max(64))?;
+        // SAFETY: fresh pinned memory of at least that size, not yet shared with any kernel.
+        unsafe { std::ptr::write_bytes(c.host, 0, c.bytes) };
+        let device = c.device;
+        self.control = Some(c);
+        Ok(device)
+    }
+
+    /// Host address of the control block, if made.
+    pub(crate) fn control_host(&self) -> Option<usize> {
+        self.control.as_ref().map(|c| c.host as usize)
+    }
+
+    /// Tells running and future kernels of this communicator to stop.
+    pub(crate) fn abort(&self) {
+        if let Some(c) = &self.control {
+            // SAFETY: the control block is live pinned memory; `abort` is its first u32, which
+            // kernels only read.
+            unsafe { std::ptr::write_volatile(c.host as *mut u32, 1) };
+        }
+    }
+
+    /// The event that completes after the last launch not captured, if there was one.
+    pub(crate) fn last_event(&self) -> Option<Event> {
+        self.last.and(self.event)
+    }
+
+    /// Records that a launch was enqueued on `stream`.
+    pub(crate) fn launched(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, stream: Stream) -> Result<()> {
+        let e = match self.event {
+            Some(e) => e,
+            None => *self.event.insert(backend.create_event(device)?),
+        };
+        backend.record_event(e, stream)?;
+        self.last = Some(stream);
+        Ok(())
+    }
+
+    /// Frees everything (the device must be idle).
+    pub(crate) fn release(&mut self, backend: &Arc<dyn DeviceBackend>) {
+        self.cache.clear();
+        let images = self.arena.take().map(|a| a.mem).into_iter().chain(self.captured.drain(..)).collect::<Vec<_>>();
+        for i in images {
+            let _ = backend.free(i.device);
+            let _ = backend.free_host_mapped(i.host);
+        }
+        self.last = None;
+        if let Some(e) = self.event.take() {
+            let _ = backend.destroy_event(e);
+        }
+        if let Some(c) = self.control.take() {
+            let _ = backend.free_host_mapped(c);
+        }
+    }
+
+    /// The device copy of `bytes`, uploaded on `stream` if it is new.
+    pub(crate) fn image(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, bytes: &[u8], capturing: bool, stream: Stream) -> Result<DevicePtr> {
+        let len = bytes.len().div_ceil(256) * 256;
+        if capturing || len > ARENA_BYTES {
+            // A graph may replay it at any time: memory of its own, kept until the end.
+            let image = alloc_image(backend, device, bytes.len())?;
+            // SAFETY: fresh pinned memory of `bytes.len()` bytes, kept (unchanged) with the
+            // communicator, so the copy may run at any replay.
+            unsafe { upload(backend, bytes, image.host.host, image.device, stream)? };
+            let dev = image.device;
+            self.captured.push(image);
+            return Ok(dev);
+        }
+        if self.arena.is_none() {
+            self.arena = Some(Arena { mem: alloc_image(backend, device, ARENA_BYTES)?, used: 0 });
+        }
+        if let Some(&off) = self.cache.get(bytes) {
+            return Ok(self.arena.as_ref().expect("made above").mem.device.offset(off));
+        }
+        if self.arena.as_ref().expect("made above").used + len > ARENA_BYTES {
+            // Full: once the device is done with every image, start again.
+            if let Some(e) = self.last_event() {
+                backend.synchronize_event(e)?;
+            }
+            self.cache.clear();
+            self.arena.as_mut().expect("made above").used = 0;
+        }
+        let arena = self.arena.as_mut().expect("made above");
+        let off = arena.used;
+        arena.used += len;
+        // SAFETY: `off + bytes.len()` lies in the arena; that range is not in use by any launch
+        // (it was past `used`, or the device was idle when `used` went back to 0), and stays
+        // unchanged until the copy has run (ranges are reused only after the device is idle).
+        unsafe { upload(backend, bytes, arena.mem.host.host.add(off), arena.mem.device.offset(off), stream)? };
+        self.cache.insert(bytes.to_vec(), off);
+        Ok(arena.mem.device.offset(off))
+    }
+}
+
+/// Writes `bytes` to pinned host memory at `host` and enqueues its copy to `device` on `stream`.
+///
+/// # Safety
+/// `host` must be pinned memory of `backend` with room for `bytes`, left unchanged until the
+/// copy has run (for a captured stream: as long as the graph may be replayed).
+unsafe fn upload(backend: &Arc<dyn DeviceBackend>, bytes: &[u8], host: *mut u8, device: DevicePtr, stream: Stream) -> Result<()> {
+    // SAFETY: the caller's contract: `host` has room for `bytes` and is not in use.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len());
+        backend.copy_from_pinned_async(device, host, bytes.len(), stream)
+    }
+}
+
+/// Pinned host memory and device memory of `bytes` each.
+fn alloc_image(backend: &Arc<dyn DeviceBackend>, device: usize, bytes: usize) -> Result<Image> {
+    let host = backend.alloc_host_mapped(bytes)?;
+    match backend.alloc(device, bytes) {
+        Ok(device) => Ok(Image { host, device }),
+        Err(e) => {
+            let _ = backend.free_host_mapped(host);
+            Err(e)
+        }
+    }
+}
+

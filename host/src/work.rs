@@ -1,0 +1,88 @@
+//! What the planner hands an executor: for one communicator of a group, the contexts of its
+//! operations (buffers, reduction, protocol, signature) and its work items (programs of steps
+//! over links, from [`crate::program`]), with the stream device work goes on. Pure data: the
+//! planner (`coll::plan`) makes it without touching memory, the executors (`exec`) run it.
+
+use rustccl_plugin_api::Protocol;
+
+use crate::backend::Stream;
+use crate::program::Step;
+use crate::reduce::Reducer;
+use crate::types::DataType;
+
+/// The buffers and the reduction of one task, as the executor needs them.
+pub struct OpCtx {
+    /// Host address of the source buffer (0 when the rank reads none).
+    pub src: usize,
+    /// Host address of the destination buffer (0 when the rank writes none).
+    pub dst: usize,
+    /// Bytes of the source and destination buffers this rank touches.
+    pub src_len: usize,
+    pub dst_len: usize,
+    pub reducer: Reducer,
+    /// The protocol of the steps (the format of the FIFO slots on device backends).
+    pub proto: Protocol,
+    /// The operation's signature, carried by the FIFO slots it fills (see `coll::check`).
+    pub sig: OpSig,
+}
+
+/// Steps that run in order, each with the index of its task's [`OpCtx`].
+pub struct WorkItem {
+    pub steps: Vec<(usize, Step)>,
+    pub pc: usize,
+}
+
+/// One communicator's work in a group.
+pub struct Work {
+    pub ctxs: Vec<OpCtx>,
+    pub items: Vec<WorkItem>,
+    /// The stream device work runs on (the first task's).
+    pub stream: Stream,
+}
+
+/// An operation's identity as a rank's FIFO slots carry it. 0 means "not known".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSig(pub u64);
+
+pub(crate) const NO_ROOT: u64 = 0xf_ffff;
+
+impl OpSig {
+    pub fn is_known(self) -> bool {
+        self.0 != 0
+    }
+}
+
+impl std::fmt::Display for OpSig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.0;
+        let kind = match v >> 60 {
+            1 => "AllReduce",
+            2 => "Broadcast",
+            3 => "Reduce",
+            4 => "AllGather",
+            5 => "ReduceScatter",
+            6 => "Send/Recv",
+            _ => "an unknown operation",
+        };
+        let dtype = DataType::from_i32(((v >> 56) & 0xf) as i32 - 1).map_or("?".to_string(), |t| format!("{t:?}"));
+        write!(f, "{kind}(count {}, {dtype}", v & 0xffff_ffff)?;
+        const OPS: [&str; 6] = ["Sum", "Prod", "Max", "Min", "Avg", "PreMulSum"];
+        if let Some(op) = (((v >> 52) & 0xf) as usize).checked_sub(1).and_then(|i| OPS.get(i)) {
+            write!(f, ", {op}")?;
+        }
+        let root = (v >> 32) & NO_ROOT;
+        if root != NO_ROOT {
+            write!(f, ", root {root}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+
+/// The error for a slot from `peer` whose signature differs from this rank's.
+pub fn mismatch(me: u32, mine: OpSig, peer: u32, theirs: OpSig) -> crate::error::Error {
+    crate::error::Error::invalid_usage(format!(
+        "the ranks called different operations: rank {peer} is in {theirs} while rank {me} is in {mine}; every rank must call the same collectives in the same order with the same count, datatype, operator and root"
+    ))
+}
+
