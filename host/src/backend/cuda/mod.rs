@@ -16,9 +16,9 @@
 //! that owns the memory involved (device 0 when that says nothing).
 //!
 //! Memory the backend allocates, exports, imports, maps or registers is tracked, so frees
-//! are checked (unknown pointers and double frees are `InvalidArgument`) and plan ranges in
-//! it are checked without a driver call. Other memory (a caller's `cudaMalloc` buffers) is
-//! checked with `cuPointerGetAttributes` before a plan runs: a bad range is
+//! are checked (unknown pointers and double frees are `InvalidArgument`) and ranges in it are
+//! checked without a driver call. Other memory (a caller's `cudaMalloc` buffers) is checked
+//! with `cuPointerGetAttributes` before a copy, a fill or a launch uses it: a bad range is
 //! `InvalidArgument`, not a fault that would poison the context.
 //!
 //! Sharing between processes uses legacy CUDA IPC (`cuIpcGetMemHandle`/
@@ -27,11 +27,10 @@
 //! refuses that) and returns the exporter's address; the memory then lives until both the
 //! export is freed and the import closed. NVLink multicast is never used.
 //!
-//! Plans ([`LocalPlan`]): Copy is `cuMemcpyAsync`, Fill `cuMemsetD8Async`, Reduce the
-//! `rustccl_reduce_<op>_<type>` kernels of `kernels/src/device/reduce.cu`, bit for bit the
-//! host reference of [`crate::reduce`]: [`RedOp::Avg`] is NCCL's mapping (floats: PreMulSum
-//! by 1/n with the scalar in the element type; integers: the sum divided by n, truncating),
-//! PreMulSum rounds each product to the element type before adding.
+//! Copies are `cuMemcpyAsync`, fills `cuMemsetD8Async`. The only kernel is the collective
+//! interpreter (`kernels/src/device/exec.cu`, one compile per operator and type), which
+//! [`DeviceBackend::launch_exec`] starts for `coll/device.rs`; it reduces bit for bit as the
+//! host reference [`crate::reduce`] does ([`coll_device_op`] gives its operator and scalar).
 
 pub mod driver;
 pub mod module;
@@ -42,19 +41,13 @@ use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cudarc::driver::sys;
-use rustccl_kernels::{DeviceOp, ReduceArgs, REDUCE_ACC_FIRST, REDUCE_MAX_SRCS, REDUCE_POST};
+use rustccl_kernels::DeviceOp;
 
-use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, LocalPlan, ShareHandle, Step, Stream};
+use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
 use crate::error::{Error, Result};
 use crate::reduce::DevOp;
-use crate::types::{DataType, RedOp};
+use crate::types::DataType;
 use driver::{check, Ctx, CtxGuard};
-pub use module::KernelInfo;
-
-/// Threads per block of the reduce kernels.
-const REDUCE_THREADS: u32 = 512;
-/// Blocks per multiprocessor, at most, of a reduce launch (the kernels stride over the rest).
-const REDUCE_BLOCKS_PER_SM: u32 = 8;
 
 /// The size of a `CUipcMemHandle`.
 pub const IPC_HANDLE_BYTES: usize = 64;
@@ -66,7 +59,6 @@ struct Device {
     name: String,
     /// Compute capability as `10 * major + minor` (90 for the H100/H200).
     cc: i32,
-    sms: u32,
     /// Its primary context, retained on first use.
     ctx: OnceLock<Ctx>,
 }
@@ -181,11 +173,6 @@ pub fn scalar_bits(dtype: DataType, s: f64) -> u64 {
     }
 }
 
-/// The kernel operator, scalar bits and divisor of a reduce step over `nsrcs` inputs.
-pub fn device_op(op: RedOp, scalar: Option<f64>, dtype: DataType, nsrcs: usize) -> Result<(DeviceOp, u64, u64)> {
-    Ok(coll_device_op(DevOp::from_user(op, scalar, dtype, nsrcs)?, dtype))
-}
-
 /// The kernel operator, scalar bits and divisor of a collective's device operator.
 pub fn coll_device_op(op: DevOp, dtype: DataType) -> (DeviceOp, u64, u64) {
     match op {
@@ -196,33 +183,6 @@ pub fn coll_device_op(op: DevOp, dtype: DataType) -> (DeviceOp, u64, u64) {
         DevOp::PreMulSum { scalar } => (DeviceOp::PreMulSum, scalar_bits(dtype, scalar), 1),
         DevOp::SumPostDiv { n } => (DeviceOp::SumPostDiv, 0, n),
     }
-}
-
-/// The launches of one reduce of `srcs` into `dst`: at most [`REDUCE_MAX_SRCS`] inputs each;
-/// each launch after the first takes the previous output (`acc`) as its accumulated first
-/// input. `acc` is `dst`, or a scratch buffer when `dst` is one of the inputs a later launch
-/// reads (so that it is not overwritten early). Returns (output, inputs, flags) per launch.
-pub fn reduce_launches(dst: u64, srcs: &[u64], scratch: Option<u64>) -> Vec<(u64, Vec<u64>, u32)> {
-    let max = REDUCE_MAX_SRCS;
-    if srcs.len() <= max {
-        return vec![(dst, srcs.to_vec(), REDUCE_POST)];
-    }
-    let acc = scratch.unwrap_or(dst);
-    let mut out = vec![(acc, srcs[..max].to_vec(), 0)];
-    let rest: Vec<&[u64]> = srcs[max..].chunks(max - 1).collect();
-    for (i, group) in rest.iter().enumerate() {
-        let last = i + 1 == rest.len();
-        let mut inputs = vec![acc];
-        inputs.extend_from_slice(group);
-        let flags = REDUCE_ACC_FIRST | if last { REDUCE_POST } else { 0 };
-        out.push((if last { dst } else { acc }, inputs, flags));
-    }
-    out
-}
-
-/// Whether [`reduce_launches`] needs a scratch buffer for this reduce.
-pub fn reduce_needs_scratch(dst: u64, srcs: &[u64]) -> bool {
-    srcs.len() > REDUCE_MAX_SRCS && srcs[REDUCE_MAX_SRCS..].contains(&dst)
 }
 
 impl CudaBackend {
@@ -260,8 +220,7 @@ impl CudaBackend {
             use sys::CUdevice_attribute::*;
             let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cuDeviceGetAttribute(cc major)")?;
             let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cuDeviceGetAttribute(cc minor)")?;
-            let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute(SMs)")?;
-            devices.push(Device { handle, name, cc: 10 * major + minor, sms: sms.max(1) as u32, ctx: OnceLock::new() });
+            devices.push(Device { handle, name, cc: 10 * major + minor, ctx: OnceLock::new() });
         }
         tracing::info!(
             target: "INIT",
@@ -311,13 +270,6 @@ impl CudaBackend {
     /// The compute capability of `device` as `10 * major + minor`.
     pub fn compute_capability(&self, device: usize) -> Result<i32> {
         Ok(self.device(device, "compute_capability")?.cc)
-    }
-
-    /// Compiles (or reads from the cache) and loads the kernels for `device`'s primary
-    /// context now, rather than at the first reduce; says how they were obtained.
-    pub fn preload_kernels(&self, device: usize) -> Result<KernelInfo> {
-        let ctx = self.primary(device)?;
-        Ok(self.kernels.get(ctx, self.devices[device].cc, self.driver_version)?.info.clone())
     }
 
     /// Compiles (or reads from the cache) and loads the collective interpreter for every
@@ -508,93 +460,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Enqueues one reduce step (ranges already checked) on `stream` in `place`.
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue_reduce(
-        &self,
-        place: Place,
-        stream: sys::CUstream,
-        loaded: &module::Loaded,
-        dst: DevicePtr,
-        srcs: &[DevicePtr],
-        count: usize,
-        dtype: DataType,
-        op: RedOp,
-        scalar: Option<f64>,
-    ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let (kop, scalar_bits, divisor) = device_op(op, scalar, dtype, srcs.len())?;
-        let func = loaded.reduce_function(kop, dtype)?;
-        let srcs: Vec<u64> = srcs.iter().map(|p| p.0).collect();
-        let bytes = count * dtype.size();
-        let mut scratch: Option<u64> = None;
-        if reduce_needs_scratch(dst.0, &srcs) {
-            let mut p: sys::CUdeviceptr = 0;
-            // SAFETY: writes one address; stream-ordered, freed below on the same stream.
-            check(unsafe { sys::cuMemAllocAsync(&mut p, bytes, stream) }, "cuMemAllocAsync")?;
-            scratch = Some(p);
-        }
-        let sms = self.devices[place.device].sms;
-        let blocks = count.div_ceil(REDUCE_THREADS as usize).min((sms * REDUCE_BLOCKS_PER_SM) as usize).max(1) as u32;
-        let mut result = Ok(());
-        for (out, inputs, flags) in reduce_launches(dst.0, &srcs, scratch) {
-            let mut args = ReduceArgs {
-                dst: out,
-                n: count as u64,
-                scalar: scalar_bits,
-                divisor,
-                nsrcs: inputs.len() as u32,
-                flags,
-                ..ReduceArgs::default()
-            };
-            args.srcs[..inputs.len()].copy_from_slice(&inputs);
-            let mut params = [&mut args as *mut ReduceArgs as *mut c_void];
-            // SAFETY: the function takes one RustcclReduceArgs by value, laid out as
-            // ReduceArgs; every address in it was checked; the driver copies the parameters
-            // before returning.
-            result = check(
-                unsafe {
-                    sys::cuLaunchKernel(
-                        func.0,
-                        blocks,
-                        1,
-                        1,
-                        REDUCE_THREADS,
-                        1,
-                        1,
-                        0,
-                        stream,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                },
-                "cuLaunchKernel(reduce)",
-            );
-            if result.is_err() {
-                break;
-            }
-        }
-        if let Some(p) = scratch {
-            // SAFETY: allocated above on this stream; freed after the launches in stream order.
-            check(unsafe { sys::cuMemFreeAsync(p, stream) }, "cuMemFreeAsync")?;
-        }
-        result
-    }
-
     /// Where a copy or fill with these pointers runs.
     fn place_for(&self, stream: Stream, ptrs: &[DevicePtr]) -> Result<Place> {
         let hint = if is_default_like(stream) { ptrs.iter().find_map(|p| self.tracked_device(*p)) } else { None };
         self.place(stream, hint)
     }
 
-    /// How the kernels of `device`'s primary context were
-    /// obtained, if they are loaded.
-    pub fn kernel_info(&self, device: usize) -> Option<KernelInfo> {
-        let ctx = self.devices.get(device)?.ctx.get()?;
-        self.kernels.loaded_info(*ctx)
-    }
 }
 
 impl DeviceBackend for CudaBackend {
@@ -781,15 +652,34 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        let mut plan = LocalPlan::new();
-        plan.fill(dst, bytes, value);
-        self.launch(&plan, stream).map_err(|e| strip_step(e, "memset"))
+        let in_op = |e: Error| e.context("memset");
+        let place = self.place_for(stream, &[dst])?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        self.check_range(dst, bytes, "destination").map_err(in_op)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range was checked above.
+        check(unsafe { sys::cuMemsetD8Async(dst.0, value, bytes, raw_stream(stream)) }, "cuMemsetD8Async").map_err(in_op)
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
-        let mut plan = LocalPlan::new();
-        plan.copy(dst, src, bytes);
-        self.launch(&plan, stream).map_err(|e| strip_step(e, "copy"))
+        let in_op = |e: Error| e.context("copy");
+        let (d, s, n) = (dst.0 as u128, src.0 as u128, bytes as u128);
+        if dst != src && d < s + n && s < d + n {
+            return Err(in_op(Error::invalid_argument(format!(
+                "{bytes} bytes from {src} to {dst}: the ranges overlap"
+            ))));
+        }
+        let place = self.place_for(stream, &[dst, src])?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        self.check_range(dst, bytes, "destination").map_err(in_op)?;
+        self.check_range(src, bytes, "source").map_err(in_op)?;
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        // SAFETY: both ranges were checked above.
+        check(unsafe { sys::cuMemcpyAsync(dst.0, src.0, bytes, raw_stream(stream)) }, "cuMemcpyAsync").map_err(in_op)
     }
 
     fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()> {
@@ -1072,72 +962,6 @@ impl DeviceBackend for CudaBackend {
         Ok(())
     }
 
-    fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()> {
-        plan.check()?;
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let hint = if is_default_like(stream) {
-            plan.steps.iter().flat_map(|s| s.accesses().unwrap_or_default()).find_map(|a| self.tracked_device(a.ptr))
-        } else {
-            None
-        };
-        let place = self.place(stream, hint)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        // Check the whole plan, and load the kernels it needs, before running any of it.
-        let mut loaded = None;
-        for (i, step) in plan.steps.iter().enumerate() {
-            let in_step = |e: Error| e.context(format!("plan step {i}"));
-            let reduce = matches!(step, Step::Reduce { .. });
-            let kernel = match step {
-                Step::Reduce { dtype, op, scalar, srcs, .. } => {
-                    Some((device_op(*op, *scalar, *dtype, srcs.len()).map_err(in_step)?.0, *dtype))
-                }
-                _ => None,
-            };
-            if let Some((kop, dtype)) = kernel {
-                if loaded.is_none() {
-                    let cc = self.devices[place.device].cc;
-                    loaded = Some(self.kernels.get(place.ctx, cc, self.driver_version).map_err(in_step)?);
-                }
-                loaded.as_ref().expect("loaded above").reduce_function(kop, dtype).map_err(in_step)?;
-            }
-            for access in step.accesses().map_err(in_step)? {
-                let what = if access.write { "output" } else { "input" };
-                let owner = self.check_range(access.ptr, access.bytes, what).map_err(in_step)?;
-                if let (true, Some(owner)) = (reduce, owner) {
-                    self.ensure_peer(place.device, owner).map_err(in_step)?;
-                }
-            }
-        }
-        let s = raw_stream(stream);
-        for (i, step) in plan.steps.iter().enumerate() {
-            let in_step = |e: Error| e.context(format!("plan step {i}"));
-            match step {
-                Step::Copy { dst, src, bytes } => {
-                    if *bytes == 0 || dst == src {
-                        continue;
-                    }
-                    // SAFETY: both ranges checked above.
-                    check(unsafe { sys::cuMemcpyAsync(dst.0, src.0, *bytes, s) }, "cuMemcpyAsync").map_err(in_step)?;
-                }
-                Step::Fill { dst, bytes, value } => {
-                    if *bytes == 0 {
-                        continue;
-                    }
-                    // SAFETY: the range was checked above.
-                    check(unsafe { sys::cuMemsetD8Async(dst.0, *value, *bytes, s) }, "cuMemsetD8Async")
-                        .map_err(in_step)?;
-                }
-                Step::Reduce { dst, srcs, count, dtype, op, scalar } => {
-                    let loaded = loaded.as_ref().expect("kernels loaded for every plan with a reduce");
-                    self.enqueue_reduce(place, s, loaded, *dst, srcs, *count, *dtype, *op, *scalar).map_err(in_step)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
         Err(Error::invalid_usage("host_address: device memory is not host-addressable (cuda backend)"))
     }
@@ -1228,14 +1052,6 @@ impl CudaBackend {
             Error::invalid_argument(format!("{op}: event {:#x} is not a live event of this backend", event.0))
         })
     }
-}
-
-/// An error of a one-step plan, named after the operation rather than "plan step 0".
-fn strip_step(mut e: Error, op: &str) -> Error {
-    if let Some(rest) = e.message.strip_prefix("plan step 0: ") {
-        e.message = format!("{op}: {rest}");
-    }
-    e
 }
 
 #[cfg(test)]
