@@ -366,7 +366,7 @@ fn cuda_backend() {
     let start = Instant::now();
     let kernels = b.preload_exec_kernels(0).unwrap();
     let files = std::fs::read_dir(&cache_dir).map(|d| d.count()).unwrap_or(0);
-    t.check(files == kernels, || format!("the first load in a fresh cache compiles: {files} files for {kernels} kernels"));
+    t.check(files == kernels, || format!("a fresh cache gets one file per kernel: {files} for {kernels}"));
     println!("cuda_backend: {kernels} collective kernels compiled in {:.1} s", start.elapsed().as_secs_f64());
     let (ok, text) =
         run_child("cache", &[("NCCL_DEBUG", "INFO".to_string()), ("NCCL_DEBUG_SUBSYS", "INIT".to_string())]);
