@@ -96,7 +96,7 @@ impl std::fmt::Display for DataType {
 /// The built-in ones have NCCL's fixed values (Sum 0, Prod 1, Max 2, Min 3, Avg 4).
 /// [`RedOp::PreMulSum`] has no fixed value: NCCL creates it per communicator with
 /// `ncclRedOpCreatePreMulSum`, which hands out values from `ncclNumOps` up; the scalar it
-/// multiplies by travels separately (see the backend's `Step::Reduce`).
+/// multiplies by travels separately (see [`crate::reduce::DevOp::from_user`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
     Sum,

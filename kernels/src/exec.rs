@@ -165,7 +165,7 @@ pub fn exec_defines(op: crate::DeviceOp, dtype: i32) -> Option<Vec<String>> {
         "RustcclElemF8E5M2",
     ];
     let elem = ELEMS.get(usize::try_from(dtype).ok()?)?;
-    crate::reduce_kernel_name(op, dtype)?;
+    op.supports(dtype).then_some(())?;
     let op = match op {
         crate::DeviceOp::Sum => "RUSTCCL_OP_SUM",
         crate::DeviceOp::Prod => "RUSTCCL_OP_PROD",

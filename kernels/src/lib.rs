@@ -4,10 +4,9 @@
 //! * The device sources, CUDA C++ that also builds as HIP, embedded with
 //!   `include_str!` and listed by [`sources`]: `port.h` (CUDA/HIP portability:
 //!   vendor headers, element types, warp size, shuffles, atomics, fences),
-//!   `elem.h` (the element types' exact arithmetic on raw bits, shared by the
-//!   kernels) and `reduce.cu` (the n-input reduce kernels a plan's reduce step
-//!   runs, bit for bit the host reference `Reducer`: one per [`DeviceOp`] and
-//!   type, see [`reduce_kernel_name`] and [`ReduceArgs`]).
+//!   `elem.h` (the element types' exact arithmetic on raw bits, bit for bit the
+//!   host reference `Reducer`) and `exec.cu` (the collective interpreter, one
+//!   compilation per [`DeviceOp`] and type, see [`exec`]).
 //! * [`KernelCache`]: compiled blobs (PTX/CUBIN/code objects) stored under
 //!   `RUSTCCL_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/rustccl/kernels`, else
 //!   `~/.cache/rustccl/kernels`, keyed by a [`CacheKey`] (SHA-256 of the
@@ -17,9 +16,9 @@
 //!   detected and treated as a miss.
 //!
 //! The device code is **not compiled by this crate or its tests**: the host's
-//! CUDA backend (`rustccl::backend::cuda`) compiles `reduce.cu` with NVRTC at
-//! run time for each GPU architecture, caches the CUBIN with [`KernelCache`]
-//! and loads it; its tests compile it wherever NVRTC is found (no GPU needed).
+//! CUDA backend (`rustccl::backend::cuda`) compiles `exec.cu` with NVRTC at
+//! run time for each GPU architecture, caches the CUBINs with [`KernelCache`]
+//! and loads them; its tests compile it wherever NVRTC is found (no GPU needed).
 //!
 //! * `exec.cu`: the collective interpreter, one launch per group on a device, running the
 //!   planner's steps with the Simple, LL and LL128 protocols (see [`exec`]).
@@ -44,7 +43,6 @@ pub fn sources() -> &'static [(&'static str, &'static str)] {
     const SOURCES: &[(&str, &str)] = &[
         ("port.h", include_str!("device/port.h")),
         ("elem.h", include_str!("device/elem.h")),
-        (REDUCE_SOURCE, include_str!("device/reduce.cu")),
         (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
     ];
     SOURCES
@@ -66,39 +64,16 @@ pub fn source(name: &str) -> Option<&'static str> {
         .map(|(_, text)| *text)
 }
 
-/// The `<type>` part of kernel names, indexed by `ncclDataType_t` value
-/// (Int8 0 … Float8e5m2 11).
-pub const DTYPE_SUFFIXES: [&str; 12] = [
-    "i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16", "f8e4m3", "f8e5m2",
-];
-
-/// Name of the n-input reduce kernels' source among [`sources`] (a compilation unit): what a
-/// host backend runs for a plan's reduce step. See [`reduce_kernel_name`] and [`ReduceArgs`].
-pub const REDUCE_SOURCE: &str = "reduce.cu";
-
-/// The most inputs one reduce kernel launch takes (`RUSTCCL_REDUCE_MAX_SRCS`); more are
-/// reduced by chaining launches (the output of one is the accumulated first input of the
-/// next, see [`REDUCE_ACC_FIRST`]).
-pub const REDUCE_MAX_SRCS: usize = 32;
-
-/// [`ReduceArgs::flags`] bit: `srcs[0]` is an already reduced partial result, so PreMulSum
-/// does not multiply it by the scalar.
-pub const REDUCE_ACC_FIRST: u32 = 1;
-
-/// [`ReduceArgs::flags`] bit: apply the post-op (SumPostDiv's division by `divisor`) to the
-/// result.
-pub const REDUCE_POST: u32 = 2;
-
-/// The operators of the reduce kernels (NCCL's device ops, `ncclDevRedOp_t`).
+/// The operators of the device code (NCCL's device ops, `ncclDevRedOp_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceOp {
     Sum,
     Prod,
     Min,
     Max,
-    /// Each input multiplied by [`ReduceArgs::scalar`] (element-type bits), then summed.
+    /// Each input multiplied by a scalar (element-type bits), then summed.
     PreMulSum,
-    /// Summed, then divided by [`ReduceArgs::divisor`] (integer types only).
+    /// Summed, then divided by a divisor (integer types only).
     SumPostDiv,
 }
 
@@ -112,7 +87,7 @@ impl DeviceOp {
         DeviceOp::SumPostDiv,
     ];
 
-    /// The `<op>` part of the reduce kernels' names.
+    /// The operator's short name (`sum`, `prod`, ..., in logs).
     pub fn suffix(self) -> &'static str {
         match self {
             DeviceOp::Sum => "sum",
@@ -123,58 +98,18 @@ impl DeviceOp {
             DeviceOp::SumPostDiv => "sumpostdiv",
         }
     }
+
+    /// Whether the device code has this operator for elements of `ncclDataType_t` value
+    /// `dtype`: every type (Int8 0 … Float8e5m2 11), but SumPostDiv on integers only (NCCL
+    /// never uses it on floats: float Avg is PreMulSum with 1/n).
+    pub fn supports(self, dtype: i32) -> bool {
+        (0..12).contains(&dtype) && (self != DeviceOp::SumPostDiv || is_integer_dtype(dtype))
+    }
 }
 
 /// Whether `ncclDataType_t` value `dtype` is an integer type (Int8 .. Uint64).
 fn is_integer_dtype(dtype: i32) -> bool {
     (0..=5).contains(&dtype)
-}
-
-/// The `extern "C"` name of the reduce kernel of `reduce.cu` for `op` on elements of
-/// `ncclDataType_t` value `dtype`, e.g. `rustccl_reduce_sum_f32`; `None` for an unknown
-/// type and for SumPostDiv on a floating type (which NCCL never uses: float Avg is
-/// PreMulSum with 1/n).
-pub fn reduce_kernel_name(op: DeviceOp, dtype: i32) -> Option<String> {
-    let ty = DTYPE_SUFFIXES.get(usize::try_from(dtype).ok()?)?;
-    if op == DeviceOp::SumPostDiv && !is_integer_dtype(dtype) {
-        return None;
-    }
-    Some(format!("rustccl_reduce_{}_{}", op.suffix(), ty))
-}
-
-/// The one parameter of every reduce kernel, passed by value (`RustcclReduceArgs` in
-/// `reduce.cu`, same layout: eight-byte fields, then two four-byte ones, no padding).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReduceArgs {
-    /// Output address (may equal one of `srcs`).
-    pub dst: u64,
-    /// Input addresses; the first `nsrcs` are used.
-    pub srcs: [u64; REDUCE_MAX_SRCS],
-    /// Number of elements.
-    pub n: u64,
-    /// PreMulSum: the scalar's bits in the element type (zero-extended).
-    pub scalar: u64,
-    /// SumPostDiv: the divisor (>= 1).
-    pub divisor: u64,
-    /// 1 ..= [`REDUCE_MAX_SRCS`].
-    pub nsrcs: u32,
-    /// [`REDUCE_ACC_FIRST`], [`REDUCE_POST`].
-    pub flags: u32,
-}
-
-impl Default for ReduceArgs {
-    fn default() -> Self {
-        ReduceArgs {
-            dst: 0,
-            srcs: [0; REDUCE_MAX_SRCS],
-            n: 0,
-            scalar: 0,
-            divisor: 1,
-            nsrcs: 0,
-            flags: 0,
-        }
-    }
 }
 
 /// Environment variable that sets the cache directory.
@@ -416,16 +351,11 @@ mod tests {
     #[test]
     fn sources_are_embedded() {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
-        assert_eq!(
-            names,
-            ["port.h", "elem.h", "reduce.cu", "exec.cu"]
-        );
+        assert_eq!(names, ["port.h", "elem.h", "exec.cu"]);
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
         assert_eq!(headers, ["port.h", "elem.h"]);
         assert!(text_of("exec.cu").contains("#include \"elem.h\""));
-        assert!(source(REDUCE_SOURCE)
-            .unwrap()
-            .contains("#include \"port.h\""));
+        assert!(text_of("elem.h").contains("#include \"port.h\""));
         assert_eq!(source("nope.cu"), None);
         let text = |name: &str| sources().iter().find(|(n, _)| *n == name).unwrap().1;
         assert!(text("port.h").contains("__HIP_PLATFORM_AMD__"));
@@ -435,49 +365,16 @@ mod tests {
     }
 
     #[test]
-    fn reduce_kernel_names_match_the_instantiations() {
-        let cu = source(REDUCE_SOURCE).unwrap();
-        assert!(cu.contains(&format!(
-            "#define RUSTCCL_REDUCE_MAX_SRCS {REDUCE_MAX_SRCS}\n"
-        )));
-        assert!(cu.contains(&format!(
-            "#define RUSTCCL_REDUCE_ACC_FIRST {REDUCE_ACC_FIRST}u\n"
-        )));
-        assert!(cu.contains(&format!("#define RUSTCCL_REDUCE_POST {REDUCE_POST}u\n")));
-        assert!(cu.contains("rustccl_reduce_##opname##_##tname"));
-        for (dtype, ty) in DTYPE_SUFFIXES.iter().enumerate() {
-            let int = dtype <= 5;
-            let macro_name = if int {
-                "RUSTCCL_REDUCE_INT_TYPE"
-            } else {
-                "RUSTCCL_REDUCE_FLOAT_TYPE"
-            };
-            assert!(cu.contains(&format!("{macro_name}({ty}, ")), "{ty}");
+    fn operators_supported_per_type() {
+        for dtype in 0..12 {
             for op in DeviceOp::ALL {
-                let name = reduce_kernel_name(op, dtype as i32);
-                assert_eq!(
-                    name.is_some(),
-                    int || op != DeviceOp::SumPostDiv,
-                    "{op:?} {ty}"
-                );
+                let int = dtype <= 5;
+                assert_eq!(op.supports(dtype), int || op != DeviceOp::SumPostDiv, "{op:?} {dtype}");
             }
         }
-        let guarded = cu
-            .split("#if RUSTCCL_HAVE_FP8\nRUSTCCL_REDUCE")
-            .nth(1)
-            .unwrap();
-        assert!(guarded.contains("(f8e4m3, ") && guarded.contains("(f8e5m2, "));
-        assert_eq!(
-            reduce_kernel_name(DeviceOp::SumPostDiv, 4).as_deref(),
-            Some("rustccl_reduce_sumpostdiv_i64")
-        );
-        assert_eq!(reduce_kernel_name(DeviceOp::Min, 12), None);
-        // The argument block's layout matches the device struct: 296 bytes, no padding.
-        assert_eq!(
-            std::mem::size_of::<ReduceArgs>(),
-            8 * (REDUCE_MAX_SRCS + 4) + 8
-        );
-        assert_eq!(std::mem::align_of::<ReduceArgs>(), 8);
+        assert!(DeviceOp::SumPostDiv.supports(4));
+        assert!(!DeviceOp::SumPostDiv.supports(7));
+        assert!(!DeviceOp::Sum.supports(12) && !DeviceOp::Sum.supports(-1));
     }
 
     #[test]

@@ -10,16 +10,15 @@
 //!   pointer is `InvalidArgument`, never undefined behaviour.
 //! - Shareable memory is a /dev/shm file (see [`shm`]); its [`ShareHandle`] carries the file
 //!   name and size.
-//! - `Reduce` steps use [`reduce`], which refuses the fp8 types.
+//! - There are no device kernels: collectives run on CPU threads, in the host executor
+//!   (`coll/exec.rs`), which reduces with [`crate::reduce`] on the addresses
+//!   [`host_address`](DeviceBackend::host_address) gives it.
 //!
-//! Concurrency: the memory table sits behind a read-write lock. Copies and plans hold the
+//! Concurrency: the memory table sits behind a read-write lock. Copies and fills hold the
 //! read lock while they run (so ranks on different threads run in parallel and nothing they
-//! touch can be freed meanwhile); allocation and free take the write lock. A step that waits
-//! for another thread (a future send/receive step) must not hold the lock while it waits.
+//! touch can be freed meanwhile); allocation and free take the write lock.
 
-mod float16;
 mod memory;
-mod reduce;
 mod shm;
 
 use std::collections::HashSet;
@@ -30,20 +29,15 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 use memory::{Allocation, Kind, Table};
 use shm::SharedRegion;
 
-use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, LocalPlan, ShareHandle, Step, Stream};
+use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
 use crate::error::{Error, Result};
-use crate::types::{DataType, RedOp};
 
-pub use float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use shm::SHM_DIR;
 
 /// The environment variable giving the number of virtual devices.
 pub const DEVICES_ENV: &str = "RUSTCCL_HOST_DEVICES";
 /// The number of virtual devices when [`DEVICES_ENV`] is unset.
 pub const DEFAULT_DEVICES: usize = 64;
-
-/// Reductions go through buffers of this many bytes, so inputs and output may alias.
-const REDUCE_CHUNK_BYTES: usize = 64 * 1024;
 
 /// The host backend (see the module docs).
 pub struct HostBackend {
@@ -169,65 +163,6 @@ impl HostBackend {
     }
 }
 
-/// Runs one step whose ranges `mem` has already checked (it checks again; that is cheap).
-fn run_step(mem: &Table, step: &Step) -> Result<()> {
-    match step {
-        Step::Copy { dst, src, bytes } => {
-            let d = mem.resolve(*dst, *bytes, "copy destination")?;
-            let s = mem.resolve(*src, *bytes, "copy source")?;
-            // SAFETY: both ranges lie inside live entries, which cannot be freed while `mem`
-            // (a read guard) is held; `copy` allows overlap.
-            unsafe { std::ptr::copy(s, d, *bytes) };
-        }
-        Step::Fill { dst, bytes, value } => {
-            let d = mem.resolve(*dst, *bytes, "fill destination")?;
-            // SAFETY: the range lies inside a live entry, kept alive by `mem`.
-            unsafe { std::ptr::write_bytes(d, *value, *bytes) };
-        }
-        Step::Reduce { dst, srcs, count, dtype, op, scalar } => {
-            reduce_step(mem, *dst, srcs, *count, *dtype, *op, *scalar)?;
-        }
-    }
-    Ok(())
-}
-
-/// A reduce step: chunk by chunk, copies the inputs out, reduces, and copies the result in,
-/// so `dst` may be one of `srcs`.
-fn reduce_step(
-    mem: &Table,
-    dst: DevicePtr,
-    srcs: &[DevicePtr],
-    count: usize,
-    dtype: DataType,
-    op: RedOp,
-    scalar: Option<f64>,
-) -> Result<()> {
-    let size = dtype.size();
-    let total = count
-        .checked_mul(size)
-        .ok_or_else(|| Error::invalid_argument(format!("reduce of {count} {dtype} elements overflows")))?;
-    let d = mem.resolve(dst, total, "reduce output")?;
-    let s = srcs.iter().map(|p| mem.resolve(*p, total, "reduce input")).collect::<Result<Vec<_>>>()?;
-    let chunk = (REDUCE_CHUNK_BYTES / size * size).min(total);
-    let mut inputs = vec![vec![0u8; chunk]; srcs.len()];
-    let mut out = vec![0u8; chunk];
-    let mut done = 0;
-    while done < total {
-        let n = chunk.min(total - done);
-        for (buf, src) in inputs.iter_mut().zip(&s) {
-            // SAFETY: `src..src+total` is live (resolved above; `mem` keeps it alive),
-            // done + n <= total, and `buf` is our own buffer of at least n bytes.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(done), buf.as_mut_ptr(), n) };
-        }
-        let views: Vec<&[u8]> = inputs.iter().map(|b| &b[..n]).collect();
-        reduce::reduce(dtype, op, scalar, &views, &mut out[..n])?;
-        // SAFETY: `d..d+total` is live, done + n <= total, `out` holds n bytes of our own.
-        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), d.add(done), n) };
-        done += n;
-    }
-    Ok(())
-}
-
 impl DeviceBackend for HostBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Host
@@ -283,12 +218,22 @@ impl DeviceBackend for HostBackend {
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
         self.check_stream(stream, "memset")?;
-        run_step(&self.read_memory(), &Step::Fill { dst, bytes, value })
+        let mem = self.read_memory();
+        let d = mem.resolve(dst, bytes, "fill destination")?;
+        // SAFETY: the range lies inside a live entry, kept alive by `mem` (a read guard).
+        unsafe { std::ptr::write_bytes(d, value, bytes) };
+        Ok(())
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
         self.check_stream(stream, "copy")?;
-        run_step(&self.read_memory(), &Step::Copy { dst, src, bytes })
+        let mem = self.read_memory();
+        let d = mem.resolve(dst, bytes, "copy destination")?;
+        let s = mem.resolve(src, bytes, "copy source")?;
+        // SAFETY: both ranges lie inside live entries, which cannot be freed while `mem` (a
+        // read guard) is held; `copy` allows overlap.
+        unsafe { std::ptr::copy(s, d, bytes) };
+        Ok(())
     }
 
     fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()> {
@@ -408,27 +353,6 @@ impl DeviceBackend for HostBackend {
         self.copy_to_device(dst, data, stream)
     }
 
-    fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()> {
-        self.check_stream(stream, "launch")?;
-        plan.check()?;
-        let mem = self.read_memory();
-        // Check the whole plan before running any of it.
-        for (i, step) in plan.steps.iter().enumerate() {
-            let in_step = |e: Error| e.context(format!("plan step {i}"));
-            if let Step::Reduce { dtype, .. } = step {
-                reduce::check_supported(*dtype).map_err(in_step)?;
-            }
-            for access in step.accesses().map_err(in_step)? {
-                let what = if access.write { "output" } else { "input" };
-                mem.resolve(access.ptr, access.bytes, what).map_err(in_step)?;
-            }
-        }
-        for (i, step) in plan.steps.iter().enumerate() {
-            run_step(&mem, step).map_err(|e| e.context(format!("plan step {i}")))?;
-        }
-        Ok(())
-    }
-
     fn host_address(&self, ptr: DevicePtr, bytes: usize) -> Result<usize> {
         Ok(self.read_memory().resolve(ptr, bytes, "buffer")? as usize)
     }
@@ -437,7 +361,7 @@ impl DeviceBackend for HostBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ResultCode::{InvalidArgument, InvalidUsage};
+    use crate::error::ResultCode::InvalidArgument;
 
     const S: Stream = Stream::DEFAULT;
 
@@ -522,172 +446,40 @@ mod tests {
         assert_eq!(download(&b, q, 100), vec![0u8; 100]);
     }
 
+    /// `memset` and `copy` check the stream and every byte of their ranges before they write
+    /// anything.
     #[test]
-    fn launch_runs_steps_in_order() {
+    fn memset_and_copy_write_nothing_when_refused() {
         let b = backend();
-        let x = upload(&b, &[1i32, 2, 3, 4], |v| v.to_ne_bytes().to_vec());
-        let y = b.alloc(0, 16).unwrap();
-        let z = b.alloc(0, 16).unwrap();
-        let mut plan = LocalPlan::new();
-        plan.fill(y, 16, 0x01) // each i32 is 0x01010101 = 16843009
-            .copy(z, x, 16)
-            .reduce(z, vec![z, y, x], 4, DataType::Int32, RedOp::Sum, None); // in place
-        b.launch(&plan, S).unwrap();
-        let got = download(&b, z, 16);
-        let want: Vec<u8> = [1i32, 2, 3, 4].iter().flat_map(|v| (2 * v + 16843009).to_ne_bytes()).collect();
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn bad_plans_run_no_step() {
-        let b = backend();
-        let x = b.alloc(0, 64).unwrap();
-        let small = b.alloc(0, 8).unwrap();
-        let mut plan = LocalPlan::new();
-        plan.fill(x, 64, 9).copy(small, x, 64);
-        let e = b.launch(&plan, S).unwrap_err();
+        let p = upload(&b, &(0..100u8).collect::<Vec<u8>>(), |v| vec![v]);
+        let q = b.alloc(0, 100).unwrap();
+        let before = download(&b, p, 100);
+        // Ranges that start inside the allocation and run past its end.
+        let e = b.memset(p.offset(90), 0xFF, 11, S).unwrap_err();
         assert_eq!(e.code, InvalidArgument);
-        assert!(e.message.starts_with("plan step 1"), "{}", e.message);
-        assert_eq!(download(&b, x, 64), vec![0u8; 64], "the fill before the bad step did not run");
-
-        let mut plan = LocalPlan::new();
-        plan.fill(x, 64, 9).reduce(x, vec![x], 64, DataType::Float8e4m3, RedOp::Sum, None);
-        let e = b.launch(&plan, S).unwrap_err();
-        assert_eq!(e.code, InvalidUsage);
-        assert!(e.message.contains("fp8"), "{}", e.message);
-        assert_eq!(download(&b, x, 64), vec![0u8; 64]);
-
+        assert!(e.message.contains("fill destination") && e.message.contains("11 bytes"), "{}", e.message);
+        let e = b.copy(p.offset(50), q, 51, S).unwrap_err();
+        assert!(e.message.contains("copy destination"), "{}", e.message);
+        let e = b.copy(q, p.offset(50), 51, S).unwrap_err();
+        assert!(e.message.contains("copy source"), "{}", e.message);
+        assert_eq!(download(&b, p, 100), before);
+        assert_eq!(download(&b, q, 100), vec![0u8; 100]);
+        // A stream that is no longer live.
         let s = b.create_stream(0).unwrap();
         b.destroy_stream(s).unwrap();
-        assert_eq!(b.launch(&LocalPlan::new(), s).unwrap_err().code, InvalidArgument);
-    }
-
-    /// Every implemented op on every implemented type, three inputs, through `launch`,
-    /// against values computed here in i128/f64 and converted back.
-    #[test]
-    fn launch_reduce_every_op_and_type() {
-        let b = backend();
-        let a = [3i64, -7, 100, 0, 55, -1, 12, 9];
-        let c = [5i64, 2, -100, 1, -60, -1, 4, 3];
-        let d = [-2i64, 7, 27, 1, 8, -1, 2, -6];
-        let ops = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::PreMulSum];
-        let expect = |op: RedOp, i: usize| -> f64 {
-            let v = [a[i] as f64, c[i] as f64, d[i] as f64];
-            match op {
-                RedOp::Sum => v[0] + v[1] + v[2],
-                RedOp::Prod => v[0] * v[1] * v[2],
-                RedOp::Max => v[0].max(v[1]).max(v[2]),
-                RedOp::Min => v[0].min(v[1]).min(v[2]),
-                RedOp::Avg => ((v[0] + v[1] + v[2]) / 3.0).trunc(),
-                RedOp::PreMulSum => 2.0 * (v[0] + v[1] + v[2]),
-            }
-        };
-        type Enc = fn(f64) -> Vec<u8>;
-        let types: [(DataType, Enc); 6] = [
-            (DataType::Int8, |v| (v as i64 as i8).to_ne_bytes().to_vec()),
-            (DataType::Int32, |v| (v as i32).to_ne_bytes().to_vec()),
-            (DataType::Int64, |v| (v as i64).to_ne_bytes().to_vec()),
-            (DataType::Float32, |v| (v as f32).to_ne_bytes().to_vec()),
-            (DataType::Float64, |v| v.to_ne_bytes().to_vec()),
-            (DataType::Float16, |v| f32_to_f16(v as f32).to_ne_bytes().to_vec()),
-        ];
-        for (dtype, enc) in types {
-            let bytes = |xs: &[i64]| xs.iter().flat_map(|x| enc(*x as f64)).collect::<Vec<u8>>();
-            let (pa, pc, pd) = (b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap(), b.alloc(0, 64).unwrap());
-            b.copy_to_device(pa, &bytes(&a), S).unwrap();
-            b.copy_to_device(pc, &bytes(&c), S).unwrap();
-            b.copy_to_device(pd, &bytes(&d), S).unwrap();
-            let out = b.alloc(0, 64).unwrap();
-            for op in ops {
-                let scalar = (op == RedOp::PreMulSum).then_some(2.0);
-                let mut plan = LocalPlan::new();
-                plan.reduce(out, vec![pa, pc, pd], 8, dtype, op, scalar);
-                b.launch(&plan, S).unwrap();
-                let got = download(&b, out, 8 * dtype.size());
-                let want: Vec<u8> = (0..8)
-                    .flat_map(|i| {
-                        let mut v = expect(op, i);
-                        if dtype.is_float() && op == RedOp::Avg {
-                            v = (a[i] + c[i] + d[i]) as f64 / 3.0;
-                        }
-                        // Integer results wrap like the GPU's: reduce modulo 2^bits.
-                        if !dtype.is_float() {
-                            let bits = 8 * dtype.size() as u32;
-                            let m = (v as i128).rem_euclid(1i128 << bits);
-                            let signed = if m >= 1i128 << (bits - 1) { m - (1i128 << bits) } else { m };
-                            v = signed as f64;
-                        }
-                        enc(v)
-                    })
-                    .collect();
-                assert_eq!(got, want, "{dtype} {op}");
-            }
-        }
-        // Unsigned types: [200, 100] and [100, 200] as u8, u32, u64.
-        for (dtype, size) in [(DataType::Uint8, 1usize), (DataType::Uint32, 4), (DataType::Uint64, 8)] {
-            let enc = |v: u64| match size {
-                1 => (v as u8).to_ne_bytes().to_vec(),
-                4 => (v as u32).to_ne_bytes().to_vec(),
-                _ => v.to_ne_bytes().to_vec(),
-            };
-            let x = upload(&b, &[200u64, 100], enc);
-            let y = upload(&b, &[100u64, 200], enc);
-            let out = b.alloc(0, 2 * size).unwrap();
-            let modulus = 1u128 << (8 * size);
-            for (op, want) in [
-                (RedOp::Sum, [300u128, 300]),
-                (RedOp::Prod, [20000, 20000]),
-                (RedOp::Max, [200, 200]),
-                (RedOp::Min, [100, 100]),
-                (RedOp::Avg, [(300 % modulus) / 2, (300 % modulus) / 2]),
-            ] {
-                let mut plan = LocalPlan::new();
-                plan.reduce(out, vec![x, y], 2, dtype, op, None);
-                b.launch(&plan, S).unwrap();
-                let want: Vec<u8> = want.iter().flat_map(|w| enc((w % modulus) as u64)).collect();
-                assert_eq!(download(&b, out, 2 * size), want, "{dtype} {op}");
-            }
-        }
-    }
-
-    #[test]
-    fn avg_and_premulsum_on_floats_across_chunks() {
-        let b = backend();
-        let n = 40_000usize; // 160 KB of f32: several reduce chunks
-        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
-        let y: Vec<f32> = (0..n).map(|i| (2 * i) as f32 + 1.0).collect();
-        let px = upload(&b, &x, |v| v.to_ne_bytes().to_vec());
-        let py = upload(&b, &y, |v| v.to_ne_bytes().to_vec());
-        let out = b.alloc(0, n * 4).unwrap();
-        let mut plan = LocalPlan::new();
-        plan.reduce(out, vec![px, py], n, DataType::Float32, RedOp::Avg, None);
-        b.launch(&plan, S).unwrap();
-        let got = download(&b, out, n * 4);
-        for i in [0, 1, 16383, 16384, 39999] {
-            let v = f32::from_ne_bytes(got[4 * i..4 * i + 4].try_into().unwrap());
-            assert_eq!(v, (3 * i + 1) as f32 / 2.0, "avg at {i}");
-        }
-        let mut plan = LocalPlan::new();
-        plan.reduce(px, vec![px, py], n, DataType::Float32, RedOp::PreMulSum, Some(0.25));
-        b.launch(&plan, S).unwrap();
-        let got = download(&b, px, n * 4);
-        for i in [0, 7, 16384, 39999] {
-            let v = f32::from_ne_bytes(got[4 * i..4 * i + 4].try_into().unwrap());
-            assert_eq!(v, (3 * i + 1) as f32 * 0.25, "premulsum at {i}");
-        }
-    }
-
-    #[test]
-    fn bfloat16_reduce_through_launch() {
-        let b = backend();
-        // 1.0, 1 + 2^-7 -> sum 2 + 2^-7 ties to 2.0 (0x4000); 3.0 + 0.5 = 3.5 (0x4060).
-        let x = upload(&b, &[0x3f80u16, 0x4040], |v| v.to_ne_bytes().to_vec());
-        let y = upload(&b, &[0x3f81u16, 0x3f00], |v| v.to_ne_bytes().to_vec());
-        let mut plan = LocalPlan::new();
-        plan.reduce(x, vec![x, y], 2, DataType::Bfloat16, RedOp::Sum, None);
-        b.launch(&plan, S).unwrap();
-        let got = download(&b, x, 4);
-        assert_eq!(got, [0x4000u16, 0x4060].iter().flat_map(|v| v.to_ne_bytes()).collect::<Vec<u8>>());
+        assert_eq!(b.copy(q, p, 100, s).unwrap_err().code, InvalidArgument);
+        assert_eq!(b.memset(p, 0xFF, 100, s).unwrap_err().code, InvalidArgument);
+        assert_eq!(download(&b, p, 100), before);
+        assert_eq!(download(&b, q, 100), vec![0u8; 100]);
+        // Zero bytes and a copy onto itself change nothing.
+        b.memset(p, 0xFF, 0, S).unwrap();
+        b.copy(p, p, 100, S).unwrap();
+        assert_eq!(download(&b, p, 100), before);
+        // A fill of a whole allocation, across devices' memory in one process.
+        let r = b.alloc(3, 4096).unwrap();
+        b.memset(r, 0x5C, 4096, S).unwrap();
+        b.copy(q, r.offset(4000), 96, S).unwrap();
+        assert_eq!(download(&b, q, 100), [vec![0x5Cu8; 96], vec![0u8; 4]].concat());
     }
 
     #[test]
@@ -705,10 +497,8 @@ mod tests {
         assert_eq!(download(&b, imp.offset(4000), 23), b"written by the exporter");
         b.copy_to_device(imp, b"and by the importer", S).unwrap();
         assert_eq!(download(&b, exp, 19), b"and by the importer");
-        // A plan can use both mappings.
-        let mut plan = LocalPlan::new();
-        plan.copy(exp.offset(100), imp, 19);
-        b.launch(&plan, S).unwrap();
+        // A copy can use both mappings.
+        b.copy(exp.offset(100), imp, 19, S).unwrap();
         assert_eq!(download(&b, imp.offset(100), 19), b"and by the importer");
 
         // The wrong release calls say which one is right.
@@ -760,14 +550,12 @@ mod tests {
     }
 
     #[test]
-    fn registered_host_memory_can_be_used_by_plans() {
+    fn registered_host_memory_can_be_filled() {
         let b = backend();
         let mut user = vec![1u8; 32];
         // SAFETY: `user` outlives the registration (unregistered below).
         let p = unsafe { b.register_host(user.as_mut_ptr(), 32) }.unwrap();
-        let mut plan = LocalPlan::new();
-        plan.fill(p.offset(8), 8, 3);
-        b.launch(&plan, S).unwrap();
+        b.memset(p.offset(8), 3, 8, S).unwrap();
         b.unregister_host(p).unwrap();
         assert_eq!(user[7..17], [1, 3, 3, 3, 3, 3, 3, 3, 3, 1]);
         assert_eq!(b.unregister_host(p).unwrap_err().code, InvalidArgument);
@@ -811,9 +599,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mine = b.alloc(rank as usize, 1024).unwrap();
                     b.memset(mine, rank as u8 + 1, 1024, S).unwrap();
-                    let mut plan = LocalPlan::new();
-                    plan.copy(sum.offset(1024 * rank as usize), mine, 1024);
-                    b.launch(&plan, S).unwrap();
+                    b.copy(sum.offset(1024 * rank as usize), mine, 1024, S).unwrap();
                     b.free(mine).unwrap();
                 })
             })

@@ -1,6 +1,13 @@
 //! Device backends behind one trait, [`DeviceBackend`] (the shape of wgpu-hal's `Api`): the
-//! rest of rustccl allocates, copies, synchronises, shares memory between processes and runs
-//! [`LocalPlan`]s only through it, so nothing of one backend leaks into another.
+//! rest of rustccl allocates, copies, fills, synchronises and shares memory between processes
+//! only through it, so nothing of one backend leaks into another.
+//!
+//! Collectives are not backend operations: they run through the collective executors, which
+//! use the backend for memory, streams and launches. On the host backend the host polling
+//! executor (`coll/exec.rs`) runs the planner's programs on CPU threads, reducing with
+//! [`crate::reduce`] on the addresses [`DeviceBackend::host_address`] gives; on a device
+//! backend `coll/device.rs` turns them into a program for the collective interpreter
+//! (`kernels/src/device/exec.cu`) and starts it with [`DeviceBackend::launch_exec`].
 //!
 //! Backends: [`host::HostBackend`] (host memory and CPU threads; CI and CPU tensors) and
 //! [`cuda::CudaBackend`] (the driver API loaded at run time: addresses are `CUdeviceptr`s,
@@ -12,7 +19,6 @@ pub mod caps;
 pub mod cuda;
 pub mod handle;
 pub mod host;
-pub mod plan;
 pub mod share;
 
 use std::sync::Arc;
@@ -21,7 +27,6 @@ pub use caps::{Capabilities, ProtocolCost};
 pub use handle::{DevicePtr, Event, HostMapped, Stream};
 pub use cuda::CudaBackend;
 pub use host::HostBackend;
-pub use plan::{Access, LocalPlan, Step};
 pub use share::ShareHandle;
 
 /// One launch of the collective interpreter: its parameter, its grid, the kernel's operator
@@ -132,7 +137,7 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// Frees memory from [`alloc_host_mapped`](DeviceBackend::alloc_host_mapped).
     fn free_host_mapped(&self, mem: HostMapped) -> Result<()>;
 
-    /// Makes caller-owned host memory usable by devices and the backend's copies and plans
+    /// Makes caller-owned host memory usable by devices and the backend's copies and fills
     /// (`cuMemHostRegister` with `DEVICEMAP`), returning its device address. This is how
     /// buffers a C caller allocated itself reach a backend.
     ///
@@ -218,11 +223,6 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     fn close_import(&self, ptr: DevicePtr) -> Result<()>;
 
     // ---- collectives ----
-
-    /// Enqueues the steps of `plan` on `stream`, in order. The whole plan is checked first
-    /// ([`LocalPlan::check`], every range, every operator/type pair), so a bad plan is an
-    /// error and runs no step.
-    fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()>;
 
     /// Launches the collective interpreter (`kernels/exec.cu`) on `stream`: the program of
     /// `launch.args` must stay in device memory until the launch completes. Device backends

@@ -1,12 +1,12 @@
 //! Rounding from `f64` to the narrow float formats, once, to nearest even.
 //!
-//! The widening conversions (`f16_to_f32`, `bf16_to_f32`, exact) are the host backend's own,
-//! re-exported here. The narrowing ones here start from `f64` rather than `f32`: a value that
-//! is already rounded to `f32` and then rounded again to half or bfloat16 can land on a tie
-//! that the exact value was not on (double rounding), so every narrowing in this module is a
-//! single rounding of the `f64` it is given.
+//! The `f32` conversions (`f16_to_f32` and `bf16_to_f32`, exact; `f32_to_f16` and
+//! `f32_to_bf16`) are [`super::float16`]'s, re-exported here. The narrowing ones here start
+//! from `f64` rather than `f32`: a value that is already rounded to `f32` and then rounded
+//! again to half or bfloat16 can land on a tie that the exact value was not on (double
+//! rounding), so every narrowing in this module is a single rounding of the `f64` it is given.
 
-pub use crate::backend::host::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use super::float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 /// CUDA's canonical half NaN (what `__hadd` & co. return for a NaN result).
 pub const F16_NAN: u16 = 0x7fff;

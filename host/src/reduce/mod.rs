@@ -45,9 +45,10 @@
 //!
 //! # Relation to the device code in `kernels/src/device/`
 //!
-//! `reduce.cu` (the n-input reduce kernels) and `exec.cu` (the collective interpreter) both
-//! compute through `elem.h`, which implements these semantics element for element: the
-//! kernels give this module's bits (NaN payloads of f32/f64 aside, as above).
+//! `exec.cu` (the collective interpreter) computes through `elem.h`, which implements these
+//! semantics element for element: the kernels give this module's bits (NaN payloads of
+//! f32/f64 aside, as above). This module is the only host reducer: the host executor
+//! reduces with it, and the device code is checked against it.
 //!
 //! # Performance
 //!
@@ -58,6 +59,7 @@
 //! 64 KiB tables per (format, operation).
 
 pub mod float;
+pub mod float16;
 pub mod fp8;
 
 mod elem;

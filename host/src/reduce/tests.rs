@@ -1,6 +1,7 @@
 //! Tests of the reduction primitives. Expected values come from hand computation, from an
-//! independent brute-force model of the formats, or from the host backend's separate `f32`
-//! conversions — never from the code under test.
+//! independent brute-force model of the formats, or from the plain `f32` conversions of
+//! `float16.rs` (written separately from the reducer's branch-free ones) — never from the code
+//! under test.
 
 use super::float::*;
 use super::fp8::*;
@@ -312,7 +313,7 @@ fn f16_sum_rounds_ties_to_even() {
     let a: Vec<u16> = cases.iter().map(|c| c.0).collect();
     let b: Vec<u16> = cases.iter().map(|c| c.1).collect();
     let want: Vec<u16> = cases.iter().map(|c| c.2).collect();
-    // Independently: these sums are exact in f32, and the backend's f32 -> half rounds once.
+    // Independently: these sums are exact in f32, and float16's f32 -> half rounds once.
     for (x, y, w) in cases {
         assert_eq!(f32_to_f16(f16_to_f32(x) + f16_to_f32(y)), w);
     }
@@ -866,7 +867,7 @@ fn decode_scalar_round_trips_through_premulsum() {
 }
 
 #[test]
-fn branch_free_conversions_match_the_backend_ones() {
+fn branch_free_conversions_match_the_plain_ones() {
     let (h2f, f2h, b2f, f2b) = super::elem::fast_conversions();
     for h in 0..=u16::MAX {
         let (x, y) = (h2f(h), f16_to_f32(h));

@@ -1,6 +1,21 @@
-// rustccl device code: the element types' exact arithmetic on raw bits, shared by the
-// reduce kernels (reduce.cu) and the collective interpreter (exec.cu). Every operation is bit
-// for bit what the host reference (host/src/reduce) computes; see reduce.cu for the rules.
+// rustccl device code: the element types' exact arithmetic on raw bits, used by the
+// collective interpreter (exec.cu). Every operation is bit for bit what the host reference
+// (host/src/reduce, `Reducer`) computes.
+//
+// A reduction (exec.cu) is pre, combine and post over these operations: pre is the identity
+// except for PreMulSum (x * scalar, the product rounded to the element type); combine is add
+// (sum, premulsum, sumpostdiv), multiply, min or max, each result rounded to the element
+// type; post is SumPostDiv's division (integers, truncating toward zero). Avg is not an
+// operator here: the host maps it as NCCL does (float types: PreMulSum with 1/n; integers:
+// SumPostDiv by n).
+//
+// Semantics per type (see host/src/reduce/mod.rs): integers wrap; f32/f64 are IEEE in the
+// type, never contracted into FMAs (__fadd_rn & co.); half and bfloat16 compute each
+// operation in float and round once (the same as __hadd/__hmul); fp8 goes through half as
+// NCCL does (widen to half, the half operation, then __nv_cvt_halfraw_to_fp8 with
+// __NV_SATFINITE); min/max ignore a NaN operand, give the canonical NaN for two NaNs, and
+// order -0 below +0; NaN results of the narrow types are canonical (half/bfloat16 0x7fff,
+// fp8 0x7f).
 #ifndef RUSTCCL_ELEM_H
 #define RUSTCCL_ELEM_H
 #include "port.h"

@@ -16,9 +16,9 @@
 //! that owns the memory involved (device 0 when that says nothing).
 //!
 //! Memory the backend allocates, exports, imports, maps or registers is tracked, so frees
-//! are checked (unknown pointers and double frees are `InvalidArgument`) and plan ranges in
-//! it are checked without a driver call. Other memory (a caller's `cudaMalloc` buffers) is
-//! checked with `cuPointerGetAttributes` before a plan runs: a bad range is
+//! are checked (unknown pointers and double frees are `InvalidArgument`) and ranges in it are
+//! checked without a driver call. Other memory (a caller's `cudaMalloc` buffers) is checked
+//! with `cuPointerGetAttributes` before a copy, a fill or a launch uses it: a bad range is
 //! `InvalidArgument`, not a fault that would poison the context.
 //!
 //! Sharing between processes uses legacy CUDA IPC (`cuIpcGetMemHandle`/
@@ -27,37 +27,36 @@
 //! refuses that) and returns the exporter's address; the memory then lives until both the
 //! export is freed and the import closed. NVLink multicast is never used.
 //!
-//! Plans ([`LocalPlan`]): Copy is `cuMemcpyAsync`, Fill `cuMemsetD8Async`, Reduce the
-//! `rustccl_reduce_<op>_<type>` kernels of `kernels/src/device/reduce.cu`, bit for bit the
-//! host reference of [`crate::reduce`]: [`RedOp::Avg`] is NCCL's mapping (floats: PreMulSum
-//! by 1/n with the scalar in the element type; integers: the sum divided by n, truncating),
-//! PreMulSum rounds each product to the element type before adding.
+//! Copies are `cuMemcpyAsync`, fills `cuMemsetD8Async`. The only kernel is the collective
+//! interpreter (`kernels/src/device/exec.cu`, one compile per operator and type), which
+//! [`DeviceBackend::launch_exec`] starts for `coll/device.rs`; it reduces bit for bit as the
+//! host reference [`crate::reduce`] does ([`coll_device_op`] gives its operator and scalar).
+//!
+//! The trait's operations are grouped by concern: `memory` (allocation, tracking, sharing,
+//! range checks), `copy` (copies and fills), `streams` (streams, events, and where work on a
+//! stream runs), `launch` (the interpreter's launches, peer access, stream capture); this
+//! file holds the devices and contexts and the trait's table of operations.
 
+mod copy;
 pub mod driver;
+mod launch;
+mod memory;
 pub mod module;
 pub mod nvrtc;
+mod streams;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::{c_void, CStr};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::{HashMap, HashSet};
+use std::ffi::CStr;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use cudarc::driver::sys;
-use rustccl_kernels::{DeviceOp, ReduceArgs, REDUCE_ACC_FIRST, REDUCE_MAX_SRCS, REDUCE_POST};
 
-use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, LocalPlan, ShareHandle, Step, Stream};
+use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
 use crate::error::{Error, Result};
-use crate::reduce::DevOp;
-use crate::types::{DataType, RedOp};
 use driver::{check, Ctx, CtxGuard};
-pub use module::KernelInfo;
-
-/// Threads per block of the reduce kernels.
-const REDUCE_THREADS: u32 = 512;
-/// Blocks per multiprocessor, at most, of a reduce launch (the kernels stride over the rest).
-const REDUCE_BLOCKS_PER_SM: u32 = 8;
-
-/// The size of a `CUipcMemHandle`.
-pub const IPC_HANDLE_BYTES: usize = 64;
+pub use launch::{coll_device_op, scalar_bits};
+use memory::Table;
+pub use memory::IPC_HANDLE_BYTES;
 
 /// One device, as found at start.
 #[derive(Debug)]
@@ -66,57 +65,8 @@ struct Device {
     name: String,
     /// Compute capability as `10 * major + minor` (90 for the H100/H200).
     cc: i32,
-    sms: u32,
     /// Its primary context, retained on first use.
     ctx: OnceLock<Ctx>,
-}
-
-/// What a tracked address range is.
-#[derive(Debug)]
-enum Kind {
-    /// `alloc`.
-    Device,
-    /// `alloc_shareable`: memory this process exported. `local_imports` counts imports of the
-    /// handle in this process (which share the address); a free while they are open is
-    /// deferred (`freed`) until the last closes.
-    Exported { handle: [u8; IPC_HANDLE_BYTES], local_imports: usize, freed: bool },
-    /// `alloc_host_mapped`: `host` is the host address.
-    HostMapped { host: usize },
-    /// `register_host`.
-    /// Host memory registered (`refs` times: a process may register the same mapping for
-    /// both ends of a connection).
-    Registered { host: usize, refs: usize },
-    /// `import` of another process's memory; `refs` imports of the same handle share it.
-    Imported { handle: [u8; IPC_HANDLE_BYTES], refs: usize },
-}
-
-#[derive(Debug)]
-struct Entry {
-    bytes: usize,
-    /// The device it belongs to (None for host memory).
-    device: Option<usize>,
-    kind: Kind,
-}
-
-impl Entry {
-    fn live(&self) -> bool {
-        !matches!(self.kind, Kind::Exported { freed: true, .. })
-    }
-}
-
-/// Tracked memory by start address.
-#[derive(Debug, Default)]
-struct Table {
-    entries: BTreeMap<u64, Entry>,
-}
-
-impl Table {
-    /// The live entry whose range holds `ptr..ptr+bytes`.
-    fn find(&self, ptr: DevicePtr, bytes: usize) -> Option<&Entry> {
-        let (base, e) = self.entries.range(..=ptr.0).next_back()?;
-        let end = ptr.0.checked_add(bytes as u64)?;
-        (e.live() && end <= base + e.bytes as u64).then_some(e)
-    }
 }
 
 /// The CUDA backend (see the module docs).
@@ -149,80 +99,6 @@ impl std::fmt::Debug for CudaBackend {
 struct Place {
     ctx: Ctx,
     device: usize,
-}
-
-fn raw_stream(stream: Stream) -> sys::CUstream {
-    stream.0 as usize as sys::CUstream
-}
-
-/// NULL, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: streams of whatever context is
-/// current.
-fn is_default_like(stream: Stream) -> bool {
-    stream.0 <= 2
-}
-
-/// The PreMulSum scalar converted to `dtype` as the host reference does (`Elem::scalar`),
-/// as the bits the kernel reads (zero-extended).
-pub fn scalar_bits(dtype: DataType, s: f64) -> u64 {
-    use crate::reduce::{float, fp8};
-    match dtype {
-        DataType::Int8 => (s as i8) as u8 as u64,
-        DataType::Uint8 => (s as u8) as u64,
-        DataType::Int32 => (s as i32) as u32 as u64,
-        DataType::Uint32 => (s as u32) as u64,
-        DataType::Int64 => (s as i64) as u64,
-        DataType::Uint64 => s as u64,
-        DataType::Float16 => float::f64_to_f16(s) as u64,
-        DataType::Float32 => (s as f32).to_bits() as u64,
-        DataType::Float64 => s.to_bits(),
-        DataType::Bfloat16 => float::f64_to_bf16(s) as u64,
-        DataType::Float8e4m3 => fp8::f64_to_e4m3(s) as u64,
-        DataType::Float8e5m2 => fp8::f64_to_e5m2(s) as u64,
-    }
-}
-
-/// The kernel operator, scalar bits and divisor of a reduce step over `nsrcs` inputs.
-pub fn device_op(op: RedOp, scalar: Option<f64>, dtype: DataType, nsrcs: usize) -> Result<(DeviceOp, u64, u64)> {
-    Ok(coll_device_op(DevOp::from_user(op, scalar, dtype, nsrcs)?, dtype))
-}
-
-/// The kernel operator, scalar bits and divisor of a collective's device operator.
-pub fn coll_device_op(op: DevOp, dtype: DataType) -> (DeviceOp, u64, u64) {
-    match op {
-        DevOp::Sum => (DeviceOp::Sum, 0, 1),
-        DevOp::Prod => (DeviceOp::Prod, 0, 1),
-        DevOp::Min => (DeviceOp::Min, 0, 1),
-        DevOp::Max => (DeviceOp::Max, 0, 1),
-        DevOp::PreMulSum { scalar } => (DeviceOp::PreMulSum, scalar_bits(dtype, scalar), 1),
-        DevOp::SumPostDiv { n } => (DeviceOp::SumPostDiv, 0, n),
-    }
-}
-
-/// The launches of one reduce of `srcs` into `dst`: at most [`REDUCE_MAX_SRCS`] inputs each;
-/// each launch after the first takes the previous output (`acc`) as its accumulated first
-/// input. `acc` is `dst`, or a scratch buffer when `dst` is one of the inputs a later launch
-/// reads (so that it is not overwritten early). Returns (output, inputs, flags) per launch.
-pub fn reduce_launches(dst: u64, srcs: &[u64], scratch: Option<u64>) -> Vec<(u64, Vec<u64>, u32)> {
-    let max = REDUCE_MAX_SRCS;
-    if srcs.len() <= max {
-        return vec![(dst, srcs.to_vec(), REDUCE_POST)];
-    }
-    let acc = scratch.unwrap_or(dst);
-    let mut out = vec![(acc, srcs[..max].to_vec(), 0)];
-    let rest: Vec<&[u64]> = srcs[max..].chunks(max - 1).collect();
-    for (i, group) in rest.iter().enumerate() {
-        let last = i + 1 == rest.len();
-        let mut inputs = vec![acc];
-        inputs.extend_from_slice(group);
-        let flags = REDUCE_ACC_FIRST | if last { REDUCE_POST } else { 0 };
-        out.push((if last { dst } else { acc }, inputs, flags));
-    }
-    out
-}
-
-/// Whether [`reduce_launches`] needs a scratch buffer for this reduce.
-pub fn reduce_needs_scratch(dst: u64, srcs: &[u64]) -> bool {
-    srcs.len() > REDUCE_MAX_SRCS && srcs[REDUCE_MAX_SRCS..].contains(&dst)
 }
 
 impl CudaBackend {
@@ -260,8 +136,7 @@ impl CudaBackend {
             use sys::CUdevice_attribute::*;
             let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cuDeviceGetAttribute(cc major)")?;
             let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cuDeviceGetAttribute(cc minor)")?;
-            let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute(SMs)")?;
-            devices.push(Device { handle, name, cc: 10 * major + minor, sms: sms.max(1) as u32, ctx: OnceLock::new() });
+            devices.push(Device { handle, name, cc: 10 * major + minor, ctx: OnceLock::new() });
         }
         tracing::info!(
             target: "INIT",
@@ -290,7 +165,6 @@ impl CudaBackend {
         SHARED.get_or_init(|| CudaBackend::new().map(Arc::new)).clone()
     }
 
-    /// The driver version (`cuDriverGetVersion`, e.g. 13000).
     /// The device of the calling thread's current context (what `cudaGetDevice` reports once
     /// the runtime made its context current); `None` when no context is current.
     pub fn current_device(&self) -> Result<Option<i32>> {
@@ -304,6 +178,7 @@ impl CudaBackend {
         Ok(self.devices.iter().position(|d| d.handle == dev).map(|i| i as i32))
     }
 
+    /// The driver version (`cuDriverGetVersion`, e.g. 13000).
     pub fn driver_version(&self) -> i32 {
         self.driver_version
     }
@@ -311,41 +186,6 @@ impl CudaBackend {
     /// The compute capability of `device` as `10 * major + minor`.
     pub fn compute_capability(&self, device: usize) -> Result<i32> {
         Ok(self.device(device, "compute_capability")?.cc)
-    }
-
-    /// Compiles (or reads from the cache) and loads the kernels for `device`'s primary
-    /// context now, rather than at the first reduce; says how they were obtained.
-    pub fn preload_kernels(&self, device: usize) -> Result<KernelInfo> {
-        let ctx = self.primary(device)?;
-        Ok(self.kernels.get(ctx, self.devices[device].cc, self.driver_version)?.info.clone())
-    }
-
-    /// Compiles (or reads from the cache) and loads the collective interpreter for every
-    /// operator and type on `device`, several compiles at once; returns how many.
-    pub fn preload_exec_kernels(&self, device: usize) -> Result<usize> {
-        let ctx = self.primary(device)?;
-        let cc = self.devices[device].cc;
-        let pairs: Vec<(DeviceOp, DataType)> = DeviceOp::ALL
-            .iter()
-            .flat_map(|&op| DataType::ALL.iter().map(move |&dt| (op, dt)))
-            .filter(|(op, dt)| rustccl_kernels::exec::exec_defines(*op, *dt as i32).is_some())
-            .collect();
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4).min(pairs.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(op, dt)) = pairs.get(i) else { return Ok(()) };
-                        self.kernels.exec(ctx, cc, self.driver_version, op, dt)?;
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(Error::internal("compile thread panicked")))).collect()
-        });
-        results.into_iter().collect::<Result<Vec<()>>>()?;
-        Ok(pairs.len())
     }
 
     fn device(&self, device: usize, op: &str) -> Result<&Device> {
@@ -372,14 +212,6 @@ impl CudaBackend {
         Ok(c)
     }
 
-    fn read_memory(&self) -> RwLockReadGuard<'_, Table> {
-        self.memory.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write_memory(&self) -> RwLockWriteGuard<'_, Table> {
-        self.memory.write().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The device of context `ctx` (made current by the caller's guard when unknown).
     fn ctx_device(&self, ctx: Ctx) -> Result<usize> {
         if let Some(d) = self.ctx_devices.lock().unwrap_or_else(|p| p.into_inner()).get(&ctx.key()) {
@@ -396,204 +228,6 @@ impl CudaBackend {
             .ok_or_else(|| Error::internal(format!("context {:?} is on an unknown device {dev}", ctx.0)))?;
         self.ctx_devices.lock().unwrap_or_else(|p| p.into_inner()).insert(ctx.key(), device);
         Ok(device)
-    }
-
-    /// The device owning tracked memory at `ptr`, if tracked and device memory.
-    fn tracked_device(&self, ptr: DevicePtr) -> Option<usize> {
-        self.read_memory().find(ptr, 0).and_then(|e| e.device)
-    }
-
-    /// Where work on `stream` runs; `hint` is the device of the memory involved (or the
-    /// communicator's), which a default stream goes to; without it, the current context's.
-    fn place(&self, stream: Stream, hint: Option<usize>) -> Result<Place> {
-        if let Some(&device) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream.0) {
-            return Ok(Place { ctx: self.primary(device)?, device });
-        }
-        let ctx = if is_default_like(stream) {
-            // A default stream names no device: the memory's (the communicator's), as NCCL
-            // sets the communicator's device before it enqueues; else the current one.
-            if let Some(device) = hint {
-                return Ok(Place { ctx: self.primary(device)?, device });
-            }
-            let cur = driver::current()?;
-            if cur.is_null() {
-                return self.primary(0).map(|ctx| Place { ctx, device: 0 });
-            }
-            Ctx(cur)
-        } else {
-            let mut ctx: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: writes one handle; an invalid stream is reported by the driver.
-            check(unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut ctx) }, "cuStreamGetCtx").map_err(|e| {
-                Error::invalid_argument(format!("stream {:#x} is not a live CUDA stream ({})", stream.0, e.message))
-            })?;
-            Ctx(ctx)
-        };
-        Ok(Place { ctx, device: self.ctx_device(ctx)? })
-    }
-
-    /// Checks that `ptr..ptr+bytes` is memory the backend or the driver knows; returns the
-    /// device that owns it (None for host memory).
-    fn check_range(&self, ptr: DevicePtr, bytes: usize, what: &str) -> Result<Option<usize>> {
-        if bytes == 0 {
-            return Ok(None);
-        }
-        if let Some(e) = self.read_memory().find(ptr, bytes) {
-            return Ok(e.device);
-        }
-        let mut start: u64 = 0;
-        let mut size: usize = 0;
-        let mut mem_type: u32 = 0;
-        let mut ordinal: i32 = -1;
-        use sys::CUpointer_attribute::*;
-        let mut attrs = [
-            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        ];
-        let mut data: [*mut c_void; 4] = [
-            &mut start as *mut u64 as *mut c_void,
-            &mut size as *mut usize as *mut c_void,
-            &mut mem_type as *mut u32 as *mut c_void,
-            &mut ordinal as *mut i32 as *mut c_void,
-        ];
-        // SAFETY: each data pointer has the size of its attribute (CUdeviceptr, size_t,
-        // CUmemorytype, int).
-        let r = unsafe { sys::cuPointerGetAttributes(4, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr.0) };
-        let end = ptr.0.checked_add(bytes as u64);
-        if r != sys::CUresult::CUDA_SUCCESS || start == 0 || size == 0 {
-            return Err(Error::invalid_argument(format!(
-                "{what} {ptr} ({bytes} bytes) is not memory the CUDA driver knows{}",
-                if r == sys::CUresult::CUDA_SUCCESS {
-                    String::new()
-                } else {
-                    format!(" ({})", driver::error_text(r).0)
-                }
-            )));
-        }
-        if end.is_none_or(|end| end > start + size as u64) {
-            return Err(Error::invalid_argument(format!(
-                "{what} {ptr} ({bytes} bytes) runs past the end of its allocation ({:#x}, {size} bytes)",
-                start
-            )));
-        }
-        let device_mem = mem_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
-        Ok((device_mem && ordinal >= 0).then_some(ordinal as usize))
-    }
-
-    /// Lets kernels on device `from` read and write memory of device `to`.
-    fn ensure_peer(&self, from: usize, to: usize) -> Result<()> {
-        if from == to || self.peers.lock().unwrap_or_else(|p| p.into_inner()).contains(&(from, to)) {
-            return Ok(());
-        }
-        let mut can = 0;
-        // SAFETY: writes one int.
-        check(
-            unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.devices[from].handle, self.devices[to].handle) },
-            "cuDeviceCanAccessPeer",
-        )?;
-        if can == 0 {
-            return Err(Error::invalid_usage(format!(
-                "device {from} cannot access memory of device {to} (no peer access between them)"
-            )));
-        }
-        let peer = self.primary(to)?;
-        let _g = CtxGuard::enter(self.primary(from)?)?;
-        // SAFETY: both contexts are live primary contexts.
-        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.0, 0) };
-        if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-            check(r, "cuCtxEnablePeerAccess")?;
-        }
-        self.peers.lock().unwrap_or_else(|p| p.into_inner()).insert((from, to));
-        Ok(())
-    }
-
-    /// Enqueues one reduce step (ranges already checked) on `stream` in `place`.
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue_reduce(
-        &self,
-        place: Place,
-        stream: sys::CUstream,
-        loaded: &module::Loaded,
-        dst: DevicePtr,
-        srcs: &[DevicePtr],
-        count: usize,
-        dtype: DataType,
-        op: RedOp,
-        scalar: Option<f64>,
-    ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let (kop, scalar_bits, divisor) = device_op(op, scalar, dtype, srcs.len())?;
-        let func = loaded.reduce_function(kop, dtype)?;
-        let srcs: Vec<u64> = srcs.iter().map(|p| p.0).collect();
-        let bytes = count * dtype.size();
-        let mut scratch: Option<u64> = None;
-        if reduce_needs_scratch(dst.0, &srcs) {
-            let mut p: sys::CUdeviceptr = 0;
-            // SAFETY: writes one address; stream-ordered, freed below on the same stream.
-            check(unsafe { sys::cuMemAllocAsync(&mut p, bytes, stream) }, "cuMemAllocAsync")?;
-            scratch = Some(p);
-        }
-        let sms = self.devices[place.device].sms;
-        let blocks = count.div_ceil(REDUCE_THREADS as usize).min((sms * REDUCE_BLOCKS_PER_SM) as usize).max(1) as u32;
-        let mut result = Ok(());
-        for (out, inputs, flags) in reduce_launches(dst.0, &srcs, scratch) {
-            let mut args = ReduceArgs {
-                dst: out,
-                n: count as u64,
-                scalar: scalar_bits,
-                divisor,
-                nsrcs: inputs.len() as u32,
-                flags,
-                ..ReduceArgs::default()
-            };
-            args.srcs[..inputs.len()].copy_from_slice(&inputs);
-            let mut params = [&mut args as *mut ReduceArgs as *mut c_void];
-            // SAFETY: the function takes one RustcclReduceArgs by value, laid out as
-            // ReduceArgs; every address in it was checked; the driver copies the parameters
-            // before returning.
-            result = check(
-                unsafe {
-                    sys::cuLaunchKernel(
-                        func.0,
-                        blocks,
-                        1,
-                        1,
-                        REDUCE_THREADS,
-                        1,
-                        1,
-                        0,
-                        stream,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                },
-                "cuLaunchKernel(reduce)",
-            );
-            if result.is_err() {
-                break;
-            }
-        }
-        if let Some(p) = scratch {
-            // SAFETY: allocated above on this stream; freed after the launches in stream order.
-            check(unsafe { sys::cuMemFreeAsync(p, stream) }, "cuMemFreeAsync")?;
-        }
-        result
-    }
-
-    /// Where a copy or fill with these pointers runs.
-    fn place_for(&self, stream: Stream, ptrs: &[DevicePtr]) -> Result<Place> {
-        let hint = if is_default_like(stream) { ptrs.iter().find_map(|p| self.tracked_device(*p)) } else { None };
-        self.place(stream, hint)
-    }
-
-    /// How the kernels of `device`'s primary context were
-    /// obtained, if they are loaded.
-    pub fn kernel_info(&self, device: usize) -> Option<KernelInfo> {
-        let ctx = self.devices.get(device)?.ctx.get()?;
-        self.kernels.loaded_info(*ctx)
     }
 }
 
@@ -615,531 +249,97 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
-        if bytes == 0 {
-            return Err(Error::invalid_argument("alloc: zero bytes"));
-        }
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: writes one address.
-        check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, &format!("cuMemAlloc({bytes} bytes on device {device})"))?;
-        self.write_memory().entries.insert(p, Entry { bytes, device: Some(device), kind: Kind::Device });
-        Ok(DevicePtr(p))
+        memory::alloc(self, device, bytes)
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let mut mem = self.write_memory();
-        let Some(e) = mem.entries.get_mut(&ptr.0) else {
-            return Err(Error::invalid_argument(format!(
-                "free: {ptr} is not a live allocation of the CUDA backend (never allocated, or already freed)"
-            )));
-        };
-        let device = e.device;
-        match &mut e.kind {
-            Kind::Device => {}
-            Kind::Exported { freed: true, .. } => {
-                return Err(Error::invalid_argument(format!("free: {ptr} was already freed")));
-            }
-            Kind::Exported { local_imports, freed, .. } if *local_imports > 0 => {
-                // Imported in this process at the same address: free when the last closes.
-                *freed = true;
-                return Ok(());
-            }
-            Kind::Exported { .. } => {}
-            Kind::HostMapped { .. } => {
-                return Err(Error::invalid_argument(format!("free: {ptr} is host-mapped memory; use free_host_mapped")))
-            }
-            Kind::Registered { .. } => {
-                return Err(Error::invalid_argument(format!(
-                    "free: {ptr} is registered host memory; use unregister_host"
-                )))
-            }
-            Kind::Imported { .. } => {
-                return Err(Error::invalid_argument(format!("free: {ptr} is imported memory; use close_import")))
-            }
-        }
-        let _g = CtxGuard::enter(self.primary(device.unwrap_or(0))?)?;
-        // SAFETY: a live allocation of ours, removed from the table below.
-        check(unsafe { sys::cuMemFree_v2(ptr.0) }, "cuMemFree")?;
-        mem.entries.remove(&ptr.0);
-        Ok(())
+        memory::free(self, ptr)
     }
 
     fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
-        if bytes == 0 {
-            return Err(Error::invalid_argument("alloc_host_mapped: zero bytes"));
-        }
-        let device = match driver::current()? {
-            c if c.is_null() => 0,
-            c => self.ctx_device(Ctx(c))?,
-        };
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: writes one pointer.
-        check(unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) }, &format!("cuMemHostAlloc({bytes} bytes)"))?;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `host` is mapped memory we just allocated.
-        if let Err(e) =
-            check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, "cuMemHostGetDevicePointer")
-        {
-            // SAFETY: ours, not handed out.
-            unsafe { sys::cuMemFreeHost(host) };
-            return Err(e);
-        }
-        self.write_memory()
-            .entries
-            .insert(dev, Entry { bytes, device: None, kind: Kind::HostMapped { host: host as usize } });
-        Ok(HostMapped { host: host as *mut u8, device: DevicePtr(dev), bytes })
+        memory::alloc_host_mapped(self, bytes)
     }
 
     fn free_host_mapped(&self, mem: HostMapped) -> Result<()> {
-        let mut table = self.write_memory();
-        let host = match table.entries.get(&mem.device.0) {
-            Some(Entry { kind: Kind::HostMapped { host }, .. }) => *host,
-            Some(_) => {
-                return Err(Error::invalid_argument(format!(
-                    "free_host_mapped: {} is not host-mapped memory; use free, close_import or unregister_host",
-                    mem.device
-                )))
-            }
-            None => {
-                return Err(Error::invalid_argument(format!(
-                    "free_host_mapped: {} is not live host-mapped memory of the CUDA backend",
-                    mem.device
-                )))
-            }
-        };
-        // SAFETY: memory cuMemHostAlloc gave us, removed from the table below.
-        check(unsafe { sys::cuMemFreeHost(host as *mut c_void) }, "cuMemFreeHost")?;
-        table.entries.remove(&mem.device.0);
-        Ok(())
+        memory::free_host_mapped(self, mem)
     }
 
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<DevicePtr> {
-        if ptr.is_null() || bytes == 0 {
-            return Err(Error::invalid_argument("register_host: null pointer or zero bytes"));
-        }
-        let device = match driver::current()? {
-            c if c.is_null() => 0,
-            c => self.ctx_device(Ctx(c))?,
-        };
-        {
-            let mut table = self.write_memory();
-            for e in table.entries.values_mut() {
-                if let Kind::Registered { host, refs } = &mut e.kind {
-                    if *host == ptr as usize && e.bytes == bytes {
-                        *refs += 1;
-                        drop(table);
-                        let mut dev: sys::CUdeviceptr = 0;
-                        // SAFETY: the range is registered with DEVICEMAP (PORTABLE: every context).
-                        check(
-                            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) },
-                            "cuMemHostGetDevicePointer",
-                        )?;
-                        return Ok(DevicePtr(dev));
-                    }
-                }
-            }
-        }
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
-        // SAFETY: the caller promises the range stays valid until unregister_host.
-        check(
-            unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes, flags) },
-            &format!("cuMemHostRegister({bytes} bytes)"),
-        )?;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: the range is registered with DEVICEMAP.
-        if let Err(e) = check(
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) },
-            "cuMemHostGetDevicePointer",
-        ) {
-            // SAFETY: registered just above.
-            unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
-            return Err(e);
-        }
-        self.write_memory()
-            .entries
-            .insert(dev, Entry { bytes, device: None, kind: Kind::Registered { host: ptr as usize, refs: 1 } });
-        Ok(DevicePtr(dev))
+        // SAFETY: the caller keeps the promise of this trait method, which the function
+        // it delegates to has too.
+        unsafe { memory::register_host(self, ptr, bytes) }
     }
 
     fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
-        let mut table = self.write_memory();
-        let host = match table.entries.get_mut(&ptr.0) {
-            Some(Entry { kind: Kind::Registered { refs, .. }, .. }) if *refs > 1 => {
-                *refs -= 1;
-                return Ok(());
-            }
-            Some(Entry { kind: Kind::Registered { host, .. }, .. }) => *host,
-            _ => {
-                return Err(Error::invalid_argument(format!(
-                    "unregister_host: {ptr} is not host memory registered with the CUDA backend"
-                )))
-            }
-        };
-        // SAFETY: registered by register_host, removed from the table below.
-        check(unsafe { sys::cuMemHostUnregister(host as *mut c_void) }, "cuMemHostUnregister")?;
-        table.entries.remove(&ptr.0);
-        Ok(())
+        memory::unregister_host(self, ptr)
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        let mut plan = LocalPlan::new();
-        plan.fill(dst, bytes, value);
-        self.launch(&plan, stream).map_err(|e| strip_step(e, "memset"))
+        copy::memset(self, dst, value, bytes, stream)
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
-        let mut plan = LocalPlan::new();
-        plan.copy(dst, src, bytes);
-        self.launch(&plan, stream).map_err(|e| strip_step(e, "copy"))
+        copy::copy(self, dst, src, bytes, stream)
     }
 
     fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let place = self.place_for(stream, &[dst])?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        self.check_range(dst, src.len(), "copy_to_device destination")?;
-        let s = raw_stream(stream);
-        // SAFETY: `src` is a live slice until the stream synchronisation below; `dst` checked.
-        check(
-            unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src.as_ptr() as *const c_void, src.len(), s) },
-            "cuMemcpyHtoDAsync",
-        )?;
-        // SAFETY: a stream of the current context (or a default one).
-        check(unsafe { sys::cuStreamSynchronize(s) }, "cuStreamSynchronize")
+        copy::copy_to_device(self, dst, src, stream)
     }
 
     fn copy_from_device(&self, dst: &mut [u8], src: DevicePtr, stream: Stream) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let place = self.place_for(stream, &[src])?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        self.check_range(src, dst.len(), "copy_from_device source")?;
-        let s = raw_stream(stream);
-        // SAFETY: `dst` is a live slice until the stream synchronisation below; `src` checked.
-        check(
-            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src.0, dst.len(), s) },
-            "cuMemcpyDtoHAsync",
-        )?;
-        // SAFETY: as above.
-        check(unsafe { sys::cuStreamSynchronize(s) }, "cuStreamSynchronize")
+        copy::copy_from_device(self, dst, src, stream)
     }
 
     fn create_stream(&self, device: usize) -> Result<Stream> {
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: writes one handle.
-        check(
-            unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
-            "cuStreamCreate",
-        )?;
-        let stream = Stream(s as usize as u64);
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.0, device);
-        Ok(stream)
+        streams::create_stream(self, device)
     }
 
     fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        if stream.is_default() {
-            return Err(Error::invalid_argument("destroy_stream: the default stream cannot be destroyed"));
-        }
-        let device = self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream.0).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "destroy_stream: stream {:#x} is not a live stream of this backend",
-                stream.0
-            ))
-        })?;
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        // SAFETY: a stream we created, forgotten above.
-        check(unsafe { sys::cuStreamDestroy_v2(raw_stream(stream)) }, "cuStreamDestroy")
+        streams::destroy_stream(self, stream)
     }
 
     fn synchronize(&self, stream: Stream) -> Result<()> {
-        let place = self.place(stream, None)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        // SAFETY: a stream of the current context.
-        check(unsafe { sys::cuStreamSynchronize(raw_stream(stream)) }, "cuStreamSynchronize")
+        streams::synchronize(self, stream)
     }
 
     fn query(&self, stream: Stream) -> Result<bool> {
-        let place = self.place(stream, None)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        // SAFETY: as above.
-        match unsafe { sys::cuStreamQuery(raw_stream(stream)) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => Err(driver::cuda_error(r, "cuStreamQuery")),
-        }
+        streams::query(self, stream)
     }
 
     fn create_event(&self, device: usize) -> Result<Event> {
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let mut e: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: writes one handle.
-        check(
-            unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
-            "cuEventCreate",
-        )?;
-        let event = Event(e as usize as u64);
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).insert(event.0, device);
-        Ok(event)
+        streams::create_event(self, device)
     }
 
     fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        let device = self.event_device(event, "record_event")?;
-        let place = self.place(stream, Some(device))?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        // SAFETY: a live event of ours and a stream of the current context.
-        check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
+        streams::record_event(self, event, stream)
     }
 
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
-        let device = self.event_device(event, "stream_wait_event")?;
-        let place = self.place(stream, Some(device))?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        // SAFETY: as above; waiting on an event of another device is allowed.
-        check(
-            unsafe { sys::cuStreamWaitEvent(raw_stream(stream), event.0 as usize as sys::CUevent, 0) },
-            "cuStreamWaitEvent",
-        )
+        streams::stream_wait_event(self, stream, event)
     }
 
     fn query_event(&self, event: Event) -> Result<bool> {
-        let device = self.event_device(event, "query_event")?;
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        // SAFETY: a live event of ours.
-        match unsafe { sys::cuEventQuery(event.0 as usize as sys::CUevent) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => Err(driver::cuda_error(r, "cuEventQuery")),
-        }
+        streams::query_event(self, event)
     }
 
     fn synchronize_event(&self, event: Event) -> Result<()> {
-        let device = self.event_device(event, "synchronize_event")?;
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        // SAFETY: a live event of ours.
-        check(unsafe { sys::cuEventSynchronize(event.0 as usize as sys::CUevent) }, "cuEventSynchronize")
+        streams::synchronize_event(self, event)
     }
 
     fn destroy_event(&self, event: Event) -> Result<()> {
-        let device = self.events.lock().unwrap_or_else(|p| p.into_inner()).remove(&event.0).ok_or_else(|| {
-            Error::invalid_argument(format!("destroy_event: event {:#x} is not a live event of this backend", event.0))
-        })?;
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        // SAFETY: a live event of ours, forgotten above.
-        check(unsafe { sys::cuEventDestroy_v2(event.0 as usize as sys::CUevent) }, "cuEventDestroy")
+        streams::destroy_event(self, event)
     }
 
     fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
-        if bytes == 0 {
-            return Err(Error::invalid_argument("alloc_shareable: zero bytes"));
-        }
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: writes one address.
-        check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }, &format!("cuMemAlloc({bytes} bytes on device {device})"))?;
-        let result = (|| {
-            // Synchronous memory operations on shared memory are ordered across processes.
-            let one: u32 = 1;
-            // SAFETY: reads one unsigned int; `p` is our allocation.
-            check(
-                unsafe {
-                    sys::cuPointerSetAttribute(
-                        &one as *const u32 as *const c_void,
-                        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
-                        p,
-                    )
-                },
-                "cuPointerSetAttribute(SYNC_MEMOPS)",
-            )?;
-            let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-            // SAFETY: writes the 64-byte handle.
-            check(unsafe { sys::cuIpcGetMemHandle(h.as_mut_ptr(), p) }, "cuIpcGetMemHandle")?;
-            // SAFETY: written above.
-            let h = unsafe { h.assume_init() };
-            let mut raw = [0u8; IPC_HANDLE_BYTES];
-            for (b, c) in raw.iter_mut().zip(h.reserved.iter()) {
-                *b = *c as u8;
-            }
-            Ok(raw)
-        })();
-        let raw = match result {
-            Ok(raw) => raw,
-            Err(e) => {
-                // SAFETY: ours, not handed out.
-                unsafe { sys::cuMemFree_v2(p) };
-                return Err(e);
-            }
-        };
-        let handle = ShareHandle::new(BackendKind::Cuda, bytes as u64, &raw)?;
-        self.write_memory().entries.insert(
-            p,
-            Entry { bytes, device: Some(device), kind: Kind::Exported { handle: raw, local_imports: 0, freed: false } },
-        );
-        Ok((DevicePtr(p), handle))
+        memory::alloc_shareable(self, device, bytes)
     }
 
     fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
-        self.device(device, "import")?;
-        if handle.kind() != BackendKind::Cuda {
-            return Err(Error::invalid_argument(format!(
-                "import: the share handle was made by the {} backend; the cuda backend imports only its own",
-                handle.kind()
-            )));
-        }
-        let raw: [u8; IPC_HANDLE_BYTES] = handle.payload().try_into().map_err(|_| {
-            Error::invalid_argument(format!(
-                "invalid share handle: a CUDA IPC handle is {IPC_HANDLE_BYTES} bytes, this payload {}",
-                handle.payload().len()
-            ))
-        })?;
-        let bytes = usize::try_from(handle.bytes())
-            .map_err(|_| Error::invalid_argument(format!("invalid share handle: {} bytes", handle.bytes())))?;
-        let mut mem = self.write_memory();
-        // This process's own export, or an import already open: share it.
-        for (base, e) in mem.entries.iter_mut() {
-            match &mut e.kind {
-                Kind::Exported { handle: h, local_imports, freed: false } if *h == raw => {
-                    if bytes > e.bytes {
-                        return Err(Error::invalid_argument(format!(
-                            "invalid share handle: {bytes} bytes, but the allocation has {}",
-                            e.bytes
-                        )));
-                    }
-                    *local_imports += 1;
-                    return Ok(DevicePtr(*base));
-                }
-                Kind::Imported { handle: h, refs } if *h == raw && e.device == Some(device) => {
-                    *refs += 1;
-                    return Ok(DevicePtr(*base));
-                }
-                _ => {}
-            }
-        }
-        let _g = CtxGuard::enter(self.primary(device)?)?;
-        let mut h = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
-        for (c, b) in h.reserved.iter_mut().zip(raw.iter()) {
-            *c = *b as std::ffi::c_char;
-        }
-        let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: writes one address; a bad handle is reported by the driver.
-        check(
-            unsafe {
-                sys::cuIpcOpenMemHandle_v2(&mut p, h, sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32)
-            },
-            "cuIpcOpenMemHandle",
-        )?;
-        mem.entries.insert(p, Entry { bytes, device: Some(device), kind: Kind::Imported { handle: raw, refs: 1 } });
-        Ok(DevicePtr(p))
+        memory::import(self, device, handle)
     }
 
     fn close_import(&self, ptr: DevicePtr) -> Result<()> {
-        let mut mem = self.write_memory();
-        let Some(e) = mem.entries.get_mut(&ptr.0) else {
-            return Err(Error::invalid_argument(format!("close_import: {ptr} is not an open import")));
-        };
-        let device = e.device;
-        match &mut e.kind {
-            Kind::Imported { refs, .. } => {
-                *refs -= 1;
-                if *refs > 0 {
-                    return Ok(());
-                }
-            }
-            Kind::Exported { local_imports, freed, .. } if *local_imports > 0 => {
-                *local_imports -= 1;
-                if *local_imports > 0 || !*freed {
-                    return Ok(());
-                }
-                // The export was freed while imported here: free it now.
-                let _g = CtxGuard::enter(self.primary(device.unwrap_or(0))?)?;
-                // SAFETY: our allocation, no longer referenced.
-                check(unsafe { sys::cuMemFree_v2(ptr.0) }, "cuMemFree")?;
-                mem.entries.remove(&ptr.0);
-                return Ok(());
-            }
-            _ => {
-                return Err(Error::invalid_argument(format!(
-                    "close_import: {ptr} is not imported memory; use free, free_host_mapped or unregister_host"
-                )))
-            }
-        }
-        let _g = CtxGuard::enter(self.primary(device.unwrap_or(0))?)?;
-        // SAFETY: an address cuIpcOpenMemHandle gave us, removed from the table below.
-        check(unsafe { sys::cuIpcCloseMemHandle(ptr.0) }, "cuIpcCloseMemHandle")?;
-        mem.entries.remove(&ptr.0);
-        Ok(())
-    }
-
-    fn launch(&self, plan: &LocalPlan, stream: Stream) -> Result<()> {
-        plan.check()?;
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let hint = if is_default_like(stream) {
-            plan.steps.iter().flat_map(|s| s.accesses().unwrap_or_default()).find_map(|a| self.tracked_device(a.ptr))
-        } else {
-            None
-        };
-        let place = self.place(stream, hint)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        // Check the whole plan, and load the kernels it needs, before running any of it.
-        let mut loaded = None;
-        for (i, step) in plan.steps.iter().enumerate() {
-            let in_step = |e: Error| e.context(format!("plan step {i}"));
-            let reduce = matches!(step, Step::Reduce { .. });
-            let kernel = match step {
-                Step::Reduce { dtype, op, scalar, srcs, .. } => {
-                    Some((device_op(*op, *scalar, *dtype, srcs.len()).map_err(in_step)?.0, *dtype))
-                }
-                _ => None,
-            };
-            if let Some((kop, dtype)) = kernel {
-                if loaded.is_none() {
-                    let cc = self.devices[place.device].cc;
-                    loaded = Some(self.kernels.get(place.ctx, cc, self.driver_version).map_err(in_step)?);
-                }
-                loaded.as_ref().expect("loaded above").reduce_function(kop, dtype).map_err(in_step)?;
-            }
-            for access in step.accesses().map_err(in_step)? {
-                let what = if access.write { "output" } else { "input" };
-                let owner = self.check_range(access.ptr, access.bytes, what).map_err(in_step)?;
-                if let (true, Some(owner)) = (reduce, owner) {
-                    self.ensure_peer(place.device, owner).map_err(in_step)?;
-                }
-            }
-        }
-        let s = raw_stream(stream);
-        for (i, step) in plan.steps.iter().enumerate() {
-            let in_step = |e: Error| e.context(format!("plan step {i}"));
-            match step {
-                Step::Copy { dst, src, bytes } => {
-                    if *bytes == 0 || dst == src {
-                        continue;
-                    }
-                    // SAFETY: both ranges checked above.
-                    check(unsafe { sys::cuMemcpyAsync(dst.0, src.0, *bytes, s) }, "cuMemcpyAsync").map_err(in_step)?;
-                }
-                Step::Fill { dst, bytes, value } => {
-                    if *bytes == 0 {
-                        continue;
-                    }
-                    // SAFETY: the range was checked above.
-                    check(unsafe { sys::cuMemsetD8Async(dst.0, *value, *bytes, s) }, "cuMemsetD8Async")
-                        .map_err(in_step)?;
-                }
-                Step::Reduce { dst, srcs, count, dtype, op, scalar } => {
-                    let loaded = loaded.as_ref().expect("kernels loaded for every plan with a reduce");
-                    self.enqueue_reduce(place, s, loaded, *dst, srcs, *count, *dtype, *op, *scalar).map_err(in_step)?;
-                }
-            }
-        }
-        Ok(())
+        memory::close_import(self, ptr)
     }
 
     fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
@@ -1147,99 +347,22 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-        let place = self.place(stream, Some(launch.device))?;
-        if place.device != launch.device {
-            return Err(Error::invalid_usage(format!(
-                "the stream belongs to device {} but the communicator to device {}",
-                place.device, launch.device
-            )));
-        }
-        for &(ptr, bytes) in &launch.buffers {
-            if let Some(owner) = self.check_range(ptr, bytes, "buffer")? {
-                self.ensure_peer(place.device, owner)?;
-            }
-        }
-        for &ptr in &launch.slots {
-            if let Some(owner) = self.tracked_device(ptr) {
-                self.ensure_peer(place.device, owner)?;
-            }
-        }
-        let cc = self.devices[place.device].cc;
-        let f = self.kernels.exec(place.ctx, cc, self.driver_version, launch.op, launch.dtype)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        let mut args = launch.args;
-        let mut params = [&mut args as *mut rustccl_kernels::exec::ExecArgs as *mut c_void];
-        // SAFETY: the kernel takes one RustcclExecArgs by value (same layout, checked in
-        // rustccl_kernels::exec); the driver copies it before returning; the program it points
-        // to is device memory the caller keeps until the launch completes.
-        check(
-            unsafe {
-                sys::cuLaunchKernel(
-                    f.func.0,
-                    launch.blocks.max(1),
-                    1,
-                    1,
-                    rustccl_kernels::exec::EXEC_THREADS,
-                    1,
-                    1,
-                    0,
-                    raw_stream(stream),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel(rustccl_exec)",
-        )
+        launch::launch_exec(self, launch, stream)
     }
 
     fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: swaps a thread-local setting; restored below.
-        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
-        let r = f();
-        // SAFETY: as above, putting the caller's mode back.
-        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        r
+        launch::with_relaxed_capture(f)
     }
 
     fn is_capturing(&self, stream: Stream) -> Result<bool> {
-        let place = self.place(stream, None)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: writes one enum.
-        check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
-        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        launch::is_capturing(self, stream)
     }
 
     unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let place = self.place_for(stream, &[dst])?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        self.check_range(dst, bytes, "copy destination")?;
-        // SAFETY: the caller keeps `src` pinned and valid until the copy runs; `dst` checked.
-        check(
-            unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src as *const c_void, bytes, raw_stream(stream)) },
-            "cuMemcpyHtoDAsync",
-        )
+        // SAFETY: the caller keeps the promise of this trait method, which the function
+        // it delegates to has too.
+        unsafe { copy::copy_from_pinned_async(self, dst, src, bytes, stream) }
     }
-}
-
-impl CudaBackend {
-    fn event_device(&self, event: Event, op: &str) -> Result<usize> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).get(&event.0).copied().ok_or_else(|| {
-            Error::invalid_argument(format!("{op}: event {:#x} is not a live event of this backend", event.0))
-        })
-    }
-}
-
-/// An error of a one-step plan, named after the operation rather than "plan step 0".
-fn strip_step(mut e: Error, op: &str) -> Error {
-    if let Some(rest) = e.message.strip_prefix("plan step 0: ") {
-        e.message = format!("{op}: {rest}");
-    }
-    e
 }
 
 #[cfg(test)]

@@ -1,46 +1,25 @@
-//! The device code of `rustccl-kernels`, compiled by NVRTC for each architecture in use,
-//! cached on disk ([`KernelCache`], keyed by the sources, the architecture, the driver version
-//! and the compile options including NVRTC's version), and loaded once per context with
+//! The device code of `rustccl-kernels` (the collective interpreter, `exec.cu`, one
+//! compilation per operator and type), compiled by NVRTC for each architecture in use, cached
+//! on disk ([`KernelCache`], keyed by the sources, the architecture, the driver version and the
+//! compile options including NVRTC's version), and loaded once per context with
 //! `cuModuleLoadData`.
 //!
-//! The first process on a machine pays the compile (about a second or two); every later one
-//! finds the CUBIN in the cache, and loading it takes milliseconds. Each compile and each
-//! cache hit is logged at INFO level (subsystem INIT).
+//! The first process on a machine pays the compiles (`rank-worker compile-kernels` does them
+//! all ahead of time); every later one finds the CUBINs in the cache, and loading one takes
+//! milliseconds. Each compile and each cache hit is logged at INFO level (subsystem INIT).
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use cudarc::driver::sys;
-use rustccl_kernels::{CacheKey, DeviceOp, KernelCache, Lookup, REDUCE_SOURCE};
+use rustccl_kernels::{CacheKey, DeviceOp, KernelCache, Lookup};
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::nvrtc::{self, Nvrtc};
 use crate::error::{Error, Result};
 use crate::types::DataType;
-
-/// How the code for one architecture was obtained (see [`super::CudaBackend::kernel_info`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelInfo {
-    /// `sm_XY` (a CUBIN) or `compute_XY` (PTX).
-    pub arch: String,
-    /// Whether it came from the on-disk cache (no compile).
-    pub from_cache: bool,
-    /// The time the compile or the cache read took in this process.
-    pub time: Duration,
-    /// The cache file, when there is a cache.
-    pub cache_path: Option<PathBuf>,
-    /// The size of the CUBIN or PTX.
-    pub bytes: usize,
-}
-
-/// A compiled blob and how it was obtained.
-struct Blob {
-    image: Vec<u8>,
-    info: KernelInfo,
-}
 
 /// A `CUfunction`, shareable.
 #[derive(Clone, Copy)]
@@ -50,45 +29,9 @@ unsafe impl Send for Func {}
 // SAFETY: as above.
 unsafe impl Sync for Func {}
 
-/// The module loaded in one context, and the functions looked up so far.
-pub(crate) struct Loaded {
-    module: sys::CUmodule,
-    functions: Mutex<HashMap<(DeviceOp, DataType), Func>>,
-    pub(crate) info: KernelInfo,
-}
-// SAFETY: a CUmodule is a driver handle usable from any thread; the map is behind a mutex.
-unsafe impl Send for Loaded {}
-// SAFETY: as above.
-unsafe impl Sync for Loaded {}
-
-impl Loaded {
-    /// The reduce kernel for `op` on `dtype` (looked up once).
-    pub(crate) fn reduce_function(&self, op: DeviceOp, dtype: DataType) -> Result<Func> {
-        let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = functions.get(&(op, dtype)) {
-            return Ok(*f);
-        }
-        let name = rustccl_kernels::reduce_kernel_name(op, dtype as i32)
-            .ok_or_else(|| Error::internal(format!("no reduce kernel for {op:?} on {dtype}")))?;
-        let cname = CString::new(name.clone()).expect("kernel names have no NUL");
-        let mut f: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: the module is loaded (and never unloaded); writes one handle.
-        check(
-            unsafe { sys::cuModuleGetFunction(&mut f, self.module, cname.as_ptr()) },
-            &format!("cuModuleGetFunction({name})"),
-        )?;
-        functions.insert((op, dtype), Func(f));
-        Ok(Func(f))
-    }
-}
-
-/// The kernels of every architecture and context in use.
+/// The kernels of every context in use.
 #[derive(Default)]
 pub(crate) struct Kernels {
-    /// By architecture (compute capability, e.g. 90).
-    blobs: Mutex<HashMap<i32, Arc<Blob>>>,
-    /// By context.
-    loaded: Mutex<HashMap<usize, Arc<Loaded>>>,
     /// The collective interpreter, by (context, operator, type): compiled on first use of
     /// each pair (one compile per architecture, then the disk cache), loaded once per context.
     exec: Mutex<HashMap<(usize, DeviceOp, DataType), ExecFunc>>,
@@ -111,36 +54,6 @@ fn base_options(have_fp8: bool) -> Vec<String> {
 }
 
 impl Kernels {
-    /// The module for context `ctx` (a context of a device of compute capability `cc`),
-    /// compiling or reading the cache and loading it on first use.
-    pub(crate) fn get(&self, ctx: Ctx, cc: i32, driver_version: i32) -> Result<Arc<Loaded>> {
-        if let Some(l) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&ctx.key()) {
-            return Ok(l.clone());
-        }
-        let blob = self.blob(cc, driver_version)?;
-        let _g = CtxGuard::enter(ctx)?;
-        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = loaded.get(&ctx.key()) {
-            return Ok(l.clone());
-        }
-        let start = Instant::now();
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is a CUBIN, or NUL-terminated PTX, that outlives the call.
-        check(
-            unsafe { sys::cuModuleLoadData(&mut module, blob.image.as_ptr() as *const std::ffi::c_void) },
-            &format!("cuModuleLoadData({} kernels, {} bytes)", blob.info.arch, blob.image.len()),
-        )?;
-        tracing::info!(
-            target: "INIT",
-            "CUDA kernels for {} loaded in {:.1} ms",
-            blob.info.arch,
-            start.elapsed().as_secs_f64() * 1e3
-        );
-        let l = Arc::new(Loaded { module, functions: Mutex::new(HashMap::new()), info: blob.info.clone() });
-        loaded.insert(ctx.key(), l.clone());
-        Ok(l)
-    }
-
     /// The collective interpreter for `op` on `dtype` in context `ctx`.
     pub(crate) fn exec(&self, ctx: Ctx, cc: i32, driver_version: i32, op: DeviceOp, dtype: DataType) -> Result<ExecFunc> {
         let key = (ctx.key(), op, dtype);
@@ -152,12 +65,12 @@ impl Kernels {
         let defines = exec_defines(op, dtype)?;
         let what = format!("collective kernel {}/{}", op.suffix(), dtype);
         let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: &what };
-        let blob = compile_or_load(cc, driver_version, &unit)?;
+        let image = compile_or_load(cc, driver_version, &unit)?;
         let _g = CtxGuard::enter(ctx)?;
         let mut module: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is a CUBIN, or NUL-terminated PTX, that outlives the call.
         check(
-            unsafe { sys::cuModuleLoadData(&mut module, blob.image.as_ptr() as *const std::ffi::c_void) },
+            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void) },
             &format!("cuModuleLoadData({what})"),
         )?;
         let name = CString::new(rustccl_kernels::exec::EXEC_KERNEL).expect("no NUL");
@@ -166,24 +79,6 @@ impl Kernels {
         check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction(rustccl_exec)")?;
         let e = ExecFunc { func: Func(f) };
         Ok(*self.exec.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
-    }
-
-    /// How the kernels loaded in `ctx` were obtained; None when none are loaded there.
-    pub(crate) fn loaded_info(&self, ctx: Ctx) -> Option<KernelInfo> {
-        self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&ctx.key()).map(|l| l.info.clone())
-    }
-
-    /// The compiled code for compute capability `cc`: this process's copy, else the disk
-    /// cache's, else NVRTC's (stored in the cache).
-    fn blob(&self, cc: i32, driver_version: i32) -> Result<Arc<Blob>> {
-        // One compile per architecture at a time: held across the compile on purpose.
-        let mut blobs = self.blobs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = blobs.get(&cc) {
-            return Ok(b.clone());
-        }
-        let b = Arc::new(compile_or_load(cc, driver_version, &REDUCE_UNIT)?);
-        blobs.insert(cc, b.clone());
-        Ok(b)
     }
 }
 
@@ -194,8 +89,6 @@ struct Unit<'a> {
     /// What the log calls it.
     what: &'a str,
 }
-
-const REDUCE_UNIT: Unit<'static> = Unit { name: REDUCE_SOURCE, defines: &[], what: "kernels" };
 
 /// The `-D` options of the collective interpreter for `op` on `dtype`.
 fn exec_defines(op: DeviceOp, dtype: DataType) -> Result<Vec<String>> {
@@ -226,7 +119,9 @@ fn target_and_options(nvrtc: &Nvrtc, cc: i32, unit: &Unit) -> Result<(nvrtc::Tar
     Ok((target, options))
 }
 
-fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blob> {
+/// The compiled image (CUBIN, or NUL-terminated PTX) of `unit_desc` for compute capability
+/// `cc`: the disk cache's, else NVRTC's (stored in the cache).
+fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Vec<u8>> {
     let start = Instant::now();
     let nvrtc = Nvrtc::get()?;
     let (target, options) = target_and_options(nvrtc, cc, unit_desc)?;
@@ -243,22 +138,15 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blo
     if let Some(cache) = &cache {
         match cache.lookup(&key) {
             Lookup::Hit(image) => {
-                let info = KernelInfo {
-                    arch: target.arch.clone(),
-                    from_cache: true,
-                    time: start.elapsed(),
-                    cache_path: Some(cache.path_for(&key)),
-                    bytes: image.len(),
-                };
                 tracing::info!(
                     target: "INIT",
                     "CUDA {what} for {}: kernel cache hit {} ({} bytes, {:.1} ms), no compile",
-                    info.arch,
+                    target.arch,
                     cache.path_for(&key).display(),
                     image.len(),
-                    info.time.as_secs_f64() * 1e3
+                    start.elapsed().as_secs_f64() * 1e3
                 );
-                return Ok(Blob { image, info });
+                return Ok(image);
             }
             Lookup::Miss => {}
             Lookup::Corrupt(why) => tracing::warn!(
@@ -284,16 +172,11 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blo
             e
         }
     })?;
-    let mut info = KernelInfo {
-        arch: target.arch.clone(),
-        from_cache: false,
-        time: start.elapsed(),
-        cache_path: None,
-        bytes: image.len(),
-    };
+    let time = start.elapsed();
+    let mut cache_path = None;
     match &cache {
         Some(cache) => match cache.store(&key, &image) {
-            Ok(path) => info.cache_path = Some(path),
+            Ok(path) => cache_path = Some(path),
             Err(e) => tracing::warn!(
                 target: "INIT",
                 "could not store compiled kernels in {}: {e}",
@@ -309,20 +192,14 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Blo
     tracing::info!(
         target: "INIT",
         "CUDA {what} for {}: compiled by NVRTC {}.{} in {:.1} ms ({} bytes){}",
-        info.arch,
+        target.arch,
         nvrtc.version.0,
         nvrtc.version.1,
-        info.time.as_secs_f64() * 1e3,
+        time.as_secs_f64() * 1e3,
         image.len(),
-        info.cache_path.as_ref().map(|p| format!(", cached at {}", p.display())).unwrap_or_default()
+        cache_path.as_ref().map(|p| format!(", cached at {}", p.display())).unwrap_or_default()
     );
-    Ok(Blob { image, info })
-}
-
-/// Compiles the kernels for `arch` (e.g. `sm_90`) without a device or the cache: the
-/// compile check of the device code, for tests on machines with NVRTC but no GPU.
-pub fn compile_only(cc: i32) -> Result<(String, usize)> {
-    compile_unit_only(cc, &REDUCE_UNIT)
+    Ok(image)
 }
 
 /// Compiles the collective interpreter for `op` on `dtype` (no device, no cache): the compile

@@ -2,7 +2,9 @@
 //! refusal without a driver. The GPU tests are in `host/tests/cuda_backend.rs`.
 
 use super::*;
-use crate::reduce::{float, fp8};
+use crate::reduce::{float, fp8, DevOp};
+use crate::types::DataType;
+use rustccl_kernels::DeviceOp;
 
 #[test]
 fn scalar_bits_convert_like_the_host_reference() {
@@ -22,6 +24,9 @@ fn scalar_bits_convert_like_the_host_reference() {
 
 #[test]
 fn avg_maps_like_nccl() {
+    use crate::types::RedOp;
+    let device_op =
+        |op, scalar, dtype, n| DevOp::from_user(op, scalar, dtype, n).map(|d| coll_device_op(d, dtype));
     let (op, s, d) = device_op(RedOp::Avg, None, DataType::Float32, 4).unwrap();
     assert_eq!((op, s, d), (DeviceOp::PreMulSum, 0.25f32.to_bits() as u64, 1));
     let (op, s, d) = device_op(RedOp::Avg, None, DataType::Int32, 3).unwrap();
@@ -30,66 +35,6 @@ fn avg_maps_like_nccl() {
     let (op, s, _) = device_op(RedOp::PreMulSum, Some(2.0), DataType::Float16, 2).unwrap();
     assert_eq!((op, s), (DeviceOp::PreMulSum, float::f64_to_f16(2.0) as u64));
     assert!(device_op(RedOp::PreMulSum, None, DataType::Float16, 2).is_err());
-}
-
-#[test]
-fn few_inputs_are_one_launch() {
-    let srcs: Vec<u64> = (1..=3).collect();
-    assert_eq!(reduce_launches(100, &srcs, None), vec![(100, srcs.clone(), REDUCE_POST)]);
-    let max: Vec<u64> = (1..=REDUCE_MAX_SRCS as u64).collect();
-    assert_eq!(reduce_launches(100, &max, None).len(), 1);
-    assert!(!reduce_needs_scratch(1, &max));
-}
-
-#[test]
-fn many_inputs_chain_launches_through_the_accumulator() {
-    let n = REDUCE_MAX_SRCS + (REDUCE_MAX_SRCS - 1) + 2;
-    let srcs: Vec<u64> = (1..=n as u64).collect();
-    let launches = reduce_launches(1000, &srcs, None);
-    // 32, then 31 + acc, then the last 2 + acc.
-    assert_eq!(launches.len(), 3);
-    assert_eq!(launches[0], (1000, srcs[..REDUCE_MAX_SRCS].to_vec(), 0));
-    assert_eq!(launches[1].0, 1000);
-    assert_eq!(launches[1].1[0], 1000);
-    assert_eq!(launches[1].1.len(), REDUCE_MAX_SRCS);
-    assert_eq!(launches[1].2, REDUCE_ACC_FIRST);
-    assert_eq!(launches[2].1, vec![1000, n as u64 - 1, n as u64]);
-    assert_eq!(launches[2].2, REDUCE_ACC_FIRST | REDUCE_POST);
-    // Every input is read exactly once.
-    let mut seen: Vec<u64> = launches.iter().flat_map(|l| l.1.iter().copied()).filter(|p| *p != 1000).collect();
-    seen.sort_unstable();
-    assert_eq!(seen, srcs);
-
-    // In place with the output among the late inputs: a scratch accumulator, dst last.
-    let mut srcs = srcs;
-    srcs[REDUCE_MAX_SRCS + 3] = 1000;
-    assert!(reduce_needs_scratch(1000, &srcs));
-    let launches = reduce_launches(1000, &srcs, Some(7));
-    assert_eq!(launches[0].0, 7);
-    assert_eq!(launches[1].0, 7);
-    assert_eq!(launches[1].1[0], 7);
-    assert_eq!(launches[2].0, 1000);
-    assert_eq!(launches[2].1[0], 7);
-}
-
-#[test]
-fn table_finds_ranges_inside_live_entries() {
-    let mut t = Table::default();
-    t.entries.insert(0x1000, Entry { bytes: 0x100, device: Some(1), kind: Kind::Device });
-    t.entries.insert(
-        0x2000,
-        Entry {
-            bytes: 0x100,
-            device: Some(0),
-            kind: Kind::Exported { handle: [0; 64], local_imports: 1, freed: true },
-        },
-    );
-    assert_eq!(t.find(DevicePtr(0x1000), 0x100).unwrap().device, Some(1));
-    assert!(t.find(DevicePtr(0x10f0), 0x10).is_some());
-    assert!(t.find(DevicePtr(0x10f0), 0x11).is_none());
-    assert!(t.find(DevicePtr(0xfff), 1).is_none());
-    assert!(t.find(DevicePtr(0x2000), 1).is_none(), "freed exports are not live");
-    assert!(t.find(DevicePtr(u64::MAX), 2).is_none());
 }
 
 /// Without a driver the backend is a clear error; with one (the GPU machine) it starts.
@@ -102,19 +47,6 @@ fn backend_without_a_driver_is_a_clear_error() {
             assert!(e.message.contains("CUDA driver") || e.message.contains("cuInit"), "{}", e.message);
         }
     }
-}
-
-/// Compiles the device code with NVRTC when it can be found (it needs no GPU): skipped, with
-/// the reason printed, when NVRTC is absent, as on CI.
-#[test]
-fn device_code_compiles_with_nvrtc_when_present() {
-    if let Err(e) = nvrtc::Nvrtc::get() {
-        eprintln!("skipped: {}", e.message);
-        return;
-    }
-    let (arch, bytes) = module::compile_only(90).unwrap_or_else(|e| panic!("{}", e.message));
-    assert_eq!(arch, "sm_90");
-    assert!(bytes > 10_000, "{bytes}");
 }
 
 /// Compiles the collective interpreter for a spread of operators and types when NVRTC can be

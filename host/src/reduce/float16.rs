@@ -1,6 +1,9 @@
 //! IEEE half (`f16`) and bfloat16 conversions to and from `f32`, rounding to nearest even
 //! (what the GPU's `__float2half_rn` and `__float2bfloat16_rn` do). Both are stored as `u16`
 //! bit patterns.
+//!
+//! Written plainly, branch by branch: the reducer's loops use their own branch-free versions
+//! (`elem.rs`), and the tests check those against these.
 
 /// The `f32` value of the half-precision bit pattern `h` (exact).
 pub fn f16_to_f32(h: u16) -> f32 {

@@ -1,0 +1,170 @@
+//! Launches of the collective interpreter (`exec.cu`): its operator and scalar, the kernels
+//! compiled ahead of time, peer access to the memory a launch touches, and stream capture.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+use rustccl_kernels::DeviceOp;
+
+use super::driver::{check, CtxGuard};
+use super::streams::raw_stream;
+use super::CudaBackend;
+use crate::backend::Stream;
+use crate::error::{Error, Result};
+use crate::reduce::DevOp;
+use crate::types::DataType;
+
+/// The PreMulSum scalar converted to `dtype` as the host reference does (`Elem::scalar`),
+/// as the bits the kernel reads (zero-extended).
+pub fn scalar_bits(dtype: DataType, s: f64) -> u64 {
+    use crate::reduce::{float, fp8};
+    match dtype {
+        DataType::Int8 => (s as i8) as u8 as u64,
+        DataType::Uint8 => (s as u8) as u64,
+        DataType::Int32 => (s as i32) as u32 as u64,
+        DataType::Uint32 => (s as u32) as u64,
+        DataType::Int64 => (s as i64) as u64,
+        DataType::Uint64 => s as u64,
+        DataType::Float16 => float::f64_to_f16(s) as u64,
+        DataType::Float32 => (s as f32).to_bits() as u64,
+        DataType::Float64 => s.to_bits(),
+        DataType::Bfloat16 => float::f64_to_bf16(s) as u64,
+        DataType::Float8e4m3 => fp8::f64_to_e4m3(s) as u64,
+        DataType::Float8e5m2 => fp8::f64_to_e5m2(s) as u64,
+    }
+}
+
+/// The kernel operator, scalar bits and divisor of a collective's device operator.
+pub fn coll_device_op(op: DevOp, dtype: DataType) -> (DeviceOp, u64, u64) {
+    match op {
+        DevOp::Sum => (DeviceOp::Sum, 0, 1),
+        DevOp::Prod => (DeviceOp::Prod, 0, 1),
+        DevOp::Min => (DeviceOp::Min, 0, 1),
+        DevOp::Max => (DeviceOp::Max, 0, 1),
+        DevOp::PreMulSum { scalar } => (DeviceOp::PreMulSum, scalar_bits(dtype, scalar), 1),
+        DevOp::SumPostDiv { n } => (DeviceOp::SumPostDiv, 0, n),
+    }
+}
+
+impl CudaBackend {
+    /// Compiles (or reads from the cache) and loads the collective interpreter for every
+    /// operator and type on `device`, several compiles at once; returns how many.
+    pub fn preload_exec_kernels(&self, device: usize) -> Result<usize> {
+        let ctx = self.primary(device)?;
+        let cc = self.devices[device].cc;
+        let pairs: Vec<(DeviceOp, DataType)> = DeviceOp::ALL
+            .iter()
+            .flat_map(|&op| DataType::ALL.iter().map(move |&dt| (op, dt)))
+            .filter(|(op, dt)| rustccl_kernels::exec::exec_defines(*op, *dt as i32).is_some())
+            .collect();
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4).min(pairs.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(op, dt)) = pairs.get(i) else { return Ok(()) };
+                        self.kernels.exec(ctx, cc, self.driver_version, op, dt)?;
+                    })
+                })
+                .collect();
+            let panicked = || Err(Error::internal("compile thread panicked"));
+            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| panicked())).collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>>>()?;
+        Ok(pairs.len())
+    }
+
+    /// Lets kernels on device `from` read and write memory of device `to`.
+    pub(super) fn ensure_peer(&self, from: usize, to: usize) -> Result<()> {
+        if from == to || self.peers.lock().unwrap_or_else(|p| p.into_inner()).contains(&(from, to)) {
+            return Ok(());
+        }
+        let mut can = 0;
+        // SAFETY: writes one int.
+        check(
+            unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.devices[from].handle, self.devices[to].handle) },
+            "cuDeviceCanAccessPeer",
+        )?;
+        if can == 0 {
+            return Err(Error::invalid_usage(format!(
+                "device {from} cannot access memory of device {to} (no peer access between them)"
+            )));
+        }
+        let peer = self.primary(to)?;
+        let _g = CtxGuard::enter(self.primary(from)?)?;
+        // SAFETY: both contexts are live primary contexts.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.0, 0) };
+        if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            check(r, "cuCtxEnablePeerAccess")?;
+        }
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).insert((from, to));
+        Ok(())
+    }
+}
+
+pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
+    let place = b.place(stream, Some(launch.device))?;
+    if place.device != launch.device {
+        return Err(Error::invalid_usage(format!(
+            "the stream belongs to device {} but the communicator to device {}",
+            place.device, launch.device
+        )));
+    }
+    for &(ptr, bytes) in &launch.buffers {
+        if let Some(owner) = b.check_range(ptr, bytes, "buffer")? {
+            b.ensure_peer(place.device, owner)?;
+        }
+    }
+    for &ptr in &launch.slots {
+        if let Some(owner) = b.tracked_device(ptr) {
+            b.ensure_peer(place.device, owner)?;
+        }
+    }
+    let cc = b.devices[place.device].cc;
+    let f = b.kernels.exec(place.ctx, cc, b.driver_version, launch.op, launch.dtype)?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    let mut args = launch.args;
+    let mut params = [&mut args as *mut rustccl_kernels::exec::ExecArgs as *mut c_void];
+    // SAFETY: the kernel takes one RustcclExecArgs by value (same layout, checked in
+    // rustccl_kernels::exec); the driver copies it before returning; the program it points
+    // to is device memory the caller keeps until the launch completes.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                f.func.0,
+                launch.blocks.max(1),
+                1,
+                1,
+                rustccl_kernels::exec::EXEC_THREADS,
+                1,
+                1,
+                0,
+                raw_stream(stream),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel(rustccl_exec)",
+    )
+}
+
+pub(super) fn with_relaxed_capture(f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: swaps a thread-local setting; restored below.
+    check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+    let r = f();
+    // SAFETY: as above, putting the caller's mode back.
+    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    r
+}
+
+pub(super) fn is_capturing(b: &CudaBackend, stream: Stream) -> Result<bool> {
+    let place = b.place(stream, None)?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: writes one enum.
+    check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

@@ -1,0 +1,166 @@
+//! Streams and events of the CUDA backend, and where work on a stream runs (its context and
+//! device).
+
+use cudarc::driver::sys;
+
+use super::driver::{self, check, Ctx, CtxGuard};
+use super::{CudaBackend, Place};
+use crate::backend::{DevicePtr, Event, Stream};
+use crate::error::{Error, Result};
+
+pub(super) fn raw_stream(stream: Stream) -> sys::CUstream {
+    stream.0 as usize as sys::CUstream
+}
+
+/// NULL, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: streams of whatever context is
+/// current.
+pub(super) fn is_default_like(stream: Stream) -> bool {
+    stream.0 <= 2
+}
+
+impl CudaBackend {
+    /// Where work on `stream` runs; `hint` is the device of the memory involved (or the
+    /// communicator's), which a default stream goes to; without it, the current context's.
+    pub(super) fn place(&self, stream: Stream, hint: Option<usize>) -> Result<Place> {
+        if let Some(&device) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream.0) {
+            return Ok(Place { ctx: self.primary(device)?, device });
+        }
+        let ctx = if is_default_like(stream) {
+            // A default stream names no device: the memory's (the communicator's), as NCCL
+            // sets the communicator's device before it enqueues; else the current one.
+            if let Some(device) = hint {
+                return Ok(Place { ctx: self.primary(device)?, device });
+            }
+            let cur = driver::current()?;
+            if cur.is_null() {
+                return self.primary(0).map(|ctx| Place { ctx, device: 0 });
+            }
+            Ctx(cur)
+        } else {
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: writes one handle; an invalid stream is reported by the driver.
+            check(unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut ctx) }, "cuStreamGetCtx").map_err(|e| {
+                Error::invalid_argument(format!("stream {:#x} is not a live CUDA stream ({})", stream.0, e.message))
+            })?;
+            Ctx(ctx)
+        };
+        Ok(Place { ctx, device: self.ctx_device(ctx)? })
+    }
+
+    /// Where a copy or fill with these pointers runs.
+    pub(super) fn place_for(&self, stream: Stream, ptrs: &[DevicePtr]) -> Result<Place> {
+        let hint = if is_default_like(stream) { ptrs.iter().find_map(|p| self.tracked_device(*p)) } else { None };
+        self.place(stream, hint)
+    }
+
+    pub(super) fn event_device(&self, event: Event, op: &str) -> Result<usize> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).get(&event.0).copied().ok_or_else(|| {
+            Error::invalid_argument(format!("{op}: event {:#x} is not a live event of this backend", event.0))
+        })
+    }
+}
+
+pub(super) fn create_stream(b: &CudaBackend, device: usize) -> Result<Stream> {
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    check(
+        unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+        "cuStreamCreate",
+    )?;
+    let stream = Stream(s as usize as u64);
+    b.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.0, device);
+    Ok(stream)
+}
+
+pub(super) fn destroy_stream(b: &CudaBackend, stream: Stream) -> Result<()> {
+    if stream.is_default() {
+        return Err(Error::invalid_argument("destroy_stream: the default stream cannot be destroyed"));
+    }
+    let device = b.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream.0).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "destroy_stream: stream {:#x} is not a live stream of this backend",
+            stream.0
+        ))
+    })?;
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    // SAFETY: a stream we created, forgotten above.
+    check(unsafe { sys::cuStreamDestroy_v2(raw_stream(stream)) }, "cuStreamDestroy")
+}
+
+pub(super) fn synchronize(b: &CudaBackend, stream: Stream) -> Result<()> {
+    let place = b.place(stream, None)?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    // SAFETY: a stream of the current context.
+    check(unsafe { sys::cuStreamSynchronize(raw_stream(stream)) }, "cuStreamSynchronize")
+}
+
+pub(super) fn query(b: &CudaBackend, stream: Stream) -> Result<bool> {
+    let place = b.place(stream, None)?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    // SAFETY: as above.
+    match unsafe { sys::cuStreamQuery(raw_stream(stream)) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => Err(driver::cuda_error(r, "cuStreamQuery")),
+    }
+}
+
+pub(super) fn create_event(b: &CudaBackend, device: usize) -> Result<Event> {
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    let mut e: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    check(
+        unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+        "cuEventCreate",
+    )?;
+    let event = Event(e as usize as u64);
+    b.events.lock().unwrap_or_else(|p| p.into_inner()).insert(event.0, device);
+    Ok(event)
+}
+
+pub(super) fn record_event(b: &CudaBackend, event: Event, stream: Stream) -> Result<()> {
+    let device = b.event_device(event, "record_event")?;
+    let place = b.place(stream, Some(device))?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    // SAFETY: a live event of ours and a stream of the current context.
+    check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
+}
+
+pub(super) fn stream_wait_event(b: &CudaBackend, stream: Stream, event: Event) -> Result<()> {
+    let device = b.event_device(event, "stream_wait_event")?;
+    let place = b.place(stream, Some(device))?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    // SAFETY: as above; waiting on an event of another device is allowed.
+    check(
+        unsafe { sys::cuStreamWaitEvent(raw_stream(stream), event.0 as usize as sys::CUevent, 0) },
+        "cuStreamWaitEvent",
+    )
+}
+
+pub(super) fn query_event(b: &CudaBackend, event: Event) -> Result<bool> {
+    let device = b.event_device(event, "query_event")?;
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    // SAFETY: a live event of ours.
+    match unsafe { sys::cuEventQuery(event.0 as usize as sys::CUevent) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => Err(driver::cuda_error(r, "cuEventQuery")),
+    }
+}
+
+pub(super) fn synchronize_event(b: &CudaBackend, event: Event) -> Result<()> {
+    let device = b.event_device(event, "synchronize_event")?;
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    // SAFETY: a live event of ours.
+    check(unsafe { sys::cuEventSynchronize(event.0 as usize as sys::CUevent) }, "cuEventSynchronize")
+}
+
+pub(super) fn destroy_event(b: &CudaBackend, event: Event) -> Result<()> {
+    let device = b.events.lock().unwrap_or_else(|p| p.into_inner()).remove(&event.0).ok_or_else(|| {
+        Error::invalid_argument(format!("destroy_event: event {:#x} is not a live event of this backend", event.0))
+    })?;
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    // SAFETY: a live event of ours, forgotten above.
+    check(unsafe { sys::cuEventDestroy_v2(event.0 as usize as sys::CUevent) }, "cuEventDestroy")
+}
