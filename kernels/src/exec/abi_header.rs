@@ -110,6 +110,14 @@ pub fn abi_header() -> String {
         let _ = writeln!(h, "#define {} {}{}", c.c_name, c.value, c.suffix);
     }
     h.push_str("\ntypedef unsigned long long u64;\ntypedef unsigned int u32;\n");
+    // NVRTC's front end has no __builtin_offsetof (nor a <cstddef>), but folds __INTADDR__.
+    h.push_str(
+        "\n#ifdef __CUDACC_RTC__\n\
+         #define RUSTCCL_ABI_OFFSETOF(s, m) ((unsigned long long)__INTADDR__(&(((s*)0)->m)))\n\
+         #else\n\
+         #define RUSTCCL_ABI_OFFSETOF(s, m) __builtin_offsetof(s, m)\n\
+         #endif\n",
+    );
     for s in abi_structs() {
         h.push('\n');
         comment(&mut h, "", &format!("{} Rust: rustccl_kernels::exec::{} ({} bytes).", s.doc.trim(), s.rust_name, s.size));
@@ -126,13 +134,13 @@ pub fn abi_header() -> String {
             let n = f.name;
             let _ = writeln!(
                 h,
-                "static_assert(__builtin_offsetof({c}, {n}) == {}, \"{c}::{n}: offset differs from {r}::{n}\");",
+                "static_assert(RUSTCCL_ABI_OFFSETOF({c}, {n}) == {}, \"{c}::{n}: offset differs from {r}::{n}\");",
                 f.offset
             );
             let _ = writeln!(h, "static_assert(sizeof({c}::{n}) == {}, \"{c}::{n}: size differs from {r}::{n}\");", f.size);
         }
     }
-    h.push_str("\n#endif  // RUSTCCL_EXEC_ABI_H\n");
+    h.push_str("\n#undef RUSTCCL_ABI_OFFSETOF\n#endif  // RUSTCCL_EXEC_ABI_H\n");
     h
 }
 
@@ -141,12 +149,13 @@ mod tests {
     use super::super::*;
     use super::*;
 
-    /// The `#define NAME VALUE` lines of the header, as (name, value text).
+    /// The object-like `#define NAME VALUE` lines of the header, as (name, value text).
     fn defines(header: &str) -> Vec<(String, String)> {
         header
             .lines()
             .filter_map(|l| l.strip_prefix("#define "))
             .filter_map(|l| l.split_once(' '))
+            .filter(|(n, _)| !n.contains('('))
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect()
     }
@@ -262,7 +271,7 @@ mod tests {
                 offset = offset.next_multiple_of(size);
                 align = align.max(size);
                 assert_eq!((offset, size * len), (f.offset, f.size), "{}::{name} (offset, size)", c.name);
-                assert_eq!(asserted(&header, &format!("__builtin_offsetof({}, {name})", c.name)), f.offset);
+                assert_eq!(asserted(&header, &format!("RUSTCCL_ABI_OFFSETOF({}, {name})", c.name)), f.offset);
                 assert_eq!(asserted(&header, &format!("sizeof({}::{name})", c.name)), f.size);
                 offset += size * len;
             }
