@@ -266,7 +266,8 @@ mod tests {
     const EXEC_CU: &str = include_str!("device/exec.cu");
 
     /// The prefixes of the ABI's macros: only the generated header defines them.
-    const ABI_PREFIXES: [&str; 5] = ["RUSTCCL_EXEC_", "RUSTCCL_FIFO_", "RUSTCCL_STEP_", "RUSTCCL_PROTO_", "RUSTCCL_CONN_"];
+    const ABI_PREFIXES: [&str; 5] =
+        ["RUSTCCL_EXEC_", "RUSTCCL_FIFO_", "RUSTCCL_STEP_", "RUSTCCL_PROTO_", "RUSTCCL_CONN_"];
 
     #[test]
     fn layouts_are_the_ones_the_kernel_was_written_for() {
@@ -279,7 +280,14 @@ mod tests {
         let names: Vec<&str> = abi_structs().iter().map(|s| s.c_name).collect();
         assert_eq!(
             names,
-            ["RustcclExecStep", "RustcclExecItem", "RustcclExecCtx", "RustcclExecConn", "RustcclExecControl", "RustcclExecArgs"]
+            [
+                "RustcclExecStep",
+                "RustcclExecItem",
+                "RustcclExecCtx",
+                "RustcclExecConn",
+                "RustcclExecControl",
+                "RustcclExecArgs"
+            ]
         );
         // No padding bytes: `as_bytes` relies on it.
         for s in abi_structs() {
@@ -296,7 +304,10 @@ mod tests {
                 let name = def.trim_start();
                 assert!(!ABI_PREFIXES.iter().any(|p| name.starts_with(p)), "exec.cu defines ABI macro: {line}");
             }
-            assert!(!line.starts_with("typedef unsigned long long u64"), "exec.cu defines the header's typedef: {line}");
+            assert!(
+                !line.starts_with("typedef unsigned long long u64"),
+                "exec.cu defines the header's typedef: {line}"
+            );
             assert!(!line.starts_with("typedef unsigned int u32"), "exec.cu defines the header's typedef: {line}");
         }
         let compact: String = EXEC_CU.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -322,7 +333,8 @@ mod tests {
                 continue;
             }
             used += 1;
-            let defined = header.contains(&format!("#define {name} ")) || options.iter().any(|o| o.starts_with(&format!("-D{name}=")));
+            let defined = header.contains(&format!("#define {name} "))
+                || options.iter().any(|o| o.starts_with(&format!("-D{name}=")));
             assert!(defined, "exec.cu uses {name}, which neither the generated header nor the -D options define");
         }
         assert!(used > 50, "{used}");
@@ -332,7 +344,8 @@ mod tests {
                 let is_use = |(i, _): (usize, &str)| {
                     let rest = &EXEC_CU[i + name.len()..];
                     let before = &EXEC_CU[..i];
-                    (before.ends_with('.') || before.ends_with("->")) && !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    (before.ends_with('.') || before.ends_with("->"))
+                        && !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
                 };
                 assert!(EXEC_CU.match_indices(name).any(is_use), "exec.cu never uses {}::{name}", s.c_name);
             }

@@ -246,7 +246,12 @@ mod tests {
         use rustccl_kernels::exec as k;
         use std::mem::offset_of;
         assert_eq!(
-            [offset_of!(FifoHeader, head), offset_of!(FifoHeader, tail), offset_of!(FifoHeader, sizes), offset_of!(FifoHeader, sigs)],
+            [
+                offset_of!(FifoHeader, head),
+                offset_of!(FifoHeader, tail),
+                offset_of!(FifoHeader, sizes),
+                offset_of!(FifoHeader, sigs)
+            ],
             [k::FIFO_HEAD, k::FIFO_TAIL, k::FIFO_SIZES, k::FIFO_SIGS]
         );
         // The kernel indexes `sizes` and `sigs` by slot: eight bytes each, STEPS of them.

@@ -120,7 +120,11 @@ pub fn abi_header() -> String {
     );
     for s in abi_structs() {
         h.push('\n');
-        comment(&mut h, "", &format!("{} Rust: rustccl_kernels::exec::{} ({} bytes).", s.doc.trim(), s.rust_name, s.size));
+        comment(
+            &mut h,
+            "",
+            &format!("{} Rust: rustccl_kernels::exec::{} ({} bytes).", s.doc.trim(), s.rust_name, s.size),
+        );
         let _ = writeln!(h, "struct {} {{", s.c_name);
         for f in &s.fields {
             comment(&mut h, "  ", f.doc);
@@ -137,7 +141,8 @@ pub fn abi_header() -> String {
                 "static_assert(RUSTCCL_ABI_OFFSETOF({c}, {n}) == {}, \"{c}::{n}: offset differs from {r}::{n}\");",
                 f.offset
             );
-            let _ = writeln!(h, "static_assert(sizeof({c}::{n}) == {}, \"{c}::{n}: size differs from {r}::{n}\");", f.size);
+            let _ =
+                writeln!(h, "static_assert(sizeof({c}::{n}) == {}, \"{c}::{n}: size differs from {r}::{n}\");", f.size);
         }
     }
     h.push_str("\n#undef RUSTCCL_ABI_OFFSETOF\n#endif  // RUSTCCL_EXEC_ABI_H\n");
@@ -246,7 +251,8 @@ mod tests {
     /// as its number.
     fn asserted(header: &str, what: &str) -> usize {
         let prefix = format!("static_assert({what} == ");
-        let line = header.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no static_assert of {what}"));
+        let line =
+            header.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no static_assert of {what}"));
         line[prefix.len()..].split(',').next().unwrap().parse().unwrap()
     }
 
