@@ -1,48 +1,129 @@
-//! The host's side of `exec.cu`, the collective interpreter: the layout of what a launch
-//! reads (steps, items, contexts, connections, the control block) and the kernel's
-//! parameter. Each struct is `#[repr(C)]` and the twin of the C struct of the same name
-//! in `device/exec.cu`; the sizes are checked below.
+//! The host's side of `exec.cu`, the collective interpreter, and the one definition of the
+//! ABI between them: the constants (slots per FIFO, launch limits, step flags, protocols,
+//! connection flags, FIFO header offsets, error codes) and the layout of what a launch reads
+//! (steps, items, contexts, connections, the control block) and of the kernel's parameter.
+//!
+//! The kernel does not define any of these itself: [`abi_header`] writes them as the C header
+//! [`ABI_HEADER`] (`#define`s, the structs, and `static_assert`s of every struct's size and
+//! every field's offset and size, computed here), which `exec.cu` includes; the kernel sources
+//! ([`crate::sources`]) carry it, so NVRTC compiles it and the kernel cache's key covers it. A
+//! C layout that drifted from these structs does not compile.
+
+mod abi_header;
+
+pub use abi_header::{abi_header, AbiConst, AbiField, AbiStruct, CType};
 
 /// The compilation unit.
 pub const EXEC_SOURCE: &str = "exec.cu";
+/// The generated header `exec.cu` includes (see [`abi_header`]).
+pub const ABI_HEADER: &str = "rustccl_exec_abi.h";
 /// The kernel's name.
 pub const EXEC_KERNEL: &str = "rustccl_exec";
-/// Threads per block.
-pub const EXEC_THREADS: u32 = 512;
-/// Work items one block runs, interleaved (`RUSTCCL_EXEC_MAX_ITEMS`).
-pub const EXEC_MAX_ITEMS_PER_BLOCK: usize = 16;
-/// Blocks of one launch at most.
+/// Blocks of one launch at most (the host's limit; the kernel takes the grid it is given).
 pub const EXEC_MAX_BLOCKS: usize = 128;
-/// Connections one launch uses at most (`RUSTCCL_EXEC_MAX_CONNS`).
-pub const EXEC_MAX_CONNS: usize = 256;
-/// Receive (or send) connections of one step at most.
-pub const EXEC_MAX_PEERS: usize = 2;
 
-pub const STEP_SRC: u8 = 1;
-pub const STEP_DST: u8 = 2;
-pub const STEP_REDUCE: u8 = 4;
-pub const STEP_POST: u8 = 8;
-pub const STEP_SRC_IN_DST: u8 = 16;
+/// Defines the constants shared with the kernel, and [`ABI_CONSTANTS`], the table
+/// [`abi_header`] writes them from: `NAME: type = value => C_NAME "C literal suffix";`.
+macro_rules! abi_constants {
+    ($($(#[doc = $doc:literal])* $name:ident: $ty:ty = $value:expr => $cname:ident $suffix:literal;)*) => {
+        $($(#[doc = $doc])* pub const $name: $ty = $value;)*
+        /// Every constant shared with the kernel, as the header defines it.
+        pub const ABI_CONSTANTS: &[AbiConst] = &[$(AbiConst {
+            c_name: stringify!($cname),
+            value: $name as u64,
+            suffix: $suffix,
+            doc: concat!($($doc),*),
+        }),*];
+    };
+}
 
-pub const PROTO_SIMPLE: u8 = 0;
-pub const PROTO_LL: u8 = 1;
-pub const PROTO_LL128: u8 = 2;
+/// Defines the `#[repr(C)]` structs shared with the kernel, and [`abi_structs`], their C
+/// names, sizes and fields for [`abi_header`]: `pub struct Name => CName { pub field: type, }`.
+macro_rules! abi_structs {
+    ($($(#[doc = $doc:literal])* pub struct $name:ident => $cname:ident {
+        $($(#[doc = $fdoc:literal])* pub $field:ident: $fty:ty,)*
+    })*) => {
+        $(
+            $(#[doc = $doc])*
+            #[doc = ""]
+            #[doc = concat!("The twin of `", stringify!($cname), "` in the generated [`ABI_HEADER`].")]
+            #[repr(C)]
+            #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+            pub struct $name {
+                $($(#[doc = $fdoc])* pub $field: $fty,)*
+            }
+        )*
+        /// Every struct shared with the kernel, with its layout as Rust lays it out.
+        pub fn abi_structs() -> Vec<AbiStruct> {
+            vec![$(AbiStruct {
+                c_name: stringify!($cname),
+                rust_name: stringify!($name),
+                doc: concat!($($doc),*),
+                size: std::mem::size_of::<$name>(),
+                align: std::mem::align_of::<$name>(),
+                fields: vec![$(AbiField {
+                    name: stringify!($field),
+                    decl: <$fty as CType>::decl(stringify!($field)),
+                    offset: std::mem::offset_of!($name, $field),
+                    size: std::mem::size_of::<$fty>(),
+                    doc: concat!($($fdoc),*),
+                }),*],
+            }),*]
+        }
+    };
+}
 
-pub const CONN_SEND: u32 = 1;
-/// NVLink P2P: 128-byte stores reach the peer whole and LL/LL128 have slots of their own, so
-/// consumers wait on the line flags.
-pub const CONN_LINES_WHOLE: u32 = 2;
+abi_constants! {
+    /// Slots per FIFO (NCCL_STEPS; `transport::fifo::STEPS`).
+    FIFO_STEPS: usize = 8 => RUSTCCL_EXEC_STEPS "ull";
+    /// Threads per block.
+    EXEC_THREADS: u32 = 512 => RUSTCCL_EXEC_THREADS "";
+    /// Work items one block runs, interleaved.
+    EXEC_MAX_ITEMS_PER_BLOCK: usize = 16 => RUSTCCL_EXEC_MAX_ITEMS "";
+    /// Connections one launch uses at most.
+    EXEC_MAX_CONNS: usize = 256 => RUSTCCL_EXEC_MAX_CONNS "";
+    /// Receive (or send) connections of one step at most.
+    EXEC_MAX_PEERS: usize = 2 => RUSTCCL_EXEC_MAX_PEERS "";
 
-/// `ExecControl::error`: a peer's slot held a different number of bytes than the step.
-pub const EXEC_ERR_SIZE: u32 = 1;
-/// `ExecControl::error`: a peer's slot came from another operation (`expected` is this
-/// rank's signature, `got` the peer's).
-pub const EXEC_ERR_SIG: u32 = 2;
-/// Byte offsets in the FIFO header (`transport::fifo::FifoHeader`) the kernel reads and writes.
-pub const FIFO_HEAD: usize = 0;
-pub const FIFO_TAIL: usize = 64;
-pub const FIFO_SIZES: usize = 128;
-pub const FIFO_SIGS: usize = 192;
+    /// Step flag: `src` is an input.
+    STEP_SRC: u8 = 1 => RUSTCCL_STEP_SRC "u";
+    /// Step flag: the result goes to `dst`.
+    STEP_DST: u8 = 2 => RUSTCCL_STEP_DST "u";
+    /// Step flag: the inputs are combined with the operator.
+    STEP_REDUCE: u8 = 4 => RUSTCCL_STEP_REDUCE "u";
+    /// Step flag: the post-op (SumPostDiv's division) is applied to the result.
+    STEP_POST: u8 = 8 => RUSTCCL_STEP_POST "u";
+    /// Step flag: `src` is an offset into the destination buffer.
+    STEP_SRC_IN_DST: u8 = 16 => RUSTCCL_STEP_SRC_IN_DST "u";
+
+    /// Protocol: the payload as is, waited for through `tail`.
+    PROTO_SIMPLE: u8 = 0 => RUSTCCL_PROTO_SIMPLE "";
+    /// Protocol: 16-byte lines of 8 payload bytes and two flags.
+    PROTO_LL: u8 = 1 => RUSTCCL_PROTO_LL "";
+    /// Protocol: 128-byte lines of 120 payload bytes and an 8-byte flag.
+    PROTO_LL128: u8 = 2 => RUSTCCL_PROTO_LL128 "";
+
+    /// Connection flag: this side sends.
+    CONN_SEND: u32 = 1 => RUSTCCL_CONN_SEND "u";
+    /// Connection flag: NVLink P2P: 128-byte stores reach the peer whole and LL/LL128 have
+    /// slots of their own, so consumers wait on the line flags.
+    CONN_LINES_WHOLE: u32 = 2 => RUSTCCL_CONN_LINES_WHOLE "u";
+
+    /// Byte offset of `head` in the FIFO header (`transport::fifo::FifoHeader`).
+    FIFO_HEAD: usize = 0 => RUSTCCL_FIFO_HEAD "";
+    /// Byte offset of `tail` in the FIFO header.
+    FIFO_TAIL: usize = 64 => RUSTCCL_FIFO_TAIL "";
+    /// Byte offset of the slots' sizes in the FIFO header.
+    FIFO_SIZES: usize = 128 => RUSTCCL_FIFO_SIZES "";
+    /// Byte offset of the slots' signatures in the FIFO header.
+    FIFO_SIGS: usize = 192 => RUSTCCL_FIFO_SIGS "";
+
+    /// `ExecControl::error`: a peer's slot held a different number of bytes than the step.
+    EXEC_ERR_SIZE: u32 = 1 => RUSTCCL_EXEC_ERR_SIZE "u";
+    /// `ExecControl::error`: a peer's slot came from another operation (`expected` is this
+    /// rank's signature, `got` the peer's).
+    EXEC_ERR_SIG: u32 = 2 => RUSTCCL_EXEC_ERR_SIG "u";
+}
 
 /// Bytes a step of `bytes` payload bytes occupies in a slot with protocol `proto`.
 pub fn wire_bytes(proto: u8, bytes: usize) -> usize {
@@ -63,81 +144,82 @@ pub fn payload_capacity(proto: u8, slot_bytes: usize) -> usize {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecStep {
-    pub src: u64,
-    pub dst: u64,
-    pub bytes: u32,
-    pub ctx: u16,
-    pub flags: u8,
-    pub proto: u8,
-    pub nrecv: u8,
-    pub nsend: u8,
-    pub recv: [u8; EXEC_MAX_PEERS],
-    pub send: [u8; EXEC_MAX_PEERS],
-    pub pad: [u8; 2],
-}
+abi_structs! {
+    /// One step of a work item's program.
+    pub struct ExecStep => RustcclExecStep {
+        /// Byte offset into the source (the destination with SRC_IN_DST).
+        pub src: u64,
+        /// Byte offset into the destination.
+        pub dst: u64,
+        /// Payload bytes.
+        pub bytes: u32,
+        /// Index into the contexts.
+        pub ctx: u16,
+        pub flags: u8,
+        pub proto: u8,
+        pub nrecv: u8,
+        pub nsend: u8,
+        pub recv: [u8; EXEC_MAX_PEERS],
+        pub send: [u8; EXEC_MAX_PEERS],
+        pub pad: [u8; 2],
+    }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecItem {
-    pub first: u32,
-    pub count: u32,
-}
+    /// A work item: `count` steps from `first`.
+    pub struct ExecItem => RustcclExecItem {
+        pub first: u32,
+        pub count: u32,
+    }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecCtx {
-    pub src: u64,
-    pub dst: u64,
-    /// PreMulSum: the scalar's bits in the element type.
-    pub scalar: u64,
-    /// SumPostDiv: the divisor.
-    pub divisor: u64,
-    /// The operation's signature (`rustccl::coll::check::OpSig`; 0: not checked), published
-    /// with every slot and folded into LL/LL128 line flags.
-    pub sig: u64,
-}
+    /// What the steps of one operation share: its buffers and scalars.
+    pub struct ExecCtx => RustcclExecCtx {
+        pub src: u64,
+        pub dst: u64,
+        /// PreMulSum: the scalar's bits in the element type.
+        pub scalar: u64,
+        /// SumPostDiv: the divisor.
+        pub divisor: u64,
+        /// The operation's signature (`rustccl::coll::check::OpSig`; 0: not checked),
+        /// published with every slot and folded into LL/LL128 line flags.
+        pub sig: u64,
+    }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecConn {
-    pub slots: u64,
-    pub header: u64,
-    pub slot_bytes: u32,
-    pub flags: u32,
-    /// With [`CONN_LINES_WHOLE`]: the LL and LL128 slots.
-    pub ll_slots: u64,
-    pub ll128_slots: u64,
-    pub ll_slot_bytes: u32,
-    pub ll128_slot_bytes: u32,
-    pub pad: [u64; 2],
-}
+    /// One connection: its slots and its FIFO header, in device addresses.
+    pub struct ExecConn => RustcclExecConn {
+        /// Device address of slot 0.
+        pub slots: u64,
+        /// Device address of the FIFO header.
+        pub header: u64,
+        pub slot_bytes: u32,
+        pub flags: u32,
+        /// With CONN_LINES_WHOLE: the LL and LL128 slots (of their own, so that a line is
+        /// never mistaken for one because stale data of another format matches its flag).
+        pub ll_slots: u64,
+        pub ll128_slots: u64,
+        pub ll_slot_bytes: u32,
+        pub ll128_slot_bytes: u32,
+        pub pad: [u64; 2],
+    }
 
-/// Host memory the kernel polls and writes (mapped into the device).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecControl {
-    pub abort: u32,
-    pub error: u32,
-    pub conn: u32,
-    pub pad: u32,
-    pub expected: u64,
-    pub got: u64,
-}
+    /// Host memory the kernel polls and writes (mapped into the device).
+    pub struct ExecControl => RustcclExecControl {
+        pub abort: u32,
+        pub error: u32,
+        pub conn: u32,
+        pub pad: u32,
+        pub expected: u64,
+        pub got: u64,
+    }
 
-/// The kernel's one parameter.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecArgs {
-    pub steps: u64,
-    pub items: u64,
-    pub ctxs: u64,
-    pub conns: u64,
-    pub control: u64,
-    pub nitems: u32,
-    pub nconns: u32,
+    /// The kernel's one parameter.
+    pub struct ExecArgs => RustcclExecArgs {
+        pub steps: u64,
+        pub items: u64,
+        pub ctxs: u64,
+        pub conns: u64,
+        pub control: u64,
+        pub nitems: u32,
+        pub nconns: u32,
+    }
 }
 
 /// Anything made of these plain structs as bytes (for the program image).
@@ -181,33 +263,92 @@ pub fn exec_defines(op: crate::DeviceOp, dtype: i32) -> Option<Vec<String>> {
 mod tests {
     use super::*;
 
+    const EXEC_CU: &str = include_str!("device/exec.cu");
+
+    /// The prefixes of the ABI's macros: only the generated header defines them.
+    const ABI_PREFIXES: [&str; 5] =
+        ["RUSTCCL_EXEC_", "RUSTCCL_FIFO_", "RUSTCCL_STEP_", "RUSTCCL_PROTO_", "RUSTCCL_CONN_"];
+
     #[test]
-    fn layouts_match_exec_cu() {
+    fn layouts_are_the_ones_the_kernel_was_written_for() {
         assert_eq!(std::mem::size_of::<ExecStep>(), 32);
         assert_eq!(std::mem::size_of::<ExecItem>(), 8);
         assert_eq!(std::mem::size_of::<ExecCtx>(), 40);
         assert_eq!(std::mem::size_of::<ExecConn>(), 64);
         assert_eq!(std::mem::size_of::<ExecControl>(), 32);
         assert_eq!(std::mem::size_of::<ExecArgs>(), 48);
-        let src = include_str!("device/exec.cu");
-        for (name, value) in [
-            ("RUSTCCL_EXEC_THREADS", EXEC_THREADS as usize),
-            ("RUSTCCL_EXEC_MAX_ITEMS", EXEC_MAX_ITEMS_PER_BLOCK),
-            ("RUSTCCL_EXEC_MAX_CONNS", EXEC_MAX_CONNS),
-            ("RUSTCCL_EXEC_MAX_PEERS", EXEC_MAX_PEERS),
-        ] {
-            assert!(src.contains(&format!("#define {name} {value} ")), "{name} differs from exec.cu");
+        let names: Vec<&str> = abi_structs().iter().map(|s| s.c_name).collect();
+        assert_eq!(
+            names,
+            [
+                "RustcclExecStep",
+                "RustcclExecItem",
+                "RustcclExecCtx",
+                "RustcclExecConn",
+                "RustcclExecControl",
+                "RustcclExecArgs"
+            ]
+        );
+        // No padding bytes: `as_bytes` relies on it.
+        for s in abi_structs() {
+            assert_eq!(s.fields.iter().map(|f| f.size).sum::<usize>(), s.size, "{}", s.c_name);
         }
-        for (name, value) in [
-            ("RUSTCCL_FIFO_HEAD", FIFO_HEAD),
-            ("RUSTCCL_FIFO_TAIL", FIFO_TAIL),
-            ("RUSTCCL_FIFO_SIZES", FIFO_SIZES),
-            ("RUSTCCL_FIFO_SIGS", FIFO_SIGS),
-        ] {
-            assert!(src.contains(&format!("#define {name} {value}\n")), "{name} differs from exec.cu");
+    }
+
+    #[test]
+    fn exec_cu_defines_no_abi_of_its_own() {
+        assert!(EXEC_CU.contains(&format!("#include \"{ABI_HEADER}\"")));
+        for line in EXEC_CU.lines() {
+            let line = line.trim_start();
+            if let Some(def) = line.strip_prefix('#').map(str::trim_start).and_then(|l| l.strip_prefix("define")) {
+                let name = def.trim_start();
+                assert!(!ABI_PREFIXES.iter().any(|p| name.starts_with(p)), "exec.cu defines ABI macro: {line}");
+            }
+            assert!(
+                !line.starts_with("typedef unsigned long long u64"),
+                "exec.cu defines the header's typedef: {line}"
+            );
+            assert!(!line.starts_with("typedef unsigned int u32"), "exec.cu defines the header's typedef: {line}");
         }
-        for (name, value) in [("RUSTCCL_EXEC_ERR_SIZE", EXEC_ERR_SIZE), ("RUSTCCL_EXEC_ERR_SIG", EXEC_ERR_SIG)] {
-            assert!(src.contains(&format!("#define {name} {value}u\n")), "{name} differs from exec.cu");
+        let compact: String = EXEC_CU.split_whitespace().collect::<Vec<_>>().join(" ");
+        for s in abi_structs() {
+            for def in [format!("struct {} {{", s.c_name), format!("struct {}{{", s.c_name)] {
+                assert!(!compact.contains(&def), "exec.cu defines {}", s.c_name);
+            }
+        }
+    }
+
+    /// Every ABI macro exec.cu uses is one the header defines (or a -D option of
+    /// `exec_defines`), and every field of the shared structs is used under its name: a
+    /// constant or a field renamed, added or dropped on the Rust side fails here as well as
+    /// under NVRTC.
+    #[test]
+    fn exec_cu_uses_the_header_names() {
+        let header = abi_header();
+        let options = exec_defines(crate::DeviceOp::Sum, 0).unwrap();
+        let mut used = 0;
+        for (i, _) in EXEC_CU.match_indices("RUSTCCL_") {
+            let name: String = EXEC_CU[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if !ABI_PREFIXES.iter().any(|p| name.starts_with(p)) {
+                continue;
+            }
+            used += 1;
+            let defined = header.contains(&format!("#define {name} "))
+                || options.iter().any(|o| o.starts_with(&format!("-D{name}=")));
+            assert!(defined, "exec.cu uses {name}, which neither the generated header nor the -D options define");
+        }
+        assert!(used > 50, "{used}");
+        for s in abi_structs() {
+            for f in s.fields.iter().filter(|f| f.name != "pad") {
+                let name = f.name;
+                let is_use = |(i, _): (usize, &str)| {
+                    let rest = &EXEC_CU[i + name.len()..];
+                    let before = &EXEC_CU[..i];
+                    (before.ends_with('.') || before.ends_with("->"))
+                        && !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                };
+                assert!(EXEC_CU.match_indices(name).any(is_use), "exec.cu never uses {}::{name}", s.c_name);
+            }
         }
     }
 

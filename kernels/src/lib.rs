@@ -21,7 +21,8 @@
 //! and loads them; its tests compile it wherever NVRTC is found (no GPU needed).
 //!
 //! * `exec.cu`: the collective interpreter, one launch per group on a device, running the
-//!   planner's steps with the Simple, LL and LL128 protocols (see [`exec`]).
+//!   planner's steps with the Simple, LL and LL128 protocols (see [`exec`]); the header of
+//!   its ABI with the host, `rustccl_exec_abi.h`, is generated from [`exec`].
 //!
 //! **Not yet:** hipRTC compilation and cache size limits.
 
@@ -31,6 +32,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
@@ -39,13 +41,19 @@ pub mod exec;
 /// The device sources as (file name, text), in include order: the headers, then
 /// the kernel files that include them. The names are the ones used in
 /// `#include "..."`, so they can be passed to NVRTC/hipRTC as named headers.
+/// `exec.cu`'s ABI header is generated from [`exec`] (see [`exec::abi_header`]), so it is
+/// compiled, and covered by the cache key, like the files.
 pub fn sources() -> &'static [(&'static str, &'static str)] {
-    const SOURCES: &[(&str, &str)] = &[
-        ("port.h", include_str!("device/port.h")),
-        ("elem.h", include_str!("device/elem.h")),
-        (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
-    ];
-    SOURCES
+    static SOURCES: OnceLock<Vec<(&str, &str)>> = OnceLock::new();
+    static ABI_HEADER: OnceLock<String> = OnceLock::new();
+    SOURCES.get_or_init(|| {
+        vec![
+            ("port.h", include_str!("device/port.h")),
+            ("elem.h", include_str!("device/elem.h")),
+            (exec::ABI_HEADER, ABI_HEADER.get_or_init(exec::abi_header).as_str()),
+            (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
+        ]
+    })
 }
 
 /// The headers among [`sources`] (the `.h` files), for NVRTC/hipRTC's named headers.
@@ -351,11 +359,15 @@ mod tests {
     #[test]
     fn sources_are_embedded() {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["port.h", "elem.h", "exec.cu"]);
+        assert_eq!(names, ["port.h", "elem.h", "rustccl_exec_abi.h", "exec.cu"]);
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
-        assert_eq!(headers, ["port.h", "elem.h"]);
+        assert_eq!(headers, ["port.h", "elem.h", "rustccl_exec_abi.h"]);
         assert!(text_of("exec.cu").contains("#include \"elem.h\""));
         assert!(text_of("elem.h").contains("#include \"port.h\""));
+        assert!(text_of("exec.cu").contains("#include \"rustccl_exec_abi.h\""));
+        // The generated header is a source like the files: NVRTC gets it and the cache key
+        // covers it.
+        assert_eq!(text_of(exec::ABI_HEADER), exec::abi_header());
         assert_eq!(source("nope.cu"), None);
         let text = |name: &str| sources().iter().find(|(n, _)| *n == name).unwrap().1;
         assert!(text("port.h").contains("__HIP_PLATFORM_AMD__"));

@@ -8,10 +8,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Slots per FIFO (NCCL_STEPS).
-pub const STEPS: usize = 8;
+/// Slots per FIFO (NCCL_STEPS), as the device kernels have it.
+pub const STEPS: usize = rustccl_kernels::exec::FIFO_STEPS;
 
-/// The control block at the start of a FIFO's memory.
+/// The control block at the start of a FIFO's memory. The device kernels reach its fields at
+/// the offsets `rustccl_kernels::exec::FIFO_HEAD`, `FIFO_TAIL`, `FIFO_SIZES` and `FIFO_SIGS`
+/// (checked by a test below).
 #[repr(C)]
 pub struct FifoHeader {
     /// Slots the consumer has emptied.
@@ -241,20 +243,21 @@ mod tests {
 
     #[test]
     fn header_offsets_are_those_the_kernels_use() {
-        let h = std::mem::MaybeUninit::<FifoHeader>::uninit();
-        let base = h.as_ptr() as usize;
-        // SAFETY: only field addresses are taken, nothing is read.
-        let (head, tail, sizes, sigs) = unsafe {
-            let p = h.as_ptr();
-            (
-                std::ptr::addr_of!((*p).head) as usize,
-                std::ptr::addr_of!((*p).tail) as usize,
-                std::ptr::addr_of!((*p).sizes) as usize,
-                std::ptr::addr_of!((*p).sigs) as usize,
-            )
-        };
         use rustccl_kernels::exec as k;
-        assert_eq!((head - base, tail - base, sizes - base, sigs - base), (k::FIFO_HEAD, k::FIFO_TAIL, k::FIFO_SIZES, k::FIFO_SIGS));
+        use std::mem::offset_of;
+        assert_eq!(
+            [
+                offset_of!(FifoHeader, head),
+                offset_of!(FifoHeader, tail),
+                offset_of!(FifoHeader, sizes),
+                offset_of!(FifoHeader, sigs)
+            ],
+            [k::FIFO_HEAD, k::FIFO_TAIL, k::FIFO_SIZES, k::FIFO_SIGS]
+        );
+        // The kernel indexes `sizes` and `sigs` by slot: eight bytes each, STEPS of them.
+        assert_eq!(std::mem::size_of::<[AtomicU64; STEPS]>(), 8 * k::FIFO_STEPS);
+        assert!(k::FIFO_SIZES + 8 * k::FIFO_STEPS <= k::FIFO_SIGS);
+        assert_eq!(std::mem::size_of::<FifoHeader>(), k::FIFO_SIGS + 8 * k::FIFO_STEPS);
         assert!(std::mem::size_of::<FifoHeader>() <= header_bytes());
     }
 

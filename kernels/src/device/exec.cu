@@ -41,87 +41,16 @@
 #include "port.h"
 #include "elem.h"
 
-#ifndef RUSTCCL_EXEC_ELEM
-#define RUSTCCL_EXEC_ELEM RustcclElemU8
-#endif
-#ifndef RUSTCCL_EXEC_OP
-#define RUSTCCL_EXEC_OP RUSTCCL_OP_SUM
+#if !defined(RUSTCCL_EXEC_ELEM) || !defined(RUSTCCL_EXEC_OP)
+#error "exec.cu is built with the -D options of rustccl_kernels::exec::exec_defines"
 #endif
 
-#define RUSTCCL_EXEC_STEPS 8ull        // slots per FIFO (transport::fifo::STEPS)
-#define RUSTCCL_EXEC_THREADS 512       // threads per block (rustccl_kernels::EXEC_THREADS)
-#define RUSTCCL_EXEC_MAX_ITEMS 16      // items one block runs (EXEC_MAX_ITEMS_PER_BLOCK)
-#define RUSTCCL_EXEC_MAX_CONNS 256     // connections one launch uses (EXEC_MAX_CONNS)
-#define RUSTCCL_EXEC_MAX_PEERS 2       // receive or send connections of one step
-
-// Step flags.
-#define RUSTCCL_STEP_SRC 1u
-#define RUSTCCL_STEP_DST 2u
-#define RUSTCCL_STEP_REDUCE 4u
-#define RUSTCCL_STEP_POST 8u
-#define RUSTCCL_STEP_SRC_IN_DST 16u
-// Protocols.
-#define RUSTCCL_PROTO_SIMPLE 0
-#define RUSTCCL_PROTO_LL 1
-#define RUSTCCL_PROTO_LL128 2
-// Connection flags.
-#define RUSTCCL_CONN_SEND 1u
-#define RUSTCCL_CONN_LINES_WHOLE 2u    // NVLink P2P: 128-byte stores arrive whole, LL and LL128
-                                       // have slots of their own: their flags can be trusted
-// FIFO header offsets (transport::fifo::FifoHeader).
-#define RUSTCCL_FIFO_HEAD 0
-#define RUSTCCL_FIFO_TAIL 64
-#define RUSTCCL_FIFO_SIZES 128
-#define RUSTCCL_FIFO_SIGS 192
-// control.error codes.
-#define RUSTCCL_EXEC_ERR_SIZE 1u
-#define RUSTCCL_EXEC_ERR_SIG 2u
-
-typedef unsigned long long u64;
-typedef unsigned int u32;
-
-// The host's #[repr(C)] twins are in kernels/src/lib.rs; sizes are checked there.
-struct RustcclExecStep {   // 32 bytes
-  u64 src;                 // byte offset into the source (the destination with SRC_IN_DST)
-  u64 dst;                 // byte offset into the destination
-  u32 bytes;               // payload bytes
-  unsigned short ctx;      // index into ctxs
-  unsigned char flags;
-  unsigned char proto;
-  unsigned char nrecv, nsend;
-  unsigned char recv[RUSTCCL_EXEC_MAX_PEERS];
-  unsigned char send[RUSTCCL_EXEC_MAX_PEERS];
-  unsigned char pad[2];
-};
-struct RustcclExecItem {   // 8 bytes
-  u32 first, count;
-};
-struct RustcclExecCtx {    // 40 bytes
-  u64 src, dst, scalar, divisor;
-  u64 sig;                 // the operation's signature (0: not checked)
-};
-struct RustcclExecConn {   // 64 bytes
-  u64 slots;               // device address of slot 0
-  u64 header;              // device address of the FIFO header
-  u32 slot_bytes;
-  u32 flags;
-  // With RUSTCCL_CONN_LINES_WHOLE, LL and LL128 steps use slots of their own, so that a
-  // line is never mistaken for one because stale data of another format matches its flag.
-  u64 ll_slots, ll128_slots;
-  u32 ll_slot_bytes, ll128_slot_bytes;
-  u64 pad[2];
-};
-struct RustcclExecControl {  // host memory mapped into the device
-  u32 abort;
-  u32 error;
-  u32 conn;
-  u32 pad;
-  u64 expected, got;
-};
-struct RustcclExecArgs {
-  u64 steps, items, ctxs, conns, control;
-  u32 nitems, nconns;
-};
+// Every constant and struct shared with the host (slots per FIFO, launch limits, step flags,
+// protocols, connection flags, FIFO header offsets, error codes; RustcclExecStep, Item, Ctx,
+// Conn, Control, Args and the u64/u32 typedefs) is defined once, in Rust
+// (kernels/src/exec.rs), and generated into this header with static_asserts of every size and
+// offset: nothing of it is defined here.
+#include "rustccl_exec_abi.h"
 
 // ---- Whole words of elements -------------------------------------------------------------
 template <typename E, int Op>

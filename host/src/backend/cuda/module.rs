@@ -219,3 +219,15 @@ fn compile_unit_only(cc: i32, unit: &Unit) -> Result<(String, usize)> {
     let image = nvrtc.compile((unit.name, text), &headers, &options, target.cubin)?;
     Ok((target.arch, image.len()))
 }
+
+/// Compiles the collective interpreter for `op` on `dtype` with `headers` in place of the
+/// kernel headers (no device, no cache): for tests of what NVRTC makes of a header.
+#[cfg(test)]
+pub(crate) fn compile_exec_with_headers(cc: i32, op: DeviceOp, dtype: DataType, headers: &[(&str, &str)]) -> Result<usize> {
+    let defines = exec_defines(op, dtype)?;
+    let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
+    let nvrtc = Nvrtc::get()?;
+    let (target, options) = target_and_options(nvrtc, cc, &unit)?;
+    let text = rustccl_kernels::source(unit.name).expect("every unit is embedded");
+    Ok(nvrtc.compile((unit.name, text), headers, &options, target.cubin)?.len())
+}

@@ -71,3 +71,29 @@ fn exec_kernel_compiles_with_nvrtc_when_present() {
         assert!(bytes > 10_000, "{op:?} {dtype}: {bytes}");
     }
 }
+
+/// The generated ABI header asserts the Rust layout to NVRTC: a C struct that drifted from
+/// its Rust twin (here `RustcclExecStep::ctx` declared wider than `ExecStep::ctx`) does not
+/// compile. Skipped where NVRTC cannot be found (as on CI, where the kernels crate's tests
+/// check the header's layout instead).
+#[test]
+fn exec_kernel_with_a_drifted_abi_header_does_not_compile_with_nvrtc() {
+    if let Err(e) = nvrtc::Nvrtc::get() {
+        eprintln!("skipped: {}", e.message);
+        return;
+    }
+    let abi = rustccl_kernels::exec::ABI_HEADER;
+    let good: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
+    let drifted_text = rustccl_kernels::source(abi).unwrap().replace("  unsigned short ctx;\n", "  u32 ctx;\n");
+    assert_ne!(drifted_text, rustccl_kernels::source(abi).unwrap());
+    let drifted: Vec<(&str, &str)> =
+        good.iter().map(|&(n, t)| (n, if n == abi { drifted_text.as_str() } else { t })).collect();
+    let e = module::compile_exec_with_headers(90, rustccl_kernels::DeviceOp::Sum, DataType::Uint8, &drifted)
+        .expect_err("a drifted struct must not compile");
+    assert!(
+        e.message.contains("RustcclExecStep::ctx: size differs from rustccl_kernels::exec::ExecStep::ctx"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("RustcclExecStep::flags: offset differs"), "{}", e.message);
+}
