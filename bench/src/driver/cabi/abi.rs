@@ -61,15 +61,9 @@ pub(super) type FnAllReduce = unsafe extern "C" fn(
 pub(super) type FnAllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, CudaStream) -> c_int;
 pub(super) type FnReduceScatter = FnAllReduce;
-pub(super) type FnBroadcast = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    NcclComm,
-    CudaStream,
-) -> c_int;
+/// `ncclBroadcast` has `ncclAllReduce`'s C signature (its extra int is the root, not the
+/// operator).
+pub(super) type FnBroadcast = FnAllReduce;
 pub(super) type FnReduce = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,

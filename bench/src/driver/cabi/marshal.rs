@@ -77,140 +77,113 @@ pub fn marshal(call: &Call, op: i32, agg: usize) -> Vec<Prim> {
 
 fn marshal_one(call: &Call, op: i32, out: &mut Vec<Prim>) {
     let dtype = call.dtype as i32;
+    let (send, recv, count, root) = (call.send, call.recv, call.count, call.root);
+    let prim = match call.coll {
+        Coll::AllReduce => Prim::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        },
+        Coll::AllGather => Prim::AllGather {
+            send,
+            recv,
+            count,
+            dtype,
+        },
+        Coll::ReduceScatter => Prim::ReduceScatter {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        },
+        Coll::Broadcast => Prim::Broadcast {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        },
+        Coll::Reduce => Prim::Reduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            root,
+        },
+        Coll::AlltoAll | Coll::AlltoAllv | Coll::Gather | Coll::Scatter | Coll::SendRecv => {
+            out.push(Prim::GroupStart);
+            out.extend(point_to_point(call));
+            out.push(Prim::GroupEnd);
+            return;
+        }
+    };
+    out.push(prim);
+}
+
+/// The sends and receives of the operations that are groups of them (none for the others).
+fn point_to_point(call: &Call) -> Vec<Prim> {
+    let dtype = call.dtype as i32;
     let e = call.dtype.size() as u64;
     let (send, recv, count, root) = (call.send, call.recv, call.count, call.root);
-    let n = call.nranks;
-    let rank = call.rank;
+    let (n, rank) = (call.nranks, call.rank);
+    let peers = 0..n as i32;
+    let to = |buf: u64, count: usize, peer: i32| Prim::Send {
+        buf,
+        count,
+        dtype,
+        peer,
+    };
+    let from = |buf: u64, count: usize, peer: i32| Prim::Recv {
+        buf,
+        count,
+        dtype,
+        peer,
+    };
+    // Where peer `p`'s block of `count` elements starts in a buffer of one block per rank.
+    let block = |base: u64, p: i32| base + p as u64 * count as u64 * e;
     match call.coll {
-        Coll::AllReduce => out.push(Prim::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        }),
-        Coll::AllGather => out.push(Prim::AllGather {
-            send,
-            recv,
-            count,
-            dtype,
-        }),
-        Coll::ReduceScatter => out.push(Prim::ReduceScatter {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        }),
-        Coll::Broadcast => out.push(Prim::Broadcast {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        }),
-        Coll::Reduce => out.push(Prim::Reduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            root,
-        }),
-        Coll::AlltoAll => {
-            out.push(Prim::GroupStart);
-            for p in 0..n {
-                let off = p as u64 * count as u64 * e;
-                out.push(Prim::Send {
-                    buf: send + off,
-                    count,
-                    dtype,
-                    peer: p as i32,
-                });
-                out.push(Prim::Recv {
-                    buf: recv + off,
-                    count,
-                    dtype,
-                    peer: p as i32,
-                });
-            }
-            out.push(Prim::GroupEnd);
-        }
-        Coll::AlltoAllv => {
-            out.push(Prim::GroupStart);
-            if let Some(v) = &call.vcounts {
-                for p in 0..n {
-                    out.push(Prim::Send {
-                        buf: send + v.send_displs[p] as u64 * e,
-                        count: v.send_counts[p],
-                        dtype,
-                        peer: p as i32,
-                    });
-                    out.push(Prim::Recv {
-                        buf: recv + v.recv_displs[p] as u64 * e,
-                        count: v.recv_counts[p],
-                        dtype,
-                        peer: p as i32,
-                    });
-                }
-            }
-            out.push(Prim::GroupEnd);
-        }
+        Coll::AlltoAll => peers
+            .flat_map(|p| [to(block(send, p), count, p), from(block(recv, p), count, p)])
+            .collect(),
+        Coll::AlltoAllv => match &call.vcounts {
+            Some(v) => peers
+                .flat_map(|p| {
+                    let i = p as usize;
+                    [
+                        to(send + v.send_displs[i] as u64 * e, v.send_counts[i], p),
+                        from(recv + v.recv_displs[i] as u64 * e, v.recv_counts[i], p),
+                    ]
+                })
+                .collect(),
+            None => Vec::new(),
+        },
         Coll::Gather => {
-            out.push(Prim::GroupStart);
-            out.push(Prim::Send {
-                buf: send,
-                count,
-                dtype,
-                peer: root,
-            });
+            let mut prims = vec![to(send, count, root)];
             if rank as i32 == root {
-                for p in 0..n {
-                    out.push(Prim::Recv {
-                        buf: recv + p as u64 * count as u64 * e,
-                        count,
-                        dtype,
-                        peer: p as i32,
-                    });
-                }
+                prims.extend(peers.map(|p| from(block(recv, p), count, p)));
             }
-            out.push(Prim::GroupEnd);
+            prims
         }
         Coll::Scatter => {
-            out.push(Prim::GroupStart);
+            let mut prims = Vec::new();
             if rank as i32 == root {
-                for p in 0..n {
-                    out.push(Prim::Send {
-                        buf: send + p as u64 * count as u64 * e,
-                        count,
-                        dtype,
-                        peer: p as i32,
-                    });
-                }
+                prims.extend(peers.map(|p| to(block(send, p), count, p)));
             }
-            out.push(Prim::Recv {
-                buf: recv,
-                count,
-                dtype,
-                peer: root,
-            });
-            out.push(Prim::GroupEnd);
+            prims.push(from(recv, count, root));
+            prims
         }
-        Coll::SendRecv => {
-            out.push(Prim::GroupStart);
-            out.push(Prim::Send {
-                buf: send,
-                count,
-                dtype,
-                peer: ((rank + 1) % n) as i32,
-            });
-            out.push(Prim::Recv {
-                buf: recv,
-                count,
-                dtype,
-                peer: ((rank + n - 1) % n) as i32,
-            });
-            out.push(Prim::GroupEnd);
-        }
+        Coll::SendRecv => vec![
+            to(send, count, ((rank + 1) % n) as i32),
+            from(recv, count, ((rank + n - 1) % n) as i32),
+        ],
+        Coll::AllReduce
+        | Coll::AllGather
+        | Coll::ReduceScatter
+        | Coll::Broadcast
+        | Coll::Reduce => Vec::new(),
     }
 }
