@@ -9,8 +9,8 @@
 //! * [`net`]: trait [`net::Net`], table `NetV1` (`rustccl_net_v1`), `export_net_v1!`,
 //!   `NetV1Client`;
 //! * [`tuner`]: trait [`tuner::Tuner`], tables `TunerV1` (`rustccl_tuner_v1`) and `TunerV2`
-//!   (`rustccl_tuner_v2`), `export_tuner_v1!` / `export_tuner_v2!`, `TunerV1Client` /
-//!   `TunerV2Client`;
+//!   (`rustccl_tuner_v2`), `export_tuner!(v1 | v2, ...)` (or `export_tuner_v1!` /
+//!   `export_tuner_v2!`), `TunerV1Client` / `TunerV2Client`;
 //! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV1` (`rustccl_profiler_v1`),
 //!   `export_profiler_v1!`, `ProfilerV1Client`.
 //!

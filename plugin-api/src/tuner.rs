@@ -4,8 +4,9 @@
 //! one) and may set the channel count; v2 may also choose the chunk size.
 //!
 //! A plugin implements the safe trait [`Tuner`] (current semantics, v2) and exports it with
-//! [`export_tuner_v2!`](crate::export_tuner_v2) and, to stay loadable by hosts that only know v1, also with
-//! [`export_tuner_v1!`](crate::export_tuner_v1) (one library may export both). The host gets a `&dyn Tuner` back
+//! [`export_tuner!`](crate::export_tuner)`(v2, ...)` and, to stay loadable by hosts that only
+//! know v1, also with `export_tuner!(v1, ...)` (one library may export both;
+//! `export_tuner_v1!` / `export_tuner_v2!` are the same). The host gets a `&dyn Tuner` back
 //! through [`TunerV2Client`] or [`TunerV1Client`]; the v1 client adapts an old table to the
 //! current trait (see there).
 //!
@@ -205,25 +206,34 @@ impl TunerV2 {
     }
 }
 
-/// Exports a tuner as ABI v1 (`rustccl_tuner_v1`) from a cdylib.
+/// Exports a tuner from a cdylib at ABI version `v1` (symbol `rustccl_tuner_v1`, table
+/// [`TunerV1`]) or `v2` (`rustccl_tuner_v2`, [`TunerV2`]).
 ///
-/// `export_tuner_v1!("name", Type, constructor_expr);` makes its own instance of `Type`
+/// `export_tuner!(v2, "name", Type, constructor_expr);` makes its own instance of `Type`
 /// (built on first use). To share one instance between the v1 and v2 exports, implement
-/// [`TunerProvider`] yourself and write `export_tuner_v1!("name", provider = MyProvider);`
-/// (same for [`export_tuner_v2!`](crate::export_tuner_v2)); otherwise each export has its own instance.
+/// [`TunerProvider`] yourself and write `export_tuner!(v2, "name", provider = MyProvider);`
+/// and `export_tuner!(v1, "name", provider = MyProvider);`; otherwise each export has its own
+/// instance. [`export_tuner_v1!`](crate::export_tuner_v1) and
+/// [`export_tuner_v2!`](crate::export_tuner_v2) are the same without the version argument.
 #[macro_export]
-macro_rules! export_tuner_v1 {
-    ($name:expr, provider = $provider:path) => {
+macro_rules! export_tuner {
+    (v1, $($rest:tt)*) => {
+        $crate::export_tuner!(@table TunerV1, rustccl_tuner_v1, $($rest)*);
+    };
+    (v2, $($rest:tt)*) => {
+        $crate::export_tuner!(@table TunerV2, rustccl_tuner_v2, $($rest)*);
+    };
+    (@table $table:ident, $symbol:ident, $name:expr, provider = $provider:path) => {
         const _: () = {
-            static TABLE: $crate::tuner::TunerV1 = $crate::tuner::TunerV1::table::<$provider>($name);
+            static TABLE: $crate::tuner::$table = $crate::tuner::$table::table::<$provider>($name);
             #[no_mangle]
             #[used]
             #[allow(non_upper_case_globals)]
-            pub static rustccl_tuner_v1: $crate::export::PluginExport<$crate::tuner::TunerV1> =
+            pub static $symbol: $crate::export::PluginExport<$crate::tuner::$table> =
                 $crate::export::PluginExport::new(&TABLE);
         };
     };
-    ($name:expr, $ty:ty, $ctor:expr) => {
+    (@table $table:ident, $symbol:ident, $name:expr, $ty:ty, $ctor:expr) => {
         const _: () = {
             static INSTANCE: ::std::sync::OnceLock<$ty> = ::std::sync::OnceLock::new();
             struct Provider;
@@ -232,38 +242,24 @@ macro_rules! export_tuner_v1 {
                     INSTANCE.get_or_init(|| $ctor)
                 }
             }
-            $crate::export_tuner_v1!($name, provider = Provider);
+            $crate::export_tuner!(@table $table, $symbol, $name, provider = Provider);
         };
     };
 }
 
-/// Exports a tuner as ABI v2 (`rustccl_tuner_v2`) from a cdylib:
-/// `export_tuner_v2!("name", Type, constructor_expr);` or
-/// `export_tuner_v2!("name", provider = MyProvider);` (see [`export_tuner_v1!`](crate::export_tuner_v1)).
+/// [`export_tuner!`](crate::export_tuner)`(v1, ...)`: exports a tuner as ABI v1
+/// (`rustccl_tuner_v1`): `export_tuner_v1!("name", Type, constructor_expr);` or
+/// `export_tuner_v1!("name", provider = MyProvider);`.
+#[macro_export]
+macro_rules! export_tuner_v1 {
+    ($($args:tt)*) => { $crate::export_tuner!(v1, $($args)*); };
+}
+
+/// [`export_tuner!`](crate::export_tuner)`(v2, ...)`: exports a tuner as ABI v2
+/// (`rustccl_tuner_v2`), in the same two forms as [`export_tuner_v1!`](crate::export_tuner_v1).
 #[macro_export]
 macro_rules! export_tuner_v2 {
-    ($name:expr, provider = $provider:path) => {
-        const _: () = {
-            static TABLE: $crate::tuner::TunerV2 = $crate::tuner::TunerV2::table::<$provider>($name);
-            #[no_mangle]
-            #[used]
-            #[allow(non_upper_case_globals)]
-            pub static rustccl_tuner_v2: $crate::export::PluginExport<$crate::tuner::TunerV2> =
-                $crate::export::PluginExport::new(&TABLE);
-        };
-    };
-    ($name:expr, $ty:ty, $ctor:expr) => {
-        const _: () = {
-            static INSTANCE: ::std::sync::OnceLock<$ty> = ::std::sync::OnceLock::new();
-            struct Provider;
-            impl $crate::tuner::TunerProvider for Provider {
-                fn get() -> &'static dyn $crate::tuner::Tuner {
-                    INSTANCE.get_or_init(|| $ctor)
-                }
-            }
-            $crate::export_tuner_v2!($name, provider = Provider);
-        };
-    };
+    ($($args:tt)*) => { $crate::export_tuner!(v2, $($args)*); };
 }
 
 fn into<T>(r: PResult<T>) -> Result<T, PluginError> {
@@ -417,10 +413,10 @@ mod tests {
     static V1: TunerV1 = TunerV1::table::<Provider>("test");
     static V2: TunerV2 = TunerV2::table::<Provider>("test");
 
-    // Both forms of the macros expand (the symbols they export are not nameable from here;
-    // the plugins' dlopen tests look them up).
+    // Both forms of the macro expand, for both versions (the symbols they export are not
+    // nameable from here; the plugins' dlopen tests look them up).
     crate::export_tuner_v1!("macro-test", provider = Provider);
-    crate::export_tuner_v2!("macro-test", TestTuner, TestTuner { states: HandleRegistry::new() });
+    crate::export_tuner!(v2, "macro-test", TestTuner, TestTuner { states: HandleRegistry::new() });
 
     extern "C" fn quiet(_level: i32, _subsys: u64, _message: RStr<'_>) {}
     const LOG: LogFn = LogFn { log: quiet };

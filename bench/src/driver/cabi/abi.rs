@@ -1,0 +1,103 @@
+//! The C types of the NCCL and CUDA runtime ABIs the driver uses: `ncclUniqueId` (and the
+//! hex form the launcher hands to the ranks), the opaque handles, the constants, and the
+//! signatures of the functions resolved in the libraries (as in `nccl.h` 2.28 and
+//! `cuda_runtime_api.h`).
+
+use std::ffi::{c_char, c_int, c_void};
+
+use crate::driver::Result;
+
+/// `ncclUniqueId`: 128 bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NcclUniqueId {
+    pub internal: [u8; 128],
+}
+
+pub type NcclComm = *mut c_void;
+pub type CudaStream = *mut c_void;
+
+/// `ncclScalarHostImmediate`.
+pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
+/// `cudaMemcpyHostToDevice`, `cudaMemcpyDeviceToHost`.
+pub const MEMCPY_H2D: c_int = 1;
+pub const MEMCPY_D2H: c_int = 2;
+
+/// The unique id as the launcher hands it to the ranks: 256 hex digits.
+pub fn id_to_hex(id: &NcclUniqueId) -> String {
+    id.internal.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn id_from_hex(s: &str) -> Result<NcclUniqueId> {
+    let s = s.trim();
+    if s.len() != 256 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "a unique id is 256 hex digits (128 bytes); got {} characters",
+            s.len()
+        ));
+    }
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    for (i, b) in id.internal.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+    }
+    Ok(id)
+}
+
+// ---- NCCL functions --------------------------------------------------------------------------
+
+pub(super) type FnGetUniqueId = unsafe extern "C" fn(*mut NcclUniqueId) -> c_int;
+pub(super) type FnCommInitRank =
+    unsafe extern "C" fn(*mut NcclComm, c_int, NcclUniqueId, c_int) -> c_int;
+pub(super) type FnCommDestroy = unsafe extern "C" fn(NcclComm) -> c_int;
+pub(super) type FnAllReduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    NcclComm,
+    CudaStream,
+) -> c_int;
+pub(super) type FnAllGather =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, CudaStream) -> c_int;
+pub(super) type FnReduceScatter = FnAllReduce;
+/// `ncclBroadcast` has `ncclAllReduce`'s C signature (its extra int is the root, not the
+/// operator).
+pub(super) type FnBroadcast = FnAllReduce;
+pub(super) type FnReduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    NcclComm,
+    CudaStream,
+) -> c_int;
+pub(super) type FnSend =
+    unsafe extern "C" fn(*const c_void, usize, c_int, c_int, NcclComm, CudaStream) -> c_int;
+pub(super) type FnRecv =
+    unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, NcclComm, CudaStream) -> c_int;
+pub(super) type FnGroup = unsafe extern "C" fn() -> c_int;
+pub(super) type FnGetErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+pub(super) type FnGetLastError = unsafe extern "C" fn(NcclComm) -> *const c_char;
+pub(super) type FnRedOpCreatePreMulSum =
+    unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, NcclComm) -> c_int;
+pub(super) type FnRedOpDestroy = unsafe extern "C" fn(c_int, NcclComm) -> c_int;
+pub(super) type FnCommUserRank = unsafe extern "C" fn(NcclComm, *mut c_int) -> c_int;
+pub(super) type FnGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+
+// ---- CUDA runtime functions ------------------------------------------------------------------
+
+pub(super) type FnCudaInt = unsafe extern "C" fn(c_int) -> c_int;
+pub(super) type FnCudaIntPtr = unsafe extern "C" fn(*mut c_int) -> c_int;
+pub(super) type FnCudaMalloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+pub(super) type FnCudaFree = unsafe extern "C" fn(*mut c_void) -> c_int;
+pub(super) type FnCudaMemcpy =
+    unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
+pub(super) type FnCudaMemset = unsafe extern "C" fn(*mut c_void, c_int, usize) -> c_int;
+pub(super) type FnCudaStreamCreate = unsafe extern "C" fn(*mut CudaStream) -> c_int;
+pub(super) type FnCudaStream = unsafe extern "C" fn(CudaStream) -> c_int;
+pub(super) type FnCudaVoid = unsafe extern "C" fn() -> c_int;
+pub(super) type FnCudaErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+pub(super) type FnCudaPciBusId = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
