@@ -24,6 +24,10 @@ pub struct OpCtx {
     pub proto: Protocol,
     /// The operation's signature, carried by the FIFO slots it fills (see `coll::check`).
     pub sig: OpSig,
+    /// Where a PreMulSum scalar given by address (`ncclScalarDevice`) is read when the
+    /// operation runs (0: the reducer holds the scalar): a host address on the host backend,
+    /// a device address on devices.
+    pub scalar_at: usize,
 }
 
 /// Steps that run in order, each with the index of its task's [`OpCtx`].

@@ -181,6 +181,9 @@ abi_structs! {
         /// The operation's signature (`rustccl::coll::check::OpSig`; 0: not checked),
         /// published with every slot and folded into LL/LL128 line flags.
         pub sig: u64,
+        /// PreMulSum with the scalar in device memory (`ncclScalarDevice`): its address, read
+        /// by the kernel when it starts (0: `scalar` holds it).
+        pub scalar_ptr: u64,
     }
 
     /// One connection: its slots and its FIFO header, in device addresses.
@@ -273,7 +276,7 @@ mod tests {
     fn layouts_are_the_ones_the_kernel_was_written_for() {
         assert_eq!(std::mem::size_of::<ExecStep>(), 32);
         assert_eq!(std::mem::size_of::<ExecItem>(), 8);
-        assert_eq!(std::mem::size_of::<ExecCtx>(), 40);
+        assert_eq!(std::mem::size_of::<ExecCtx>(), 48);
         assert_eq!(std::mem::size_of::<ExecConn>(), 64);
         assert_eq!(std::mem::size_of::<ExecControl>(), 32);
         assert_eq!(std::mem::size_of::<ExecArgs>(), 48);

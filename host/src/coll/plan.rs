@@ -194,16 +194,14 @@ pub fn estimate(comm: &Communicator, task: &Task) -> Result<f32> {
     Ok(choose(comm, task)?.time_us)
 }
 
-/// Reads a PreMulSum scalar that lives in device memory.
-fn scalar_value(comm: &Communicator, op: ReduceOp, dtype: DataType) -> Result<Option<f64>> {
+/// A PreMulSum's scalar: its value when given by value, else 1 for now and the address the
+/// executor reads it from when the operation runs (the kernel on devices: the caller's stream
+/// may not have written it yet, and a captured graph replays with the value of each replay).
+fn scalar_of(comm: &Communicator, op: ReduceOp, dtype: DataType) -> Result<(Option<f64>, usize)> {
     Ok(match op {
-        ReduceOp::PreMulSum(Scalar::Host(v)) => Some(v),
-        ReduceOp::PreMulSum(Scalar::Device(p)) => {
-            let mut bytes = vec![0u8; dtype.size()];
-            comm.backend().copy_from_device(&mut bytes, p, crate::backend::Stream::DEFAULT)?;
-            Some(crate::reduce::decode_scalar(dtype, &bytes))
-        }
-        _ => None,
+        ReduceOp::PreMulSum(Scalar::Host(v)) => (Some(v), 0),
+        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(comm, p, dtype.size(), "PreMulSum scalar")?),
+        _ => (None, 0),
     })
 }
 
@@ -247,7 +245,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         let e = task.dtype.size();
         let b = task.count * e;
         let nb = b * n as usize;
-        let scalar = scalar_value(comm, task.op, task.dtype)?;
+        let (scalar, scalar_at) = scalar_of(comm, task.op, task.dtype)?;
         let op = DevOp::from_user(task.op.red_op(), scalar, task.dtype, n as usize)?;
         let name = task.kind.name();
         let (src_len, dst_len) = match task.kind {
@@ -267,6 +265,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
             reducer: Reducer::new(task.dtype, op),
             proto: Protocol::Simple,
             sig: super::check::OpSig::of(task),
+            scalar_at,
         };
         let ci = ctxs.len();
         ctxs.push(ctx);

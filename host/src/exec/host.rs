@@ -30,6 +30,9 @@ pub fn run(runs: &mut [HostRun<'_>]) -> Result<()> {
     if runs.is_empty() {
         return Ok(());
     }
+    for run in runs.iter_mut() {
+        read_scalars(run.work);
+    }
     let mut scratch = vec![0u8; SLOT_BYTES];
     let mut idle = 0u32;
     loop {
@@ -82,6 +85,18 @@ pub fn run(runs: &mut [HostRun<'_>]) -> Result<()> {
     }
 }
 
+
+/// Reads the PreMulSum scalars given by address, now that the operation runs.
+fn read_scalars(work: &mut Work) {
+    for ctx in work.ctxs.iter_mut().filter(|c| c.scalar_at != 0) {
+        let dtype = ctx.reducer.dtype;
+        // SAFETY: the planner resolved the address through the backend, which checked that one
+        // element of the operation's type lies in live memory there.
+        let bytes = unsafe { std::slice::from_raw_parts(ctx.scalar_at as *const u8, dtype.size()) };
+        let scalar = crate::reduce::decode_scalar(dtype, bytes);
+        ctx.reducer = crate::reduce::Reducer::new(dtype, crate::reduce::DevOp::PreMulSum { scalar });
+    }
+}
 
 /// Performs one step if every FIFO it needs is ready; `Ok(false)` if not yet.
 fn try_step(me: u32, step: &Step, ctx: &OpCtx, links: &Links, scratch: &mut [u8]) -> Result<bool> {

@@ -521,7 +521,9 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
         v.send[k] = slot_addr(conns[st.send[k]], p, st.proto);
         v.sflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
       }
-      v.scalar = cx.scalar;
+      // A scalar in device memory is read now, when the operation runs (the caller's stream
+      // wrote it before; a replayed graph reads each replay's value).
+      v.scalar = cx.scalar_ptr ? (u64)*(const volatile typename RUSTCCL_EXEC_ELEM::Raw*)cx.scalar_ptr : cx.scalar;
       v.divisor = cx.divisor;
       v.bytes = st.bytes;
       v.flags = st.flags;

@@ -4,7 +4,9 @@
 //! warm-up: connections are made on first use), then captures them into a graph on that
 //! stream (`CU_STREAM_CAPTURE_MODE_GLOBAL`, the strictest mode) and instantiates it:
 //! * AllReduce, float32 sum, 1048583 elements (over 4 MiB, an odd tail);
-//! * AllReduce, float32 sum, 1001 elements;
+//! * AllReduce, float32 PreMulSum with the scalar in device memory (`ncclScalarDevice`), 1001
+//!   elements: each iteration writes a new scalar (1, 2 or 3, per rank), which a replay must
+//!   read then, not at capture;
 //! * one group of AllGather (65537 float32 per rank) and, between ranks 0 and 1, a send and a
 //!   receive each way (300001 float32, over one FIFO slot).
 //!
@@ -175,7 +177,7 @@ impl Watchdog {
 // ---- The test ---------------------------------------------------------------------------------
 
 /// Which buffer a piece of input data belongs to.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
     ArBig = 1,
     ArSmall = 2,
@@ -218,6 +220,8 @@ struct Test<'a> {
     ar_small: (Buf, Buf),
     ag: (Buf, Buf),
     p2p: (Buf, Buf),
+    /// The small AllReduce's PreMulSum scalar (one float32 in device memory).
+    scalar: Buf,
     dog: Watchdog,
     limit: Duration,
 }
@@ -244,6 +248,7 @@ impl Test<'_> {
             self.be.free(a.ptr)?;
             self.be.free(b.ptr)?;
         }
+        self.be.free(self.scalar.ptr)?;
         Ok(())
     }
 
@@ -251,7 +256,8 @@ impl Test<'_> {
     fn enqueue(&self) -> Result<(), Error> {
         let (c, s) = (self.comm, self.stream);
         c.all_reduce(self.ar_big.0.ptr, self.ar_big.1.ptr, AR_BIG, F32, ReduceOp::Sum, s).map_err(|e| e.context("all_reduce 1048583"))?;
-        c.all_reduce(self.ar_small.0.ptr, self.ar_small.1.ptr, AR_SMALL, F32, ReduceOp::Sum, s).map_err(|e| e.context("all_reduce 1001"))?;
+        let premul = ReduceOp::PreMulSum(rustccl::Scalar::Device(self.scalar.ptr));
+        c.all_reduce(self.ar_small.0.ptr, self.ar_small.1.ptr, AR_SMALL, F32, premul, s).map_err(|e| e.context("all_reduce 1001"))?;
         group_start();
         let calls = (|| {
             c.all_gather(self.ag.0.ptr, self.ag.1.ptr, AG, F32, s).map_err(|e| e.context("all_gather"))?;
@@ -271,13 +277,17 @@ impl Test<'_> {
         let (n, me, seed) = (self.n, self.me, self.seed);
         let mut expect = Vec::new();
         // AllReduce: the sum over all ranks' inputs (exact in i64, then exactly float32).
+        // The small one multiplies each rank's input by its scalar of this iteration first.
+        let scalar_of = |r: usize| ((it as usize + r) % 3 + 1) as i64;
+        self.be.copy_to_device(self.scalar.ptr, &(scalar_of(me) as f32).to_ne_bytes(), self.stream)?;
         for (which, count, bufs) in [(Which::ArBig, AR_BIG, &self.ar_big), (Which::ArSmall, AR_SMALL, &self.ar_small)] {
             let mut sum = vec![0i64; count];
             let mut mine = Vec::new();
             for r in 0..n {
                 let x = input(seed, it, r, which, count);
+                let k = if which == Which::ArSmall { scalar_of(r) } else { 1 };
                 for (s, v) in sum.iter_mut().zip(&x) {
-                    *s += *v as i64;
+                    *s += *v as i64 * k;
                 }
                 if r == me {
                     mine = x;
@@ -462,6 +472,7 @@ pub fn graph(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         ar_small: pair(AR_SMALL, AR_SMALL)?,
         ag: pair(AG, AG * n)?,
         p2p: pair(P2P, P2P)?,
+        scalar: Test::alloc(&be, dev, 4)?,
         dog: dog.clone(),
         limit,
     };

@@ -1,5 +1,4 @@
-//! Launches of the collective interpreter (`exec.cu`): its operator and scalar, the kernels
-//! compiled ahead of time, peer access to the memory a launch touches, and stream capture.
+//! Launches of the collective interpreter (`exec.cu`): the kernels compiled ahead of time, peer access to the memory a launch touches, and stream capture.
 
 use std::ffi::c_void;
 
@@ -11,40 +10,7 @@ use super::streams::raw_stream;
 use super::CudaBackend;
 use crate::backend::Stream;
 use crate::error::{Error, Result};
-use crate::reduce::DevOp;
 use crate::types::DataType;
-
-/// The PreMulSum scalar converted to `dtype` as the host reference does (`Elem::scalar`),
-/// as the bits the kernel reads (zero-extended).
-pub fn scalar_bits(dtype: DataType, s: f64) -> u64 {
-    use crate::reduce::{float, fp8};
-    match dtype {
-        DataType::Int8 => (s as i8) as u8 as u64,
-        DataType::Uint8 => (s as u8) as u64,
-        DataType::Int32 => (s as i32) as u32 as u64,
-        DataType::Uint32 => (s as u32) as u64,
-        DataType::Int64 => (s as i64) as u64,
-        DataType::Uint64 => s as u64,
-        DataType::Float16 => float::f64_to_f16(s) as u64,
-        DataType::Float32 => (s as f32).to_bits() as u64,
-        DataType::Float64 => s.to_bits(),
-        DataType::Bfloat16 => float::f64_to_bf16(s) as u64,
-        DataType::Float8e4m3 => fp8::f64_to_e4m3(s) as u64,
-        DataType::Float8e5m2 => fp8::f64_to_e5m2(s) as u64,
-    }
-}
-
-/// The kernel operator, scalar bits and divisor of a collective's device operator.
-pub fn coll_device_op(op: DevOp, dtype: DataType) -> (DeviceOp, u64, u64) {
-    match op {
-        DevOp::Sum => (DeviceOp::Sum, 0, 1),
-        DevOp::Prod => (DeviceOp::Prod, 0, 1),
-        DevOp::Min => (DeviceOp::Min, 0, 1),
-        DevOp::Max => (DeviceOp::Max, 0, 1),
-        DevOp::PreMulSum { scalar } => (DeviceOp::PreMulSum, scalar_bits(dtype, scalar), 1),
-        DevOp::SumPostDiv { n } => (DeviceOp::SumPostDiv, 0, n),
-    }
-}
 
 impl CudaBackend {
     /// Compiles (or reads from the cache) and loads the collective interpreter for every

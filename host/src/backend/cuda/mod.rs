@@ -30,7 +30,7 @@
 //! Copies are `cuMemcpyAsync`, fills `cuMemsetD8Async`. The only kernel is the collective
 //! interpreter (`kernels/src/device/exec.cu`, one compile per operator and type), which
 //! [`DeviceBackend::launch_exec`] starts for `coll/device.rs`; it reduces bit for bit as the
-//! host reference [`crate::reduce`] does ([`coll_device_op`] gives its operator and scalar).
+//! host reference [`crate::reduce`] does (`exec::gpu::ops` gives its operator and scalar).
 //!
 //! The trait's operations are grouped by concern: `memory` (allocation, tracking, sharing,
 //! range checks), `copy` (copies and fills), `streams` (streams, events, and where work on a
@@ -54,7 +54,6 @@ use cudarc::driver::sys;
 use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
 use crate::error::{Error, Result};
 use driver::{check, Ctx, CtxGuard};
-pub use launch::{coll_device_op, scalar_bits};
 use memory::Table;
 pub use memory::IPC_HANDLE_BYTES;
 

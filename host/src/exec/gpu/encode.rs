@@ -39,7 +39,7 @@ pub(crate) fn segments(run: &Work) -> Vec<Segment> {
             continue;
         }
         let r = &ctx.reducer;
-        let want = (crate::backend::cuda::coll_device_op(r.op, r.dtype).0, r.dtype);
+        let want = (super::ops::coll_device_op(r.op, r.dtype).0, r.dtype);
         match kernel {
             None => kernel = Some(want),
             Some(have) if have == want => {}
@@ -178,8 +178,8 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
         .ctxs
         .iter()
         .map(|c| {
-            let (_, scalar, divisor) = crate::backend::cuda::coll_device_op(c.reducer.op, c.reducer.dtype);
-            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor, sig: c.sig.0 }
+            let (_, scalar, divisor) = super::ops::coll_device_op(c.reducer.op, c.reducer.dtype);
+            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor, sig: c.sig.0, scalar_ptr: c.scalar_at as u64 }
         })
         .collect();
     let mut bytes = Vec::new();

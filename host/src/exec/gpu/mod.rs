@@ -14,6 +14,7 @@
 //! goes through the `DeviceBackend` trait, so CUDA and a later HIP backend share it.
 
 pub mod encode;
+pub mod ops;
 pub mod state;
 
 use std::sync::Arc;
@@ -136,7 +137,7 @@ mod tests {
     }
 
     fn ctx(dtype: DataType, op: DevOp, proto: Protocol) -> OpCtx {
-        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto, sig: crate::work::OpSig(0) }
+        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto, sig: crate::work::OpSig(0), scalar_at: 0 }
     }
 
     fn run(ctxs: Vec<OpCtx>, items: Vec<Vec<(usize, Step)>>) -> Work {
