@@ -248,7 +248,7 @@ nccl_api! {
     fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
         guard("ncclGroupEnd", || {
             let r = rustccl::group_end();
-            if r.is_ok() || !matches!(&r, Err(e) if e.message.contains("without a matching group_start")) {
+            if !matches!(&r, Err(e) if e.kind == rustccl::error::ErrorKind::GroupUnbalanced) {
                 buffers::leave_group();
             }
             buffers::finish();

@@ -55,7 +55,7 @@ fn run_guarded(what: &str, comm: Option<CommHandle>, op: bool, f: impl FnOnce() 
         // Logs it, and records it as the communicator's and the process's last error.
         Some(c) => drop(c.comm.record_error(e.clone())),
         None => {
-            tracing::warn!(target: "CALL", "{}", e.message);
+            let e = e.clone().log_once("");
             rustccl::error::set_last_error(&e.message);
         }
     }

@@ -57,18 +57,41 @@ impl ResultCode {
     }
 }
 
-/// A failure: its `ncclResult_t` code and a message that says what went wrong.
+/// What kind of failure an error is, beside its code: what callers branch on (never the
+/// message text).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    #[default]
+    General,
+    /// `group_end` without a matching `group_start`.
+    GroupUnbalanced,
+    /// The communicator was aborted (this rank's own `abort`).
+    Aborted,
+    /// The communicator was revoked (this rank's own `revoke`).
+    Revoked,
+    /// Another rank failed, or announced a failure.
+    PeerFailed,
+    /// The ranks called different operations.
+    Mismatch,
+    /// An operation ran past its time limit.
+    Timeout,
+}
+
+/// A failure: its `ncclResult_t` code, its kind, and a message that says what went wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     pub code: ResultCode,
+    pub kind: ErrorKind,
     pub message: String,
+    /// Whether it was logged already (a failure is logged once, where it is first recorded).
+    pub logged: bool,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(code: ResultCode, message: impl Into<String>) -> Error {
-        Error { code, message: message.into() }
+        Error { code, kind: ErrorKind::General, message: message.into(), logged: false }
     }
     pub fn invalid_argument(message: impl Into<String>) -> Error {
         Error::new(ResultCode::InvalidArgument, message)
@@ -92,7 +115,23 @@ impl Error {
         Error::new(ResultCode::InProgress, message)
     }
     pub fn timeout(message: impl Into<String>) -> Error {
-        Error::new(ResultCode::Timeout, message)
+        Error::new(ResultCode::Timeout, message).with_kind(ErrorKind::Timeout)
+    }
+
+    /// The same error, of kind `kind`.
+    pub fn with_kind(mut self, kind: ErrorKind) -> Error {
+        self.kind = kind;
+        self
+    }
+
+    /// Logs the error at WARN level (with `prefix`) unless it was logged already, and marks it
+    /// logged.
+    pub fn log_once(mut self, prefix: impl fmt::Display) -> Error {
+        if !self.logged {
+            tracing::warn!(target: "INIT", "{prefix}{}", self.message);
+            self.logged = true;
+        }
+        self
     }
 
     /// A system error from an `std::io::Error`, with what was being done.
@@ -106,11 +145,11 @@ impl Error {
         self
     }
 
-    /// Logs this error at WARN level and records it as the process-wide last error.
+    /// Logs this error at WARN level (once) and records it as the process-wide last error.
     pub fn record(self) -> Error {
-        tracing::warn!(target: "INIT", "{}", self.message);
-        set_last_error(&self.message);
-        self
+        let e = self.log_once("");
+        set_last_error(&e.message);
+        e
     }
 }
 
@@ -157,6 +196,17 @@ mod tests {
         assert_eq!(ResultCode::from_i32(9), None);
         assert_eq!(ResultCode::RemoteError as i32, 6);
         assert_eq!(ResultCode::InProgress.description(), "NCCL operation in progress");
+    }
+
+    #[test]
+    fn kinds_survive_context_and_a_failure_is_logged_once() {
+        let e = Error::invalid_usage("x").with_kind(ErrorKind::Mismatch).context("AllReduce");
+        assert_eq!((e.code, e.kind), (ResultCode::InvalidUsage, ErrorKind::Mismatch));
+        assert!(!e.logged);
+        let e = e.record();
+        assert!(e.logged);
+        assert!(e.context("again").logged, "context keeps the mark");
+        assert_eq!(Error::timeout("t").kind, ErrorKind::Timeout);
     }
 
     #[test]

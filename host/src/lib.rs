@@ -29,4 +29,4 @@ pub use bootstrap::UniqueId;
 pub use comm::{get_unique_id, Communicator, ShrinkFlags, SPLIT_NOCOLOR};
 pub use coll::{group_end, group_simulate_end, group_start, ReduceOp, Scalar};
 pub use config::CommConfig;
-pub use error::{Error, Result, ResultCode};
+pub use error::{Error, ErrorKind, Result, ResultCode};

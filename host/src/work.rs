@@ -87,6 +87,6 @@ impl std::fmt::Display for OpSig {
 pub fn mismatch(me: u32, mine: OpSig, peer: u32, theirs: OpSig) -> crate::error::Error {
     crate::error::Error::invalid_usage(format!(
         "the ranks called different operations: rank {peer} is in {theirs} while rank {me} is in {mine}; every rank must call the same collectives in the same order with the same count, datatype, operator and root"
-    ))
+    )).with_kind(crate::error::ErrorKind::Mismatch)
 }
 

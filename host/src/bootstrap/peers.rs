@@ -339,7 +339,7 @@ impl PeerNet {
     }
 
     fn failure_of(mail: &Mail) -> Option<Error> {
-        mail.first.as_ref().map(|(_, e)| e.clone())
+        mail.first.as_ref().map(|(_, e)| e.clone().with_kind(crate::error::ErrorKind::PeerFailed))
     }
 
     /// The announced operation failure, if any.

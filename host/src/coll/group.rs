@@ -39,7 +39,9 @@ fn leave(what: &str) -> Result<Option<Vec<(Communicator, Task)>>> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
-            return Err(Error::invalid_usage(format!("{what} without a matching group_start")).record());
+            return Err(Error::invalid_usage(format!("{what} without a matching group_start"))
+                .with_kind(crate::error::ErrorKind::GroupUnbalanced)
+                .record());
         }
         g.depth -= 1;
         if g.depth > 0 {

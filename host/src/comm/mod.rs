@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use crate::backend::DeviceBackend;
 use crate::bootstrap::{Bootstrap, StopFlags};
 use crate::config::{CommConfig, ResolvedConfig};
-use crate::error::{set_last_error, Error, Result, ResultCode};
+use crate::error::{set_last_error, Error, ErrorKind, Result, ResultCode};
 use crate::program::Link;
 use crate::plugin::CommPlugins;
 use crate::transport::{proxy::Proxy, Connection, Context, Dir};
@@ -110,7 +110,7 @@ impl std::fmt::Debug for Communicator {
 
 impl Inner {
     fn record(&self, e: Error) -> Error {
-        tracing::warn!(target: "INIT", "rank {}: {}", self.rank, e.message);
+        let e = e.log_once(format!("rank {}: ", self.rank));
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = e.message.clone();
         set_last_error(&e.message);
         e
@@ -461,10 +461,10 @@ impl Communicator {
     /// failed peer. Does not record.
     pub(crate) fn check_running(&self, what: &str) -> Result<()> {
         if self.inner.stop.abort.load(Ordering::Acquire) {
-            return Err(Error::invalid_usage(format!("{what}: the communicator was aborted")));
+            return Err(Error::invalid_usage(format!("{what}: the communicator was aborted")).with_kind(ErrorKind::Aborted));
         }
         if self.inner.stop.revoked.load(Ordering::Acquire) {
-            return Err(Error::invalid_usage(format!("{what}: the communicator was revoked")));
+            return Err(Error::invalid_usage(format!("{what}: the communicator was revoked")).with_kind(ErrorKind::Revoked));
         }
         match self.inner.bootstrap.get().and_then(|b| b.failure()) {
             Some(e) => Err(e.context(what)),
