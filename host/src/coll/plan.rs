@@ -111,14 +111,54 @@ fn proto_setting() -> Option<&'static str> {
     V.get_or_init(|| params::env_str("NCCL_PROTO")).as_deref()
 }
 
+/// What the planner reads: the rank's place, the backend's capabilities, the channel limits
+/// of the config, the tuner, and how a buffer is resolved for the executor (a host address
+/// on the host backend, checked to lie in known memory; the device address on devices). No
+/// I/O: planning is a function of these and the tasks, tested without a backend.
+pub struct PlanEnv<'a> {
+    pub rank: u32,
+    pub nranks: u32,
+    pub caps: &'a Capabilities,
+    pub min_ctas: i32,
+    pub max_ctas: i32,
+    pub tuner: Option<&'a crate::plugin::tuner::TunerInstance>,
+    pub resolve: &'a dyn Fn(DevicePtr, usize) -> Result<usize>,
+}
+
+impl PlanEnv<'_> {
+    /// Plans `comm`'s tasks with its environment.
+    pub fn with<T>(comm: &Communicator, f: impl FnOnce(&PlanEnv) -> Result<T>) -> Result<T> {
+        let backend = comm.backend();
+        let caps = backend.capabilities();
+        let plugins = comm.plugins()?;
+        let resolve = |ptr: DevicePtr, bytes: usize| -> Result<usize> {
+            if !caps.host_addressable {
+                return Ok(ptr.0 as usize);
+            }
+            backend.host_address(ptr, bytes)
+        };
+        let config = comm.config();
+        let env = PlanEnv {
+            rank: comm.rank_unchecked(),
+            nranks: comm.nranks_unchecked(),
+            caps,
+            min_ctas: config.min_ctas,
+            max_ctas: config.max_ctas,
+            tuner: plugins.tuner.as_ref(),
+            resolve: &resolve,
+        };
+        f(&env)
+    }
+}
+
 /// Chooses algorithm, protocol, channels and chunk for a task.
-pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
-    let n = comm.nranks_unchecked() as usize;
+pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
+    let n = env.nranks as usize;
     let bytes = task_bytes(task, n);
     let n_algo = Algorithm::ALL.len();
     let n_proto = Protocol::ALL.len();
     let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
-    let caps = comm.backend().capabilities();
+    let caps = env.caps;
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
             if allowed(algo_setting(), a.name()) && allowed(proto_setting(), p.name()) {
@@ -127,9 +167,8 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
         }
     }
     let mut channels = -1i32;
-    let plugins = comm.plugins()?;
     let mut table = CostTable::new(&mut costs, n_algo, n_proto).map_err(Error::internal)?;
-    if let Some(t) = &plugins.tuner {
+    if let Some(t) = env.tuner {
         if let Err(e) = t.plugin.api.get_coll_info(t.ctx, coll_type(&task.kind), bytes, 1, &mut table, &mut channels) {
             tracing::info!(target: "TUNING", "tuner {} declined ({}); using the cost model", t.plugin.name, e.message);
         }
@@ -154,15 +193,14 @@ pub fn choose(comm: &Communicator, task: &Task) -> Result<Choice> {
             )))
         }
     };
-    let config = comm.config();
     let wanted = if channels > 0 { channels as u32 } else { caps.channels_by_size(bytes) };
-    let channels = wanted.clamp(config.min_ctas.max(1) as u32, (config.max_ctas.max(1) as u32).min(caps.max_channels));
+    let channels = wanted.clamp(env.min_ctas.max(1) as u32, (env.max_ctas.max(1) as u32).min(caps.max_channels));
     let most_chunk = max_chunk(caps, proto);
     let mut chunk_bytes = match caps.protocol(proto).chunk_bytes {
         0 => most_chunk,
         c => c.min(most_chunk),
     };
-    if let Some(t) = &plugins.tuner {
+    if let Some(t) = env.tuner {
         if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, coll_type(&task.kind), bytes, algo, proto, channels as i32) {
             chunk_bytes = c.clamp(task.dtype.size(), most_chunk);
         }
@@ -191,37 +229,37 @@ pub fn estimate(comm: &Communicator, task: &Task) -> Result<f32> {
     if task.count == 0 || comm.nranks_unchecked() == 1 {
         return Ok(0.0);
     }
-    Ok(choose(comm, task)?.time_us)
+    PlanEnv::with(comm, |env| Ok(choose(env, task)?.time_us))
 }
 
 /// A PreMulSum's scalar: its value when given by value, else 1 for now and the address the
 /// executor reads it from when the operation runs (the kernel on devices: the caller's stream
 /// may not have written it yet, and a captured graph replays with the value of each replay).
-fn scalar_of(comm: &Communicator, op: ReduceOp, dtype: DataType) -> Result<(Option<f64>, usize)> {
+fn scalar_of(env: &PlanEnv, op: ReduceOp, dtype: DataType) -> Result<(Option<f64>, usize)> {
     Ok(match op {
         ReduceOp::PreMulSum(Scalar::Host(v)) => (Some(v), 0),
-        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(comm, p, dtype.size(), "PreMulSum scalar")?),
+        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(env, p, dtype.size(), "PreMulSum scalar")?),
         _ => (None, 0),
     })
 }
 
-/// The address the executor uses: a host address on the host backend (checked to lie in
-/// known memory), the device address itself on device backends (checked when launched).
-fn address(comm: &Communicator, ptr: DevicePtr, bytes: usize, what: &str) -> Result<usize> {
+/// The address the executor uses for `ptr..ptr+bytes` (0 for an empty range).
+fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &str) -> Result<usize> {
     if bytes == 0 {
         return Ok(0);
     }
-    if !comm.backend().capabilities().host_addressable {
-        return Ok(ptr.0 as usize);
-    }
-    comm.backend().host_address(ptr, bytes).map_err(|e| e.context(what))
+    (env.resolve)(ptr, bytes).map_err(|e| e.context(what))
 }
 
 /// Builds the work of one communicator's tasks.
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
-    let n = comm.nranks_unchecked();
-    let rank = comm.rank_unchecked();
-    let caps = comm.backend().capabilities();
+    let (work, device) = PlanEnv::with(comm, |env| plan(env, tasks))?;
+    Ok(CommRun { comm: comm.handle(), work, device })
+}
+
+/// The work of one rank's tasks, and whether it runs on a device.
+pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
+    let (n, rank, caps) = (env.nranks, env.rank, env.caps);
     let device = !caps.host_addressable;
     let p2p_chunk = caps.slot_bytes;
     let mut ctxs = Vec::new();
@@ -245,7 +283,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
         let e = task.dtype.size();
         let b = task.count * e;
         let nb = b * n as usize;
-        let (scalar, scalar_at) = scalar_of(comm, task.op, task.dtype)?;
+        let (scalar, scalar_at) = scalar_of(env, task.op, task.dtype)?;
         let op = DevOp::from_user(task.op.red_op(), scalar, task.dtype, n as usize)?;
         let name = task.kind.name();
         let (src_len, dst_len) = match task.kind {
@@ -258,8 +296,8 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
             CollKind::Recv { .. } => (0, b),
         };
         let ctx = OpCtx {
-            src: address(comm, task.send, src_len, &format!("{name}: send buffer"))?,
-            dst: address(comm, task.recv, dst_len, &format!("{name}: receive buffer"))?,
+            src: address(env, task.send, src_len, &format!("{name}: send buffer"))?,
+            dst: address(env, task.recv, dst_len, &format!("{name}: receive buffer"))?,
             src_len,
             dst_len,
             reducer: Reducer::new(task.dtype, op),
@@ -301,7 +339,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
             }
             _ => {}
         }
-        let choice = choose(comm, task)?;
+        let choice = choose(env, task)?;
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
         tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
@@ -340,7 +378,7 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
-    Ok(CommRun { comm: comm.handle(), work: Work { ctxs, items, stream }, device })
+    Ok((Work { ctxs, items, stream }, device))
 }
 
 /// A local copy (or pass through the op) of `bytes`, spread over `nch` channels: each
@@ -371,3 +409,63 @@ fn local_steps(range: (usize, usize), reduce: bool) -> Vec<Step> {
     steps
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Stream;
+
+    fn env<'a>(caps: &'a Capabilities, rank: u32, nranks: u32, resolve: &'a dyn Fn(DevicePtr, usize) -> Result<usize>) -> PlanEnv<'a> {
+        PlanEnv { rank, nranks, caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve }
+    }
+
+    fn task(kind: CollKind, count: usize, op: ReduceOp) -> Task {
+        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op, stream: Stream(7) }
+    }
+
+    #[test]
+    fn plans_come_from_capabilities_alone() {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let (host, gpu) = (Capabilities::host(), Capabilities::gpu());
+        let big = task(CollKind::AllReduce, 8 << 20, ReduceOp::Sum);
+        // The host backend: two channels from 4 MiB on, its chunk; runs on the host.
+        let c = choose(&env(&host, 0, 2, &identity), &big).unwrap();
+        assert_eq!(c.channels, 2);
+        assert!(c.chunk_bytes <= host.slot_bytes);
+        let (work, device) = plan(&env(&host, 0, 2, &identity), std::slice::from_ref(&big)).unwrap();
+        assert!(!device);
+        assert_eq!(work.stream, Stream(7));
+        assert_eq!(work.items.len(), 2, "one item per ring channel");
+        // A GPU: one channel per 128 KiB up to 32, a chunk in the protocol's slot.
+        let c = choose(&env(&gpu, 0, 2, &identity), &big).unwrap();
+        assert_eq!(c.channels, 32);
+        assert!(c.chunk_bytes <= max_chunk(&gpu, c.proto));
+        let (work, device) = plan(&env(&gpu, 0, 2, &identity), std::slice::from_ref(&big)).unwrap();
+        assert!(device);
+        assert_eq!(work.items.len(), 32);
+        // Every step of a 2-rank ring moves at most a chunk.
+        assert!(work.items.iter().flat_map(|i| &i.steps).all(|(_, s)| s.bytes <= c.chunk_bytes));
+    }
+
+    #[test]
+    fn a_device_scalar_is_an_address_for_the_executor_not_a_value() {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let gpu = Capabilities::gpu();
+        let t = task(CollKind::AllReduce, 1024, ReduceOp::PreMulSum(Scalar::Device(DevicePtr(0x5000))));
+        let (work, _) = plan(&env(&gpu, 1, 2, &identity), &[t]).unwrap();
+        assert_eq!(work.ctxs[0].scalar_at, 0x5000, "read when the operation runs");
+        let t = task(CollKind::AllReduce, 1024, ReduceOp::PreMulSum(Scalar::Host(0.5)));
+        let (work, _) = plan(&env(&gpu, 1, 2, &identity), &[t]).unwrap();
+        assert_eq!(work.ctxs[0].scalar_at, 0);
+        assert_eq!(work.ctxs[0].reducer.op, DevOp::PreMulSum { scalar: 0.5 });
+    }
+
+    #[test]
+    fn buffers_the_backend_does_not_know_are_refused_while_planning() {
+        let refuse = |_: DevicePtr, _: usize| -> Result<usize> { Err(Error::invalid_argument("not a live allocation")) };
+        let Err(e) = plan(&env(&Capabilities::host(), 0, 2, &refuse), &[task(CollKind::AllReduce, 4, ReduceOp::Sum)]) else {
+            panic!("planned over unknown buffers");
+        };
+        assert!(e.message.contains("AllReduce: send buffer"), "{}", e.message);
+    }
+}
