@@ -1,0 +1,114 @@
+//! Shared-memory transports between ranks of one host, unless `NCCL_SHM_DISABLE=1`.
+//!
+//! - [`Shm`] (host backend): the whole FIFO in the backend's shareable memory, exported by the
+//!   receiver and mapped by the sender.
+//! - [`PinnedShm`] (device backends with `NCCL_P2P_DISABLE=1`): header and Simple slots in
+//!   host shareable memory, registered with the device backend on both sides so that both
+//!   devices reach it.
+//!
+//! The message to the sender is the memory's share handle. The sender is its only importer:
+//! the file goes once mapped (`import_last`), so a killed rank leaves nothing in /dev/shm.
+
+use std::sync::Arc;
+
+use super::fifo::{self, fifo_bytes, Fifo};
+use super::{Connection, Context, Dir, Kind, Memory, Progress, Reach, Transport, GPU_SLOT_BYTES, SLOT_BYTES};
+use crate::backend::ShareHandle;
+use crate::error::{Error, Result};
+use crate::program::Link;
+
+/// Host backend: a FIFO in host memory both ranks map.
+pub struct Shm;
+
+impl Transport for Shm {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Shm
+    }
+
+    fn can_connect(&self, reach: &Reach) -> bool {
+        !reach.device && reach.same_host && !reach.shm_disabled
+    }
+
+    fn setup_recv(&self, cx: &Context, link: Link) -> Result<(Progress, Vec<u8>)> {
+        let bytes = fifo_bytes(SLOT_BYTES);
+        let (ptr, handle) = cx.backend.alloc_shareable(cx.device, bytes)?;
+        let base = cx.backend.host_address(ptr, bytes)?;
+        let memory = Memory::Exported { backend: Arc::clone(cx.backend), ptr };
+        // SAFETY: the region is fifo_bytes(SLOT_BYTES) of zeroed shared memory that
+        // `memory` keeps mapped as long as the connection lives.
+        let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
+        let conn = Connection::new(link, Dir::Recv, Kind::Shm, fifo, vec![memory]);
+        Ok((Progress::Made(Arc::new(conn)), handle.to_bytes().to_vec()))
+    }
+
+    fn connect_send(&self, cx: &Context, link: Link, message: &[u8]) -> Result<Progress> {
+        let handle = ShareHandle::from_bytes(message)?;
+        // The only importer: the file goes once mapped, so a killed rank
+        // leaves nothing in /dev/shm.
+        let ptr = cx.backend.import_last(cx.device, &handle)?;
+        let base = cx.backend.host_address(ptr, fifo_bytes(SLOT_BYTES))?;
+        let memory = Memory::Imported { backend: Arc::clone(cx.backend), ptr };
+        // SAFETY: the receiver's zeroed FIFO region, mapped while `memory` lives.
+        let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
+        Ok(Progress::Made(Arc::new(Connection::new(link, Dir::Send, Kind::Shm, fifo, vec![memory]))))
+    }
+}
+
+/// Device backends without P2P: header and Simple slots in pinned host memory.
+pub struct PinnedShm;
+
+impl Transport for PinnedShm {
+    fn name(&self) -> &'static str {
+        "shm-pinned"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::ShmPinned
+    }
+
+    fn can_connect(&self, reach: &Reach) -> bool {
+        reach.device && reach.same_host && !reach.shm_disabled
+    }
+
+    fn setup_recv(&self, cx: &Context, link: Link) -> Result<(Progress, Vec<u8>)> {
+        let host = Context::host()?;
+        let hb = fifo::header_bytes();
+        let slots = fifo::STEPS * GPU_SLOT_BYTES;
+        let (hptr, hhandle) = host.alloc_shareable(0, hb + slots)?;
+        let haddr = host.host_address(hptr, hb + slots)?;
+        // SAFETY: the mapping stays until `mem` releases it, after the registration.
+        let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, hb + slots)? };
+        let msg = hhandle.to_bytes().to_vec();
+        let mem = vec![
+            Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr },
+            Memory::Exported { backend: host, ptr: hptr },
+        ];
+        // SAFETY: as above; the slots follow the header in the registered mapping.
+        let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) };
+        Ok((Progress::Made(Arc::new(Connection::new(link, Dir::Recv, Kind::ShmPinned, fifo, mem))), msg))
+    }
+
+    fn connect_send(&self, cx: &Context, link: Link, message: &[u8]) -> Result<Progress> {
+        let host = Context::host()?;
+        let hb = fifo::header_bytes();
+        let slots = fifo::STEPS * GPU_SLOT_BYTES;
+        let handle_len = ShareHandle::SIZE;
+        let hhandle =
+            ShareHandle::from_bytes(message.get(..handle_len).ok_or_else(|| Error::internal("short handle"))?)?;
+        // The only importer: the file goes once mapped (nothing left if a rank is killed).
+        let hptr = host.import_last(0, &hhandle)?;
+        let host_mem = Memory::Imported { backend: Arc::clone(&host), ptr: hptr };
+        // Shared pinned host memory: header and slots, registered here too.
+        let haddr = host.host_address(hptr, hb + slots)?;
+        // SAFETY: the imported mapping outlives the registration (released after it).
+        let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, hb + slots)? };
+        let mem = vec![Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr }, host_mem];
+        // SAFETY: as above.
+        let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) };
+        Ok(Progress::Made(Arc::new(Connection::new(link, Dir::Send, Kind::ShmPinned, fifo, mem))))
+    }
+}
