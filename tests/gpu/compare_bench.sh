@@ -14,7 +14,7 @@ for c in $COLLS; do
     for round in 1 2; do
         for which in new old; do
             dir=target/gpu; [ $which = old ] && dir=$OLD
-            RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.$which timeout 150 $dir/rustccl-bench $c -N 2 -b 8 -e 256M -f 8 -c 1 > $OUT/cmp_${c}_${which}_$round.txt 2>&1
+            KC=$RUSTCCL_KERNEL_CACHE_DIR; [ $which = old ] && KC=$RUSTCCL_KERNEL_CACHE_DIR.old; RUSTCCL_KERNEL_CACHE_DIR=$KC timeout 150 $dir/rustccl-bench $c -N 2 -b 8 -e 256M -f 8 -c 1 > $OUT/cmp_${c}_${which}_$round.txt 2>&1
         done
     done
     echo "== $c: size, time us and busbw (new r1, old r1, new r2, old r2)"
