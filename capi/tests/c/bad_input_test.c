@@ -3,37 +3,9 @@
  * communicator, a PreMulSum operator used with another type. Run as NRANKS processes with
  * RANK, NRANKS and NCCL_TEST_ID (the unique id in hex) in the environment. Prints one line per
  * failed check and a closing "N passed, M failed" line. */
-#include "nccl.h"
+#include "test_util.h"
 
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-static int passed = 0, failed = 0, rank = 0, nranks = 1;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      passed++;                                                       \
-    } else {                                                          \
-      failed++;                                                       \
-      printf("rank %d FAIL %s:%d: ", rank, __FILE__, __LINE__);       \
-      printf(__VA_ARGS__);                                            \
-      printf("\n");                                                   \
-    }                                                                 \
-  } while (0)
-
-#define OK(call) CHECK((call) == ncclSuccess, "%s -> error (%s)", #call, ncclGetLastError(NULL))
-#define INVALID(call) CHECK((call) == ncclInvalidArgument, "%s should be ncclInvalidArgument (%s)", #call, ncclGetLastError(NULL))
-
-static void hex_to_id(const char* hex, ncclUniqueId* id) {
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    sscanf(hex + 2 * i, "%2x", &v);
-    id->internal[i] = (char)v;
-  }
-}
 
 /* Every rank makes the same calls, so a check that wrongly succeeded on one rank and not on
  * another shows up as a failure (or a hang) rather than as silently wrong data. */
@@ -127,10 +99,8 @@ static void test_premulsum_type(ncclComm_t comm) {
 }
 
 int main(void) {
-  rank = atoi(getenv("RANK"));
-  nranks = atoi(getenv("NRANKS"));
   ncclUniqueId id;
-  hex_to_id(getenv("NCCL_TEST_ID"), &id);
+  read_rank_env("NCCL_TEST_ID", &id);
   ncclComm_t comm = NULL;
   OK(ncclCommInitRank(&comm, nranks, id, rank));
   test_overflow(comm);
@@ -138,6 +108,5 @@ int main(void) {
   test_last_error(comm);
   test_premulsum_type(comm);
   OK(ncclCommDestroy(comm));
-  printf("rank %d: %d passed, %d failed\n", rank, passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }

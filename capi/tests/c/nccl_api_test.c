@@ -2,26 +2,11 @@
  * (RUSTCCL_BACKEND=host): run as NRANKS processes with RANK, NRANKS and NCCL_TEST_ID (the
  * unique id in hex) in the environment. Prints one line per failed check and a closing
  * "N passed, M failed" line. */
-#include "nccl.h"
+/* OK() checks what a call settles to: see settle() below. */
+#define TEST_SETTLE(result) settle(result)
+#include "test_util.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <stddef.h>
-
-static int passed = 0, failed = 0, rank = 0, nranks = 1;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      passed++;                                                       \
-    } else {                                                          \
-      failed++;                                                       \
-      printf("rank %d FAIL %s:%d: ", rank, __FILE__, __LINE__);       \
-      printf(__VA_ARGS__);                                            \
-      printf("\n");                                                   \
-    }                                                                 \
-  } while (0)
 
 /* The communicator under test is non-blocking: its operations return ncclInProgress and
  * complete in the background. settle() waits for that, as an NCCL caller would. */
@@ -36,17 +21,7 @@ static ncclResult_t settle(ncclResult_t r) {
   return st;
 }
 
-#define OK(call) CHECK(settle(call) == ncclSuccess, "%s -> %s (%s)", #call, "error", ncclGetLastError(NULL))
-
 static float* fbuf(size_t n) { return (float*)calloc(n, sizeof(float)); }
-
-static void hex_to_id(const char* hex, ncclUniqueId* id) {
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    sscanf(hex + 2 * i, "%2x", &v);
-    id->internal[i] = (char)v;
-  }
-}
 
 static void test_errors(void) {
   int v = 0;
@@ -169,10 +144,8 @@ static void test_collectives(ncclComm_t comm) {
 }
 
 int main(void) {
-  rank = atoi(getenv("RANK"));
-  nranks = atoi(getenv("NRANKS"));
   ncclUniqueId id;
-  hex_to_id(getenv("NCCL_TEST_ID"), &id);
+  read_rank_env("NCCL_TEST_ID", &id);
   test_errors();
 
   ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
@@ -247,6 +220,5 @@ int main(void) {
   CHECK(ncclCommDestroy(comm) == ncclInvalidArgument, "destroy twice");
   CHECK(ncclCommCount(comm, &count) == ncclInvalidArgument, "use after destroy");
 
-  printf("rank %d: %d passed, %d failed\n", rank, passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }

@@ -6,28 +6,10 @@
  * abandoned with ncclCommAbort from the same thread, promptly. Prints one line per failed check
  * and a closing "N passed, M failed" line. */
 #define _POSIX_C_SOURCE 199309L
-#include "nccl.h"
+#include "test_util.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
-static int passed = 0, failed = 0, rank = 0, nranks = 1;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      passed++;                                                       \
-    } else {                                                          \
-      failed++;                                                       \
-      printf("rank %d FAIL %s:%d: ", rank, __FILE__, __LINE__);       \
-      printf(__VA_ARGS__);                                            \
-      printf("\n");                                                   \
-    }                                                                 \
-  } while (0)
-
-#define OK(call) CHECK((call) == ncclSuccess, "%s -> error (%s)", #call, ncclGetLastError(NULL))
 #define QUEUED(call) CHECK((call) == ncclInProgress, "%s did not return ncclInProgress (%s)", #call, ncclGetLastError(NULL))
 
 static double now_s(void) {
@@ -51,19 +33,9 @@ static ncclResult_t wait_comm(ncclComm_t comm) {
   return st;
 }
 
-static void hex_to_id(const char* hex, ncclUniqueId* id) {
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    sscanf(hex + 2 * i, "%2x", &v);
-    id->internal[i] = (char)v;
-  }
-}
-
 int main(void) {
-  rank = atoi(getenv("RANK"));
-  nranks = atoi(getenv("NRANKS"));
   ncclUniqueId id;
-  hex_to_id(getenv("NCCL_TEST_ID"), &id);
+  read_rank_env("NCCL_TEST_ID", &id);
   const size_t n = 100003;
   int *a = (int*)calloc(n, sizeof(int)), *b = (int*)calloc(n, sizeof(int));
   int *c = (int*)calloc(n, sizeof(int)), *d = (int*)calloc(n, sizeof(int));
@@ -170,6 +142,5 @@ int main(void) {
   OK(ncclCommDestroy(comm));
 
   free(a), free(b), free(c), free(d);
-  printf("rank %d: %d passed, %d failed\n", rank, passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }

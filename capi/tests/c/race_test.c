@@ -8,15 +8,11 @@
  * in hex per round, comma-separated) sharing a two-rank communicator per round: both run
  * AllReduces on it while rank 0 aborts it from another thread; rank 1's AllReduces must end
  * with an error (the peer is gone), not hang. */
-#include "nccl.h"
+#include "test_util.h"
 
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
-static int failed = 0, passed = 0;
 static pthread_mutex_t report = PTHREAD_MUTEX_INITIALIZER;
 
 static void check(int cond, const char* what, int round, ncclResult_t r) {
@@ -87,16 +83,9 @@ static void* second_destroy(void* arg) {
   return NULL;
 }
 
-static void hex_to_id(const char* hex, ncclUniqueId* id) {
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    sscanf(hex + 2 * i, "%2x", &v);
-    id->internal[i] = (char)v;
-  }
-}
-
 static int pair(void) {
-  int rank = atoi(getenv("RANK"));
+  rank = atoi(getenv("RANK"));
+  nranks = 2;
   const char* ids = getenv("NCCL_TEST_IDS");
   int rounds = (int)((strlen(ids) + 1) / (2 * NCCL_UNIQUE_ID_BYTES + 1));
   for (int i = 0; i < rounds; i++) {
@@ -106,7 +95,7 @@ static int pair(void) {
     r.kind = ABORT;
     ncclUniqueId id;
     hex_to_id(ids + i * (2 * NCCL_UNIQUE_ID_BYTES + 1), &id);
-    ncclResult_t res = ncclCommInitRank(&r.comm, 2, id, rank);
+    ncclResult_t res = ncclCommInitRank(&r.comm, nranks, id, rank);
     check(res == ncclSuccess, "ncclCommInitRank", i, res);
     if (res != ncclSuccess) break;
     for (int k = 0; k < 256; k++) r.buf[k] = 1.0f;
@@ -129,8 +118,7 @@ static int pair(void) {
       check(res == ncclSuccess, "ncclCommAbort after the peer's", i, res);
     }
   }
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }
 
 int main(int argc, char** argv) {
@@ -144,7 +132,7 @@ int main(int argc, char** argv) {
     ncclUniqueId id;
     ncclResult_t res = ncclGetUniqueId(&id);
     check(res == ncclSuccess, "ncclGetUniqueId", i, res);
-    res = ncclCommInitRank(&r.comm, 1, id, 0);
+    res = ncclCommInitRank(&r.comm, nranks, id, rank);
     check(res == ncclSuccess, "ncclCommInitRank", i, res);
     if (res != ncclSuccess) break;
     for (int k = 0; k < 256; k++) r.buf[k] = 1.0f;
@@ -166,6 +154,5 @@ int main(int argc, char** argv) {
     res = ncclCommCount(r.comm, &n);
     check(res == ncclInvalidArgument, "ncclCommCount on an ended communicator", i, res);
   }
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return finish();
 }
