@@ -68,12 +68,8 @@ fn unique_id(id: &NcclUniqueId) -> Result<UniqueId, Error> {
 /// The device this rank uses: the CUDA device current on the calling thread (what
 /// `cudaSetDevice` chose, as NCCL uses), else `RUSTCCL_DEVICE`, else 0.
 fn current_device() -> i32 {
-    if let Ok(backend) = rustccl::backend::select_backend() {
-        if backend.kind() == rustccl::backend::BackendKind::Cuda {
-            if let Ok(Some(d)) = rustccl::backend::cuda::CudaBackend::shared().and_then(|c| c.current_device()) {
-                return d;
-            }
-        }
+    if let Ok(Some(d)) = rustccl::backend::select_backend().and_then(|b| b.current_device()) {
+        return d;
     }
     std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
 }

@@ -139,13 +139,7 @@ pub fn ring_all_reduce(r: Ring, range: (usize, usize), chunk: usize, elem: usize
 /// `k * count`. `range` is the channel's part of one rank's block.
 pub fn ring_all_gather(r: Ring, range: (usize, usize), count: usize, chunk: usize, elem: usize) -> Vec<Step> {
     let mut steps = Vec::new();
-    if range.0 >= range.1 {
-        return steps;
-    }
-    let mut off = range.0;
-    while off < range.1 {
-        let len = chunk.max(1).min(range.1 - off);
-        let (o, b) = (off * elem, len * elem);
+    for (o, b) in chunks(range, chunk, elem) {
         let block = |owner: u32| (owner as usize * count) * elem + o;
         steps.push(Step { src: Some(o), dst: Some(block(r.rank)), send: vec![r.next()], ..Step::new(b) });
         for j in 1..r.nranks - 1 {
@@ -154,7 +148,6 @@ pub fn ring_all_gather(r: Ring, range: (usize, usize), count: usize, chunk: usiz
         }
         let last = (r.rank + 1) % r.nranks;
         steps.push(Step { dst: Some(block(last)), recv: vec![r.prev()], ..Step::new(b) });
-        off += len;
     }
     steps
 }
@@ -163,13 +156,7 @@ pub fn ring_all_gather(r: Ring, range: (usize, usize), count: usize, chunk: usiz
 /// rank k's `dst`. `range` is the channel's part of one block.
 pub fn ring_reduce_scatter(r: Ring, range: (usize, usize), count: usize, chunk: usize, elem: usize) -> Vec<Step> {
     let mut steps = Vec::new();
-    if range.0 >= range.1 {
-        return steps;
-    }
-    let mut off = range.0;
-    while off < range.1 {
-        let len = chunk.max(1).min(range.1 - off);
-        let (o, b) = (off * elem, len * elem);
+    for (o, b) in chunks(range, chunk, elem) {
         let block = |owner: u32| (owner as usize * count) * elem + o;
         let first = (r.rank + r.nranks - 1) % r.nranks;
         steps.push(Step { src: Some(block(first)), send: vec![r.next()], reduce: true, ..Step::new(b) });
@@ -178,9 +165,14 @@ pub fn ring_reduce_scatter(r: Ring, range: (usize, usize), count: usize, chunk: 
             steps.push(Step { src: Some(block(owner)), recv: vec![r.prev()], send: vec![r.next()], reduce: true, ..Step::new(b) });
         }
         steps.push(Step { src: Some(block(r.rank)), dst: Some(o), recv: vec![r.prev()], reduce: true, post: true, ..Step::new(b) });
-        off += len;
     }
     steps
+}
+
+/// The chunks of `range` (elements), at most `chunk` elements each, as (byte offset, bytes).
+fn chunks(range: (usize, usize), chunk: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
+    let step = chunk.max(1);
+    (range.0..range.1).step_by(step).map(move |off| (off * elem, step.min(range.1 - off) * elem))
 }
 
 /// Ring Broadcast from `root`, pipelined along the ring.

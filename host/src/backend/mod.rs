@@ -114,6 +114,12 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// [`kind`](DeviceBackend::kind)).
     fn capabilities(&self) -> &Capabilities;
 
+    /// The device the calling thread has made current (CUDA's `cudaSetDevice`), if the backend
+    /// has such a notion; `None` otherwise.
+    fn current_device(&self) -> Result<Option<i32>> {
+        Ok(None)
+    }
+
     /// The number of devices this process can use.
     fn device_count(&self) -> Result<usize>;
 

@@ -159,68 +159,28 @@ impl CDriver {
                 match *p {
                     Prim::GroupStart => ((n.group_start)(), "ncclGroupStart"),
                     Prim::GroupEnd => ((n.group_end)(), "ncclGroupEnd"),
-                    Prim::AllReduce {
-                        send,
-                        recv,
-                        count,
-                        dtype,
-                        op,
-                    } => (
+                    Prim::AllReduce { send, recv, count, dtype, op } => (
                         (n.all_reduce)(cp(send), mp(recv), count, dtype, op, comm, st),
                         "ncclAllReduce",
                     ),
-                    Prim::AllGather {
-                        send,
-                        recv,
-                        count,
-                        dtype,
-                    } => (
+                    Prim::AllGather { send, recv, count, dtype } => (
                         (n.all_gather)(cp(send), mp(recv), count, dtype, comm, st),
                         "ncclAllGather",
                     ),
-                    Prim::ReduceScatter {
-                        send,
-                        recv,
-                        count,
-                        dtype,
-                        op,
-                    } => (
+                    Prim::ReduceScatter { send, recv, count, dtype, op } => (
                         (n.reduce_scatter)(cp(send), mp(recv), count, dtype, op, comm, st),
                         "ncclReduceScatter",
                     ),
-                    Prim::Broadcast {
-                        send,
-                        recv,
-                        count,
-                        dtype,
-                        root,
-                    } => (
+                    Prim::Broadcast { send, recv, count, dtype, root } => (
                         (n.broadcast)(cp(send), mp(recv), count, dtype, root, comm, st),
                         "ncclBroadcast",
                     ),
-                    Prim::Reduce {
-                        send,
-                        recv,
-                        count,
-                        dtype,
-                        op,
-                        root,
-                    } => (
+                    Prim::Reduce { send, recv, count, dtype, op, root } => (
                         (n.reduce)(cp(send), mp(recv), count, dtype, op, root, comm, st),
                         "ncclReduce",
                     ),
-                    Prim::Send {
-                        buf,
-                        count,
-                        dtype,
-                        peer,
-                    } => ((n.send)(cp(buf), count, dtype, peer, comm, st), "ncclSend"),
-                    Prim::Recv {
-                        buf,
-                        count,
-                        dtype,
-                        peer,
-                    } => ((n.recv)(mp(buf), count, dtype, peer, comm, st), "ncclRecv"),
+                    Prim::Send { buf, count, dtype, peer } => ((n.send)(cp(buf), count, dtype, peer, comm, st), "ncclSend"),
+                    Prim::Recv { buf, count, dtype, peer } => ((n.recv)(mp(buf), count, dtype, peer, comm, st), "ncclRecv"),
                 }
             };
             if rc != 0 {

@@ -79,41 +79,11 @@ fn marshal_one(call: &Call, op: i32, out: &mut Vec<Prim>) {
     let dtype = call.dtype as i32;
     let (send, recv, count, root) = (call.send, call.recv, call.count, call.root);
     let prim = match call.coll {
-        Coll::AllReduce => Prim::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        },
-        Coll::AllGather => Prim::AllGather {
-            send,
-            recv,
-            count,
-            dtype,
-        },
-        Coll::ReduceScatter => Prim::ReduceScatter {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        },
-        Coll::Broadcast => Prim::Broadcast {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        },
-        Coll::Reduce => Prim::Reduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            root,
-        },
+        Coll::AllReduce => Prim::AllReduce { send, recv, count, dtype, op },
+        Coll::AllGather => Prim::AllGather { send, recv, count, dtype },
+        Coll::ReduceScatter => Prim::ReduceScatter { send, recv, count, dtype, op },
+        Coll::Broadcast => Prim::Broadcast { send, recv, count, dtype, root },
+        Coll::Reduce => Prim::Reduce { send, recv, count, dtype, op, root },
         Coll::AlltoAll | Coll::AlltoAllv | Coll::Gather | Coll::Scatter | Coll::SendRecv => {
             out.push(Prim::GroupStart);
             out.extend(point_to_point(call));
@@ -131,18 +101,8 @@ fn point_to_point(call: &Call) -> Vec<Prim> {
     let (send, recv, count, root) = (call.send, call.recv, call.count, call.root);
     let (n, rank) = (call.nranks, call.rank);
     let peers = 0..n as i32;
-    let to = |buf: u64, count: usize, peer: i32| Prim::Send {
-        buf,
-        count,
-        dtype,
-        peer,
-    };
-    let from = |buf: u64, count: usize, peer: i32| Prim::Recv {
-        buf,
-        count,
-        dtype,
-        peer,
-    };
+    let to = |buf: u64, count: usize, peer: i32| Prim::Send { buf, count, dtype, peer };
+    let from = |buf: u64, count: usize, peer: i32| Prim::Recv { buf, count, dtype, peer };
     // Where peer `p`'s block of `count` elements starts in a buffer of one block per rank.
     let block = |base: u64, p: i32| base + p as u64 * count as u64 * e;
     match call.coll {

@@ -239,6 +239,10 @@ impl DeviceBackend for CudaBackend {
         crate::backend::caps::gpu_static()
     }
 
+    fn current_device(&self) -> Result<Option<i32>> {
+        CudaBackend::current_device(self)
+    }
+
     fn device_count(&self) -> Result<usize> {
         Ok(self.devices.len())
     }
