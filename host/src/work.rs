@@ -36,10 +36,21 @@ pub struct WorkItem {
     pub pc: usize,
 }
 
+/// A copy within this rank's memory with nothing to compute (a one-rank collective out of
+/// place): the executor makes it a plain copy (a copy engine on devices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalCopy {
+    pub src: usize,
+    pub dst: usize,
+    pub bytes: usize,
+}
+
 /// One communicator's work in a group.
 pub struct Work {
     pub ctxs: Vec<OpCtx>,
     pub items: Vec<WorkItem>,
+    /// Plain copies, done before the items.
+    pub copies: Vec<LocalCopy>,
     /// The stream device work runs on (the first task's).
     pub stream: Stream,
 }

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::params;
 use crate::reduce::{DevOp, Reducer};
 use crate::backend::Capabilities;
-use crate::work::{OpCtx, Work, WorkItem};
+use crate::work::{LocalCopy, OpCtx, Work, WorkItem};
 use crate::transport::SLOT_BYTES;
 use crate::types::DataType;
 
@@ -276,6 +276,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
     };
     let mut self_sends: Vec<(usize, usize)> = Vec::new();
     let mut self_recvs: Vec<(usize, usize)> = Vec::new();
+    let mut copies = Vec::new();
     for task in tasks {
         if task.count == 0 {
             continue;
@@ -314,6 +315,21 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
                 _ => {
                     // One rank: the result is this rank's input, through the op (pre and post).
                     let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
+                    let identity = !reduce
+                        || match ctxs[ci].reducer.op {
+                            DevOp::Sum | DevOp::Prod | DevOp::Min | DevOp::Max => true,
+                            // Avg over one rank (x * 1, x / 1), or a scalar of 1.
+                            DevOp::PreMulSum { scalar } => scalar == 1.0,
+                            DevOp::SumPostDiv { n } => n == 1,
+                        };
+                    let ctx = &ctxs[ci];
+                    if identity && ctx.scalar_at == 0 {
+                        // Nothing to compute: in place nothing at all, else one plain copy.
+                        if ctx.src != ctx.dst {
+                            copies.push(LocalCopy { src: ctx.src, dst: ctx.dst, bytes: b });
+                        }
+                        continue;
+                    }
                     for (c, steps) in local_channels(b, reduce, caps.p2p_channels(b, n)) {
                         push(ItemKey::Local(c), ci, steps);
                     }
@@ -378,7 +394,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
-    Ok((Work { ctxs, items, stream }, device))
+    Ok((Work { ctxs, items, copies, stream }, device))
 }
 
 /// A local copy (or pass through the op) of `bytes`, spread over `nch` channels: each
@@ -467,5 +483,33 @@ mod tests {
             panic!("planned over unknown buffers");
         };
         assert!(e.message.contains("AllReduce: send buffer"), "{}", e.message);
+    }
+}
+
+#[cfg(test)]
+mod one_rank_tests {
+    use super::*;
+    use crate::backend::Stream;
+
+    #[test]
+    fn one_rank_is_a_plain_copy_or_nothing_unless_the_op_computes() {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let caps = Capabilities::gpu();
+        let env = PlanEnv { rank: 0, nranks: 1, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        let t = |kind, send, recv, op| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 1000, dtype: DataType::Float32, op, stream: Stream(1) };
+        // Out of place: one copy, no step.
+        let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::Sum)]).unwrap();
+        assert_eq!(w.copies, vec![LocalCopy { src: 0x1000, dst: 0x9000, bytes: 4000 }]);
+        assert!(w.items.is_empty());
+        // In place: nothing at all; avg over one rank is the identity too.
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+            let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x1000, op)]).unwrap();
+            assert!(w.copies.is_empty() && w.items.is_empty(), "{op:?}");
+        }
+        let (w, _) = plan(&env, &[t(CollKind::Broadcast { root: 0 }, 0x1000, 0x9000, ReduceOp::Sum)]).unwrap();
+        assert_eq!(w.copies.len(), 1);
+        // PreMulSum computes: the interpreter's local steps.
+        let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::PreMulSum(Scalar::Host(2.0)))]).unwrap();
+        assert!(w.copies.is_empty() && !w.items.is_empty());
     }
 }

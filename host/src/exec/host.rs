@@ -32,6 +32,11 @@ pub fn run(runs: &mut [HostRun<'_>]) -> Result<()> {
     }
     for run in runs.iter_mut() {
         read_scalars(run.work);
+        for c in &run.work.copies {
+            // SAFETY: the planner resolved both ranges through the backend (live memory of
+            // `bytes` each); they may overlap only as the caller's buffers do, hence memmove.
+            unsafe { std::ptr::copy(c.src as *const u8, c.dst as *mut u8, c.bytes) };
+        }
     }
     let mut scratch = vec![0u8; SLOT_BYTES];
     let mut idle = 0u32;

@@ -45,6 +45,9 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
             backend.stream_wait_event(stream, e)?;
         }
     }
+    for c in &run.copies {
+        backend.copy(DevicePtr(c.dst as u64), DevicePtr(c.src as u64), c.bytes, stream)?;
+    }
     let buffers: Vec<(DevicePtr, usize)> = run
         .ctxs
         .iter()
@@ -141,7 +144,7 @@ mod tests {
     }
 
     fn run(ctxs: Vec<OpCtx>, items: Vec<Vec<(usize, Step)>>) -> Work {
-        Work { ctxs, items: items.into_iter().map(|steps| WorkItem { steps, pc: 0 }).collect(), stream: Stream::DEFAULT }
+        Work { ctxs, items: items.into_iter().map(|steps| WorkItem { steps, pc: 0 }).collect(), copies: vec![], stream: Stream::DEFAULT }
     }
 
     fn decode<T: Copy + Default>(bytes: &[u8], at: usize, n: usize) -> Vec<T> {
