@@ -2,12 +2,15 @@
 //! runs in the launcher: rustccl's `get_unique_id`, or the library's `ncclGetUniqueId` with
 //! `--lib`), starts one copy of this program per rank with the rank and the id (hex) in the
 //! environment, and waits for all of them. When a rank fails the others are stopped after a
-//! short grace, and `-T` stops them all after that many seconds.
+//! short grace, and `-T` stops them all after that many seconds. Before that it picks the
+//! ranks and deals with MPS ([`crate::layout`]).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::bench::EXIT_WRONG_DATA;
+use crate::layout::{self, MpsAction};
+use crate::mps;
 use crate::opts::Options;
 
 pub const RANK_VAR: &str = "RUSTCCL_BENCH_RANK";
@@ -48,8 +51,56 @@ fn kill_all(children: &mut [(usize, Child, Option<i32>)]) {
     }
 }
 
-/// Starts every rank and returns the exit status for the launcher.
+/// Picks the ranks ([`layout::plan`]), starts MPS when asked and needed or says in one line
+/// that ranks time-slice, runs them ([`run_ranks`]) and stops the MPS daemon it started.
+/// Returns the exit status for the launcher (2 for a root beyond the picked ranks, as for
+/// other bad arguments).
 pub fn launch(opts: &Options, args: &[String]) -> i32 {
+    let plan = layout::plan(
+        layout::probe_gpus(opts),
+        opts.nranks_given.then_some(opts.nranks),
+        mps::running(),
+        opts.start_mps
+            || layout::start_allowed_by_env(std::env::var(layout::START_MPS_VAR).ok().as_deref()),
+    );
+    let mut opts = opts.clone();
+    let mut args = args.to_vec();
+    if !opts.nranks_given {
+        opts.nranks = plan.nranks;
+        args.push(format!("--nranks={}", plan.nranks));
+        if let Err(e) = opts.check_root() {
+            eprintln!("rustccl-bench: {e}");
+            return 2;
+        }
+    }
+    let daemon = match &plan.mps {
+        MpsAction::Nothing => None,
+        MpsAction::Warn(line) => {
+            eprintln!("{line}");
+            None
+        }
+        MpsAction::Start(line) => {
+            eprintln!("{line}");
+            match mps::Daemon::start() {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    eprintln!("rustccl-bench: could not start MPS: {e}; the ranks that share a GPU time-slice");
+                    None
+                }
+            }
+        }
+    };
+    let status = run_ranks(&opts, &args);
+    if let Some(d) = daemon {
+        if let Err(e) = d.stop() {
+            eprintln!("rustccl-bench: stopping MPS: {e}");
+        }
+    }
+    status
+}
+
+/// Starts every rank of `opts.nranks` and returns the exit status for the launcher.
+fn run_ranks(opts: &Options, args: &[String]) -> i32 {
     let id = match make_id(opts) {
         Ok(id) => id,
         Err(e) => {

@@ -6,12 +6,15 @@
 //! * [`data`]: predictable inputs and exact expected outputs per type and operator.
 //! * [`driver`]: the Rust-API and C-ABI drivers behind one trait.
 //! * [`bench`]: one rank's sweep; [`format`]: the table and JSON.
-//! * [`launch`]: starting the ranks as processes.
+//! * [`launch`]: starting the ranks as processes; [`layout`]: how many, and what happens
+//!   when several share a GPU; [`mps`]: NVIDIA's MPS daemon.
 
 pub mod bench;
 pub mod data;
 pub mod driver;
 pub mod format;
 pub mod launch;
+pub mod layout;
+pub mod mps;
 pub mod ops;
 pub mod opts;

@@ -1,5 +1,6 @@
-//! `rustccl-bench`: nccl-tests for rustccl. Starts `-N` ranks as local processes (copies of
-//! itself) and sweeps an operation over sizes; rank 0 prints nccl-tests' table. See `--help`.
+//! `rustccl-bench`: nccl-tests for rustccl. Starts `-N` ranks (default: one per GPU on the
+//! CUDA backend, 4 on the host backend; see `layout`) as local processes (copies of itself)
+//! and sweeps an operation over sizes; rank 0 prints nccl-tests' table. See `--help`.
 
 use rustccl_bench::driver::cabi::{id_from_hex, CDriver};
 use rustccl_bench::driver::rust::RustDriver;

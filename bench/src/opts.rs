@@ -64,7 +64,15 @@ pub struct Options {
     pub ops: Vec<Coll>,
     /// The op as the user named it (for the header).
     pub op_arg: String,
+    /// The ranks. Without `-N` ([`Options::nranks_given`] false) the launcher picks them
+    /// ([`crate::layout`]: one per GPU on the CUDA backend, [`DEFAULT_HOST_RANKS`] otherwise)
+    /// and passes `--nranks` to the ranks; until then it holds [`DEFAULT_HOST_RANKS`].
     pub nranks: usize,
+    /// `-N` was given.
+    pub nranks_given: bool,
+    /// `--start-mps`: start NVIDIA's MPS daemon when more ranks than GPUs share the GPUs and
+    /// it is not running (see [`crate::layout`]).
+    pub start_mps: bool,
     pub min_bytes: usize,
     pub max_bytes: usize,
     /// Step factor (> 1) or, when it is 1, `step_bytes` is added.
@@ -100,7 +108,9 @@ impl Default for Options {
         Options {
             ops: vec![Coll::AllReduce],
             op_arg: "all_reduce".into(),
-            nranks: 4,
+            nranks: DEFAULT_HOST_RANKS,
+            nranks_given: false,
+            start_mps: false,
             min_bytes: 8,
             max_bytes: 128 << 20,
             step_factor: 2,
@@ -131,7 +141,13 @@ USAGE: rustccl-bench [op] [options]
   op: all_reduce (default) | all_gather | reduce_scatter | broadcast | reduce | alltoall |
       alltoallv | gather | scatter | sendrecv | all   (also allreduce, all_reduce_perf, ...)
 
-  -N, --nranks <n>          ranks, one local process each (default 4)
+  -N, --nranks <n>          ranks, one local process each (default: one per GPU on the CUDA
+                            backend, 4 on the host backend and with --host-memory)
+      --start-mps           when there are more ranks than GPUs and NVIDIA's MPS daemon is not
+                            running, start it (nvidia-cuda-mps-control -d) and stop it at the
+                            end (also RUSTCCL_BENCH_START_MPS=1); without it such a run says in
+                            one line that the ranks sharing a GPU time-slice (milliseconds per
+                            call) and how to start MPS
   -b, --minbytes <size>     smallest size, K/M/G suffixes (default 8)
   -e, --maxbytes <size>     largest size (default 128M)
   -f, --stepfactor <f>      multiply the size by f each step (default 2)
@@ -162,7 +178,11 @@ Sizes: each size is rounded down to whole elements of the type; every operation 
 count = size / sizeof(type) as nccl-tests does (all_gather, reduce_scatter, alltoall, gather,
 scatter: count/nranks elements per rank). Timing: wall clock over the timed iterations after a
 barrier, ended by a stream synchronize; busbw factors as nccl-tests. Without --lib the Rust API
-runs on the backend RUSTCCL_BACKEND names (host by default).";
+runs on the backend RUSTCCL_BACKEND names (unset: cuda when a GPU is present, else host);
+rank r uses GPU r % (GPU count).";
+
+/// The ranks without `-N` when they do not run on GPUs.
+pub const DEFAULT_HOST_RANKS: usize = 4;
 
 /// Seconds of timed iterations a size may take with automatic iterations.
 pub const AUTO_BUDGET_S: f64 = 0.25;
@@ -325,6 +345,10 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
                 o.host_memory = true;
                 continue;
             }
+            "--start-mps" => {
+                o.start_mps = true;
+                continue;
+            }
             _ => {}
         }
         if !a.starts_with('-') || a == "-" {
@@ -404,7 +428,10 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
         };
         let v = value.as_str();
         match flag.as_str() {
-            "-N" | "--nranks" => o.nranks = parse_count(&flag, v, 1)?,
+            "-N" | "--nranks" => {
+                o.nranks = parse_count(&flag, v, 1)?;
+                o.nranks_given = true;
+            }
             "-b" | "--minbytes" => o.min_bytes = parse_size(v)?,
             "-e" | "--maxbytes" => o.max_bytes = parse_size(v)?,
             "-f" | "--stepfactor" => {
@@ -479,11 +506,9 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             o.min_bytes, o.max_bytes
         ));
     }
-    if let RootSel::One(r) = o.root {
-        let rooted = o.ops.iter().any(|c| c.has_root());
-        if rooted && r as usize >= o.nranks {
-            return err(format!("root {r} is out of range for {} ranks", o.nranks));
-        }
+    // Without -N the launcher checks the root once it has picked the ranks.
+    if o.nranks_given {
+        o.check_root()?;
     }
     if o.host_memory && o.lib.is_none() {
         return err(
@@ -526,6 +551,17 @@ impl Options {
             self.step_factor,
             self.step_bytes,
         )
+    }
+
+    /// A root (`-r`) of a rooted operation must be one of the ranks.
+    pub fn check_root(&self) -> Result<(), String> {
+        if let RootSel::One(r) = self.root {
+            let rooted = self.ops.iter().any(|c| c.has_root());
+            if rooted && r as usize >= self.nranks {
+                return err(format!("root {r} is out of range for {} ranks", self.nranks));
+            }
+        }
+        Ok(())
     }
 
     /// The roots a rooted operation runs with.

@@ -223,3 +223,18 @@ fn a_missing_library_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(se.contains("cannot load /nonexistent/libnccl.so.2"), "{se}");
 }
+
+#[test]
+fn without_n_the_host_backend_runs_four_ranks() {
+    // --start-mps changes nothing on the host backend: no GPU is shared, no MPS line.
+    let (out, so, se) = run(bench("broadcast -b 8 -e 64 -n 1 -r 3 --start-mps"));
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    let ranks: Vec<&str> = so.lines().filter(|l| l.starts_with("#  Rank ")).collect();
+    assert_eq!(ranks.len(), 4, "{so}");
+    assert!(so.contains("#  Rank  3 Group  0 Pid "), "{so}");
+    assert!(!se.contains("MPS"), "{se}");
+    // The root is checked against the ranks the launcher picked.
+    let (out, _, se) = run(bench("broadcast -b 8 -e 64 -n 1 -r 4"));
+    assert_eq!(out.status.code(), Some(2), "{se}");
+    assert!(se.contains("root 4 is out of range for 4 ranks"), "{se}");
+}
