@@ -101,7 +101,7 @@ pub fn start_allowed_by_env(value: Option<&str>) -> bool {
 /// then fail with the driver's error themselves). Initialises the CUDA driver in this process
 /// but creates no context.
 pub fn probe_gpus(o: &Options) -> Option<usize> {
-    use rustccl::backend::{BackendKind, CudaBackend, DeviceBackend};
+    use rustccl::backend::{CudaBackend, DeviceBackend};
     let count = if o.lib.is_some() {
         if o.host_memory {
             return None;
@@ -109,7 +109,8 @@ pub fn probe_gpus(o: &Options) -> Option<usize> {
         CudaBackend::shared().ok()?.device_count()
     } else {
         let backend = rustccl::backend::select_backend().ok()?;
-        if backend.kind() != BackendKind::Cuda {
+        // Host memory: no GPU to share.
+        if backend.capabilities().host_addressable {
             return None;
         }
         backend.device_count()
