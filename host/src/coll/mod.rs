@@ -136,22 +136,19 @@ impl Task {
             CollKind::AllGather => (None, false),
             CollKind::Send { peer } | CollKind::Recv { peer } => (Some(peer), false),
         };
-        let op = reduces.then(|| {
-            match self.op {
-                ReduceOp::Sum => "sum",
-                ReduceOp::Prod => "prod",
-                ReduceOp::Max => "max",
-                ReduceOp::Min => "min",
-                ReduceOp::Avg => "avg",
-                ReduceOp::PreMulSum(_) => "premulsum",
-            }
-            .to_string()
+        let op = reduces.then_some(match self.op {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
         });
         crate::comm::health::OpShape {
             kind: self.kind.name(),
             rank,
             count: self.count as u64,
-            dtype: format!("{:?}", self.dtype),
+            dtype: self.dtype.name(),
             op,
             p2p: matches!(self.kind, CollKind::Send { .. } | CollKind::Recv { .. }),
         }

@@ -46,16 +46,24 @@ pub struct OpShape {
     /// The root, or the peer of a send or receive.
     pub rank: Option<u32>,
     pub count: u64,
-    pub dtype: String,
+    pub dtype: &'static str,
     /// The reduction operator, for operations that reduce.
-    pub op: Option<String>,
+    pub op: Option<&'static str>,
     /// A send or a receive (not numbered among the collectives).
     pub p2p: bool,
 }
 
 impl OpDesc {
     fn of(shape: &OpShape, seq: u64, coll_seq: u64) -> OpDesc {
-        OpDesc { seq, coll_seq, kind: shape.kind.to_string(), rank: shape.rank, count: shape.count, dtype: shape.dtype.clone(), op: shape.op.clone() }
+        OpDesc {
+            seq,
+            coll_seq,
+            kind: shape.kind.to_string(),
+            rank: shape.rank,
+            count: shape.count,
+            dtype: shape.dtype.to_string(),
+            op: shape.op.map(str::to_string),
+        }
     }
 
     fn is_p2p(&self) -> bool {
@@ -133,12 +141,11 @@ impl OpLog {
     /// Records that operations of these shapes start now.
     pub(crate) fn started(&self, tasks: &[OpShape]) {
         let mut s = self.lock();
-        for t in tasks {
-            s.seq += 1;
-            if !t.p2p {
-                s.coll_seq += 1;
-            }
-            s.started = Some(OpDesc::of(t, s.seq, s.coll_seq));
+        s.seq += tasks.len() as u64;
+        s.coll_seq += tasks.iter().filter(|t| !t.p2p).count() as u64;
+        // Only the latest is shown: the others are not described (this runs on every call).
+        if let Some(last) = tasks.last() {
+            s.started = Some(OpDesc::of(last, s.seq, s.coll_seq));
         }
         if !tasks.is_empty() {
             // Host work starts when the last finished; device work is launched while earlier
@@ -473,7 +480,7 @@ mod tests {
     fn the_log_numbers_operations_and_tracks_waiting() {
         let log = OpLog::new(0);
         assert!(log.waiting().is_none());
-        let shape = |kind, p2p: bool| OpShape { kind, rank: p2p.then_some(1), count: 4, dtype: "Float32".into(), op: None, p2p };
+        let shape = |kind, p2p: bool| OpShape { kind, rank: p2p.then_some(1), count: 4, dtype: "Float32", op: None, p2p };
         log.started(&[shape("AllReduce", false), shape("Send", true)]);
         let s = log.status();
         assert!(s.busy);

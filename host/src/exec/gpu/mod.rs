@@ -31,6 +31,10 @@ pub use state::ExecState;
 /// Launches a communicator's work on its stream on `device`; returns once it is enqueued.
 /// `state` is the communicator's (its watchdog starts when `state.watching` is first set).
 pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mut ExecState, run: &Work, links: &Links) -> Result<()> {
+    if run.copies.is_empty() && run.items.is_empty() {
+        // Nothing for the device (a one-rank operation in place, count 0): no launch, no event.
+        return Ok(());
+    }
     let backend = Arc::clone(backend);
     let stream = run.stream;
     let t = std::time::Instant::now();
