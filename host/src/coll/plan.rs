@@ -277,6 +277,9 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
     let mut self_sends: Vec<(usize, usize)> = Vec::new();
     let mut self_recvs: Vec<(usize, usize)> = Vec::new();
     let mut copies = Vec::new();
+    // One rank, and nothing to compute in any operation: plain copies (in call order). With a
+    // computing operation among them, every one runs as steps, in call order.
+    let all_copies = n == 1 && tasks.iter().all(|t| one_rank_identity(t, n));
     for task in tasks {
         if task.count == 0 {
             continue;
@@ -315,15 +318,8 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
                 _ => {
                     // One rank: the result is this rank's input, through the op (pre and post).
                     let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
-                    let identity = !reduce
-                        || match ctxs[ci].reducer.op {
-                            DevOp::Sum | DevOp::Prod | DevOp::Min | DevOp::Max => true,
-                            // Avg over one rank (x * 1, x / 1), or a scalar of 1.
-                            DevOp::PreMulSum { scalar } => scalar == 1.0,
-                            DevOp::SumPostDiv { n } => n == 1,
-                        };
                     let ctx = &ctxs[ci];
-                    if identity && ctx.scalar_at == 0 {
+                    if all_copies {
                         // Nothing to compute: in place nothing at all, else one plain copy.
                         if ctx.src != ctx.dst {
                             copies.push(LocalCopy { src: ctx.src, dst: ctx.dst, bytes: b });
@@ -395,6 +391,21 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
     Ok((Work { ctxs, items, copies, stream }, device))
+}
+
+/// Whether a task on one rank leaves its input as it is: no reduction, or one that does
+/// nothing to a single input (sum, prod, min, max, avg over one rank, a host scalar of 1).
+fn one_rank_identity(task: &Task, nranks: u32) -> bool {
+    let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
+    if !reduce {
+        return !matches!(task.kind, CollKind::Send { .. } | CollKind::Recv { .. });
+    }
+    match task.op {
+        ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max => true,
+        ReduceOp::Avg => nranks == 1,
+        ReduceOp::PreMulSum(Scalar::Host(v)) => v == 1.0,
+        ReduceOp::PreMulSum(Scalar::Device(_)) => false,
+    }
 }
 
 /// A local copy (or pass through the op) of `bytes`, spread over `nch` channels: each
@@ -511,5 +522,17 @@ mod one_rank_tests {
         // PreMulSum computes: the interpreter's local steps.
         let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::PreMulSum(Scalar::Host(2.0)))]).unwrap();
         assert!(w.copies.is_empty() && !w.items.is_empty());
+        // With a computing operation in the group, every operation runs as steps, in order
+        // (the second reads what the first wrote).
+        let (w, _) = plan(
+            &env,
+            &[
+                t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::PreMulSum(Scalar::Host(2.0))),
+                t(CollKind::AllReduce, 0x9000, 0x11000, ReduceOp::Sum),
+            ],
+        )
+        .unwrap();
+        assert!(w.copies.is_empty());
+        assert_eq!(w.items.iter().flat_map(|i| &i.steps).map(|(ci, _)| *ci).collect::<Vec<_>>(), vec![0, 1]);
     }
 }
