@@ -317,7 +317,7 @@ fn compile_kernels() -> Result<(), Error> {
 fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     use rustccl::types::DataType;
     use rustccl::ReduceOp;
-    let comm = Communicator::init_rank_scalable(nranks, rank, ids, rank, &CommConfig::default())?;
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, worker_coll::test_device(rank), &CommConfig::default())?;
     let backend = std::sync::Arc::clone(comm.backend());
     let device = comm.device()? as usize;
     let stream = backend.create_stream(device)?;
