@@ -76,7 +76,7 @@ fn encode(entries: &[Entry]) -> Vec<u8> {
 }
 
 fn decode(bytes: &[u8]) -> Option<Vec<Entry>> {
-    if bytes.len() % 24 != 0 {
+    if !bytes.len().is_multiple_of(24) {
         return None;
     }
     let words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();

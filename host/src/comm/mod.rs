@@ -480,7 +480,7 @@ impl Communicator {
     pub(crate) fn cached_connections(
         &self,
         wanted: &[(Link, Dir)],
-    ) -> (std::collections::HashMap<(Link, Dir), Arc<Connection>>, Vec<(Link, Dir)>) {
+    ) -> (crate::exec::Links, Vec<(Link, Dir)>) {
         let t = self.lock_transports();
         let mut have = std::collections::HashMap::new();
         let mut missing = Vec::new();

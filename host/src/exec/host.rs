@@ -84,7 +84,7 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
             continue;
         }
         idle += 1;
-        if idle % CHECK_EVERY == 0 {
+        if idle.is_multiple_of(CHECK_EVERY) {
             for run in runs.iter() {
                 run.comm.check("collective").map_err(|e| run.comm.record(e))?;
                 let links = run.links;
