@@ -384,6 +384,17 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
         // The receive's context gets the send's source.
         ctxs[r].src = ctxs[s].src;
         ctxs[r].src_len = ctxs[s].src_len;
+        // A plain copy (a copy engine on devices) when no other operation of the group touches
+        // its memory (copies run before the steps); else steps, in order with the others.
+        let copy = LocalCopy { src: ctxs[s].src, dst: ctxs[r].dst, bytes: sb };
+        let apart = ctxs.iter().enumerate().filter(|(i, _)| *i != s && *i != r).all(|(_, o)| {
+            let hits = |a: usize, b: usize, len: usize| len > 0 && a < b + len && b < a + copy.bytes;
+            !hits(copy.dst, o.src, o.src_len) && !hits(copy.dst, o.dst, o.dst_len) && !hits(copy.src, o.dst, o.dst_len)
+        });
+        if apart && copy.src != copy.dst {
+            copies.push(copy);
+            continue;
+        }
         for (c, steps) in local_channels(sb, false, caps.p2p_channels(sb, n)) {
             push(ItemKey::Local(c), r, steps);
         }
@@ -534,5 +545,32 @@ mod one_rank_tests {
         .unwrap();
         assert!(w.copies.is_empty());
         assert_eq!(w.items.iter().flat_map(|i| &i.steps).map(|(ci, _)| *ci).collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_send_to_self_is_a_copy_unless_another_operation_touches_its_memory() {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let caps = Capabilities::gpu();
+        let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        let t = |kind, send, recv| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 256, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1) };
+        // An all-to-all's own block, and a send to the peer elsewhere: the self part is a copy.
+        let group = [
+            t(CollKind::Send { peer: 0 }, 0x1000, 0, ),
+            t(CollKind::Recv { peer: 0 }, 0, 0x9000),
+            t(CollKind::Send { peer: 1 }, 0x1400, 0),
+            t(CollKind::Recv { peer: 1 }, 0, 0x9400),
+        ];
+        let (w, _) = plan(&env, &group).unwrap();
+        assert_eq!(w.copies, vec![LocalCopy { src: 0x1000, dst: 0x9000, bytes: 1024 }]);
+        assert!(w.items.iter().flat_map(|i| &i.steps).all(|(ci, _)| *ci >= 2), "no local step for the self part");
+        // The peer's data lands where the self copy reads: steps, in order.
+        let group = [
+            t(CollKind::Recv { peer: 1 }, 0, 0x1000),
+            t(CollKind::Send { peer: 0 }, 0x1000, 0),
+            t(CollKind::Recv { peer: 0 }, 0, 0x9000),
+            t(CollKind::Send { peer: 1 }, 0x5000, 0),
+        ];
+        let (w, _) = plan(&env, &group).unwrap();
+        assert!(w.copies.is_empty());
     }
 }
