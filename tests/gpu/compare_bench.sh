@@ -7,9 +7,8 @@
 set -u
 OLD=$1; shift
 COLLS=${*:-all_reduce all_gather reduce_scatter broadcast}
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN RUSTCCL_BACKEND=cuda
-export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
 for c in $COLLS; do
     for round in 1 2; do
         for which in new old; do

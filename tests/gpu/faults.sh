@@ -5,10 +5,8 @@
 # different operations, a rank that never calls (hang report, then the operation timeout and
 # a shrink). Uses the binaries under target/gpu; logs to $OUT.
 set -u
-G=target/gpu
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN RUSTCCL_BACKEND=cuda
-export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
 started_mps=0
 if [ "$(nvidia-smi -L | wc -l)" -lt 3 ] && ! pgrep -x nvidia-cuda-mps >/dev/null; then
     nvidia-cuda-mps-control -d && started_mps=1 && echo "MPS started"

@@ -3,10 +3,8 @@
 # compute-sanitizer (memcheck; without MPS, which the sanitizer does not support): a mismatch
 # must end in an error or a timeout, never a device fault. Logs to $OUT.
 set -u
-G=target/gpu
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN RUSTCCL_BACKEND=cuda
-export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
 run2() { # name, prefix command ('' or sanitizer), env...
     name=$1; pre=$2; shift 2; port=$((29600 + RANDOM % 300))
     for r in 0 1; do env NCCL_COMM_ID=127.0.0.1:$port "$@" timeout 120 $pre $G/rank-worker fault-mismatch 2 $r env > $OUT/d_$name.$r.log 2>&1 & done; wait

@@ -4,11 +4,8 @@
 # rustccl's libnccl.so.2 and for NVIDIA's through the same C driver; a device-to-device copy
 # roofline from PyTorch. Uses target/gpu; logs to $OUT.
 set -u
-G=target/gpu
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN RUSTCCL_BACKEND=cuda
-export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
-NV=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(nvidia.nccl.__path__[0],"lib","libnccl.so.2"))' 2>/dev/null)
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
 for c in all_reduce broadcast all_gather; do
     A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n 50 -w 5"
     timeout 120 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1

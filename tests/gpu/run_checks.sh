@@ -6,10 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/rustccl-gpu}
 mkdir -p "$OUT"
-G=target/gpu
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
-NV=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(nvidia.nccl.__path__[0],"lib","libnccl.so.2"))' 2>/dev/null)
+. tests/gpu/env.sh
 cp -f $G/libnccl.so $G/libnccl.so.2 2>/dev/null
 summary=$OUT/summary.txt
 : > "$summary"
@@ -30,7 +27,6 @@ matrix2() {
 PART=${1:-all}
 nvidia-smi -L > "$OUT/gpus.txt"
 # The collective kernels: compiled by NVRTC (in parallel) or found in the cache.
-export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
 RUSTCCL_BACKEND=cuda timeout 300 $G/rank-worker compile-kernels 1 0 none > "$OUT/compile.log" 2>&1
 note "kernels: $(grep -E '^(RESULT|ERROR)' "$OUT/compile.log" | tr '\n' ' ')"
 if [ "$PART" != bench ]; then

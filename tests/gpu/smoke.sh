@@ -3,17 +3,13 @@
 # compiles, the all-reduce matrix on P2P with each protocol, the whole matrix on P2P, and a
 # short side-by-side bench. Uses the binaries under target/gpu; logs to $OUT.
 set -u
-G=target/gpu
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN RUSTCCL_BACKEND=cuda
-export RUSTCCL_KERNEL_CACHE_DIR=${RUSTCCL_KERNEL_CACHE_DIR:-$PWD/target/kcache}
-NV=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(nvidia.nccl.__path__[0],"lib","libnccl.so.2"))' 2>/dev/null)
-m() { name=$1; t=$2; shift 2; port=$((29600 + RANDOM % 300)); seed=$RANDOM; for r in 0 1; do env COLL_SEED=$seed NCCL_COMM_ID=127.0.0.1:$port "$@" timeout $t $G/rank-worker coll-matrix 2 $r env > $OUT/m_$name.$r.log 2>&1 & done; wait; echo "matrix $name: $(grep -h -E '^(RESULT|ERROR)' $OUT/m_$name.*.log | cut -c1-300 | tr '\n' ' ')"; }
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
 s=$(date +%s); timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1; echo "compile: rc=$? $(($(date +%s)-s)) s: $(tail -2 $OUT/compile.log | tr '\n' ' ')"
-m ar_small 60 COLL_COLLS=allreduce COLL_DTYPES=float32 COLL_OPS=sum COLL_COUNTS=1,7,1001 COLL_LARGE=none
-for p in Simple LL LL128; do m ar_$p 120 NCCL_PROTO=$p COLL_COLLS=allreduce,allgather,reducescatter COLL_DTYPES=float32,int8,bfloat16 COLL_COUNTS=1,1001,300001; done
-m p2p 240
-m tree 120 NCCL_ALGO=Tree COLL_COLLS=allreduce
+matrix ar_small 60 COLL_COLLS=allreduce COLL_DTYPES=float32 COLL_OPS=sum COLL_COUNTS=1,7,1001 COLL_LARGE=none
+for p in Simple LL LL128; do matrix ar_$p 120 NCCL_PROTO=$p COLL_COLLS=allreduce,allgather,reducescatter COLL_DTYPES=float32,int8,bfloat16 COLL_COUNTS=1,1001,300001; done
+matrix p2p 240
+matrix tree 120 NCCL_ALGO=Tree COLL_COLLS=allreduce
 B="timeout 120 $G/rustccl-bench all_reduce -N 2 -b 8 -e 1G -f 16 -c 1"
 $B > $OUT/b_rustccl.txt 2>&1; [ -n "$NV" ] && $B --lib "$NV" > $OUT/b_nccl.txt 2>&1
 paste <(grep -E "^ +[0-9]" $OUT/b_rustccl.txt | awk '{print $1,$6,$8}') <(grep -E "^ +[0-9]" $OUT/b_nccl.txt | awk '{print $6,$8}')
