@@ -4,8 +4,9 @@
 //! - Always, where it costs nothing: every slot a rank fills in a shared-memory FIFO carries
 //!   the [`OpSig`] of its operation (kind, datatype, operator, root, count), and the consumer
 //!   compares it with its own before using the data. Float32 on one rank and Int32 on the
-//!   other (same bytes) is caught at the first slot, with both sides named. Slots that
-//!   cross the network, and device kernels, carry no signature.
+//!   other (same bytes) is caught at the first slot, with both sides named. Device kernels
+//!   do the same through the FIFO header and their line flags (`kernels/src/device/exec.cu`).
+//!   Slots that cross the network carry no signature.
 //! - With `RUSTCCL_CHECK_COLLECTIVES=1`, on every backend and transport: before a group runs,
 //!   the ranks exchange the list of their operations over the bootstrap network and compare
 //!   them (a round trip per group: for debugging).
@@ -31,19 +32,14 @@ fn kind_code(kind: &CollKind) -> (u64, u64) {
     }
 }
 
-fn reduces(kind: &CollKind) -> bool {
-    matches!(kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter)
-}
-
 impl OpSig {
     /// Bits 60..64 kind, 56..60 datatype + 1, 52..56 operator + 1 (0 when the operation does
     /// not reduce), 32..52 root, 0..32 the count's low 32 bits.
     pub fn of(task: &Task) -> OpSig {
         let (kind, root) = kind_code(&task.kind);
-        let op = if reduces(&task.kind) { task.op.red_op() as u64 + 1 } else { 0 };
+        let op = if task.kind.reduces() { task.op.red_op() as u64 + 1 } else { 0 };
         OpSig(kind << 60 | (task.dtype as u64 + 1) << 56 | op << 52 | root << 32 | (task.count as u64 & 0xffff_ffff))
     }
-
 }
 
 /// Whether `RUSTCCL_CHECK_COLLECTIVES=1`.

@@ -112,8 +112,7 @@ fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
                 ))));
             }
             for run in runs {
-                run.comm.check_running("connect").map_err(|e| run.comm.record_error(e))?;
-                run.comm.check_op_health().map_err(|e| run.comm.record_error(e))?;
+                CommSide::check(&run.comm, "connect").map_err(|e| run.comm.record_error(e))?;
             }
             std::thread::yield_now();
         }

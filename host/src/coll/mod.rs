@@ -110,6 +110,16 @@ impl CollKind {
             CollKind::Recv { .. } => "Recv",
         }
     }
+
+    /// Whether the operation reduces (applies the operator).
+    pub fn reduces(&self) -> bool {
+        matches!(self, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter)
+    }
+
+    /// A send or a receive.
+    pub fn is_p2p(&self) -> bool {
+        matches!(self, CollKind::Send { .. } | CollKind::Recv { .. })
+    }
 }
 
 /// One operation of one rank, as enqueued. Counts are in elements: for AllGather the count
@@ -129,28 +139,18 @@ pub struct Task {
 impl Task {
     /// The task as the communicator's op log (hang reports) describes it.
     pub(crate) fn shape(&self) -> crate::comm::health::OpShape {
-        let (rank, reduces) = match self.kind {
-            CollKind::AllReduce | CollKind::ReduceScatter => (None, true),
-            CollKind::Reduce { root } => (Some(root), true),
-            CollKind::Broadcast { root } => (Some(root), false),
-            CollKind::AllGather => (None, false),
-            CollKind::Send { peer } | CollKind::Recv { peer } => (Some(peer), false),
+        let rank = match self.kind {
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather => None,
+            CollKind::Reduce { root } | CollKind::Broadcast { root } => Some(root),
+            CollKind::Send { peer } | CollKind::Recv { peer } => Some(peer),
         };
-        let op = reduces.then_some(match self.op {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Prod => "prod",
-            ReduceOp::Max => "max",
-            ReduceOp::Min => "min",
-            ReduceOp::Avg => "avg",
-            ReduceOp::PreMulSum(_) => "premulsum",
-        });
         crate::comm::health::OpShape {
             kind: self.kind.name(),
             rank,
             count: self.count as u64,
             dtype: self.dtype.name(),
-            op,
-            p2p: matches!(self.kind, CollKind::Send { .. } | CollKind::Recv { .. }),
+            op: self.kind.reduces().then(|| self.op.red_op().name()),
+            p2p: self.kind.is_p2p(),
         }
     }
 }

@@ -279,7 +279,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
     let mut copies = Vec::new();
     // One rank, and nothing to compute in any operation: plain copies (in call order). With a
     // computing operation among them, every one runs as steps, in call order.
-    let all_copies = n == 1 && tasks.iter().all(|t| one_rank_identity(t, n));
+    let all_copies = n == 1 && tasks.iter().all(one_rank_identity);
     for task in tasks {
         if task.count == 0 {
             continue;
@@ -317,7 +317,6 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
                 CollKind::Recv { .. } => self_recvs.push((ci, b)),
                 _ => {
                     // One rank: the result is this rank's input, through the op (pre and post).
-                    let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
                     let ctx = &ctxs[ci];
                     if all_copies {
                         // Nothing to compute: in place nothing at all, else one plain copy.
@@ -326,7 +325,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
                         }
                         continue;
                     }
-                    for (c, steps) in local_channels(b, reduce, caps.p2p_channels(b, n)) {
+                    for (c, steps) in local_channels(b, task.kind.reduces(), caps.p2p_channels(b, n)) {
                         push(ItemKey::Local(c), ci, steps);
                     }
                 }
@@ -405,15 +404,13 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
 }
 
 /// Whether a task on one rank leaves its input as it is: no reduction, or one that does
-/// nothing to a single input (sum, prod, min, max, avg over one rank, a host scalar of 1).
-fn one_rank_identity(task: &Task, nranks: u32) -> bool {
-    let reduce = matches!(task.kind, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter);
-    if !reduce {
-        return !matches!(task.kind, CollKind::Send { .. } | CollKind::Recv { .. });
+/// nothing to a single input (sum, prod, min, max, avg over the one rank, a host scalar of 1).
+fn one_rank_identity(task: &Task) -> bool {
+    if !task.kind.reduces() {
+        return !task.kind.is_p2p();
     }
     match task.op {
-        ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max => true,
-        ReduceOp::Avg => nranks == 1,
+        ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max | ReduceOp::Avg => true,
         ReduceOp::PreMulSum(Scalar::Host(v)) => v == 1.0,
         ReduceOp::PreMulSum(Scalar::Device(_)) => false,
     }

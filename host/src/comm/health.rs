@@ -179,6 +179,11 @@ impl OpLog {
         }
     }
 
+    /// Whether an operation is under way (started, not finished).
+    pub(crate) fn busy(&self) -> bool {
+        self.lock().busy_since.is_some()
+    }
+
     /// How long the oldest unfinished operation has waited.
     fn waiting(&self) -> Option<Duration> {
         self.lock().busy_since.map(|t| t.elapsed())
@@ -194,9 +199,11 @@ impl OpLog {
     }
 }
 
-/// `RUSTCCL_HANG_REPORT_S`: how long an operation waits before a hang report.
+/// `RUSTCCL_HANG_REPORT_S`: how long an operation waits before a hang report. Read once:
+/// waiting operations ask on every check.
 pub fn hang_report_after() -> Duration {
-    crate::params::env_seconds_or("RUSTCCL_HANG_REPORT_S", Duration::from_secs(60))
+    static AFTER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| crate::params::env_seconds_or("RUSTCCL_HANG_REPORT_S", Duration::from_secs(60)))
 }
 
 /// How each rank stands relative to the operation a report is about.
@@ -378,7 +385,7 @@ impl Communicator {
     /// This rank's status, after looking whether device work still marked as running has
     /// completed meanwhile (the watchdog looks only every few milliseconds).
     fn fresh_status(&self) -> RankStatus {
-        if self.inner.ops.status().busy {
+        if self.inner.ops.busy() {
             let _ = self.device_completed();
         }
         self.inner.ops.status()
@@ -421,7 +428,6 @@ impl Communicator {
             let why = format!("an operation has waited {:.1} s (RUSTCCL_HANG_REPORT_S = {:.0})", waited.as_secs_f64(), after.as_secs_f64());
             if let Err(e) = self.report(&why) {
                 tracing::warn!(target: "INIT", "rank {}: hang report failed: {}", self.inner.rank, e.message);
-                self.inner.ops.mark_reported();
             }
         }
         Ok(())

@@ -563,7 +563,7 @@ impl Communicator {
     /// Whether the device work launched so far has completed (then the op log says so), and
     /// the hang report and timeout of work that has not.
     fn device_health(&self) -> Result<()> {
-        if self.inner.ops.status().busy && !self.device_completed() {
+        if self.inner.ops.busy() && !self.device_completed() {
             self.check_op_health()?;
         }
         Ok(())
