@@ -76,39 +76,43 @@ impl Transport for PinnedShm {
 
     fn setup_recv(&self, cx: &Context, link: Link) -> Result<(Progress, Vec<u8>)> {
         let host = Context::host()?;
-        let hb = fifo::header_bytes();
-        let slots = fifo::STEPS * GPU_SLOT_BYTES;
-        let (hptr, hhandle) = host.alloc_shareable(0, hb + slots)?;
-        let haddr = host.host_address(hptr, hb + slots)?;
-        // SAFETY: the mapping stays until `mem` releases it, after the registration.
-        let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, hb + slots)? };
+        let (hptr, hhandle) = host.alloc_shareable(0, pinned_bytes())?;
         let msg = hhandle.to_bytes().to_vec();
-        let mem = vec![
-            Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr },
-            Memory::Exported { backend: host, ptr: hptr },
-        ];
-        // SAFETY: as above; the slots follow the header in the registered mapping.
-        let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) };
+        let (fifo, mem) = pinned_fifo(cx, Memory::Exported { backend: host, ptr: hptr })?;
         Ok((Progress::Made(Arc::new(Connection::new(link, Dir::Recv, Kind::ShmPinned, fifo, mem))), msg))
     }
 
     fn connect_send(&self, cx: &Context, link: Link, message: &[u8]) -> Result<Progress> {
         let host = Context::host()?;
-        let hb = fifo::header_bytes();
-        let slots = fifo::STEPS * GPU_SLOT_BYTES;
         let handle_len = ShareHandle::SIZE;
         let hhandle =
             ShareHandle::from_bytes(message.get(..handle_len).ok_or_else(|| Error::internal("short handle"))?)?;
         // The only importer: the file goes once mapped (nothing left if a rank is killed).
         let hptr = host.import_last(0, &hhandle)?;
-        let host_mem = Memory::Imported { backend: Arc::clone(&host), ptr: hptr };
-        // Shared pinned host memory: header and slots, registered here too.
-        let haddr = host.host_address(hptr, hb + slots)?;
-        // SAFETY: the imported mapping outlives the registration (released after it).
-        let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, hb + slots)? };
-        let mem = vec![Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr }, host_mem];
-        // SAFETY: as above.
-        let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) };
+        let (fifo, mem) = pinned_fifo(cx, Memory::Imported { backend: host, ptr: hptr })?;
         Ok(Progress::Made(Arc::new(Connection::new(link, Dir::Send, Kind::ShmPinned, fifo, mem))))
     }
+}
+
+/// Bytes of a pinned FIFO: the header and the Simple slots.
+fn pinned_bytes() -> usize {
+    fifo::header_bytes() + fifo::STEPS * GPU_SLOT_BYTES
+}
+
+/// A pinned FIFO over shared host memory `host_mem` (exported here or imported), registered
+/// with the device backend too; the memory to keep, the registration first (it is released
+/// before the mapping).
+fn pinned_fifo(cx: &Context, host_mem: Memory) -> Result<(Fifo, Vec<Memory>)> {
+    let (host, hptr) = match &host_mem {
+        Memory::Exported { backend, ptr } | Memory::Imported { backend, ptr } => (backend, *ptr),
+        _ => return Err(Error::internal("a pinned FIFO needs shared host memory")),
+    };
+    let (hb, bytes) = (fifo::header_bytes(), pinned_bytes());
+    let haddr = host.host_address(hptr, bytes)?;
+    // SAFETY: the shared mapping outlives the registration (`host_mem` is released after it).
+    let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, bytes)? };
+    let mem = vec![Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr }, host_mem];
+    // SAFETY: as above; the slots follow the header in the registered mapping.
+    let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) };
+    Ok((fifo, mem))
 }
