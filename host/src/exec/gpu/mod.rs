@@ -35,17 +35,15 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         // Nothing for the device (a one-rank operation in place, count 0): no launch, no event.
         return Ok(());
     }
-    let backend = Arc::clone(backend);
     let stream = run.stream;
     let t = std::time::Instant::now();
     let capturing = backend.is_capturing(stream)?;
     profile::record(Stage::Capture, t);
-    let cache = state;
-    let control = cache.control(&backend)?;
+    let control = state.control(backend)?;
     // Launches of one communicator run in order, whatever streams they come on: each reads
     // where its connections stand when it starts.
-    if cache.last.is_some_and(|s| s != stream) && !capturing {
-        if let Some(e) = cache.last_event() {
+    if state.last.is_some_and(|s| s != stream) && !capturing {
+        if let Some(e) = state.last_event() {
             backend.stream_wait_event(stream, e)?;
         }
     }
@@ -63,7 +61,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         let Some(enc) = encode::encode(run, links, seg.ctxs.clone())? else { continue };
         profile::record(Stage::Encode, t);
         let t = std::time::Instant::now();
-        let base = cache.image(&backend, device, &enc.bytes, capturing, stream)?;
+        let base = state.image(backend, device, &enc.bytes, capturing, stream)?;
         profile::record(Stage::Image, t);
         let at = |i: usize| base.0 + enc.offsets[i] as u64;
         let args = ExecArgs {
@@ -89,7 +87,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         profile::record(Stage::Kernel, t);
     }
     if !capturing {
-        cache.launched(&backend, device, stream)?;
+        state.launched(backend, device, stream)?;
     }
     Ok(())
 }
