@@ -62,6 +62,7 @@ pub fn prepare(backend: &Arc<dyn DeviceBackend>, ranges: &[(usize, usize)]) -> R
             }
             None if backend.host_address(DevicePtr(ptr as u64), bytes).is_ok() => continue,
             None => {
+                check_mapped(ptr, bytes)?;
                 // SAFETY: the C caller promises, as with NCCL, that the buffer is valid for
                 // `bytes` until the operation completes; the registration ends then (see
                 // `finish`).
@@ -73,6 +74,31 @@ pub fn prepare(backend: &Arc<dyn DeviceBackend>, ranges: &[(usize, usize)]) -> R
             }
         };
         PENDING.with(|s| s.borrow_mut().1.push((Arc::clone(backend), hold)));
+    }
+    Ok(())
+}
+
+/// A caller's buffer the host backend does not know yet is host memory of this process, and
+/// the host backend runs on whatever range it registers: a range that is not mapped memory (a
+/// count larger than the buffer, a range past the end of the address space) is refused here
+/// rather than read. (Memory the backend knows is mapped already.)
+fn check_mapped(p: usize, bytes: usize) -> Result<(), Error> {
+    if p == 0 || bytes == 0 {
+        return Ok(());
+    }
+    let refuse = || {
+        Error::invalid_argument(format!(
+            "the buffer at {p:#x} of {bytes} bytes is not memory of this process (is the count larger than the buffer?)"
+        ))
+    };
+    let end = p.checked_add(bytes).ok_or_else(refuse)?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let start = p - p % page;
+    // SAFETY: with MS_ASYNC, msync only looks the range up in this process's mappings (it
+    // fails with ENOMEM when part of it is unmapped); it does not read or write the memory.
+    if unsafe { libc::msync(start as *mut libc::c_void, end - start, libc::MS_ASYNC) } != 0 {
+        return Err(refuse());
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ use std::os::raw::{c_int, c_void};
 
 use rustccl::backend::{DevicePtr, Stream};
 use rustccl::types::{DataType, RedOp};
+use rustccl::coll::checked_bytes as bytes;
 use rustccl::{Error, ReduceOp, Scalar};
 
 use crate::handles::{self, CComm, CommHandle, UserOp};
@@ -41,11 +42,6 @@ fn op(c: &CComm, v: c_int, t: DataType, what: &str) -> Result<ReduceOp, Error> {
     })
 }
 
-/// The bytes of `count` elements of `t`, `times` over; an invalid argument when that overflows.
-fn bytes(what: &str, count: usize, t: DataType, times: usize) -> Result<usize, Error> {
-    rustccl::coll::checked_bytes(what, count, t, times)
-}
-
 fn ptr(p: *const c_void) -> DevicePtr {
     DevicePtr(p as u64)
 }
@@ -77,38 +73,9 @@ fn with_op_buffers(
 }
 
 fn with_ranges(c: &CComm, ranges: Vec<(usize, usize)>, f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
-    if c.comm.backend().capabilities().host_addressable {
-        for &(p, b) in &ranges {
-            check_mapped(p, b)?;
-        }
-    }
     let r = buffers::prepare(c.comm.backend(), &ranges).and_then(|_| f());
     buffers::finish();
     r
-}
-
-/// On the host backend a buffer is host memory of this process, and the host backend runs
-/// on whatever range it is given: a range that is not mapped memory (a count larger than the
-/// buffer, a range past the end of the address space) is refused here rather than read.
-fn check_mapped(p: usize, bytes: usize) -> Result<(), Error> {
-    if p == 0 || bytes == 0 {
-        return Ok(());
-    }
-    let refuse = || {
-        Error::invalid_argument(format!(
-            "the buffer at {p:#x} of {bytes} bytes is not memory of this process (is the count larger than the buffer?)"
-        ))
-    };
-    let end = p.checked_add(bytes).ok_or_else(refuse)?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
-    let start = p - p % page;
-    // SAFETY: with MS_ASYNC, msync only looks the range up in this process's mappings (it
-    // fails with ENOMEM when part of it is unmapped); it does not read or write the memory.
-    if unsafe { libc::msync(start as *mut c_void, end - start, libc::MS_ASYNC) } != 0 {
-        return Err(refuse());
-    }
-    Ok(())
 }
 
 nccl_api! {
