@@ -6,6 +6,7 @@
 //! version (adapted by the version's client type), or, in a later issue, a C library built for
 //! NCCL's ABI.
 
+pub mod c_abi;
 pub mod discovery;
 pub mod library;
 pub mod net;
