@@ -36,6 +36,7 @@ fn main() {
         "kill-shrink" => kill_shrink(nranks, rank, &ids),
         "net-traffic" => net_traffic(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
+        "tuned-sizes" => tuned_sizes(nranks, rank, &ids),
         "coll-matrix" => worker_coll::matrix(nranks, rank, &ids),
         "coll-matrix-one-process" => worker_coll::matrix_one_process(nranks),
         "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),
@@ -300,6 +301,46 @@ fn plugins(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     drop(p);
     comm.destroy()?;
     Ok(())
+}
+
+/// For each size of `RUSTCCL_TEST_SIZES` (bytes, comma list): the planner's choice for a float
+/// all-reduce of that size (`RESULT choice <bytes> <ALGO> <PROTO> <channels>`, as the tuner
+/// and the cost model decide it), then that all-reduce run and its result checked.
+fn tuned_sizes(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    use rustccl::coll::plan::{choose, PlanEnv};
+    use rustccl::coll::{CollKind, Task};
+    use rustccl::types::DataType;
+    use rustccl::ReduceOp;
+    let sizes: Vec<usize> = std::env::var("RUSTCCL_TEST_SIZES")
+        .map_err(|_| Error::invalid_argument("set RUSTCCL_TEST_SIZES"))?
+        .split(',')
+        .map(|s| s.trim().parse().map_err(|_| Error::invalid_argument(format!("bad size {s:?}"))))
+        .collect::<Result<_, _>>()?;
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, worker_coll::test_device(rank), &CommConfig::default())?;
+    let backend = std::sync::Arc::clone(comm.backend());
+    let device = comm.device()? as usize;
+    let stream = backend.create_stream(device)?;
+    for bytes in sizes {
+        let count = bytes / 4;
+        let buf = backend.alloc(device, bytes.max(4))?;
+        let task = Task { kind: CollKind::AllReduce, send: buf, recv: buf, count, dtype: DataType::Float32, op: ReduceOp::Sum, stream };
+        let c = PlanEnv::with(&comm, |env| choose(env, &task))?;
+        println!("RESULT choice {bytes} {} {} {}", c.algo.name(), c.proto.name(), c.channels);
+        let input: Vec<u8> = (0..count).flat_map(|i| ((i % 97) as f32 + rank as f32).to_ne_bytes()).collect();
+        backend.copy_to_device(buf, &input, stream)?;
+        comm.all_reduce(buf, buf, count, DataType::Float32, ReduceOp::Sum, stream)?;
+        let mut out = vec![0u8; count * 4];
+        backend.copy_from_device(&mut out, buf, stream)?;
+        backend.synchronize(stream)?;
+        let n = nranks as f32;
+        for (i, w) in out.chunks_exact(4).enumerate() {
+            let got = f32::from_ne_bytes(w.try_into().unwrap());
+            let want = (i % 97) as f32 * n + (0..nranks).sum::<i32>() as f32;
+            check(got == want, format!("{bytes} B: element {i} is {got}, expected {want}"))?;
+        }
+        backend.free(buf)?;
+    }
+    comm.destroy()
 }
 
 /// Compiles (or finds in the kernel cache) every collective kernel of the cuda backend for
