@@ -101,3 +101,13 @@ fn a_c_tuner_whose_init_fails_is_skipped_with_one_line() {
     );
     assert!(!log.contains("TUNER/Plugin: using"), "{log}");
 }
+
+#[test]
+fn a_c_tuner_table_missing_a_mandatory_member_is_refused_with_the_reason() {
+    let path = c_tuner("null-coll-info", &["-DTUNER_NULL_COLL_INFO"]);
+    let (tuned, log) = run(&[("NCCL_TUNER_PLUGIN", &path)]);
+    let (base, _) = run(&[("NCCL_TUNER_PLUGIN", "none")]);
+    assert_eq!(tuned, base, "the cost model decides");
+    assert!(log.contains("ncclTunerPlugin_v5 has a NULL getCollInfo, which NCCL's tuner ABI requires"), "{log}");
+    assert!(!log.contains("TUNER/Plugin: using"), "{log}");
+}

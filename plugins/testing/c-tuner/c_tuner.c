@@ -3,6 +3,7 @@
  *
  *   -DTUNER_VERSION=2..6   which ncclTunerPlugin_vN table to export (default 5)
  *   -DTUNER_INIT_FAILS     init returns ncclInternalError (the loader must skip the tuner)
+ *   -DTUNER_NULL_COLL_INFO the table's getCollInfo is NULL (the loader must refuse it)
  *
  * Rule: an AllReduce of at most RUSTCCL_C_TUNER_MAX_BYTES bytes (default 65536) runs as
  * TREE/LL on RUSTCCL_C_TUNER_CHANNELS channels (default 2); everything else is left to the
@@ -121,20 +122,25 @@ static result_t coll_info_v3(void* ctx, int coll, size_t nBytes, int numPipeOps,
 struct { const char* name; void* init; void* getCollInfo; void* destroy; } ncclTunerPlugin_v3 = {
     "c-tuner", (void*)init_old, (void*)coll_info_v3, (void*)stop};
 #else
-static result_t coll_info_v4(void* ctx, int coll, size_t nBytes, int numPipeOps, float** table, int numAlgo, int numProto,
+__attribute__((unused)) static result_t coll_info_v4(void* ctx, int coll, size_t nBytes, int numPipeOps, float** table, int numAlgo, int numProto,
                              int regBuff, int* nChannels) {
   (void)numPipeOps; (void)regBuff;
   return edit_table(ctx, coll, nBytes, table, numAlgo, numProto, nChannels);
 }
+#ifdef TUNER_NULL_COLL_INFO
+#define COLL_INFO_V4 NULL
+#else
+#define COLL_INFO_V4 (void*)coll_info_v4
+#endif
 #if TUNER_VERSION == 4
 struct { const char* name; void* init; void* getCollInfo; void* destroy; } ncclTunerPlugin_v4 = {
-    "c-tuner", (void*)init_old, (void*)coll_info_v4, (void*)stop};
+    "c-tuner", (void*)init_old, COLL_INFO_V4, (void*)stop};
 #elif TUNER_VERSION == 5
 struct { const char* name; void* init; void* getCollInfo; void* finalize; } ncclTunerPlugin_v5 = {
-    "c-tuner", (void*)init_new, (void*)coll_info_v4, (void*)stop};
+    "c-tuner", (void*)init_new, COLL_INFO_V4, (void*)stop};
 #else
 /* v6: getChunkSize left NULL (optional). */
 struct { const char* name; void* init; void* getCollInfo; void* finalize; void* getChunkSize; } ncclTunerPlugin_v6 = {
-    "c-tuner", (void*)init_new, (void*)coll_info_v4, (void*)stop, NULL};
+    "c-tuner", (void*)init_new, COLL_INFO_V4, (void*)stop, NULL};
 #endif
 #endif
