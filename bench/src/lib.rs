@@ -6,6 +6,7 @@
 //! * [`data`]: predictable inputs and exact expected outputs per type and operator.
 //! * [`driver`]: the Rust-API and C-ABI drivers behind one trait.
 //! * [`bench`]: one rank's sweep; [`format`]: the table and JSON.
+//! * [`tune`]: `--tune`, the sweep that writes a tuner table.
 //! * [`launch`]: starting the ranks as processes; [`layout`]: how many, and what happens
 //!   when several share a GPU; [`mps`]: NVIDIA's MPS daemon.
 
@@ -18,3 +19,4 @@ pub mod layout;
 pub mod mps;
 pub mod ops;
 pub mod opts;
+pub mod tune;

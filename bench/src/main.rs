@@ -5,7 +5,7 @@
 use rustccl_bench::driver::cabi::{id_from_hex, CDriver};
 use rustccl_bench::driver::rust::RustDriver;
 use rustccl_bench::driver::Driver;
-use rustccl_bench::{bench, launch, opts};
+use rustccl_bench::{bench, launch, opts, tune};
 
 fn main() {
     let mut argv = std::env::args();
@@ -28,6 +28,9 @@ fn main() {
     };
     if let Some(rank) = launch::rank_from_env() {
         std::process::exit(run_rank(&o, rank));
+    }
+    if o.tune {
+        std::process::exit(tune::run(&o));
     }
     std::process::exit(launch::launch(&o, &args));
 }

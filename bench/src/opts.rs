@@ -101,6 +101,13 @@ pub struct Options {
     pub cudart: Option<String>,
     /// `--host-memory`: the C driver uses host memory and the NULL stream (no CUDA).
     pub host_memory: bool,
+    /// `--tune`: sweep algorithm x protocol x channels and write a tuner table
+    /// ([`crate::tune`]).
+    pub tune: bool,
+    /// `--tune-out`: the table's path without extension (`.csv` and `.json` are written).
+    pub tune_out: Option<String>,
+    /// `--tune-channels`: the channel counts to try (empty: powers of two up to the most).
+    pub tune_channels: Vec<u32>,
 }
 
 impl Default for Options {
@@ -131,6 +138,9 @@ impl Default for Options {
             lib: None,
             cudart: None,
             host_memory: false,
+            tune: false,
+            tune_out: None,
+            tune_channels: Vec::new(),
         }
     }
 }
@@ -172,6 +182,14 @@ USAGE: rustccl-bench [op] [options]
       --cudart <path>       the CUDA runtime for --lib (default: libcudart.so, .so.13, .so.12)
       --host-memory         with --lib: host memory and the NULL stream, no CUDA (rustccl's
                             library with RUSTCCL_BACKEND=host)
+      --tune                instead of one table: sweep algorithm x protocol x channels for each
+                            tuned collective (all five unless an op is given) over the sizes,
+                            and write the fastest per size range as a table for the csv-table
+                            tuner (plugins/tuner-default); see docs/TUNING.md
+      --tune-out <prefix>   with --tune: write <prefix>.csv and <prefix>.json (default
+                            rustccl-tuner)
+      --tune-channels <l>   with --tune: channel counts to try, e.g. 1,2,4 (default: powers of
+                            two up to the backend's most, 32 with --lib)
   -h, --help
 
 Sizes: each size is rounded down to whole elements of the type; every operation uses
@@ -349,6 +367,10 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
                 o.start_mps = true;
                 continue;
             }
+            "--tune" => {
+                o.tune = true;
+                continue;
+            }
             _ => {}
         }
         if !a.starts_with('-') || a == "-" {
@@ -411,6 +433,8 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "--ngpus",
             "--lib",
             "--cudart",
+            "--tune-out",
+            "--tune-channels",
         ];
         if !known.contains(&flag.as_str()) {
             return err(format!("unknown option {a:?}\n\n{USAGE}"));
@@ -490,6 +514,14 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             }
             "--lib" => o.lib = Some(v.to_string()),
             "--cudart" => o.cudart = Some(v.to_string()),
+            "--tune-out" => o.tune_out = Some(v.to_string()),
+            "--tune-channels" => {
+                o.tune_channels = v
+                    .split(',')
+                    .map(|c| c.trim().parse::<u32>().ok().filter(|&c| c > 0))
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| format!("{flag} {v}: a comma list of channel counts (1 or more)"))?;
+            }
             _ => unreachable!(),
         }
     }
@@ -517,6 +549,13 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
     }
     if o.cudart.is_some() && o.lib.is_none() {
         return err("--cudart goes with --lib");
+    }
+    if (o.tune_out.is_some() || !o.tune_channels.is_empty()) && !o.tune {
+        return err("--tune-out and --tune-channels go with --tune");
+    }
+    if o.tune && !op_given {
+        o.ops = crate::tune::TUNED.to_vec();
+        o.op_arg = "all tuned collectives".into();
     }
     Ok(o)
 }

@@ -34,9 +34,14 @@
 //! * Everything after `#` is a comment; blank lines are ignored. NCCL's optional
 //!   9th and 10th columns (`numPipeOps`, `regBuff`) are accepted when they are `-1`.
 //!
+//! A file whose name ends in `.json` is read as the JSON form of the same table (see
+//! [`json`]; `rustccl-bench --tune` writes both forms).
+//!
 //! Malformed lines are skipped with a message on stderr naming the file and line.
 //! A rule whose (algorithm, protocol) is disabled in the host's table (or missing
 //! from it) is passed over, and the next matching rule is tried.
+
+pub mod json;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -201,8 +206,9 @@ pub fn parse_config(text: &str) -> ParsedConfig {
     parsed
 }
 
-/// Reads and parses the rule file at `path`, calling `warn` with one message per skipped
-/// line. An unreadable file is an error.
+/// Reads and parses the rule file at `path` — the JSON form ([`json`]) when its name ends in
+/// `.json`, the CSV form otherwise — calling `warn` with one message per skipped line (JSON:
+/// rule). An unreadable file, or a `.json` file that is not a rule table, is an error.
 pub fn load_config(path: &Path, mut warn: impl FnMut(&str)) -> Result<Vec<Rule>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
@@ -210,7 +216,12 @@ pub fn load_config(path: &Path, mut warn: impl FnMut(&str)) -> Result<Vec<Rule>,
             path.display()
         )
     })?;
-    let parsed = parse_config(&text);
+    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let parsed = if is_json {
+        json::parse_config(&text).map_err(|e| format!("{PLUGIN_NAME}: {CONFIG_ENV}={}: {e}", path.display()))?
+    } else {
+        parse_config(&text)
+    };
     for error in &parsed.errors {
         warn(&format!(
             "{PLUGIN_NAME}: {}: skipped malformed {error}",
