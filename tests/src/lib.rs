@@ -276,3 +276,43 @@ impl Drop for Nodes {
         }
     }
 }
+
+/// The C test net plugin `plugins/testing/c-net-tcp/ctcp.c` ("CTcp"), compiled with `cc` into
+/// `target/<profile>/c-net-tcp/libctcp-<variant>.so` (once per variant and test process; the
+/// file is renamed into place, so test programs compiling it at once never see half a file).
+/// Variants: `v11` (exports the v11 and v6 tables), `v6` (only v6), and the broken builds the
+/// loader tests need: `init-fails`, `malformed` (NULL `test`), `null-name`, `only-v13`,
+/// `offload` (device 0 is not a host network), `collnet` (also exports a CollNet symbol).
+pub fn c_net_plugin(variant: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let flag = match variant {
+        "v11" => None,
+        "v6" => Some("-DCTCP_V6_ONLY"),
+        "init-fails" => Some("-DCTCP_INIT_FAILS"),
+        "malformed" => Some("-DCTCP_MALFORMED"),
+        "null-name" => Some("-DCTCP_NULL_NAME"),
+        "only-v13" => Some("-DCTCP_ONLY_V13"),
+        "offload" => Some("-DCTCP_OFFLOAD"),
+        "collnet" => Some("-DCTCP_COLLNET"),
+        other => panic!("no C test plugin variant {other}"),
+    };
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, p)) = built.iter().find(|(v, _)| v == variant) {
+        return p.clone();
+    }
+    let exe = std::env::current_exe().expect("current executable");
+    let target = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("exe dir");
+    let dir = target.join("c-net-tcp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("libctcp-{variant}.so"));
+    let tmp = dir.join(format!(".libctcp-{variant}.{}.so", std::process::id()));
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-net-tcp/ctcp.c");
+    let mut cc = Command::new("cc");
+    cc.args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-shared", "-fPIC", "-pthread"]);
+    cc.args(flag).arg("-o").arg(&tmp).arg(&src);
+    let status = cc.status().expect("run cc");
+    assert!(status.success(), "compiling {} ({variant}) failed", src.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    built.push((variant.to_string(), out.clone()));
+    out
+}

@@ -7,6 +7,7 @@
 //! NCCL's ABI.
 
 pub mod c_abi;
+pub mod c_net;
 pub mod c_tuner;
 pub mod discovery;
 pub mod library;

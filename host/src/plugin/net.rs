@@ -2,10 +2,11 @@
 //!
 //! Candidates come from `NCCL_NET_PLUGIN` ([`discovery`](super::discovery)); the built-in
 //! Socket plugin is always the last one. For each, in order: open the library, find its
-//! newest supported table, `init` it for this communicator, check it has devices, and check
-//! its name against `NCCL_NET` / `config.netName` when one is asked for. The first that passes
-//! is used; one INFO line says which, which ABI version, from where, and why; each candidate
-//! that failed gets one line saying why.
+//! newest supported table (rustccl's own first, then NCCL's C tables `ncclNetPlugin_v12` down
+//! to `_v6`, adapted by [`c_net`](super::c_net)), `init` it for this communicator, check it has
+//! devices, and check its name against `NCCL_NET` / `config.netName` when one is asked for. The
+//! first that passes is used; one INFO line says which, which ABI, from where, and why; each
+//! candidate that failed gets one line saying why.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use rustccl_plugin_api::export::{self, PluginKind};
 use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client};
 use rustccl_plugin_api::PluginHandle;
 
+use super::c_net::{self, CNet};
 use super::library::{self, PluginLibrary};
 use super::{Plugin, Skipped};
 use crate::error::{Error, Result};
@@ -23,10 +25,35 @@ pub const NET_ABI_VERSIONS: &[u32] = &[1];
 /// A net plugin, built in or loaded.
 pub type NetPlugin = Plugin<dyn Net>;
 
+/// Which ABI a net plugin's table follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetAbi {
+    /// rustccl's own (`rustccl_net_vN`).
+    Rustccl(u32),
+    /// NCCL's C table (`ncclNetPlugin_vN`).
+    NcclC(u32),
+}
+
+impl std::fmt::Display for NetAbi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NetAbi::Rustccl(v) => write!(f, "rustccl net ABI v{v}"),
+            NetAbi::NcclC(v) => write!(f, "NCCL C net ABI v{v}"),
+        }
+    }
+}
+
+/// A net plugin read from a library, with the ABI of its table.
+pub struct LoadedNet {
+    pub plugin: NetPlugin,
+    pub abi: NetAbi,
+}
+
 /// A net plugin initialised for one communicator; finalized when dropped.
 #[derive(Debug)]
 pub struct NetInstance {
     pub plugin: Arc<NetPlugin>,
+    pub abi: NetAbi,
     pub ctx: PluginHandle,
     pub devices: i32,
 }
@@ -46,22 +73,54 @@ pub fn builtin_socket() -> NetPlugin {
     Plugin::builtin(socket, "Socket", NET_ABI_VERSIONS[0])
 }
 
-/// Finds the newest net table a library exports.
-pub fn from_library(lib: &Arc<PluginLibrary>) -> std::result::Result<NetPlugin, String> {
+/// Finds the newest net table a library exports: rustccl's, else NCCL's C tables newest first.
+pub fn from_library(lib: &Arc<PluginLibrary>) -> std::result::Result<LoadedNet, String> {
     if let Some(t) = export::find::<NetV1>(&lib.lib, PluginKind::Net, 1)? {
-        return Ok(Plugin::loaded(Arc::new(NetV1Client { table: t }), t.name.as_str(), 1, lib));
+        let plugin: NetPlugin = Plugin::loaded(Arc::new(NetV1Client { table: t }), t.name.as_str(), 1, lib);
+        return Ok(LoadedNet { plugin, abi: NetAbi::Rustccl(1) });
     }
-    let c = library::nccl_c_symbols(lib, "ncclNetPlugin_v", 6..=11);
-    if !c.is_empty() {
+    note_collnet(lib);
+    if let Some(c) = CNet::load(lib)? {
+        let (name, v) = (c.name().to_string(), c.version());
+        let plugin: NetPlugin = Plugin::loaded(Arc::new(c), &name, v, lib);
+        return Ok(LoadedNet { plugin, abi: NetAbi::NcclC(v) });
+    }
+    let newer = library::nccl_c_symbols(lib, "ncclNetPlugin_v", c_net::NEWEST + 1..=c_net::NEWEST + 20);
+    if !newer.is_empty() {
         return Err(format!(
-            "it exports NCCL's C net ABI ({}), which this rustccl cannot load yet",
-            c.join(", ")
+            "it exports only {}, newer than the NCCL C net ABIs this rustccl knows (v{}..v{}); use a plugin build \
+             that also exports an older table",
+            newer.join(", "),
+            c_net::OLDEST,
+            c_net::NEWEST
         ));
     }
     Err(format!(
-        "it exports no rustccl net plugin (symbols {})",
-        NET_ABI_VERSIONS.iter().map(|&v| export::symbol_name(PluginKind::Net, v)).collect::<Vec<_>>().join(", ")
+        "it exports no rustccl net plugin (symbols {}) nor an NCCL C net table (ncclNetPlugin_v{}..v{})",
+        NET_ABI_VERSIONS.iter().map(|&v| export::symbol_name(PluginKind::Net, v)).collect::<Vec<_>>().join(", "),
+        c_net::NEWEST,
+        c_net::OLDEST
     ))
+}
+
+/// One INFO line per library (and process) that exports NCCL's CollNet, which rustccl does not
+/// use; the library's net table still loads.
+fn note_collnet(lib: &PluginLibrary) {
+    static NOTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let collnet = library::nccl_c_symbols(lib, "ncclCollNetPlugin_v", 2..=c_net::NEWEST + 20);
+    if collnet.is_empty() {
+        return;
+    }
+    let mut noted = NOTED.lock().unwrap_or_else(|p| p.into_inner());
+    if !noted.contains(&lib.path) {
+        noted.push(lib.path.clone());
+        tracing::info!(
+            target: "NET",
+            "NET/Plugin: {} also exports CollNet ({}); CollNet is not supported by rustccl, only its net table is used",
+            lib.path,
+            collnet.join(", ")
+        );
+    }
 }
 
 /// Chooses and initialises the network for a communicator. `want` is `config.netName` or
@@ -74,13 +133,13 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
     } else {
         "the built-in fallback"
     };
-    let mut plugins: Vec<(NetPlugin, bool, String)> =
-        search.found.into_iter().map(|f| (f.plugin, f.explicit, f.why)).collect();
-    plugins.push((builtin_socket(), false, builtin_why.to_string()));
+    let mut plugins: Vec<(NetPlugin, NetAbi, bool, String)> =
+        search.found.into_iter().map(|f| (f.plugin.plugin, f.plugin.abi, f.explicit, f.why)).collect();
+    plugins.push((builtin_socket(), NetAbi::Rustccl(NET_ABI_VERSIONS[0]), false, builtin_why.to_string()));
 
     let config = NetCommConfig { traffic_class: traffic_class.unwrap_or(-1) };
     let mut chosen = None;
-    for (plugin, explicit, why) in plugins {
+    for (plugin, abi, explicit, why) in plugins {
         let what = format!("{} ({})", plugin.name, plugin.origin);
         if let Some(w) = want {
             if !plugin.name.eq_ignore_ascii_case(w) {
@@ -97,7 +156,7 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
         };
         match plugin.api.devices(ctx) {
             Ok(n) if n > 0 => {
-                chosen = Some((NetInstance { plugin: Arc::new(plugin), ctx, devices: n }, why));
+                chosen = Some((NetInstance { plugin: Arc::new(plugin), abi, ctx, devices: n }, why));
                 break;
             }
             Ok(_) => skipped.push(Skipped { what, why: "it has no devices".into(), explicit }),
@@ -110,8 +169,8 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
         Some((inst, why)) => {
             tracing::info!(
                 target: "NET",
-                "NET/Plugin: using {} (rustccl net ABI v{}) from {}, {} device(s): {why}",
-                inst.plugin.name, inst.plugin.abi_version, inst.plugin.origin, inst.devices
+                "NET/Plugin: using {} ({}) from {}, {} device(s): {why}",
+                inst.plugin.name, inst.abi, inst.plugin.origin, inst.devices
             );
             Ok(inst)
         }

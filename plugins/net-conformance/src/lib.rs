@@ -1,5 +1,6 @@
-//! The net plugin conformance suite. It loads a plugin library (any rustccl net ABI version
-//! the suite knows; C plugins through the same `Net` trait once adapters exist) and checks the
+//! The net plugin conformance suite. It loads a plugin library through the host's own loader
+//! (so any table the host can use: rustccl's net ABI, or NCCL's C `ncclNetPlugin_v6`..`_v12`
+//! through the host's C adapter), sees it through the `Net` trait, and checks the
 //! rules every network must keep: messages of every size from 0 B to 1 GiB arrive intact and
 //! in order, tags, a receive larger than the message, 32 outstanding requests per connection,
 //! closing with requests in flight, stale handles refused, and a peer killed mid-transfer
@@ -10,8 +11,10 @@
 use std::time::{Duration, Instant};
 
 use abi_stable::std_types::RStr;
-use rustccl_plugin_api::export::{self, PluginKind};
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetV1, NetV1Client, RecvBuffer, PTR_HOST};
+use std::sync::Arc;
+
+use rustccl::plugin::{library, net as host_net};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, RecvBuffer, PTR_HOST};
 use rustccl_plugin_api::{LogFn, PluginHandle};
 
 /// How long any single step may take before the suite calls it a hang.
@@ -25,18 +28,27 @@ extern "C" fn quiet_log(level: i32, _subsys: u64, message: RStr<'_>) {
 
 /// A plugin under test, loaded from its library.
 pub struct Loaded {
-    pub net: Box<dyn Net>,
+    pub net: Arc<dyn Net>,
     pub name: String,
-    _lib: libloading::Library,
+    /// The ABI of the table used, e.g. "NCCL C net ABI v11".
+    pub abi: String,
+    /// Keeps the library loaded.
+    _plugin: host_net::NetPlugin,
 }
 
-/// Loads the newest net table `path` exports.
+/// Loads the newest net table `path` exports, as the host would.
 pub fn load(path: &str) -> Result<Loaded, String> {
-    // SAFETY: loading the library under test is the purpose of the suite.
-    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot load {path}: {e}"))?;
-    let table = export::find::<NetV1>(&lib, PluginKind::Net, 1)?
-        .ok_or_else(|| format!("{path} exports no rustccl net plugin"))?;
-    Ok(Loaded { net: Box::new(NetV1Client { table }), name: table.name.as_str().to_string(), _lib: lib })
+    let lib = library::open(path).map_err(|e| match e {
+        library::OpenError::NotFound => format!("cannot load {path}: no such file"),
+        library::OpenError::Failed(m) => format!("cannot load {path}: {m}"),
+    })?;
+    let found = host_net::from_library(&lib).map_err(|e| format!("{path}: {e}"))?;
+    Ok(Loaded {
+        net: Arc::clone(&found.plugin.api),
+        name: found.plugin.name.clone(),
+        abi: found.abi.to_string(),
+        _plugin: found.plugin,
+    })
 }
 
 /// One communicator's view of the plugin: its context and the device used.

@@ -28,7 +28,7 @@ fn main() {
         max_size = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or_else(|| die("--max-size takes a number"));
     }
     let loaded = load(&plugin).unwrap_or_else(|e| die(&e));
-    println!("# net plugin {} from {plugin}", loaded.name);
+    println!("# net plugin {} ({}) from {plugin}", loaded.name, loaded.abi);
     let env = Env::new(&*loaded.net, max_size).unwrap_or_else(|e| die(&e));
     let (mut passed, mut failed) = (0, 0);
     let mut report = |name: &str, r: Result<(), String>| match r {

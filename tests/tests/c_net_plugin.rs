@@ -1,0 +1,168 @@
+//! NCCL C net plugins, loaded through the host's C adapter: the C test plugin "CTcp"
+//! (`plugins/testing/c-net-tcp`, compiled here with `cc`) and its broken builds.
+//!
+//! Loader rules, each in a one-rank process of its own (they read the environment): the
+//! newest table a library exports wins and the INFO line names its ABI; a v6-only library
+//! loads as v6; a plugin whose init fails, whose table is malformed (NULL member, NULL name),
+//! that only exports a version newer than rustccl knows, or whose device offloads to the GPU is
+//! refused with one line and the next candidate is used; a library that also exports CollNet
+//! gets one line saying CollNet is not supported. Then real traffic: the collective matrix over
+//! the C plugin (v11 and v6 builds) with shared memory disabled, as processes of one host and
+//! across two network namespaces.
+
+use std::process::Command;
+use std::time::Duration;
+
+use rustccl_tests::*;
+
+fn ctcp(variant: &str) -> String {
+    c_net_plugin(variant).to_string_lossy().into_owned()
+}
+
+/// A one-rank communicator with `env`; returns (RESULT lines, log).
+fn run(env: &[(&str, &str)]) -> (Vec<String>, String) {
+    let ids = ids_arg(&[new_id()]);
+    let mut all = vec![("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET,PLUGIN")];
+    all.extend_from_slice(env);
+    let out = spawn("plugins", 1, &[0], &ids, &all).pop().unwrap().finish(Duration::from_secs(60));
+    assert!(out.ok(), "{out:?}");
+    (out.results().iter().map(|s| s.to_string()).collect(), out.stderr.clone())
+}
+
+fn using_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("NET/Plugin: using")).collect()
+}
+
+#[test]
+fn the_newest_table_wins_and_the_log_names_its_abi() {
+    let path = ctcp("v11");
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &path)]);
+    assert_eq!(r[0], format!("net CTcp v11 {path}"), "v11 is chosen over the v6 table the library also exports");
+    let using = using_lines(&log);
+    assert_eq!(using.len(), 1, "{log}");
+    assert!(using[0].contains(&format!("using CTcp (NCCL C net ABI v11) from {path}")), "{log}");
+    assert!(using[0].contains(&format!("NCCL_NET_PLUGIN={path}")), "the line says why: {log}");
+    // The plugin's own lines came through the variadic logger, formatted.
+    assert!(log.contains("CTcp: net ABI v11 initialised on lo"), "{log}");
+    assert!(log.contains("traffic class -1"), "{log}");
+}
+
+#[test]
+fn a_v6_only_library_loads_as_v6() {
+    let path = ctcp("v6");
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &path)]);
+    assert_eq!(r[0], format!("net CTcp v6 {path}"));
+    assert!(using_lines(&log)[0].contains("CTcp (NCCL C net ABI v6)"), "{log}");
+    assert!(log.contains("CTcp: net ABI v6 initialised"), "{log}");
+}
+
+#[test]
+fn a_plugin_whose_init_fails_is_skipped_for_the_next() {
+    let list = format!("{},{}", ctcp("init-fails"), ctcp("v6"));
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &list)]);
+    assert!(r[0].starts_with("net CTcp v6 ") && r[0].ends_with("libctcp-v6.so"), "{r:?}");
+    assert!(log.contains("CTcp: init fails on purpose (test build, net ABI v11)"), "the plugin's own warning: {log}");
+    let skipped: Vec<&str> = log.lines().filter(|l| l.contains("skipped") && l.contains("libctcp-init-fails.so")).collect();
+    assert_eq!(skipped.len(), 1, "{log}");
+    assert!(skipped[0].contains("init failed: NET/CTcp: init returned ncclSystemError"), "{log}");
+}
+
+#[test]
+fn malformed_tables_are_refused_with_the_reason() {
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("malformed"))]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert!(log.contains("its ncclNetPlugin_v11 table (CTcp) is malformed: NULL test"), "{log}");
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("null-name"))]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert!(log.contains("its ncclNetPlugin_v11 table is malformed: its name is NULL"), "{log}");
+}
+
+#[test]
+fn a_version_newer_than_known_is_refused_and_the_next_candidate_used() {
+    let list = format!("{},{}", ctcp("only-v13"), ctcp("v11"));
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &list)]);
+    assert!(r[0].starts_with("net CTcp v11 "), "{r:?}");
+    assert!(log.contains("it exports only ncclNetPlugin_v13, newer than the NCCL C net ABIs this rustccl knows (v6..v12)"), "{log}");
+}
+
+#[test]
+fn a_device_offload_network_is_refused() {
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("offload"))]);
+    assert_eq!(r[0], "net Socket v1 built in");
+    assert!(log.contains("device 0 is a device-offload network (netDeviceType 1)"), "{log}");
+}
+
+#[test]
+fn collnet_is_noted_once_and_the_net_table_still_loads() {
+    let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("collnet"))]);
+    assert!(r[0].starts_with("net CTcp v11 "), "{r:?}");
+    let notes: Vec<&str> = log.lines().filter(|l| l.contains("CollNet is not supported")).collect();
+    assert_eq!(notes.len(), 1, "{log}");
+    assert!(notes[0].contains("ncclCollNetPlugin_v11"), "{log}");
+}
+
+/// Every rank succeeded, checked the same non-zero number of cases, and used CTcp `abi`.
+fn check_matrix(what: &str, out: &[Outcome], abi: &str) {
+    let mut cases = Vec::new();
+    for o in out {
+        assert!(o.ok(), "{what}: rank {} failed\nstdout:\n{}\nstderr:\n{}", o.rank, o.stdout, o.stderr);
+        assert!(o.stderr.contains(&format!("using CTcp ({abi})")), "{what}: rank {} did not use CTcp: {}", o.rank, o.stderr);
+        let line = o.results().into_iter().find(|l| l.starts_with("checked ")).expect("a result line");
+        let n: usize = line.split_whitespace().nth(1).and_then(|w| w.parse().ok()).expect("case count");
+        cases.push(n);
+    }
+    assert!(cases[0] > 0 && cases.iter().all(|&n| n == cases[0]), "{what}: {cases:?}");
+}
+
+#[test]
+fn the_matrix_runs_over_the_c_plugin_between_processes() {
+    for (variant, abi, nranks, colls) in
+        [("v11", "NCCL C net ABI v11", 3, None), ("v6", "NCCL C net ABI v6", 2, Some("AllReduce,AllGather,SendRecv"))]
+    {
+        let path = ctcp(variant);
+        let ids = ids_arg(&[new_id()]);
+        let mut env = vec![
+            ("NCCL_NET_PLUGIN", path.as_str()),
+            ("NCCL_SHM_DISABLE", "1"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "NET"),
+            ("COLL_ROOTS", "one"),
+        ];
+        if let Some(c) = colls {
+            env.push(("COLL_COLLS", c));
+        }
+        let ranks: Vec<i32> = (0..nranks).collect();
+        let out = finish_all(spawn("coll-matrix", nranks, &ranks, &ids, &env), Duration::from_secs(180));
+        check_matrix(&format!("CTcp {variant}, {nranks} ranks"), &out, abi);
+    }
+}
+
+#[test]
+fn the_matrix_runs_over_the_c_plugin_across_two_namespaces() {
+    let Some(nodes) = Nodes::for_test("rctc", 215) else { return };
+    let path = ctcp("v11");
+    let comm_id = format!("{}:29519", nodes.addr[0]);
+    let worker = worker_path();
+    let mut procs = Vec::new();
+    for rank in 0..4 {
+        let node = (rank / 2) as usize;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &nodes.ns[node]]).arg(&worker).args(["coll-matrix", "4", &rank.to_string(), "env"]);
+        cmd.env("NCCL_COMM_ID", &comm_id)
+            .env("NCCL_SOCKET_IFNAME", &nodes.dev[node])
+            .env("NCCL_HOSTID", format!("node-{node}"))
+            .env("NCCL_NET_PLUGIN", &path)
+            .env("NCCL_SHM_DISABLE", "1")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "NET")
+            .env("COLL_ROOTS", "one")
+            .env("COLL_EXPECT_HOSTS", "2");
+        procs.push(spawn_command(rank, cmd));
+    }
+    let out = finish_all(procs, Duration::from_secs(180));
+    check_matrix("CTcp across two namespaces", &out, "NCCL C net ABI v11");
+    for (rank, o) in out.iter().enumerate() {
+        let dev = &nodes.dev[rank / 2];
+        assert!(o.stderr.contains(&format!("CTcp: net ABI v11 initialised on {dev}")), "rank {rank}: {}", o.stderr);
+    }
+}
