@@ -226,4 +226,27 @@ mod tests {
         let e = MemStat::from_i32(4).unwrap_err();
         assert!(e.message.contains("ncclCommMemStat_t"), "{}", e.message);
     }
+
+    #[test]
+    fn one_rank_suspends_refuses_work_and_resumes() {
+        std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+        let id = crate::get_unique_id().unwrap();
+        let c = Communicator::init_rank(1, &id, 0).unwrap();
+        assert_eq!(c.resume().unwrap_err().code, crate::ResultCode::InvalidUsage);
+        assert_eq!(c.suspend(0x10).unwrap_err().code, crate::ResultCode::InvalidArgument);
+        c.suspend(SUSPEND_MEM).unwrap();
+        assert!(c.mem_stats().unwrap().suspended);
+        let e = c.barrier().unwrap_err();
+        assert_eq!(e.code, crate::ResultCode::InvalidUsage);
+        assert!(e.message.contains("suspended"), "{}", e.message);
+        assert!(c.last_error().contains("suspended"));
+        c.resume().unwrap();
+        assert!(!c.mem_stats().unwrap().suspended);
+        c.barrier().unwrap();
+        // One grow id at a time; a grow to fewer ranks is refused (and does not consume it).
+        c.grow_unique_id().unwrap();
+        assert_eq!(c.grow_unique_id().unwrap_err().code, crate::ResultCode::InvalidUsage);
+        assert_eq!(c.grow(1, None, None).unwrap_err().code, crate::ResultCode::InvalidArgument);
+        c.destroy().unwrap();
+    }
 }
