@@ -1,8 +1,18 @@
 /*
- * nccl.h for rustccl's libnccl.so.2: the C interface of NCCL 2.28.9, written by the rustccl
- * project from the facts of that ABI (types, values, signatures). Programs built against
- * NVIDIA's nccl.h 2.28 run unchanged on rustccl; programs built against this header run on
- * either library.
+ * nccl.h for rustccl's libnccl.so.2: the C interface of NCCL 2.30.7, written by the rustccl
+ * project from the facts of that ABI (types, values, signatures, struct layouts). Programs
+ * built against NVIDIA's nccl.h up to 2.30 run on rustccl; programs built against this header
+ * run on either library.
+ *
+ * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.26.6: the newest NCCL release whose
+ * whole API rustccl implements. Newer releases added calls rustccl declares and exports but
+ * refuses with ncclInvalidUsage and a message, because they need symmetric memory:
+ * ncclCommWindowRegister/Deregister (2.27), ncclWinGetUserPtr and the one-sided
+ * ncclPutSignal/ncclSignal/ncclWaitSignal (2.29), and the device API (2.28). A program that
+ * picks features by version therefore does not pick those. Everything else newer than 2.26
+ * works: ncclCommShrink, ncclCommRevoke, ncclAlltoAll/Gather/Scatter (2.27/2.28),
+ * ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume and ncclCommMemStats (2.29),
+ * the ncclParam* API and ncclTimeout (2.30), and the 2.30.7 ncclConfig_t fields.
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -16,10 +26,10 @@ extern "C" {
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 26
+#define NCCL_PATCH 6
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 22606
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
 /* The CUDA runtime's stream; rustccl's host backend ignores it (NULL is fine). */
@@ -54,6 +64,7 @@ typedef enum {
 
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_STRICT_ORDERING 0x02
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -64,7 +75,9 @@ typedef enum {
 #define NCCL_SHRINK_ABORT 0x01
 #define NCCL_REVOKE_DEFAULT 0x00
 
-typedef struct ncclConfig_v22800 {
+/* NCCL 2.30.7's layout. Fields are only ever appended: a caller built against an older
+ * header passes a smaller size, and the fields it lacks keep their defaults. */
+typedef struct ncclConfig_v23000 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -82,6 +95,16 @@ typedef struct ncclConfig_v22800 {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  /* 2.29: 0 no CUDA graphs, 1 one graph, 2 (default) several graphs or graphs and eager calls. */
+  int graphUsageMode;
+  /* 2.29: contexts for one-sided operations (accepted; rustccl has none yet). */
+  int numRmaCtx;
+  /* 2.30.3: most peers a rank talks to at once in send/recv-based operations (accepted;
+   * rustccl does not cap them). */
+  int maxP2pPeers;
+  /* 2.30.7: 1 (default) keeps capture-time ordering of communication kernels, 0 leaves it
+   * to the caller and needs graphUsageMode 0 or 1. */
+  int graphStreamOrdering;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER {                                           \
@@ -92,7 +115,8 @@ typedef struct ncclConfig_v22800 {
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,      \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,      \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
-  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                              \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT       \
 }
 
 typedef struct ncclSimInfo_v22200 {
@@ -136,6 +160,31 @@ typedef enum {
   ncclScalarHostImmediate = 1
 } ncclScalarResidence_t;
 
+/* ncclCommSuspend flags. NCCL_SUSPEND_MEM frees the memory the communicator allocated (its
+ * FIFOs and scratch); ncclCommResume makes it again. Both are collective: every rank calls
+ * them. While suspended, operations on the communicator return ncclInvalidUsage. */
+#define NCCL_SUSPEND_MEM 0x01
+
+/* ncclCommMemStats selectors. rustccl counts the memory the communicator allocated on this
+ * rank and holds now (device memory, and the host memory its FIFOs use on the host backend). */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,   /* bytes a suspend frees (0 while suspended) */
+  ncclStatGpuMemSuspended = 1, /* 1 while suspended, else 0 */
+  ncclStatGpuMemPersist = 2,   /* bytes a suspend keeps */
+  ncclStatGpuMemTotal = 3      /* every byte held */
+} ncclCommMemStat_t;
+
+/* A parameter bound by ncclParamBind: owned by the library, valid for the process's life. */
+typedef struct ncclParamHandle* ncclParamHandle_t;
+
+/* ncclWaitSignal's descriptor: wait for opCnt signals from peer on (sigIdx, ctx). */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+
 /* The device API's host-side types (their device-side companions live in NVIDIA's
  * nccl_device headers); rustccl refuses device communicators until symmetric memory lands. */
 typedef struct { int nRanks; int rank; int stride; } ncclTeam_t;
@@ -160,6 +209,17 @@ NCCL_DECLARE(ncclResult_t, ncclCommAbort, ncclComm_t comm);
 NCCL_DECLARE(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags);
 NCCL_DECLARE(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 NCCL_DECLARE(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
+/* Grow (2.29): the coordinator (one existing rank) gets an id from ncclCommGetUniqueId and
+ * hands it to the new ranks out of band; each id serves one grow. Then existing ranks call
+ * ncclCommGrow(comm, nRanks, id or NULL, -1, ...) (the coordinator passes the id, the others
+ * NULL) and keep their ranks, and new ranks call ncclCommGrow(NULL, nRanks, &id, rank, ...)
+ * with a rank from the old size to nRanks-1. The old communicator stays usable until
+ * destroyed. Without a config, existing ranks inherit the old communicator's. */
+NCCL_DECLARE(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId* uniqueId);
+NCCL_DECLARE(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm, ncclConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags);
+NCCL_DECLARE(ncclResult_t, ncclCommResume, ncclComm_t comm);
+NCCL_DECLARE(ncclResult_t, ncclCommMemStats, ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
 NCCL_DECLARE(const char*, ncclGetErrorString, ncclResult_t result);
 NCCL_DECLARE(const char*, ncclGetLastError, ncclComm_t comm);
 NCCL_DECLARE(void, ncclResetDebugInit, void);
@@ -173,6 +233,7 @@ NCCL_DECLARE(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, 
 NCCL_DECLARE(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle);
 NCCL_DECLARE(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
 NCCL_DECLARE(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win);
+NCCL_DECLARE(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
 NCCL_DECLARE(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype, ncclScalarResidence_t residence, ncclComm_t comm);
 NCCL_DECLARE(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm);
 NCCL_DECLARE(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
@@ -186,9 +247,38 @@ NCCL_DECLARE(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, siz
 NCCL_DECLARE(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
+/* One-sided operations (2.29): refused with ncclInvalidUsage until symmetric memory lands. */
+NCCL_DECLARE(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+NCCL_DECLARE(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+NCCL_DECLARE(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclGroupStart, void);
 NCCL_DECLARE(ncclResult_t, ncclGroupEnd, void);
 NCCL_DECLARE(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo);
+
+/* Parameters (2.30): every parameter rustccl reads (NCCL_* names with NCCL's meaning, and
+ * rustccl's own RUSTCCL_* ones), by name. A value is the environment variable's when set,
+ * else the default. Integer and flag parameters read through any integer getter whose type
+ * holds the value; string parameters through ncclParamGetStr only. ncclParamGet copies the
+ * native value: int64_t for integers, one byte for flags, the NUL-terminated text for strings
+ * (too small a maxLen: ncclInvalidArgument, *len the size needed). Unknown keys, type
+ * mismatches and NULL pointers are ncclInvalidArgument, with the reason in ncclGetLastError.
+ * Strings and tables returned stay valid until the same function is called again on the same
+ * thread. Key lists and dumps cover NCCL's documented parameters, and rustccl's own too with
+ * NCCL_PARAM_DUMP_ALL=true; ncclParamDumpAll logs at INFO (NCCL_DEBUG=INFO). */
+NCCL_DECLARE(ncclResult_t, ncclParamBind, ncclParamHandle_t* out, const char* key);
+NCCL_DECLARE(ncclResult_t, ncclParamGetI8, ncclParamHandle_t h, int8_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetI16, ncclParamHandle_t h, int16_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetI32, ncclParamHandle_t h, int32_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetI64, ncclParamHandle_t h, int64_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetU8, ncclParamHandle_t h, uint8_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetU16, ncclParamHandle_t h, uint16_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetU32, ncclParamHandle_t h, uint32_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetU64, ncclParamHandle_t h, uint64_t* out);
+NCCL_DECLARE(ncclResult_t, ncclParamGetStr, ncclParamHandle_t h, const char** out);
+NCCL_DECLARE(ncclResult_t, ncclParamGet, ncclParamHandle_t h, void* out, int maxLen, int* len);
+NCCL_DECLARE(ncclResult_t, ncclParamGetParameter, const char* key, const char** value, int* valueLen);
+NCCL_DECLARE(ncclResult_t, ncclParamGetAllParameterKeys, const char*** table, int* tableLen);
+NCCL_DECLARE(void, ncclParamDumpAll, void);
 NCCL_DECLARE(ncclResult_t, ncclDevCommCreate, ncclComm_t comm, const ncclDevCommRequirements_t* reqs, ncclDevComm_t* outDevComm);
 NCCL_DECLARE(ncclResult_t, ncclDevCommDestroy, ncclComm_t comm, const ncclDevComm_t* devComm);
 NCCL_DECLARE(ncclTeam_t, ncclTeamWorld, ncclComm_t comm);

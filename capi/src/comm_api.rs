@@ -10,7 +10,7 @@ use rustccl::{Communicator, Error, ResultCode, ShrinkFlags, UniqueId};
 use crate::handles::{self, CommHandle};
 use crate::{guard, guard_comm, nccl_api, NcclConfig, NcclResult, NcclUniqueId};
 
-fn out_ptr<T>(p: *mut T, what: &str, name: &str) -> Result<(), Error> {
+pub(crate) fn out_ptr<T>(p: *mut T, what: &str, name: &str) -> Result<(), Error> {
     if p.is_null() {
         Err(Error::invalid_argument(format!("{what}: {name} is NULL")))
     } else {
@@ -25,7 +25,7 @@ fn c_string(p: *const c_char) -> Option<String> {
 
 /// Reads a caller's `ncclConfig_t`: only `size` bytes of it (older, smaller structs keep the
 /// defaults for the fields they lack).
-unsafe fn read_config(config: *const NcclConfig, what: &str) -> Result<Option<CommConfig>, Error> {
+pub(crate) unsafe fn read_config(config: *const NcclConfig, what: &str) -> Result<Option<CommConfig>, Error> {
     if config.is_null() {
         return Ok(None);
     }
@@ -55,11 +55,15 @@ unsafe fn read_config(config: *const NcclConfig, what: &str) -> Result<Option<Co
         nvls_ctas: c.nvls_ctas,
         n_channels_per_net_peer: c.n_channels_per_net_peer,
         nvlink_centric_sched: c.nvlink_centric_sched,
+        graph_usage_mode: c.graph_usage_mode,
+        num_rma_ctx: c.num_rma_ctx,
+        max_p2p_peers: c.max_p2p_peers,
+        graph_stream_ordering: c.graph_stream_ordering,
         ..CommConfig::default()
     }))
 }
 
-fn unique_id(id: &NcclUniqueId) -> Result<UniqueId, Error> {
+pub(crate) fn unique_id(id: &NcclUniqueId) -> Result<UniqueId, Error> {
     // SAFETY: 128 plain bytes.
     let bytes: &[u8; 128] = unsafe { &*(id.internal.as_ptr() as *const [u8; 128]) };
     UniqueId::from_bytes(bytes)
@@ -67,7 +71,7 @@ fn unique_id(id: &NcclUniqueId) -> Result<UniqueId, Error> {
 
 /// The device this rank uses: the CUDA device current on the calling thread (what
 /// `cudaSetDevice` chose, as NCCL uses), else `RUSTCCL_DEVICE`, else 0.
-fn current_device() -> i32 {
+pub(crate) fn current_device() -> i32 {
     if let Ok(Some(d)) = rustccl::backend::select_backend().and_then(|b| b.current_device()) {
         return d;
     }
@@ -75,7 +79,7 @@ fn current_device() -> i32 {
 }
 
 /// Publishes a new communicator; a non-blocking one still initialising reports InProgress.
-fn hand_out(comm: Communicator, out: *mut CommHandle) -> Result<(), Error> {
+pub(crate) fn hand_out(comm: Communicator, out: *mut CommHandle) -> Result<(), Error> {
     let in_progress = comm.async_error() == ResultCode::InProgress;
     // SAFETY: checked non-null by the caller of this function.
     unsafe { *out = handles::publish(comm) };

@@ -1,4 +1,4 @@
-//! `libnccl.so.2`: rustccl behind NCCL 2.28.9's C ABI (see `include/nccl.h`). Every function
+//! `libnccl.so.2`: rustccl behind NCCL 2.30.7's C ABI (see `include/nccl.h`). Every function
 //! also exists with the `pnccl` prefix. Arguments are checked as NCCL checks them; a failure
 //! returns the matching `ncclResult_t`, is logged, and is kept for `ncclGetLastError`.
 //!
@@ -11,8 +11,10 @@
 mod buffers;
 mod comm_api;
 mod coll_api;
+mod grow_suspend_api;
 mod handles;
 mod mem_api;
+mod param_api;
 mod types;
 
 use rustccl::{Error, ResultCode};

@@ -1,6 +1,7 @@
-//! Memory (`ncclMemAlloc`, registration), symmetric windows and the device API. Windows and
-//! device communicators need symmetric memory, which a later issue brings: until then they
-//! are refused with `ncclInvalidUsage` and a message, never a crash.
+//! Memory (`ncclMemAlloc`, registration), symmetric windows, one-sided operations and the
+//! device API. Windows, one-sided operations and device communicators need symmetric memory,
+//! which a later issue brings: until then they are refused with `ncclInvalidUsage` and a
+//! message, never a crash.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
@@ -22,6 +23,8 @@ struct Registration {
 }
 
 const NOT_YET: &str = "symmetric memory windows and device communicators are not supported by rustccl yet";
+const ONE_SIDED: &str =
+    "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) need symmetric memory windows, which rustccl does not support yet";
 
 nccl_api! {
     fn ncclMemAlloc / pncclMemAlloc(out: *mut *mut c_void, size: usize) -> NcclResult {
@@ -106,6 +109,42 @@ nccl_api! {
         guard_comm("ncclCommWindowDeregister", comm, || {
             handles::get(comm, "ncclCommWindowDeregister")?;
             Err(Error::invalid_usage(NOT_YET))
+        })
+    }
+
+    fn ncclWinGetUserPtr / pncclWinGetUserPtr(comm: CommHandle, _win: *mut c_void, out: *mut *mut c_void) -> NcclResult {
+        guard_comm("ncclWinGetUserPtr", comm, || {
+            handles::get(comm, "ncclWinGetUserPtr")?;
+            if !out.is_null() {
+                // SAFETY: checked non-null.
+                unsafe { *out = std::ptr::null_mut() };
+            }
+            Err(Error::invalid_usage(NOT_YET))
+        })
+    }
+
+    /// One-sided operations (2.29) write into a peer's symmetric window: refused with windows.
+    fn ncclPutSignal / pncclPutSignal(
+        _localbuff: *const c_void, _count: usize, _datatype: c_int, _peer: c_int, _peer_win: *mut c_void, _offset: usize,
+        _sig_idx: c_int, _ctx: c_int, _flags: u32, comm: CommHandle, _stream: *mut c_void,
+    ) -> NcclResult {
+        guard_comm("ncclPutSignal", comm, || {
+            handles::get(comm, "ncclPutSignal")?;
+            Err(Error::invalid_usage(ONE_SIDED))
+        })
+    }
+
+    fn ncclSignal / pncclSignal(_peer: c_int, _sig_idx: c_int, _ctx: c_int, _flags: u32, comm: CommHandle, _stream: *mut c_void) -> NcclResult {
+        guard_comm("ncclSignal", comm, || {
+            handles::get(comm, "ncclSignal")?;
+            Err(Error::invalid_usage(ONE_SIDED))
+        })
+    }
+
+    fn ncclWaitSignal / pncclWaitSignal(_n_desc: c_int, _descs: *mut c_void, comm: CommHandle, _stream: *mut c_void) -> NcclResult {
+        guard_comm("ncclWaitSignal", comm, || {
+            handles::get(comm, "ncclWaitSignal")?;
+            Err(Error::invalid_usage(ONE_SIDED))
         })
     }
 

@@ -1,4 +1,4 @@
-//! The C types of NCCL 2.28's ABI.
+//! The C types of NCCL 2.30's ABI.
 
 use std::os::raw::{c_char, c_int, c_uint};
 
@@ -11,7 +11,7 @@ pub struct NcclUniqueId {
     pub internal: [c_char; 128],
 }
 
-/// `ncclConfig_t` (`ncclConfig_v22800`).
+/// `ncclConfig_t` (`ncclConfig_v23000`; older callers pass a smaller `size`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NcclConfig {
@@ -32,6 +32,13 @@ pub struct NcclConfig {
     pub nvls_ctas: c_int,
     pub n_channels_per_net_peer: c_int,
     pub nvlink_centric_sched: c_int,
+    /// 2.29.
+    pub graph_usage_mode: c_int,
+    pub num_rma_ctx: c_int,
+    /// 2.30.3.
+    pub max_p2p_peers: c_int,
+    /// 2.30.7.
+    pub graph_stream_ordering: c_int,
 }
 
 impl Default for NcclConfig {
@@ -56,6 +63,10 @@ impl Default for NcclConfig {
             nvls_ctas: u,
             n_channels_per_net_peer: u,
             nvlink_centric_sched: u,
+            graph_usage_mode: u,
+            num_rma_ctx: u,
+            max_p2p_peers: u,
+            graph_stream_ordering: u,
         }
     }
 }

@@ -19,7 +19,7 @@ pub const MAX_CHANNELS: i32 = 64;
 /// Largest CGA cluster size.
 pub const MAX_CGA_CLUSTER_SIZE: i32 = 8;
 
-/// `ncclConfig_t` (NCCL 2.28's `ncclConfig_v22800`), with strings as Rust strings.
+/// `ncclConfig_t` (NCCL 2.30's `ncclConfig_v23000`), with strings as Rust strings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommConfig {
     pub magic: u32,
@@ -38,6 +38,14 @@ pub struct CommConfig {
     pub nvls_ctas: i32,
     pub n_channels_per_net_peer: i32,
     pub nvlink_centric_sched: i32,
+    /// 2.29: 0 no CUDA graphs, 1 one graph, 2 several graphs or graphs mixed with eager calls.
+    pub graph_usage_mode: i32,
+    /// 2.29: contexts for one-sided operations (ncclPutSignal and co., which rustccl lacks).
+    pub num_rma_ctx: i32,
+    /// 2.30.3: most peers a rank talks to at once in point-to-point based operations.
+    pub max_p2p_peers: i32,
+    /// 2.30.7: 1 keeps capture-time ordering of communication kernels, 0 leaves it to the caller.
+    pub graph_stream_ordering: i32,
     /// rustccl's own (not in `ncclConfig_t`): milliseconds an operation may wait before it
     /// ends with `Timeout` on every rank; 0 = no limit (the default). The environment's
     /// `NCCL_OP_TIMEOUT_MS` applies when unset.
@@ -64,6 +72,10 @@ impl Default for CommConfig {
             nvls_ctas: UNDEF_INT,
             n_channels_per_net_peer: UNDEF_INT,
             nvlink_centric_sched: UNDEF_INT,
+            graph_usage_mode: UNDEF_INT,
+            num_rma_ctx: UNDEF_INT,
+            max_p2p_peers: UNDEF_INT,
+            graph_stream_ordering: UNDEF_INT,
             op_timeout_ms: UNDEF_INT,
         }
     }
@@ -90,6 +102,34 @@ pub struct ResolvedConfig {
     pub nvlink_centric_sched: bool,
     /// `None`: operations may wait without limit.
     pub op_timeout: Option<std::time::Duration>,
+    /// `graphUsageMode` (2 when unset, as NCCL).
+    pub graph_usage_mode: i32,
+    /// `numRmaCtx`, `maxP2pPeers`: `None` when unset. Accepted, not acted on (see
+    /// [`log_unused_fields`]).
+    pub num_rma_ctx: Option<i32>,
+    pub max_p2p_peers: Option<i32>,
+    /// `graphStreamOrdering` (on when unset, as NCCL).
+    pub graph_stream_ordering: bool,
+}
+
+/// Logs once per process (INFO) each field of NCCL 2.29/2.30 a caller set that rustccl accepts
+/// but does not act on: it has no one-sided operations (`numRmaCtx`), plans point-to-point
+/// without a peer cap (`maxP2pPeers`), and orders its kernels on the caller's stream whatever
+/// graphs are used (`graphUsageMode`, `graphStreamOrdering`).
+fn log_unused_fields(c: &CommConfig) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static LOGGED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+    let fields = [
+        ("graphUsageMode", c.graph_usage_mode, "rustccl orders its work on the caller's stream in every mode"),
+        ("numRmaCtx", c.num_rma_ctx, "rustccl has no one-sided operations (ncclPutSignal and co.) yet"),
+        ("maxP2pPeers", c.max_p2p_peers, "rustccl does not cap the peers of point-to-point operations"),
+        ("graphStreamOrdering", c.graph_stream_ordering, "rustccl keeps capture-time ordering in every case"),
+    ];
+    for (flag, (name, v, why)) in LOGGED.iter().zip(fields) {
+        if v != UNDEF_INT && !flag.swap(true, Ordering::Relaxed) {
+            tracing::info!(target: "INIT", "config.{name} = {v} accepted but not acted on: {why}");
+        }
+    }
 }
 
 /// Source of environment values; the real one reads the process environment, tests give maps.
@@ -212,6 +252,21 @@ impl CommConfig {
                 c.op_timeout_ms
             )));
         }
+        if !matches!(c.graph_usage_mode, UNDEF_INT | 0 | 1 | 2) {
+            return Err(Error::invalid_argument(format!(
+                "config.graphUsageMode = {}: must be 0 (no graphs), 1 (one graph) or 2 (several, or mixed with eager calls)",
+                c.graph_usage_mode
+            )));
+        }
+        check_flag("graphStreamOrdering", c.graph_stream_ordering)?;
+        if c.graph_stream_ordering == 0 && !matches!(c.graph_usage_mode, 0 | 1) {
+            return Err(Error::invalid_argument(
+                "config.graphStreamOrdering = 0 needs config.graphUsageMode 0 or 1: without capture-time ordering, graphs must not be mixed",
+            ));
+        }
+        if c.num_rma_ctx != UNDEF_INT && c.num_rma_ctx < 0 {
+            return Err(Error::invalid_argument(format!("config.numRmaCtx = {}: must not be negative", c.num_rma_ctx)));
+        }
         if !matches!(c.cta_policy, UNDEF_INT | 0 | 1 | 2) {
             return Err(Error::invalid_argument(format!(
                 "config.CTAPolicy = {}: must be NCCL_CTA_POLICY_DEFAULT, _EFFICIENCY or _ZERO",
@@ -252,6 +307,7 @@ impl CommConfig {
             (None, e) => e,
         };
         let undef_to_none = |v: i32| if v == UNDEF_INT { None } else { Some(v) };
+        log_unused_fields(&c);
         let op_timeout_ms = pick(env, "op_timeout_ms", c.op_timeout_ms, "NCCL_OP_TIMEOUT_MS", 0, |v| (0..=i32::MAX as i64).contains(&v));
         let op_timeout = (op_timeout_ms > 0).then(|| std::time::Duration::from_millis(op_timeout_ms as u64));
         Ok(ResolvedConfig {
@@ -270,6 +326,11 @@ impl CommConfig {
             n_channels_per_net_peer: undef_to_none(c.n_channels_per_net_peer),
             nvlink_centric_sched: c.nvlink_centric_sched == 1,
             op_timeout,
+            graph_usage_mode: if c.graph_usage_mode == UNDEF_INT { 2 } else { c.graph_usage_mode },
+            num_rma_ctx: undef_to_none(c.num_rma_ctx),
+            // NCCL: below one means every rank.
+            max_p2p_peers: undef_to_none(c.max_p2p_peers).filter(|&v| v >= 1),
+            graph_stream_ordering: c.graph_stream_ordering != 0,
         })
     }
 }
@@ -311,6 +372,10 @@ mod tests {
             CommConfig { min_ctas: 0, ..Default::default() },
             CommConfig { min_ctas: 8, max_ctas: 4, ..Default::default() },
             CommConfig { cta_policy: 7, ..Default::default() },
+            CommConfig { graph_usage_mode: 3, ..Default::default() },
+            CommConfig { graph_stream_ordering: 2, ..Default::default() },
+            CommConfig { graph_stream_ordering: 0, ..Default::default() },
+            CommConfig { num_rma_ctx: -1, ..Default::default() },
         ] {
             assert_eq!(c.resolve_with(&env(&[])).unwrap_err().code, crate::error::ResultCode::InvalidArgument, "{c:?}");
         }
@@ -345,6 +410,17 @@ mod tests {
         assert_eq!(c.resolve_with(&e).unwrap().op_timeout, None, "the caller's 0 wins");
         let c = CommConfig { op_timeout_ms: -5, ..Default::default() };
         assert_eq!(c.resolve_with(&env(&[])).unwrap_err().code, crate::error::ResultCode::InvalidArgument);
+    }
+
+    #[test]
+    fn fields_of_2_29_and_2_30_resolve() {
+        let r = CommConfig::default().resolve_with(&env(&[])).unwrap();
+        assert_eq!((r.graph_usage_mode, r.num_rma_ctx, r.max_p2p_peers, r.graph_stream_ordering), (2, None, None, true));
+        let c = CommConfig { graph_usage_mode: 1, num_rma_ctx: 4, max_p2p_peers: 0, graph_stream_ordering: 0, ..Default::default() };
+        let r = c.resolve_with(&env(&[])).unwrap();
+        assert_eq!((r.graph_usage_mode, r.num_rma_ctx, r.max_p2p_peers, r.graph_stream_ordering), (1, Some(4), None, false));
+        let c = CommConfig { max_p2p_peers: 3, ..Default::default() };
+        assert_eq!(c.resolve_with(&env(&[])).unwrap().max_p2p_peers, Some(3));
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! Parameters from the environment. NCCL's own names (`NCCL_*`) keep their NCCL meaning;
 //! rustccl's own knobs are `RUSTCCL_*`. Each value set by the user is logged once (ENV).
+//! [`table`] lists them all, for the parameter query API (NCCL 2.30's `ncclParam*`).
+
+pub mod table;
+
+pub use table::{lookup, Param, ParamType, ParamValue};
 
 use std::collections::HashSet;
 use std::sync::Mutex;

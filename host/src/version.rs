@@ -9,8 +9,16 @@ pub const fn nccl_version(major: i32, minor: i32, patch: i32) -> i32 {
     }
 }
 
-/// The NCCL version whose ABI rustccl presents (2.28.9); `ncclGetVersion` returns it.
-pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 28, 9);
+/// The version `ncclGetVersion` reports: the newest NCCL release whose whole API rustccl
+/// implements, 2.26.6. Symmetric memory windows (2.27), the device API (2.28) and the one-sided
+/// put/signal calls (2.29) exist but are refused with `ncclInvalidUsage`, so a caller that
+/// chooses features by version does not pick them. Everything else up to 2.30.7 is implemented
+/// (shrink, revoke, AlltoAll/Gather/Scatter, grow, suspend/resume, memory statistics, the
+/// parameter API, `ncclTimeout`), and the structs have 2.30.7's layout ([`ABI_VERSION_CODE`]).
+pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 26, 6);
+
+/// The NCCL release whose C declarations and struct layouts `nccl.h` follows (2.30.7).
+pub const ABI_VERSION_CODE: i32 = nccl_version(2, 30, 7);
 
 /// rustccl's own version, as the crate says it.
 pub const RUSTCCL_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -23,7 +31,7 @@ pub const WIRE_PROTOCOL: u32 = 1;
 pub fn announced_version() -> String {
     match std::env::var("RUSTCCL_TEST_VERSION_OVERRIDE") {
         Ok(v) if !v.is_empty() => v,
-        _ => format!("rustccl {RUSTCCL_VERSION} (nccl abi {NCCL_VERSION_CODE}, wire {WIRE_PROTOCOL})"),
+        _ => format!("rustccl {RUSTCCL_VERSION} (nccl abi {ABI_VERSION_CODE}, wire {WIRE_PROTOCOL})"),
     }
 }
 
@@ -32,7 +40,8 @@ mod tests {
     use super::*;
     #[test]
     fn version_code_matches_nccl_formula() {
-        assert_eq!(NCCL_VERSION_CODE, 22809);
+        assert_eq!(NCCL_VERSION_CODE, 22606);
+        assert_eq!(ABI_VERSION_CODE, 23007);
         assert_eq!(nccl_version(2, 8, 4), 2804);
         assert_eq!(nccl_version(2, 14, 0), 21400);
     }

@@ -174,6 +174,8 @@ impl Communicator {
             device_cache: Mutex::new(Default::default()),
             ops: Arc::new(super::health::OpLog::new(rank as u32)),
             jobs: Default::default(),
+            suspended: Mutex::new(None),
+            grow_id: Mutex::new(None),
         });
         super::health::register(&inner);
         let ids = ids.to_vec();

@@ -7,10 +7,12 @@
 //! initialising or failed communicator with the matching code and a message (kept as the
 //! communicator's and the process's last error).
 
+mod grow;
 pub mod health;
 mod init;
 pub mod jobs;
 mod split;
+mod suspend;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -43,6 +45,7 @@ pub(crate) struct Transports {
 
 pub use init::get_unique_id;
 pub use split::ShrinkFlags;
+pub use suspend::{MemStat, MemStats, SUSPEND_MEM};
 
 /// `NCCL_SPLIT_NOCOLOR`: a rank that passes it to split gets no communicator.
 pub const SPLIT_NOCOLOR: i32 = -1;
@@ -91,6 +94,10 @@ struct Inner {
     ops: Arc<health::OpLog>,
     /// Operations queued or running in the background (non-blocking communicators).
     jobs: jobs::CommJobs,
+    /// While suspended (`ncclCommSuspend`): the connections to make again at resume.
+    suspended: Mutex<Option<Vec<(Link, Dir)>>>,
+    /// The id `ncclCommGetUniqueId` made for the next grow, until a grow consumes it.
+    grow_id: Mutex<Option<crate::bootstrap::UniqueId>>,
 }
 
 /// One rank's communicator.
@@ -154,7 +161,7 @@ impl Communicator {
         if self.inner.finalized.load(Ordering::Acquire) {
             return self.fail(Error::invalid_usage(format!("{what}: the communicator was finalized")));
         }
-        if let Err(e) = self.check_running(what) {
+        if let Err(e) = self.check_running(what).and_then(|_| self.check_not_suspended(what)) {
             return self.fail(e);
         }
         let broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -152,7 +152,7 @@ impl Communicator {
     }
 }
 
-fn derive_hash(parent: u64, seq: u64, color: i32) -> u64 {
+pub(super) fn derive_hash(parent: u64, seq: u64, color: i32) -> u64 {
     use sha2::{Digest, Sha256};
     let d = Sha256::digest(format!("{parent:016x}-{seq}-{color}").as_bytes());
     u64::from_le_bytes(d[..8].try_into().unwrap())

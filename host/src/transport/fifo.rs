@@ -228,6 +228,11 @@ impl LocalMemory {
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> usize {
+        self.layout.size()
+    }
 }
 
 impl Drop for LocalMemory {

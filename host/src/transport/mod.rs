@@ -56,11 +56,11 @@ pub enum Kind {
 
 /// Where a connection's FIFO memory comes from; released with the connection.
 pub(crate) enum Memory {
-    /// Exported by this rank (the receiver) through the backend.
-    Exported { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
+    /// Exported by this rank (the receiver) through the backend: `bytes` allocated here.
+    Exported { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr, bytes: usize },
     /// Imported from the receiver.
     Imported { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
-    Local(#[allow(dead_code)] LocalMemory),
+    Local(LocalMemory),
     /// Host memory registered with a device backend (unregistered before it is unmapped).
     Registered { backend: Arc<dyn DeviceBackend>, ptr: DevicePtr },
 }
@@ -68,7 +68,7 @@ pub(crate) enum Memory {
 impl Drop for Memory {
     fn drop(&mut self) {
         match self {
-            Memory::Exported { backend, ptr } => {
+            Memory::Exported { backend, ptr, .. } => {
                 let _ = backend.free(*ptr);
             }
             Memory::Imported { backend, ptr } => {
@@ -104,6 +104,19 @@ impl Connection {
     #[cfg(test)]
     pub(crate) fn for_test(link: Link, dir: Dir, kind: Kind, fifo: Fifo, header: LocalMemory) -> Connection {
         Connection::new(link, dir, kind, fifo, vec![Memory::Local(header)])
+    }
+
+    /// Bytes this rank allocated for the connection (what releasing it frees here; memory
+    /// mapped from the peer is the peer's).
+    pub fn allocated_bytes(&self) -> usize {
+        self._memory
+            .iter()
+            .map(|m| match m {
+                Memory::Exported { bytes, .. } => *bytes,
+                Memory::Local(l) => l.bytes(),
+                Memory::Imported { .. } | Memory::Registered { .. } => 0,
+            })
+            .sum()
     }
 
     /// The error the proxy saw on this connection, if any.

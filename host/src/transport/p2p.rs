@@ -43,8 +43,9 @@ impl Transport for P2p {
         let hb = fifo::header_bytes();
         // Header and slots in this device's memory: this rank polls `tail` locally
         // and the sender writes it over NVLink (as NCCL keeps its P2P counters).
-        let (dptr, dhandle) = cx.backend.alloc_shareable(cx.device, hb + p2p_slots_bytes())?;
-        let mem = vec![Memory::Exported { backend: Arc::clone(cx.backend), ptr: dptr }];
+        let bytes = hb + p2p_slots_bytes();
+        let (dptr, dhandle) = cx.backend.alloc_shareable(cx.device, bytes)?;
+        let mem = vec![Memory::Exported { backend: Arc::clone(cx.backend), ptr: dptr, bytes }];
         // Zeroed before the sender learns of it, on a stream of this device that waits
         // for nothing else (kernels running on the default stream may wait on peers).
         let s = cx.backend.create_stream(cx.device)?;

@@ -37,7 +37,7 @@ impl Transport for Shm {
         let bytes = fifo_bytes(SLOT_BYTES);
         let (ptr, handle) = cx.backend.alloc_shareable(cx.device, bytes)?;
         let base = cx.backend.host_address(ptr, bytes)?;
-        let memory = Memory::Exported { backend: Arc::clone(cx.backend), ptr };
+        let memory = Memory::Exported { backend: Arc::clone(cx.backend), ptr, bytes };
         // SAFETY: the region is fifo_bytes(SLOT_BYTES) of zeroed shared memory that
         // `memory` keeps mapped as long as the connection lives.
         let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
@@ -78,7 +78,7 @@ impl Transport for PinnedShm {
         let host = Context::host()?;
         let (hptr, hhandle) = host.alloc_shareable(0, pinned_bytes())?;
         let msg = hhandle.to_bytes().to_vec();
-        let (fifo, mem) = pinned_fifo(cx, Memory::Exported { backend: host, ptr: hptr })?;
+        let (fifo, mem) = pinned_fifo(cx, Memory::Exported { backend: host, ptr: hptr, bytes: pinned_bytes() })?;
         Ok((Progress::Made(Arc::new(Connection::new(link, Dir::Recv, Kind::ShmPinned, fifo, mem))), msg))
     }
 
@@ -104,7 +104,7 @@ fn pinned_bytes() -> usize {
 /// before the mapping).
 fn pinned_fifo(cx: &Context, host_mem: Memory) -> Result<(Fifo, Vec<Memory>)> {
     let (host, hptr) = match &host_mem {
-        Memory::Exported { backend, ptr } | Memory::Imported { backend, ptr } => (backend, *ptr),
+        Memory::Exported { backend, ptr, .. } | Memory::Imported { backend, ptr } => (backend, *ptr),
         _ => return Err(Error::internal("a pinned FIFO needs shared host memory")),
     };
     let (hb, bytes) = (fifo::header_bytes(), pinned_bytes());

@@ -92,6 +92,25 @@ impl ExecState {
         Ok(())
     }
 
+    /// Bytes held: (what [`suspend`](Self::suspend) frees: the image arena, in device and
+    /// pinned memory; what stays: the control block and the images of captured launches,
+    /// which graphs may replay).
+    pub(crate) fn held_bytes(&self) -> (usize, usize) {
+        let image = |i: &Image| i.host.bytes * 2;
+        let arena = self.arena.as_ref().map_or(0, |a| image(&a.mem));
+        let kept = self.control.as_ref().map_or(0, |c| c.bytes) + self.captured.iter().map(image).sum::<usize>();
+        (arena, kept)
+    }
+
+    /// Frees the image arena (the device must be idle); the next launch makes it again.
+    pub(crate) fn suspend(&mut self, backend: &Arc<dyn DeviceBackend>) {
+        self.cache.clear();
+        if let Some(a) = self.arena.take() {
+            let _ = backend.free(a.mem.device);
+            let _ = backend.free_host_mapped(a.mem.host);
+        }
+    }
+
     /// Frees everything (the device must be idle).
     pub(crate) fn release(&mut self, backend: &Arc<dyn DeviceBackend>) {
         self.cache.clear();

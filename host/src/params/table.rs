@@ -1,0 +1,268 @@
+//! The table of parameters rustccl reads (NCCL 2.30's parameter registry): each with its
+//! name, type, default, whether NCCL documents it (published) and what it does in rustccl.
+//! The query API (`ncclParamBind`, `ncclParamGet*`, `ncclParamGetParameter`,
+//! `ncclParamGetAllParameterKeys`, `ncclParamDumpAll`) reads values through it.
+//!
+//! A value is the environment variable of the same name when set (read at the time of the
+//! query), else the default. rustccl's own knobs (`RUSTCCL_*`, and `NCCL_OP_TIMEOUT_MS`) are
+//! private: listed only with `NCCL_PARAM_DUMP_ALL=true`, as NCCL lists its undocumented ones.
+
+use crate::error::{Error, Result};
+
+/// A parameter's type, which decides how its value is read and returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamType {
+    /// A 64-bit signed integer (NCCL's `NCCL_PARAM`s): read as decimal or 0x hexadecimal.
+    Int,
+    /// A flag: 1/T/TRUE or 0/F/FALSE (any case).
+    Bool,
+    /// Text.
+    Str,
+}
+
+impl ParamType {
+    /// The name NCCL's dump prints for the type.
+    pub fn c_name(self) -> &'static str {
+        match self {
+            ParamType::Int => "int64_t",
+            ParamType::Bool => "bool",
+            ParamType::Str => "const char *",
+        }
+    }
+}
+
+/// One parameter.
+#[derive(Debug)]
+pub struct Param {
+    pub name: &'static str,
+    pub ty: ParamType,
+    /// The value when the variable is unset; `None`: unset (a string parameter only).
+    pub default: Option<&'static str>,
+    /// Documented by NCCL (listed without `NCCL_PARAM_DUMP_ALL`).
+    pub published: bool,
+    pub description: &'static str,
+}
+
+/// A parameter's value, of its type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParamValue {
+    Int(i64),
+    Bool(bool),
+    Str(String),
+    /// A string parameter that is not set and has no default.
+    Unset,
+}
+
+impl ParamValue {
+    /// The value as text (`ncclParamGetParameter`): integers in decimal, flags as 1/0, and
+    /// an unset string as the empty string.
+    pub fn to_text(&self) -> String {
+        match self {
+            ParamValue::Int(v) => v.to_string(),
+            ParamValue::Bool(b) => (if *b { "1" } else { "0" }).to_string(),
+            ParamValue::Str(s) => s.clone(),
+            ParamValue::Unset => String::new(),
+        }
+    }
+
+    /// The value as an integer (integer and flag parameters).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            ParamValue::Int(v) => Some(*v),
+            ParamValue::Bool(b) => Some(*b as i64),
+            _ => None,
+        }
+    }
+}
+
+const fn p(name: &'static str, ty: ParamType, default: Option<&'static str>, published: bool, description: &'static str) -> Param {
+    Param { name, ty, default, published, description }
+}
+
+use ParamType::{Bool, Int, Str};
+
+/// Every parameter rustccl reads.
+pub static PARAMS: &[Param] = &[
+    p("NCCL_DEBUG", Str, None, true, "Log level: VERSION, WARN, INFO, ABORT or TRACE (nothing when unset)"),
+    p("NCCL_DEBUG_SUBSYS", Str, None, true, "Comma-separated subsystems INFO logs cover (INIT, COLL, P2P, NET, ENV, ... or ALL; ^ excludes)"),
+    p("NCCL_DEBUG_FILE", Str, None, true, "File the log goes to (%h host name, %p pid) instead of stderr"),
+    p("NCCL_COMM_ID", Str, None, true, "host:port of a root started by rank 0, so that no unique id need be passed around"),
+    p("NCCL_HOSTID", Str, None, true, "Host identity ranks compare to find ranks of one node"),
+    p("NCCL_SOCKET_IFNAME", Str, None, true, "Interfaces bootstrap and sockets may use (prefix list; ^ excludes, = exact)"),
+    p("NCCL_SOCKET_FAMILY", Str, None, true, "AF_INET or AF_INET6: the address family of the interface chosen"),
+    p("NCCL_NET", Str, None, true, "Name of the network to use (the plugin's name)"),
+    p("NCCL_NET_PLUGIN", Str, None, true, "Network plugin library to load (name, suffix or path; none disables)"),
+    p("NCCL_TUNER_PLUGIN", Str, None, true, "Tuner plugin library to load"),
+    p("NCCL_PROFILER_PLUGIN", Str, None, true, "Profiler plugin library to load"),
+    p("NCCL_ALGO", Str, None, true, "Algorithms the planner may choose (Ring, Tree; ^ excludes)"),
+    p("NCCL_PROTO", Str, None, true, "Protocols the planner may choose (Simple, LL, LL128; ^ excludes)"),
+    p("NCCL_COMM_BLOCKING", Int, Some("-2147483648"), true, "Default of config.blocking: 0 non-blocking, 1 blocking (unset: INT_MIN)"),
+    p("NCCL_CGA_CLUSTER_SIZE", Int, Some("4"), true, "CGA cluster size of device kernels (0 to 8)"),
+    p("NCCL_MIN_CTAS", Int, Some("1"), true, "Fewest channels (CTAs) a collective uses"),
+    p("NCCL_MAX_CTAS", Int, Some("64"), true, "Most channels (CTAs) a collective uses"),
+    p("NCCL_COMM_SPLIT_SHARE_RESOURCES", Int, Some("0"), true, "Default of config.splitShare"),
+    p("NCCL_COMM_SHRINK_SHARE_RESOURCES", Int, Some("0"), true, "Default of config.shrinkShare"),
+    p("NCCL_SHM_DISABLE", Int, Some("0"), true, "1: no shared-memory transport between ranks of one host"),
+    p("NCCL_P2P_DISABLE", Int, Some("0"), true, "1: no peer-to-peer (CUDA IPC) transport between GPUs"),
+    p("NCCL_PARAM_DUMP_ALL", Bool, Some("0"), false, "List rustccl's private parameters too in key lists and dumps"),
+    p("NCCL_OP_TIMEOUT_MS", Int, Some("0"), false, "rustccl: milliseconds an operation may wait before it ends with ncclTimeout on every rank (0: no limit)"),
+    p("RUSTCCL_BACKEND", Str, None, false, "rustccl: backend to run on (host or cuda; unset: cuda when a GPU is present)"),
+    p("RUSTCCL_DEVICE", Int, Some("0"), false, "rustccl: device the C API uses when the calling thread has no current CUDA device"),
+    p("RUSTCCL_HOST_DEVICES", Int, Some("64"), false, "rustccl: number of virtual devices of the host backend"),
+    p("RUSTCCL_BOOTSTRAP_TIMEOUT", Str, Some("120"), false, "rustccl: seconds bootstrap waits (rendezvous, each bootstrap operation, connection setup)"),
+    p("RUSTCCL_HANG_REPORT_S", Str, Some("60"), false, "rustccl: seconds an operation may wait before a hang report is logged"),
+    p("RUSTCCL_HANG_REPORT_SIGNAL", Str, None, false, "rustccl: signal (e.g. USR1) on which every communicator logs what it waits for"),
+    p("RUSTCCL_CHECK_COLLECTIVES", Int, Some("0"), false, "rustccl: 1 checks that every rank called the same operation (signatures in the FIFOs)"),
+    p("RUSTCCL_PROFILE_ENQUEUE", Str, None, false, "rustccl: 1 times the stages of the enqueue path (printed at exit)"),
+    p("RUSTCCL_NVRTC_PATH", Str, None, false, "rustccl: path of libnvrtc for compiling device kernels at run time"),
+    p("RUSTCCL_CUDA_INCLUDE", Str, None, false, "rustccl: CUDA include directory for run-time compilation"),
+];
+
+/// The parameter named `key`.
+pub fn lookup(key: &str) -> Option<&'static Param> {
+    PARAMS.iter().find(|p| p.name == key)
+}
+
+/// The parameter named `key`, or an `InvalidArgument` that says how to find the names.
+pub fn find(key: &str) -> Result<&'static Param> {
+    lookup(key).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "no parameter is named {key:?} (ncclParamGetAllParameterKeys lists them; NCCL_PARAM_DUMP_ALL=true includes rustccl's own)"
+        ))
+    })
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_uppercase().as_str() {
+        "1" | "T" | "TRUE" => Some(true),
+        "0" | "F" | "FALSE" => Some(false),
+        _ => None,
+    }
+}
+
+impl Param {
+    /// Whether the variable is set (not empty).
+    pub fn is_set(&self) -> bool {
+        std::env::var(self.name).is_ok_and(|v| !v.trim().is_empty())
+    }
+
+    /// The current value: the environment's, else the default. A value that does not parse
+    /// as the parameter's type is an `InvalidArgument` naming it.
+    pub fn value(&self) -> Result<ParamValue> {
+        let set = std::env::var(self.name).ok().filter(|v| !v.trim().is_empty());
+        let from_env = set.is_some();
+        let Some(text) = set.or_else(|| self.default.map(str::to_string)) else {
+            return Ok(ParamValue::Unset);
+        };
+        let bad = |what: &str| {
+            let origin = if from_env { "set in the environment" } else { "default" };
+            Error::invalid_argument(format!("{}={text:?} ({origin}) is not {what}", self.name))
+        };
+        Ok(match self.ty {
+            ParamType::Int => ParamValue::Int(super::parse_int(text.trim()).ok_or_else(|| bad("an integer"))?),
+            ParamType::Bool => ParamValue::Bool(parse_bool(&text).ok_or_else(|| bad("a flag (1/T/TRUE or 0/F/FALSE)"))?),
+            ParamType::Str => ParamValue::Str(text),
+        })
+    }
+}
+
+/// Whether `NCCL_PARAM_DUMP_ALL` asks for every parameter (a value that is not a flag: no).
+pub fn dump_all_requested() -> bool {
+    matches!(lookup("NCCL_PARAM_DUMP_ALL").map(Param::value), Some(Ok(ParamValue::Bool(true))))
+}
+
+/// The parameters listed: the published ones, or all with `NCCL_PARAM_DUMP_ALL=true`.
+pub fn listed() -> impl Iterator<Item = &'static Param> {
+    let all = dump_all_requested();
+    PARAMS.iter().filter(move |p| all || p.published)
+}
+
+/// Logs every listed parameter with its value, where it came from and its default (INFO, ENV).
+pub fn dump_all() {
+    for p in listed() {
+        let current = match p.value() {
+            Ok(ParamValue::Unset) => "<unset>".to_string(),
+            Ok(v) => v.to_text(),
+            Err(e) => format!("<invalid: {}>", e.message),
+        };
+        let kind = if p.published { "Published" } else { "Private" };
+        tracing::info!(
+            target: "ENV",
+            "{} ({}) [{kind}] {}; current value={current} set_by={} default={}",
+            p.name,
+            p.ty.c_name(),
+            p.description,
+            if p.is_set() { "Environment" } else { "Default" },
+            p.default.unwrap_or("<unset>")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_defaults_parse() {
+        let mut names: Vec<_> = PARAMS.iter().map(|p| p.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), PARAMS.len());
+        for p in PARAMS {
+            assert!(p.name.starts_with("NCCL_") || p.name.starts_with("RUSTCCL_"), "{}", p.name);
+            assert!(!p.name.starts_with("RUSTCCL_") || !p.published, "{} is rustccl's own", p.name);
+            if !p.is_set() {
+                assert!(p.value().is_ok(), "default of {}", p.name);
+                assert_eq!(p.value().unwrap() == ParamValue::Unset, p.default.is_none(), "{}", p.name);
+            }
+        }
+    }
+
+    #[test]
+    fn values_come_from_the_environment_and_bad_ones_are_named() {
+        let p = find("RUSTCCL_CHECK_COLLECTIVES").unwrap();
+        std::env::remove_var(p.name);
+        assert_eq!(p.value().unwrap(), ParamValue::Int(0));
+        std::env::set_var(p.name, "0x3");
+        assert_eq!(p.value().unwrap(), ParamValue::Int(3));
+        std::env::set_var(p.name, "three");
+        let e = p.value().unwrap_err();
+        assert!(e.message.contains("RUSTCCL_CHECK_COLLECTIVES=\"three\""), "{}", e.message);
+        std::env::remove_var(p.name);
+        assert_eq!(parse_bool("true"), Some(true));
+        assert_eq!(parse_bool("F"), Some(false));
+        assert_eq!(parse_bool("yes"), None);
+        let e = find("NCCL_NO_SUCH_THING").unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::InvalidArgument);
+        assert!(e.message.contains("NCCL_NO_SUCH_THING"));
+    }
+
+    #[test]
+    fn every_parameter_read_in_the_sources_is_in_the_table() {
+        // The names the library reads through params::env_* or std::env::var, found in its
+        // own sources: a new knob must be added to the table.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut missing = Vec::new();
+        let mut stack = vec![root];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                for call in ["env_str(\"", "env_int(\"", "env_int_or(\"", "env_seconds_or(\"", "env::var(\""] {
+                    for (at, _) in text.match_indices(call) {
+                        let rest = &text[at + call.len()..];
+                        let name = &rest[..rest.find('"').unwrap_or(0)];
+                        if !name.contains("TEST") && lookup(name).is_none() {
+                            missing.push(format!("{name} ({})", path.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "parameters missing from params::table: {missing:?}");
+    }
+}
