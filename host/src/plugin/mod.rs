@@ -7,10 +7,12 @@
 //! NCCL's ABI.
 
 pub mod c_abi;
+pub mod c_profiler;
 pub mod discovery;
 pub mod library;
 pub mod net;
 pub mod profiler;
+pub mod profiler_events;
 pub mod tuner;
 
 use std::sync::Arc;
@@ -29,7 +31,7 @@ use library::{OpenError, PluginLibrary};
 pub struct CommPlugins {
     pub net: net::NetInstance,
     pub tuner: Option<tuner::TunerInstance>,
-    pub profiler: Option<profiler::ProfilerInstance>,
+    pub profiler: Option<Arc<profiler::ProfilerInstance>>,
 }
 
 impl CommPlugins {
