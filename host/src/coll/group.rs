@@ -84,9 +84,7 @@ pub fn group_end() -> Result<()> {
         Ok(_) => Ok(()),
         Err(e) => Err(e),
     };
-    if depth() == 0 {
-        profiler_events::end_group_api();
-    }
+    profiler_events::group_ended(depth);
     r
 }
 
@@ -94,9 +92,7 @@ pub fn group_end() -> Result<()> {
 /// model's estimate of the time the queued operations would take, in microseconds.
 pub fn group_simulate_end() -> Result<f32> {
     let left = leave("group_simulate_end");
-    if depth() == 0 {
-        profiler_events::end_group_api();
-    }
+    profiler_events::group_ended(depth);
     let tasks = left?.unwrap_or_default();
     let mut total = 0.0f32;
     for (comm, task) in &tasks {

@@ -184,7 +184,7 @@ impl Communicator {
     fn submit(&self, mut task: Task) -> Result<()> {
         // The profiler's CollApi / P2pApi event (and GroupApi outside a group), stopped when
         // the call returns.
-        let _api = crate::plugin::profiler_events::api_call(self, &mut task, group::depth());
+        let _api = crate::plugin::profiler_events::api_call(self, &mut task, group::depth);
         let what = task.kind.name();
         let checked = self.check_collective_ready(what).and_then(|_| {
             let times = match task.kind {

@@ -167,15 +167,15 @@ impl Drop for ApiCall {
     }
 }
 
-/// An operation call begins (`group_depth`: the caller's group depth; 0 = outside a group):
-/// starts the GroupApi event if the thread has none, and the CollApi / P2pApi event; records
-/// their handles in `task`.
+/// An operation call begins (`group_depth` tells the caller's group depth; 0 = outside a
+/// group): starts the GroupApi event if the thread has none, and the CollApi / P2pApi event;
+/// records their handles in `task`.
 #[inline]
-pub fn api_call(comm: &Communicator, task: &mut Task, group_depth: u32) -> Option<ApiCall> {
+pub fn api_call(comm: &Communicator, task: &mut Task, group_depth: impl FnOnce() -> u32) -> Option<ApiCall> {
     if !any_active() {
         return None;
     }
-    api_call_profiled(comm, task, group_depth)
+    api_call_profiled(comm, task, group_depth())
 }
 
 #[cold]
@@ -234,6 +234,15 @@ pub fn group_end_api_start() {
             }
         }
     });
+}
+
+/// A group call ended (`group_depth` tells the depth left): at the outermost level its
+/// GroupApi event stops.
+#[inline]
+pub fn group_ended(group_depth: impl FnOnce() -> u32) {
+    if any_active() && group_depth() == 0 {
+        end_group_api();
+    }
 }
 
 /// The outermost group has ended (run, queued or failed): its GroupApi event stops.
