@@ -1,7 +1,10 @@
 //! The profiler plugin ABI (rustccl profiler v1), with the semantics of NCCL's profiler v5:
-//! the host starts and stops events of a hierarchy (group → collective / p2p → proxy op →
-//! proxy step → net plugin event, collective / p2p → kernel channel; proxy control events
-//! stand alone) and records state changes of running events. At `init` the plugin says which
+//! the host starts and stops events of a hierarchy (group API → collective / p2p API →
+//! collective / p2p → proxy op → proxy step → net plugin event, collective / p2p → kernel
+//! channel, group API → kernel launch; a collective / p2p also names its group in
+//! `parent_group`; proxy control events stand alone) and records state changes of running
+//! events. A parent may stop before its children start (an API event stops when the call
+//! returns, its collective runs later). At `init` the plugin says which
 //! event types it wants (an activation mask of [`event_type`] bits); the host starts only
 //! those.
 //!
@@ -41,8 +44,17 @@ pub mod event_type {
     pub const KERNEL_CH: u32 = 1 << 6;
     /// An event defined by the net plugin (e.g. one network request).
     pub const NET_PLUGIN: u32 = 1 << 7;
+    /// The application's outermost group call (group start to group end; a call outside a
+    /// group is a group of one).
+    pub const GROUP_API: u32 = 1 << 8;
+    /// One collective API call (its enqueue, not its execution).
+    pub const COLL_API: u32 = 1 << 9;
+    /// One send or receive API call.
+    pub const P2P_API: u32 = 1 << 10;
+    /// One launch of device work on a stream.
+    pub const KERNEL_LAUNCH: u32 = 1 << 11;
     /// Every type this ABI version knows.
-    pub const ALL: u32 = 0xff;
+    pub const ALL: u32 = 0xfff;
 
     /// NCCL's name of a single type bit (`"Group"`, `"Coll"`, ..., `"NetPlugin"`).
     pub fn name(event_type: u32) -> Option<&'static str> {
@@ -55,6 +67,10 @@ pub mod event_type {
             PROXY_CTRL => "ProxyCtrl",
             KERNEL_CH => "KernelCh",
             NET_PLUGIN => "NetPlugin",
+            GROUP_API => "GroupApi",
+            COLL_API => "CollApi",
+            P2P_API => "P2pApi",
+            KERNEL_LAUNCH => "KernelLaunch",
             _ => return None,
         })
     }
@@ -142,10 +158,15 @@ pub mod net_plugin_type {
 /// | field | applies to |
 /// |---|---|
 /// | `event_type`, `parent`, `rank` | all (`parent`: the handle `start_event` gave the parent event; 0 = none or not tracked) |
-/// | `func` | Coll, P2p (`"AllReduce"`, `"Send"`, `"Recv"`, ...) |
-/// | `seq_number` | Coll (the communicator's collective sequence number) |
-/// | `count`, `datatype` | Coll, P2p (elements, NCCL's type name, e.g. `"ncclFloat32"`) |
-/// | `root` | Coll (root rank of Broadcast / Reduce, else -1) |
+/// | `parent_group` | Coll, P2p: the Group event (their `parent` is the CollApi / P2pApi event, as in NCCL's v5) |
+/// | `func` | Coll, P2p, CollApi, P2pApi (`"AllReduce"`, `"Send"`, `"Recv"`, ...) |
+/// | `seq_number` | Coll (the communicator's sequence number of that function) |
+/// | `count`, `datatype` | Coll, P2p, CollApi, P2pApi (elements, NCCL's type name, e.g. `"ncclFloat32"`) |
+/// | `root` | Coll, CollApi (root rank of Broadcast / Reduce, else -1) |
+/// | `send_buff`, `recv_buff` | Coll (addresses); P2p: the one buffer in `send_buff` (Send) or `recv_buff` (Recv) |
+/// | `stream` | CollApi, P2pApi, KernelLaunch (the stream handle) |
+/// | `graph_captured` | GroupApi, CollApi, P2pApi |
+/// | `group_depth` | GroupApi (the group depth when it started) |
 /// | `peer` | P2p, ProxyOp |
 /// | `algo`, `proto` | Coll (`"RING"`, `"SIMPLE"`, ...) |
 /// | `n_channels` | Coll, P2p |
@@ -180,6 +201,12 @@ pub struct EventDescr<'a> {
     pub is_send: bool,
     pub net_plugin_id: i64,
     pub net_data: usize,
+    pub parent_group: PluginHandle,
+    pub send_buff: usize,
+    pub recv_buff: usize,
+    pub stream: usize,
+    pub graph_captured: bool,
+    pub group_depth: i32,
 }
 
 impl<'a> EventDescr<'a> {
@@ -208,6 +235,12 @@ impl<'a> EventDescr<'a> {
             is_send: false,
             net_plugin_id: 0,
             net_data: 0,
+            parent_group: PluginHandle { id: 0 },
+            send_buff: 0,
+            recv_buff: 0,
+            stream: 0,
+            graph_captured: false,
+            group_depth: 0,
         }
     }
 
@@ -521,7 +554,8 @@ mod tests {
         assert_eq!(state::name(state::GROUP_END_API_START), Some("GroupEndApiStart"));
         assert_eq!(state::name(25), None);
         let all: u32 = (0..8).map(|b| 1u32 << b).filter(|t| event_type::name(*t).is_some()).sum();
-        assert_eq!(all, event_type::ALL);
+        assert_eq!(all | 0xf00, event_type::ALL);
+        assert_eq!(event_type::name(event_type::COLL_API), Some("CollApi"));
         assert_eq!(event_type::name(event_type::NET_PLUGIN), Some("NetPlugin"));
         assert_eq!(event_type::name(3), None);
     }

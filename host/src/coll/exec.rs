@@ -52,9 +52,29 @@ impl CommSide for Communicator {
 }
 
 fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
+    // The profiler's proxy ops: which slots of each network connection carry which task.
+    for (run, links) in runs.iter().zip(conns) {
+        if let Some(events) = &run.profile {
+            events.queue_proxy_ops(&run.work, links);
+        }
+    }
+    let r = execute_queued(runs, conns);
+    if r.is_err() {
+        // Proxy ops that will never run: their plans go (their tasks' events may stop).
+        for (run, links) in runs.iter().zip(conns) {
+            if run.profile.is_some() {
+                links.values().for_each(|c| c.proxy_ops.clear());
+            }
+        }
+    }
+    r
+}
+
+fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     // Device work is enqueued on its streams (the interpreter runs it); host work runs here.
     for (run, links) in runs.iter().zip(conns) {
         if run.device {
+            let _launch = run.profile.as_ref().and_then(|p| p.kernel_launch(run.work.stream.0));
             run.comm.launch_on_device(&run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
         }
     }

@@ -11,6 +11,7 @@ use std::cell::RefCell;
 
 use super::{exec, plan, Task};
 use crate::comm::Communicator;
+use crate::plugin::profiler_events;
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -31,6 +32,11 @@ thread_local! {
 /// `ncclGroupStart`.
 pub fn group_start() {
     GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// The calling thread's group depth (0: not in a group).
+pub(crate) fn depth() -> u32 {
+    GROUP.with(|g| g.borrow().depth)
 }
 
 /// Leaves one level of grouping; the queued tasks when it was the outermost (or the error
@@ -70,16 +76,24 @@ pub(crate) fn fail(e: &Error) {
 /// have completed; or, for non-blocking communicators, queues them as a background job and
 /// returns `InProgress`.
 pub fn group_end() -> Result<()> {
-    match leave("group_end")? {
-        Some(tasks) if !tasks.is_empty() => start(tasks),
-        _ => Ok(()),
-    }
+    let r = match leave("group_end") {
+        Ok(Some(tasks)) if !tasks.is_empty() => {
+            profiler_events::group_end_api_start();
+            start(tasks)
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    };
+    profiler_events::group_ended(depth);
+    r
 }
 
 /// `ncclGroupSimulateEnd`: ends the group like `group_end` but runs nothing; returns the cost
 /// model's estimate of the time the queued operations would take, in microseconds.
 pub fn group_simulate_end() -> Result<f32> {
-    let tasks = leave("group_simulate_end")?.unwrap_or_default();
+    let left = leave("group_simulate_end");
+    profiler_events::group_ended(depth);
+    let tasks = left?.unwrap_or_default();
     let mut total = 0.0f32;
     for (comm, task) in &tasks {
         total += plan::estimate(comm, task)?;
@@ -112,6 +126,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     if queued {
         Ok(())
     } else {
+        profiler_events::group_end_api_start();
         start(vec![(comm.handle(), task)])
     }
 }
@@ -159,7 +174,11 @@ fn run(tasks: Vec<(Communicator, Task)>) -> Result<()> {
     }
     let mut runs = Vec::with_capacity(by_comm.len());
     for (comm, tasks) in &by_comm {
-        runs.push(plan::build(comm, tasks).map_err(|e| comm.record_error(e))?);
+        let mut run = plan::build(comm, tasks).map_err(|e| comm.record_error(e))?;
+        if run.record.is_some() {
+            run.profile = profiler_events::start_run(comm, tasks, run.record.as_ref());
+        }
+        runs.push(run);
     }
     crate::profile::record(crate::profile::Stage::Plan, start);
     for (comm, tasks) in &by_comm {

@@ -134,6 +134,8 @@ pub struct Task {
     pub op: ReduceOp,
     /// The caller's stream (device backends run the operation on it).
     pub stream: Stream,
+    /// The profiler's API events the operation was called under (none without a profiler).
+    pub profile: crate::plugin::profiler_events::ApiParents,
 }
 
 impl Task {
@@ -179,7 +181,10 @@ impl Communicator {
     }
 
     /// Checks an operation's arguments and hands it to the group (runs it now outside one).
-    fn submit(&self, task: Task) -> Result<()> {
+    fn submit(&self, mut task: Task) -> Result<()> {
+        // The profiler's CollApi / P2pApi event (and GroupApi outside a group), stopped when
+        // the call returns.
+        let _api = crate::plugin::profiler_events::api_call(self, &mut task, group::depth);
         let what = task.kind.name();
         let checked = self.check_collective_ready(what).and_then(|_| {
             let times = match task.kind {
@@ -221,42 +226,42 @@ impl Communicator {
 
     /// `ncclAllReduce`.
     pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op, stream })
+        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op, stream, profile: Default::default() })
     }
 
     /// `ncclBroadcast`.
     pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
         let root = self.check_root(root, "Broadcast")?;
-        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream })
+        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
     }
 
     /// `ncclReduce`.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, stream: Stream) -> Result<()> {
         let root = self.check_root(root, "Reduce")?;
-        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream })
+        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream, profile: Default::default() })
     }
 
     /// `ncclAllGather`: `send_count` elements from each rank.
     pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum, stream })
+        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
     }
 
     /// `ncclReduceScatter`: `recv_count` elements to each rank.
     pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op, stream })
+        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op, stream, profile: Default::default() })
     }
 
     /// `ncclSend`.
     pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
         let peer = self.check_peer(peer, "Send")?;
-        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream })
+        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
     }
 
     /// `ncclRecv`.
     pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
         let peer = self.check_peer(peer, "Recv")?;
-        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream })
+        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
     }
 
     /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).

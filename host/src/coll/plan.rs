@@ -37,6 +37,26 @@ pub struct CommRun {
     pub work: Work,
     /// Whether the buffers are device memory (the device executor runs the work).
     pub device: bool,
+    /// What was chosen for each task, when a profiler is there to see it.
+    pub record: Option<PlanRecord>,
+    /// The profiler's events of this share (stopped when it is dropped).
+    pub profile: Option<crate::plugin::profiler_events::RunEvents>,
+}
+
+/// What the planner chose for one task (for the profiler's Coll / P2p events).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TaskPlan {
+    pub algo: Option<Algorithm>,
+    pub proto: Option<Protocol>,
+    pub channels: u32,
+}
+
+/// What the planner chose, task by task: `tasks[i]` for task `i` (None: nothing to run), and
+/// the task of each context of the work.
+#[derive(Clone, Debug, Default)]
+pub struct PlanRecord {
+    pub tasks: Vec<Option<TaskPlan>>,
+    pub ctx_task: Vec<usize>,
 }
 
 /// What the planner chose for one collective.
@@ -253,12 +273,18 @@ fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &str) -> Result<us
 
 /// Builds the work of one communicator's tasks.
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
-    let (work, device) = PlanEnv::with(comm, |env| plan(env, tasks))?;
-    Ok(CommRun { comm: comm.handle(), work, device })
+    let mut record = crate::plugin::profiler_events::wants_plan_record().then(PlanRecord::default);
+    let (work, device) = PlanEnv::with(comm, |env| plan_recorded(env, tasks, record.as_mut()))?;
+    Ok(CommRun { comm: comm.handle(), work, device, record, profile: None })
 }
 
 /// The work of one rank's tasks, and whether it runs on a device.
 pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
+    plan_recorded(env, tasks, None)
+}
+
+/// [`plan`], writing what it chose for each task to `record`.
+pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord>) -> Result<(Work, bool)> {
     let (n, rank, caps) = (env.nranks, env.rank, env.caps);
     let device = !caps.host_addressable;
     let p2p_chunk = caps.slot_bytes;
@@ -280,7 +306,25 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
     // One rank, and nothing to compute in any operation: plain copies (in call order). With a
     // computing operation among them, every one runs as steps, in call order.
     let all_copies = n == 1 && tasks.iter().all(one_rank_identity);
+    // For the profiler: `(None, None)` a task begins; `(Some(ci), _)` context `ci` is the
+    // current task's; `(None, Some(plan))` what was chosen for it.
+    let mut note = |ctx: Option<usize>, plan: Option<TaskPlan>| {
+        let Some(r) = record.as_deref_mut() else { return };
+        match (ctx, plan) {
+            (Some(ci), _) => {
+                r.ctx_task.push(r.tasks.len() - 1);
+                debug_assert_eq!(r.ctx_task.len(), ci + 1);
+            }
+            (None, Some(p)) => {
+                if let Some(last) = r.tasks.last_mut() {
+                    *last = Some(p);
+                }
+            }
+            (None, None) => r.tasks.push(None),
+        }
+    };
     for task in tasks {
+        note(None, None);
         if task.count == 0 {
             continue;
         }
@@ -311,7 +355,9 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
         };
         let ci = ctxs.len();
         ctxs.push(ctx);
+        note(Some(ci), None);
         if n == 1 || matches!(task.kind, CollKind::Send { peer } | CollKind::Recv { peer } if peer == rank) {
+            note(None, Some(TaskPlan { algo: None, proto: None, channels: 1 }));
             match task.kind {
                 CollKind::Send { .. } => self_sends.push((ci, b)),
                 CollKind::Recv { .. } => self_recvs.push((ci, b)),
@@ -325,7 +371,9 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
                         }
                         continue;
                     }
-                    for (c, steps) in local_channels(b, task.kind.reduces(), caps.p2p_channels(b, n)) {
+                    let nch = caps.p2p_channels(b, n);
+                    note(None, Some(TaskPlan { algo: None, proto: None, channels: nch }));
+                    for (c, steps) in local_channels(b, task.kind.reduces(), nch) {
                         push(ItemKey::Local(c), ci, steps);
                     }
                 }
@@ -335,6 +383,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
         match task.kind {
             CollKind::Send { peer } | CollKind::Recv { peer } => {
                 let nch = caps.p2p_channels(b, n);
+                note(None, Some(TaskPlan { algo: None, proto: Some(Protocol::Simple), channels: nch }));
                 for c in 0..nch {
                     let range = program::p2p_range(b, c, nch);
                     if range.0 == range.1 && c > 0 {
@@ -351,6 +400,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
             _ => {}
         }
         let choice = choose(env, task)?;
+        note(None, Some(TaskPlan { algo: Some(choice.algo), proto: Some(choice.proto), channels: choice.channels }));
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
         tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
@@ -455,7 +505,7 @@ mod tests {
     }
 
     fn task(kind: CollKind, count: usize, op: ReduceOp) -> Task {
-        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op, stream: Stream(7) }
+        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op, stream: Stream(7), profile: Default::default() }
     }
 
     #[test]
@@ -515,7 +565,7 @@ mod one_rank_tests {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
         let env = PlanEnv { rank: 0, nranks: 1, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
-        let t = |kind, send, recv, op| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 1000, dtype: DataType::Float32, op, stream: Stream(1) };
+        let t = |kind, send, recv, op| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 1000, dtype: DataType::Float32, op, stream: Stream(1), profile: Default::default() };
         // Out of place: one copy, no step.
         let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::Sum)]).unwrap();
         assert_eq!(w.copies, vec![LocalCopy { src: 0x1000, dst: 0x9000, bytes: 4000 }]);
@@ -549,7 +599,7 @@ mod one_rank_tests {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
         let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
-        let t = |kind, send, recv| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 256, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1) };
+        let t = |kind, send, recv| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 256, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
         // An all-to-all's own block, and a send to the peer elsewhere: the self part is a copy.
         let group = [
             t(CollKind::Send { peer: 0 }, 0x1000, 0, ),

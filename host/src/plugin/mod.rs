@@ -9,10 +9,12 @@
 pub mod c_abi;
 pub mod c_net;
 pub mod c_tuner;
+pub mod c_profiler;
 pub mod discovery;
 pub mod library;
 pub mod net;
 pub mod profiler;
+pub mod profiler_events;
 pub mod tuner;
 
 use std::sync::Arc;
@@ -31,7 +33,7 @@ use library::{OpenError, PluginLibrary};
 pub struct CommPlugins {
     pub net: net::NetInstance,
     pub tuner: Option<tuner::TunerInstance>,
-    pub profiler: Option<profiler::ProfilerInstance>,
+    pub profiler: Option<Arc<profiler::ProfilerInstance>>,
 }
 
 impl CommPlugins {

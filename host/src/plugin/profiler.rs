@@ -1,44 +1,82 @@
 //! Choosing a communicator's profiler: from `NCCL_PROFILER_PLUGIN`, or under the default
 //! names, or inside the net plugin's library. Optional, like the tuner; its `init` says which
-//! events it wants.
+//! events it wants. A library may export rustccl's table (`rustccl_profiler_v1`) or NCCL's C
+//! tables (`ncclProfiler_v6` … `ncclProfiler_v1`, adapted by [`super::c_profiler`]); the
+//! rustccl table wins, then the newest C version.
+//!
+//! The events themselves are made by [`super::profiler_events`].
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rustccl_plugin_api::export::{self, PluginKind};
 use rustccl_plugin_api::profiler::{Profiler, ProfilerV1, ProfilerV1Client};
 use rustccl_plugin_api::PluginHandle;
 
-use super::library::{self, PluginLibrary};
+use super::library::PluginLibrary;
 use super::{Plugin, Skipped};
 
 pub type ProfilerPlugin = Plugin<dyn Profiler>;
 
-/// A profiler initialised for one communicator; finalized when dropped.
+/// Profiler instances alive in this process: while there are none, every event hook is one
+/// load and one branch.
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any communicator of this process has a profiler.
+#[inline]
+pub fn any_active() -> bool {
+    ACTIVE.load(Ordering::Relaxed) != 0
+}
+
+/// A profiler initialised for one communicator; finalized when the last holder (the
+/// communicator's plugins, or an event still running) drops it.
 #[derive(Debug)]
 pub struct ProfilerInstance {
     pub plugin: Arc<ProfilerPlugin>,
     pub ctx: PluginHandle,
     /// The event types the profiler asked for.
     pub mask: u32,
+    /// The communicator's rank (every event's `rank`).
+    pub rank: i32,
+    /// Per collective function: how many were started (the Coll events' `seq_number`).
+    pub(crate) seq: [AtomicU64; 8],
+}
+
+impl ProfilerInstance {
+    fn new(plugin: ProfilerPlugin, ctx: PluginHandle, mask: u32, rank: i32) -> ProfilerInstance {
+        ACTIVE.fetch_add(1, Ordering::Relaxed);
+        ProfilerInstance { plugin: Arc::new(plugin), ctx, mask, rank, seq: Default::default() }
+    }
+
+    /// Whether the profiler wants events of any of the `types` bits.
+    #[inline]
+    pub fn wants(&self, types: u32) -> bool {
+        self.mask & types != 0
+    }
 }
 
 impl Drop for ProfilerInstance {
     fn drop(&mut self) {
+        ACTIVE.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = self.plugin.api.finalize(self.ctx) {
             tracing::warn!(target: "PROFILE", "PROFILER/{}: finalize failed: {}", self.plugin.name, e.message);
         }
     }
 }
 
-pub fn from_library(lib: &Arc<PluginLibrary>) -> Result<ProfilerPlugin, String> {
+/// Which family of tables a profiler was loaded from (for the log line).
+pub const RUST_ABI: &str = "rustccl profiler ABI";
+pub const C_ABI: &str = "NCCL C profiler ABI";
+
+/// The profiler a library exports, and the family of its table ([`RUST_ABI`] or [`C_ABI`]).
+pub fn from_library(lib: &Arc<PluginLibrary>) -> Result<(ProfilerPlugin, &'static str), String> {
     if let Some(t) = export::find::<ProfilerV1>(&lib.lib, PluginKind::Profiler, 1)? {
-        return Ok(Plugin::loaded(Arc::new(ProfilerV1Client { table: t }), t.name.as_str(), 1, lib));
+        return Ok((Plugin::loaded(Arc::new(ProfilerV1Client { table: t }), t.name.as_str(), 1, lib), RUST_ABI));
     }
-    let c = library::nccl_c_symbols(lib, "ncclProfiler_v", 1..=5);
-    if !c.is_empty() {
-        return Err(format!("it exports NCCL's C profiler ABI ({}), which this rustccl cannot load yet", c.join(", ")));
+    if let Some(found) = super::c_profiler::find(lib)? {
+        return Ok((found, C_ABI));
     }
-    Err("it exports no rustccl profiler (rustccl_profiler_v1)".into())
+    Err("it exports no rustccl profiler (rustccl_profiler_v1) and no NCCL C profiler (ncclProfiler_v6 … v1)".into())
 }
 
 /// What a profiler is told about the communicator at init.
@@ -51,24 +89,28 @@ pub struct CommInfo<'a> {
 }
 
 /// Loads and initialises the profiler for a communicator, if there is one.
-pub fn select(info: &CommInfo, net_library: Option<&Arc<PluginLibrary>>) -> Option<ProfilerInstance> {
+pub fn select(info: &CommInfo, net_library: Option<&Arc<PluginLibrary>>) -> Option<Arc<ProfilerInstance>> {
     let search = super::search(PluginKind::Profiler, net_library, from_library);
     let mut skipped = search.skipped;
     let mut chosen = None;
     for found in search.found {
-        let plugin = found.plugin;
+        let (plugin, family) = found.plugin;
+        let abi = format!("{family} v{}", plugin.abi_version);
         match plugin.api.init(info.comm_id, info.name, info.nnodes, info.nranks, info.rank, super::logger()) {
             Ok((ctx, mask)) => {
                 tracing::info!(
                     target: "PROFILE",
-                    "PROFILER/Plugin: using {} (rustccl profiler ABI v{}) from {}, event mask {mask:#x}: {}",
-                    plugin.name, plugin.abi_version, plugin.origin, found.why
+                    "PROFILER/Plugin: using {} ({}) from {}, event mask {mask:#x}: {}",
+                    plugin.name,
+                    abi,
+                    plugin.origin,
+                    found.why
                 );
-                chosen = Some(ProfilerInstance { plugin: Arc::new(plugin), ctx, mask });
+                chosen = Some(Arc::new(ProfilerInstance::new(plugin, ctx, mask, info.rank as i32)));
                 break;
             }
             Err(e) => skipped.push(Skipped {
-                what: format!("{} ({})", plugin.name, plugin.origin),
+                what: format!("{} ({}, {})", plugin.name, abi, plugin.origin),
                 why: format!("init failed: {}", e.message),
                 explicit: found.explicit,
             }),

@@ -89,6 +89,8 @@ pub struct Connection {
     pub kind: Kind,
     pub fifo: Fifo,
     pub error: Mutex<Option<Error>>,
+    /// The profiler's proxy ops planned on this connection (network connections only).
+    pub(crate) proxy_ops: crate::plugin::profiler_events::ProxyOpQueue,
     /// Released in order: registrations before the mappings they cover.
     _memory: Vec<Memory>,
 }
@@ -96,7 +98,7 @@ pub struct Connection {
 impl Connection {
     /// A connection over `fifo`, keeping `memory` (released in order) while it lives.
     pub(crate) fn new(link: Link, dir: Dir, kind: Kind, fifo: Fifo, memory: Vec<Memory>) -> Connection {
-        Connection { link, dir, kind, fifo, error: Mutex::new(None), _memory: memory }
+        Connection { link, dir, kind, fifo, error: Mutex::new(None), proxy_ops: Default::default(), _memory: memory }
     }
 
     /// A connection over a FIFO whose header stand-in is `header` (device addresses in the

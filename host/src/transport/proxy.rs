@@ -17,6 +17,7 @@ use rustccl_plugin_api::PluginHandle;
 use super::fifo::STEPS;
 use super::{Connection, Dir};
 use crate::error::Error;
+use crate::plugin::profiler_events::ProxyTrack;
 
 /// One network connection the proxy drives.
 struct Driven {
@@ -28,6 +29,8 @@ struct Driven {
     /// Next slot index to post.
     next: u64,
     failed: bool,
+    /// The profiler's proxy op and step events of this connection.
+    track: ProxyTrack,
 }
 
 pub struct Proxy {
@@ -56,7 +59,7 @@ impl Proxy {
             *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
             *add = Some(tx);
         }
-        let d = Driven { conn, comm, mr, inflight: VecDeque::new(), next: 0, failed: false };
+        let d = Driven { conn, comm, mr, inflight: VecDeque::new(), next: 0, failed: false, track: ProxyTrack::default() };
         let _ = add.as_ref().unwrap().send(d);
     }
 
@@ -93,6 +96,8 @@ fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>) {
                 Ok(progress) => busy |= progress,
                 Err(e) => {
                     d.failed = true;
+                    // Its events stop: nothing more will move on it.
+                    d.track = ProxyTrack::default();
                     *d.conn.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 }
             }
@@ -134,6 +139,7 @@ fn progress_send(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
         // reuse it before the proxy pops it, which happens only after completion.
         match unsafe { net.isend(d.comm, ptr as usize, len, 0, d.mr) }.map_err(|e| net_error(d, e))? {
             Some(req) => {
+                d.track.posted(&d.conn, d.next, len);
                 d.inflight.push_back((d.next, req));
                 d.next += 1;
                 progress = true;
@@ -156,6 +162,7 @@ fn progress_recv(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
         // before the receive completes.
         match unsafe { net.irecv(d.comm, &bufs) }.map_err(|e| net_error(d, e))? {
             Some(req) => {
+                d.track.posted(&d.conn, d.next, 0);
                 d.inflight.push_back((d.next, req));
                 d.next += 1;
                 progress = true;
@@ -182,6 +189,7 @@ fn complete_in_order(
         }
         d.inflight.pop_front();
         done(&d.conn.fifo, index, sizes[0]);
+        d.track.completed(&d.conn, index, sizes[0]);
         progress = true;
     }
     Ok(progress)

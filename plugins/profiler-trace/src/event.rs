@@ -25,11 +25,23 @@ pub enum EventKind {
     ProxyCtrl,
     /// An event defined by the net plugin (e.g. one network request).
     Net,
+    /// The application's outermost group call.
+    GroupApi,
+    /// One collective API call.
+    CollApi,
+    /// One send / receive API call.
+    P2pApi,
+    /// One launch of device work.
+    KernelLaunch,
 }
 
 impl EventKind {
     /// Every kind, outermost first.
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 12] = [
+        EventKind::GroupApi,
+        EventKind::CollApi,
+        EventKind::P2pApi,
+        EventKind::KernelLaunch,
         EventKind::Group,
         EventKind::Coll,
         EventKind::P2p,
@@ -46,7 +58,7 @@ impl EventKind {
     }
 
     /// The bit of NCCL's profiler event-activation mask for this kind
-    /// (`ncclProfileGroup` = 1<<0 … `ncclProfileNetPlugin` = 1<<7).
+    /// (`ncclProfileGroup` = 1<<0 … `ncclProfileKernelLaunch` = 1<<11).
     pub fn mask_bit(self) -> u64 {
         match self {
             EventKind::Group => 1 << 0,
@@ -57,6 +69,10 @@ impl EventKind {
             EventKind::ProxyCtrl => 1 << 5,
             EventKind::KernelCh => 1 << 6,
             EventKind::Net => 1 << 7,
+            EventKind::GroupApi => 1 << 8,
+            EventKind::CollApi => 1 << 9,
+            EventKind::P2pApi => 1 << 10,
+            EventKind::KernelLaunch => 1 << 11,
         }
     }
 
@@ -71,14 +87,20 @@ impl EventKind {
             EventKind::ProxyCtrl => "proxy_ctrl",
             EventKind::KernelCh => "kernel_ch",
             EventKind::Net => "net",
+            EventKind::GroupApi => "group_api",
+            EventKind::CollApi => "coll_api",
+            EventKind::P2pApi => "p2p_api",
+            EventKind::KernelLaunch => "kernel_launch",
         }
     }
 
     /// Kinds allowed as this kind's parent.
     pub fn parent_kinds(self) -> &'static [EventKind] {
         match self {
-            EventKind::Group | EventKind::ProxyCtrl => &[],
-            EventKind::Coll | EventKind::P2p => &[EventKind::Group],
+            EventKind::Group | EventKind::ProxyCtrl | EventKind::GroupApi => &[],
+            EventKind::CollApi | EventKind::P2pApi | EventKind::KernelLaunch => &[EventKind::GroupApi],
+            EventKind::Coll => &[EventKind::Group, EventKind::CollApi],
+            EventKind::P2p => &[EventKind::Group, EventKind::P2pApi],
             EventKind::ProxyOp | EventKind::KernelCh => &[EventKind::Coll, EventKind::P2p],
             EventKind::ProxyStep => &[EventKind::ProxyOp],
             EventKind::Net => &[EventKind::ProxyStep],
@@ -86,12 +108,19 @@ impl EventKind {
     }
 
     /// Whether an event of this kind must have a parent (in a strict recorder). Groups and
-    /// proxy-control events never have one; collectives and p2p operations may stand alone
-    /// (when not in a group).
+    /// proxy-control events never have one; collectives, p2p operations and API events may
+    /// stand alone.
     pub fn requires_parent(self) -> bool {
         !matches!(
             self,
-            EventKind::Group | EventKind::ProxyCtrl | EventKind::Coll | EventKind::P2p
+            EventKind::Group
+                | EventKind::ProxyCtrl
+                | EventKind::Coll
+                | EventKind::P2p
+                | EventKind::GroupApi
+                | EventKind::CollApi
+                | EventKind::P2pApi
+                | EventKind::KernelLaunch
         )
     }
 }

@@ -19,8 +19,9 @@
 //!   Group | Coll | P2p | ProxyOp). An event whose parent was not tracked (its type is not in
 //!   the mask) stands alone in the trace.
 //!
-//! Not yet: the API-level events (group API, collective API, kernel launch), a bounded
-//! event buffer, and GPU timestamps for kernel-channel events.
+//! The API-level events (group API, collective / p2p API, kernel launch) are recorded too
+//! when the mask asks for them; a collective's parent is then its API event, else its group.
+//! Not yet: a bounded event buffer, and GPU timestamps for kernel-channel events.
 //!
 //! # Output format
 //!

@@ -80,7 +80,11 @@ impl TraceProfiler {
     fn event_name(kind: EventKind, d: &EventDescr<'_>) -> String {
         let func = d.func.as_str();
         match kind {
-            EventKind::Coll | EventKind::P2p if !func.is_empty() => func.to_string(),
+            EventKind::Coll | EventKind::P2p | EventKind::CollApi | EventKind::P2pApi
+                if !func.is_empty() =>
+            {
+                func.to_string()
+            }
             _ => event_type::name(d.event_type)
                 .unwrap_or("Event")
                 .to_string(),
@@ -117,7 +121,13 @@ impl TraceProfiler {
             EventKind::ProxyStep => vec![("step", d.step.into())],
             EventKind::KernelCh => vec![("channel", d.channel_id.into())],
             EventKind::Net => vec![("pluginId", d.net_plugin_id.into())],
-            EventKind::Group | EventKind::ProxyCtrl => vec![],
+            EventKind::CollApi | EventKind::P2pApi => vec![
+                ("count", d.count.into()),
+                ("datatype", s(d.datatype)),
+                ("root", d.root.into()),
+            ],
+            EventKind::GroupApi => vec![("depth", d.group_depth.into())],
+            EventKind::Group | EventKind::ProxyCtrl | EventKind::KernelLaunch => vec![],
         };
         args.extend(more.into_iter().map(|(k, v)| (k.to_string(), v)));
         args
@@ -176,7 +186,12 @@ impl Profiler for TraceProfiler {
             Some(kind) if d.event_type & context.mask != 0 => kind,
             _ => return Ok(PluginHandle { id: 0 }),
         };
-        let parent = d.parent().map(|p| EventId(p.id));
+        // A collective's parent is its API event (NCCL's v5); when that is not tracked, its
+        // group.
+        let parent = d
+            .parent()
+            .or_else(|| (d.parent_group.id != 0).then_some(d.parent_group))
+            .map(|p| EventId(p.id));
         let id = self
             .recorder
             .start_with_args(
@@ -266,7 +281,8 @@ mod tests {
     fn event_mask_parsing() {
         assert_eq!(parse_event_mask("15"), Ok(15));
         assert_eq!(parse_event_mask(" 0xFF "), Ok(0xff));
-        assert_eq!(parse_event_mask("0x1ff"), Ok(0xff), "unknown bits dropped");
+        assert_eq!(parse_event_mask("0x1ff"), Ok(0x1ff));
+        assert_eq!(parse_event_mask("0xffff"), Ok(0xfff), "unknown bits dropped");
         assert!(parse_event_mask("all")
             .unwrap_err()
             .contains("NCCL_PROFILE_EVENT_MASK=all"));

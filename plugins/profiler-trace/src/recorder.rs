@@ -343,7 +343,7 @@ mod tests {
             }
         }
         let bits: u64 = EventKind::ALL.iter().map(|k| k.mask_bit()).sum();
-        assert_eq!(bits, 0b1111_1111);
+        assert_eq!(bits, 0xfff);
         for kind in EventKind::ALL {
             assert_eq!(EventKind::from_mask_bit(kind.mask_bit()), Some(kind));
         }

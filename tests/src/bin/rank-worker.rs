@@ -7,6 +7,7 @@ mod worker_coll;
 mod worker_faults;
 mod worker_graph;
 mod worker_nonblocking;
+mod worker_profiler;
 mod worker_streams;
 
 use std::io::BufRead;
@@ -37,6 +38,7 @@ fn main() {
         "net-traffic" => net_traffic(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
         "tuned-sizes" => tuned_sizes(nranks, rank, &ids),
+        "profiled" => worker_profiler::profiled(nranks, rank, &ids),
         "coll-matrix" => worker_coll::matrix(nranks, rank, &ids),
         "coll-matrix-one-process" => worker_coll::matrix_one_process(nranks),
         "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),

@@ -1,0 +1,150 @@
+//! The core's profiler events, seen by real profiler plugins in rank processes (host backend,
+//! `NCCL_SHM_DISABLE=1` so that the network transport's proxy runs): NCCL's C profiler ABI v5
+//! through a C plugin compiled here from `plugins/testing/c-profiler/` (it counts the events
+//! started and stopped per type), one whose init fails, and rustccl's trace plugin.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use rustccl_tests::*;
+
+/// Compiles the C profiler (with `defines`) next to the rank worker; returns its path.
+fn c_profiler(variant: &str, defines: &[&str]) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = worker_path()
+        .parent()
+        .unwrap()
+        .join(format!("librustccl_test_c_profiler_{variant}_{}.so", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-std=gnu99", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .args(defines)
+        .arg(root.join("plugins/testing/c-profiler/profiler_v5.c"))
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "compiling the C profiler failed");
+    out.to_string_lossy().into_owned()
+}
+
+fn temp(name: &str) -> String {
+    std::env::temp_dir().join(format!("rustccl-{name}-{}", std::process::id())).to_string_lossy().into_owned()
+}
+
+/// Runs the `profiled` scenario on 2 ranks with `env`; returns each rank's log.
+fn profiled(env: &[(&str, &str)]) -> Vec<String> {
+    let ids = ids_arg(&[new_id()]);
+    let mut all = vec![
+        ("RUSTCCL_BACKEND", "host"),
+        ("NCCL_SHM_DISABLE", "1"),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,PROFILE,PLUGIN"),
+    ];
+    all.extend_from_slice(env);
+    let outs = finish_all(spawn("profiled", 2, &[0, 1], &ids, &all), Duration::from_secs(120));
+    assert_all_ok(&outs);
+    for o in &outs {
+        assert!(o.results().contains(&"profiled ok"), "{o:?}");
+    }
+    outs.into_iter().map(|o| o.stderr).collect()
+}
+
+#[test]
+fn a_c_profiler_v5_sees_every_event_open_and_close_in_balance() {
+    let lib = c_profiler("v5", &[]);
+    let out = temp("c-profiler-counts");
+    let logs = profiled(&[("NCCL_PROFILER_PLUGIN", &lib), ("RUSTCCL_C_PROFILER_OUT", &out)]);
+    for (rank, log) in logs.iter().enumerate() {
+        let using: Vec<&str> = log.lines().filter(|l| l.contains("PROFILER/Plugin: using")).collect();
+        assert_eq!(using.len(), 1, "{log}");
+        assert!(using[0].contains("c-counter (NCCL C profiler ABI v5) from") && using[0].contains(&lib), "{log}");
+        assert!(using[0].contains(&format!("NCCL_PROFILER_PLUGIN={lib}")), "the line says why: {log}");
+        assert!(log.contains(&format!("c-profiler: init rank {rank} of 2")), "its logger works: {log}");
+        let path = format!("{out}.{rank}");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e} (finalize wrote nothing)\n{log}"));
+        let _ = std::fs::remove_file(&path);
+        let count = |what: &str| -> (u64, u64) {
+            let line = text.lines().find(|l| l.split(' ').next() == Some(what)).unwrap_or_else(|| panic!("{what}: {text}"));
+            let v: Vec<u64> = line.split(' ').skip(1).map(|x| x.parse().unwrap()).collect();
+            (v[0], v.get(1).copied().unwrap_or(0))
+        };
+        for t in ["Group", "Coll", "P2p", "ProxyOp", "ProxyStep", "ProxyCtrl", "KernelCh", "NetPlugin", "GroupApi", "CollApi", "P2pApi", "KernelLaunch"] {
+            let (started, stopped) = count(t);
+            assert_eq!(started, stopped, "rank {rank}: {t} events started and stopped:\n{text}");
+        }
+        // Three calls outside groups and one group of three; the all-reduces and the
+        // broadcast as Coll, the send and receive as P2p; each over the network.
+        assert_eq!(count("GroupApi").0, 3, "{text}");
+        assert_eq!(count("CollApi").0, 3, "{text}");
+        assert_eq!(count("P2pApi").0, 2, "{text}");
+        assert_eq!(count("Group").0, 3, "{text}");
+        assert_eq!(count("Coll").0, 3, "{text}");
+        assert_eq!(count("P2p").0, 2, "{text}");
+        assert!(count("ProxyOp").0 >= 5, "{text}");
+        assert!(count("ProxyStep").0 > count("ProxyOp").0, "{text}");
+        assert_eq!(count("KernelLaunch").0, 0, "no device work on the host backend");
+        assert_eq!(count("bad").0, 0, "every handle stopped was one it gave: {text}");
+        assert_eq!(count("named_colls").0, 3, "Coll descriptors carry names and the group: {text}");
+        assert_eq!(count("group_states"), (3, 3), "GroupStartApiStop and GroupEndApiStart: {text}");
+    }
+}
+
+#[test]
+fn a_c_profiler_whose_init_fails_is_skipped_with_one_line() {
+    let lib = c_profiler("init_fails", &["-DPROFILER_INIT_FAILS"]);
+    let ids = ids_arg(&[new_id()]);
+    let env = [
+        ("RUSTCCL_BACKEND", "host"),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,PROFILE,PLUGIN"),
+        ("NCCL_PROFILER_PLUGIN", lib.as_str()),
+    ];
+    let out = spawn("plugins", 1, &[0], &ids, &env).pop().unwrap().finish(Duration::from_secs(60));
+    assert!(out.ok(), "{out:?}");
+    assert!(out.results().contains(&"profiler none"), "{out:?}");
+    let lines: Vec<&str> = out.stderr.lines().filter(|l| l.contains("c-counter-broken")).collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].contains("NCCL C profiler ABI v5") && lines[0].contains("init failed: ncclProfiler_v5.init returned ncclInternalError"),
+        "{}",
+        lines[0]
+    );
+}
+
+#[test]
+fn the_trace_profiler_records_api_group_collective_and_proxy_events() {
+    let dir = worker_path().parent().unwrap().to_path_buf();
+    let lib = [dir.join("librustccl_profiler_trace.so"), dir.join("deps/librustccl_profiler_trace.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("librustccl_profiler_trace.so is built (cargo build)");
+    let trace = temp("trace-%p.json");
+    let logs = profiled(&[
+        ("NCCL_PROFILER_PLUGIN", lib.to_str().unwrap()),
+        ("NCCL_PROFILE_EVENT_MASK", "0xfff"),
+        ("RUSTCCL_PROFILER_TRACE_FILE", &trace),
+    ]);
+    let written: Vec<String> = logs
+        .iter()
+        .filter_map(|log| log.lines().find_map(|l| l.split(" events to ").nth(1).map(|p| p.trim().to_string())))
+        .collect();
+    assert_eq!(written.len(), 2, "each rank wrote its trace: {logs:?}");
+    for path in written {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let events = json["traceEvents"].as_array().unwrap();
+        let spans = |cat: &str| events.iter().filter(|e| e["cat"] == cat && e["ph"] == "X").count();
+        for cat in ["group_api", "coll_api", "p2p_api", "group", "coll", "p2p", "proxy_op", "proxy_step"] {
+            assert!(spans(cat) > 0, "no {cat} event in {path}");
+        }
+        assert!(!events.iter().any(|e| e["ph"] == "B"), "an event was never stopped: {path}");
+        // A collective's parent is its API event; a proxy op's, its collective or p2p.
+        let by_id = |id: &serde_json::Value| events.iter().find(|e| e["args"]["id"] == *id && e["ph"] == "X");
+        for e in events.iter().filter(|e| e["ph"] == "X" && (e["cat"] == "coll" || e["cat"] == "proxy_op")) {
+            let parent = by_id(&e["args"]["parent"]).unwrap_or_else(|| panic!("{e} has no parent"));
+            let want: &[&str] = if e["cat"] == "coll" { &["coll_api"] } else { &["coll", "p2p"] };
+            assert!(want.contains(&parent["cat"].as_str().unwrap()), "{e} under {parent}");
+        }
+    }
+}
