@@ -11,8 +11,8 @@
 //! * [`tuner`]: trait [`tuner::Tuner`], tables `TunerV1` (`rustccl_tuner_v1`) and `TunerV2`
 //!   (`rustccl_tuner_v2`), `export_tuner!(v1 | v2, ...)` (or `export_tuner_v1!` /
 //!   `export_tuner_v2!`), `TunerV1Client` / `TunerV2Client`;
-//! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV1` (`rustccl_profiler_v1`),
-//!   `export_profiler_v1!`, `ProfilerV1Client`.
+//! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV2` (`rustccl_profiler_v2`),
+//!   `export_profiler!`, `ProfilerV2Client`; [`profiler_v1`]: the older table and its client.
 //!
 //! This root module holds what the kinds share: [`PluginError`] / [`PResult`] (the result of
 //! every exported function), the host's logger [`LogFn`], [`call_guarded`] (no panic crosses
@@ -35,6 +35,7 @@ use abi_stable::StableAbi;
 pub mod export;
 pub mod net;
 pub mod profiler;
+pub mod profiler_v1;
 pub mod tuner;
 
 /// An error crossing the plugin boundary: an `ncclResult_t` code and a message.

@@ -1,4 +1,4 @@
-//! The profiler plugin ABI (rustccl profiler v1), with the semantics of NCCL's profiler v5:
+//! The profiler plugin ABI (rustccl profiler v2), with the semantics of NCCL's profiler v5:
 //! the host starts and stops events of a hierarchy (group API → collective / p2p API →
 //! collective / p2p → proxy op → proxy step → net plugin event, collective / p2p → kernel
 //! channel, group API → kernel launch; a collective / p2p also names its group in
@@ -9,8 +9,17 @@
 //! those.
 //!
 //! A plugin implements the safe trait [`Profiler`] and exports it with
-//! [`export_profiler_v1!`](crate::export_profiler_v1) (symbol `rustccl_profiler_v1`); the host sees a `&dyn Profiler`
-//! through [`ProfilerV1Client`].
+//! [`export_profiler!`](crate::export_profiler)`(v2, ...)` (symbol `rustccl_profiler_v2`, table
+//! [`ProfilerV2`]); the host sees a `&dyn Profiler` through [`ProfilerV2Client`].
+//!
+//! | version | symbol | differences |
+//! |---|---|---|
+//! | 1 | `rustccl_profiler_v1` | event types up to `NetPlugin` (mask `0xff`); the descriptor ends at `net_data`; a Coll / P2p's parent is its Group |
+//! | 2 | `rustccl_profiler_v2` | GroupApi, CollApi, P2pApi, KernelLaunch; the descriptor gains `parent_group` .. `group_depth` |
+//!
+//! A plugin built for v1 still loads: [`ProfilerV1Client`](crate::profiler_v1::ProfilerV1Client)
+//! cuts the mask to what v1 knew and hands it v1's descriptor; a plugin may export both
+//! versions (`export_profiler!(v1, ...)` as well) to stay loadable by older hosts.
 //!
 //! Rules (as NCCL's): only `init` may fail in a way that matters (it disables the profiler
 //! for that communicator); the host ignores errors of the other calls, so a plugin should
@@ -291,10 +300,10 @@ pub trait Profiler: Send + Sync {
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError>;
 }
 
-/// The exported table of profiler ABI v1 (`rustccl_profiler_v1`).
+/// The exported table of profiler ABI v2 (`rustccl_profiler_v2`).
 #[repr(C)]
 #[derive(StableAbi)]
-pub struct ProfilerV1 {
+pub struct ProfilerV2 {
     /// The plugin's name, for log lines.
     pub name: RStr<'static>,
     /// Writes the wanted [`event_type`] mask to `event_mask`.
@@ -319,7 +328,7 @@ pub trait ProfilerProvider: 'static {
     fn get() -> &'static dyn Profiler;
 }
 
-extern "C" fn init_shim<P: ProfilerProvider>(
+pub(crate) extern "C" fn init_shim<P: ProfilerProvider>(
     comm_id: u64,
     comm_name: RStr<'_>,
     nnodes: usize,
@@ -337,20 +346,20 @@ extern "C" fn init_shim<P: ProfilerProvider>(
 extern "C" fn start_event_shim<P: ProfilerProvider>(ctx: PluginHandle, descr: &EventDescr<'_>) -> PResult<PluginHandle> {
     call_guarded(|| P::get().start_event(ctx, descr))
 }
-extern "C" fn stop_event_shim<P: ProfilerProvider>(event: PluginHandle) -> PResult<()> {
+pub(crate) extern "C" fn stop_event_shim<P: ProfilerProvider>(event: PluginHandle) -> PResult<()> {
     call_guarded(|| P::get().stop_event(event))
 }
-extern "C" fn record_event_state_shim<P: ProfilerProvider>(event: PluginHandle, state: u32, args: &StateArgs) -> PResult<()> {
+pub(crate) extern "C" fn record_event_state_shim<P: ProfilerProvider>(event: PluginHandle, state: u32, args: &StateArgs) -> PResult<()> {
     call_guarded(|| P::get().record_event_state(event, state, args))
 }
-extern "C" fn finalize_shim<P: ProfilerProvider>(ctx: PluginHandle) -> PResult<()> {
+pub(crate) extern "C" fn finalize_shim<P: ProfilerProvider>(ctx: PluginHandle) -> PResult<()> {
     call_guarded(|| P::get().finalize(ctx))
 }
 
-impl ProfilerV1 {
+impl ProfilerV2 {
     /// The table whose functions call `P::get()`.
-    pub const fn table<P: ProfilerProvider>(name: &'static str) -> ProfilerV1 {
-        ProfilerV1 {
+    pub const fn table<P: ProfilerProvider>(name: &'static str) -> ProfilerV2 {
+        ProfilerV2 {
             name: RStr::from_str(name),
             init: init_shim::<P>,
             start_event: start_event_shim::<P>,
@@ -361,21 +370,31 @@ impl ProfilerV1 {
     }
 }
 
-/// Exports a profiler plugin from a cdylib: `export_profiler_v1!("name", Type, constructor_expr);`
-/// or, with your own [`ProfilerProvider`], `export_profiler_v1!("name", provider = MyProvider);`.
+/// Exports a profiler from a cdylib at ABI version `v1` (symbol `rustccl_profiler_v1`, table
+/// [`ProfilerV1`](crate::profiler_v1::ProfilerV1)) or `v2` (`rustccl_profiler_v2`, [`ProfilerV2`]):
+/// `export_profiler!(v2, "name", Type, constructor_expr);` (an instance of its own, built on
+/// first use) or `export_profiler!(v2, "name", provider = MyProvider);` (share one
+/// [`ProfilerProvider`] between the v1 and v2 exports). `export_profiler_v1!` /
+/// `export_profiler_v2!` are the same without the version argument.
 #[macro_export]
-macro_rules! export_profiler_v1 {
-    ($name:expr, provider = $provider:path) => {
+macro_rules! export_profiler {
+    (v1, $($rest:tt)*) => {
+        $crate::export_profiler!(@table profiler_v1::ProfilerV1, rustccl_profiler_v1, $($rest)*);
+    };
+    (v2, $($rest:tt)*) => {
+        $crate::export_profiler!(@table profiler::ProfilerV2, rustccl_profiler_v2, $($rest)*);
+    };
+    (@table $module:ident :: $table:ident, $symbol:ident, $name:expr, provider = $provider:path) => {
         const _: () = {
-            static TABLE: $crate::profiler::ProfilerV1 = $crate::profiler::ProfilerV1::table::<$provider>($name);
+            static TABLE: $crate::$module::$table = $crate::$module::$table::table::<$provider>($name);
             #[no_mangle]
             #[used]
             #[allow(non_upper_case_globals)]
-            pub static rustccl_profiler_v1: $crate::export::PluginExport<$crate::profiler::ProfilerV1> =
+            pub static $symbol: $crate::export::PluginExport<$crate::$module::$table> =
                 $crate::export::PluginExport::new(&TABLE);
         };
     };
-    ($name:expr, $ty:ty, $ctor:expr) => {
+    (@table $module:ident :: $table:ident, $symbol:ident, $name:expr, $ty:ty, $ctor:expr) => {
         const _: () = {
             static INSTANCE: ::std::sync::OnceLock<$ty> = ::std::sync::OnceLock::new();
             struct Provider;
@@ -384,27 +403,39 @@ macro_rules! export_profiler_v1 {
                     INSTANCE.get_or_init(|| $ctor)
                 }
             }
-            $crate::export_profiler_v1!($name, provider = Provider);
+            $crate::export_profiler!(@table $module :: $table, $symbol, $name, provider = Provider);
         };
     };
 }
 
-/// A loaded library's v1 table, seen through the [`Profiler`] trait.
-pub struct ProfilerV1Client {
-    pub table: &'static ProfilerV1,
+/// [`export_profiler!`](crate::export_profiler)`(v1, ...)`.
+#[macro_export]
+macro_rules! export_profiler_v1 {
+    ($($args:tt)*) => { $crate::export_profiler!(v1, $($args)*); };
 }
 
-impl ProfilerV1Client {
+/// [`export_profiler!`](crate::export_profiler)`(v2, ...)`.
+#[macro_export]
+macro_rules! export_profiler_v2 {
+    ($($args:tt)*) => { $crate::export_profiler!(v2, $($args)*); };
+}
+
+/// A loaded library's v2 table, seen through the [`Profiler`] trait.
+pub struct ProfilerV2Client {
+    pub table: &'static ProfilerV2,
+}
+
+impl ProfilerV2Client {
     pub fn name(&self) -> &'static str {
         self.table.name.as_str()
     }
 }
 
-fn into<T>(r: PResult<T>) -> Result<T, PluginError> {
+pub(crate) fn into<T>(r: PResult<T>) -> Result<T, PluginError> {
     r.into_result()
 }
 
-impl Profiler for ProfilerV1Client {
+impl Profiler for ProfilerV2Client {
     fn init(
         &self,
         comm_id: u64,
@@ -494,14 +525,14 @@ mod tests {
             &PROFILER
         }
     }
-    static TABLE: ProfilerV1 = ProfilerV1::table::<Provider>("test-prof");
-    crate::export_profiler_v1!("macro-test", provider = Provider);
+    static TABLE: ProfilerV2 = ProfilerV2::table::<Provider>("test-prof");
+    crate::export_profiler!(v2, "macro-test", provider = Provider);
 
     extern "C" fn quiet(_level: i32, _subsys: u64, _message: RStr<'_>) {}
 
     #[test]
     fn round_trip_through_table() {
-        let client = ProfilerV1Client { table: &TABLE };
+        let client = ProfilerV2Client { table: &TABLE };
         assert_eq!(client.name(), "test-prof");
         let log = LogFn { log: quiet };
         let err = client.init(1, "fail", 1, 2, 0, log).unwrap_err();

@@ -1,4 +1,4 @@
-//! Loads this package's own `cdylib` with libloading, finds `rustccl_profiler_v1` with
+//! Loads this package's own `cdylib` with libloading, finds `rustccl_profiler_v2` with
 //! `rustccl_plugin_api::export::find` as rustccl will, and drives it through the stable ABI
 //! for two communicators; the trace file appears when the last one is finalised.
 //!
@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use abi_stable::std_types::RStr;
 use rustccl_plugin_api::export::{find, PluginKind};
-use rustccl_plugin_api::profiler::{event_type, state, EventDescr, Profiler, ProfilerV1, ProfilerV1Client, StateArgs};
+use rustccl_plugin_api::profiler::{event_type, state, EventDescr, Profiler, ProfilerV2, ProfilerV2Client, StateArgs};
+use rustccl_plugin_api::profiler_v1::ProfilerV1;
 use rustccl_plugin_api::tuner::TunerV2;
 use rustccl_plugin_api::{LogFn, PluginHandle};
 use serde_json::Value;
@@ -44,9 +45,10 @@ fn dlopen_round_trip_writes_trace_at_last_finalize() {
     // SAFETY: loading our own plugin; its initialisers have no requirements.
     let lib: &'static libloading::Library =
         Box::leak(Box::new(unsafe { libloading::Library::new(cdylib_path()) }.unwrap()));
-    let table = find::<ProfilerV1>(lib, PluginKind::Profiler, 1).unwrap().expect("rustccl_profiler_v1");
+    let table = find::<ProfilerV2>(lib, PluginKind::Profiler, 2).unwrap().expect("rustccl_profiler_v2");
+    assert!(find::<ProfilerV1>(lib, PluginKind::Profiler, 1).unwrap().is_some(), "also exported as v1 for older hosts");
     assert!(find::<TunerV2>(lib, PluginKind::Tuner, 2).unwrap().is_none());
-    let p = ProfilerV1Client { table };
+    let p = ProfilerV2Client { table };
     assert_eq!(p.name(), "trace");
 
     let (ctx0, mask) = p.init(0x10, "world", 1, 2, 0, LOG).unwrap();
