@@ -26,7 +26,7 @@ pub mod version;
 pub mod work;
 
 pub use bootstrap::UniqueId;
-pub use comm::{get_unique_id, Communicator, MemStat, MemStats, ShrinkFlags, SPLIT_NOCOLOR, SUSPEND_MEM};
+pub use comm::{get_unique_id, Communicator, LaunchEnv, Launcher, MemStat, MemStats, ShrinkFlags, SPLIT_NOCOLOR, SUSPEND_MEM};
 pub use coll::{group_end, group_simulate_end, group_start, ReduceOp, Scalar};
 pub use config::CommConfig;
 pub use error::{Error, ErrorKind, Result, ResultCode};
