@@ -19,4 +19,5 @@ pub mod layout;
 pub mod mps;
 pub mod ops;
 pub mod opts;
+pub mod plot;
 pub mod tune;
