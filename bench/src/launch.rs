@@ -52,7 +52,7 @@ fn kill_all(children: &mut [(usize, Child, Option<i32>)]) {
 }
 
 /// Picks the ranks ([`layout::plan`]), starts MPS when asked and needed or says in one line
-/// that ranks time-slice, runs them ([`run_ranks`]) and stops the MPS daemon it started.
+/// that ranks time-slice, runs them (`run_ranks`) and stops the MPS daemon it started.
 /// Returns the exit status for the launcher (2 for a root beyond the picked ranks, as for
 /// other bad arguments).
 pub fn launch(opts: &Options, args: &[String]) -> i32 {

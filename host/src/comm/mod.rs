@@ -3,7 +3,7 @@
 //! abort, and the queries.
 //!
 //! States: `InProgress` while a non-blocking init runs, then `Ready` or `Failed`. Every call
-//! goes through [`Communicator::ready`] first, which refuses a destroyed, aborted, still
+//! goes through `Communicator::ready` first, which refuses a destroyed, aborted, still
 //! initialising or failed communicator with the matching code and a message (kept as the
 //! communicator's and the process's last error).
 
