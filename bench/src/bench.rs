@@ -104,8 +104,10 @@ pub fn run(o: &Options, drv: &mut dyn Driver) -> Result<Outcome> {
     }
     let names: Vec<&str> = o.ops.iter().map(|c| c.name()).collect();
     b.print(&format!("# Collective test concluded: {}", names.join(" ")));
-    if rank == 0 {
-        if let Some(j) = &o.json {
+    // The launcher's --plot reads the same document from the file it names.
+    let rows_file = std::env::var(crate::plot::ROWS_VAR).ok().filter(|p| !p.is_empty());
+    if rank == 0 && (o.json.is_some() || rows_file.is_some()) {
+        {
             let doc = json!({
                 "benchmark": "rustccl-bench",
                 "version": env!("CARGO_PKG_VERSION"),
@@ -123,14 +125,18 @@ pub fn run(o: &Options, drv: &mut dyn Driver) -> Result<Outcome> {
                 "avg_busbw_gbs": avg,
             });
             let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())? + "\n";
-            match j {
-                JsonOut::Stdout => {
+            if let Some(p) = &rows_file {
+                std::fs::write(p, &text).map_err(|e| format!("cannot write {p}: {e}"))?;
+            }
+            match &o.json {
+                None => {}
+                Some(JsonOut::Stdout) => {
                     let mut so = std::io::stdout().lock();
                     so.write_all(text.as_bytes())
                         .and_then(|_| so.flush())
                         .map_err(|e| format!("stdout: {e}"))?;
                 }
-                JsonOut::File(p) => {
+                Some(JsonOut::File(p)) => {
                     std::fs::write(p, text).map_err(|e| format!("cannot write {p}: {e}"))?
                 }
             }

@@ -52,7 +52,7 @@ fn kill_all(children: &mut [(usize, Child, Option<i32>)]) {
 }
 
 /// Picks the ranks ([`layout::plan`]), starts MPS when asked and needed or says in one line
-/// that ranks time-slice, runs them ([`run_ranks`]) and stops the MPS daemon it started.
+/// that ranks time-slice, runs them (`run_ranks`) and stops the MPS daemon it started.
 /// Returns the exit status for the launcher (2 for a root beyond the picked ranks, as for
 /// other bad arguments).
 pub fn launch(opts: &Options, args: &[String]) -> i32 {
@@ -90,7 +90,11 @@ pub fn launch(opts: &Options, args: &[String]) -> i32 {
             }
         }
     };
-    let status = run_ranks(&opts, &args);
+    let status = if opts.libs.len() > 1 || opts.plot.is_some() {
+        run_series(&opts, &args)
+    } else {
+        run_ranks(&opts, &args, &[])
+    };
     if let Some(d) = daemon {
         if let Err(e) = d.stop() {
             eprintln!("rustccl-bench: stopping MPS: {e}");
@@ -99,8 +103,51 @@ pub fn launch(opts: &Options, args: &[String]) -> i32 {
     status
 }
 
-/// Starts every rank of `opts.nranks` and returns the exit status for the launcher.
-fn run_ranks(opts: &Options, args: &[String]) -> i32 {
+/// Runs the sweep once per library of `--lib` (one after the other, each under a `# Library:`
+/// line), and with `--plot` draws every run's rows into one SVG ([`crate::plot`]).
+fn run_series(opts: &Options, args: &[String]) -> i32 {
+    use crate::plot::{self, ROWS_VAR};
+    let runs = plot::series_runs(&opts.libs, args);
+    let mut status = 0;
+    let mut series = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let mut o = opts.clone();
+        o.lib = run.lib.clone();
+        if runs.len() > 1 {
+            println!("# Library: {}", run.label);
+        }
+        let rows = std::env::temp_dir().join(format!("rustccl-bench-rows-{}-{i}.json", std::process::id()));
+        let _ = std::fs::remove_file(&rows);
+        let rows_env = rows.to_string_lossy().into_owned();
+        let st = run_ranks(&o, &run.args, &[(ROWS_VAR, rows_env.as_str())]);
+        if st != 0 {
+            status = st;
+        }
+        let doc = std::fs::read_to_string(&rows)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()));
+        match doc {
+            Ok(doc) => series.extend(plot::series_from_doc(&run.label, &doc)),
+            Err(e) => eprintln!("rustccl-bench: no rows from the {} run ({e})", run.label),
+        }
+        let _ = std::fs::remove_file(&rows);
+    }
+    if let Some(path) = &opts.plot {
+        let title = format!("{}, {} ranks, {} {}", opts.op_arg, opts.nranks, opts.dtype_arg, opts.redop_arg);
+        match plot::write_svg(path, &title, &series) {
+            Ok(()) => eprintln!("rustccl-bench: wrote {path} ({} series)", series.len()),
+            Err(e) => {
+                eprintln!("rustccl-bench: {e}");
+                status = 1;
+            }
+        }
+    }
+    status
+}
+
+/// Starts every rank of `opts.nranks` (with `env` added) and returns the exit status for the
+/// launcher.
+fn run_ranks(opts: &Options, args: &[String], env: &[(&str, &str)]) -> i32 {
     let id = match make_id(opts) {
         Ok(id) => id,
         Err(e) => {
@@ -121,6 +168,7 @@ fn run_ranks(opts: &Options, args: &[String]) -> i32 {
             .args(args)
             .env(RANK_VAR, rank.to_string())
             .env(ID_VAR, &id)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .spawn();
         match child {

@@ -5,8 +5,8 @@
 //! * [`ops`]: the operations, their buffer layouts and bandwidth formulas.
 //! * [`data`]: predictable inputs and exact expected outputs per type and operator.
 //! * [`driver`]: the Rust-API and C-ABI drivers behind one trait.
-//! * [`bench`]: one rank's sweep; [`format`]: the table and JSON.
-//! * [`tune`]: `--tune`, the sweep that writes a tuner table.
+//! * [`bench`](mod@bench): one rank's sweep; [`format`](mod@format): the table and JSON.
+//! * [`tune`]: `--tune`, the sweep that writes a tuner table; [`plot`]: `--plot`, the SVG.
 //! * [`launch`]: starting the ranks as processes; [`layout`]: how many, and what happens
 //!   when several share a GPU; [`mps`]: NVIDIA's MPS daemon.
 
@@ -19,4 +19,5 @@ pub mod layout;
 pub mod mps;
 pub mod ops;
 pub mod opts;
+pub mod plot;
 pub mod tune;

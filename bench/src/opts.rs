@@ -108,6 +108,11 @@ pub struct Options {
     pub tune_out: Option<String>,
     /// `--tune-channels`: the channel counts to try (empty: powers of two up to the most).
     pub tune_channels: Vec<u32>,
+    /// Every `--lib` in order (`rustccl` names the Rust API). With more than one, the launcher
+    /// runs the sweep once per library, one after the other ([`crate::plot::series_runs`]).
+    pub libs: Vec<String>,
+    /// `--plot`: an SVG of time and bus bandwidth against size for every library of the run.
+    pub plot: Option<String>,
 }
 
 impl Default for Options {
@@ -141,6 +146,8 @@ impl Default for Options {
             tune: false,
             tune_out: None,
             tune_channels: Vec::new(),
+            libs: Vec::new(),
+            plot: None,
         }
     }
 }
@@ -178,7 +185,10 @@ USAGE: rustccl-bench [op] [options]
   -T, --timeout <s>         kill the ranks after s seconds (default 0, none)
   -t, -g <1>                accepted for nccl-tests compatibility (one rank per process)
       --lib <path>          drive a libnccl-compatible library (libnccl.so.2) through its C ABI
-                            instead of rustccl's Rust API
+                            instead of rustccl's Rust API; give it several times (`rustccl` for
+                            the Rust API) to run the sweep once per library, one after the other
+      --plot <file.svg>     write an SVG plot: time and bus bandwidth (out-of-place) against
+                            size, log-log, one line per library (and operation)
       --cudart <path>       the CUDA runtime for --lib (default: libcudart.so, .so.13, .so.12)
       --host-memory         with --lib: host memory and the NULL stream, no CUDA (rustccl's
                             library with RUSTCCL_BACKEND=host)
@@ -198,6 +208,9 @@ scatter: count/nranks elements per rank). Timing: wall clock over the timed iter
 barrier, ended by a stream synchronize; busbw factors as nccl-tests. Without --lib the Rust API
 runs on the backend RUSTCCL_BACKEND names (unset: cuda when a GPU is present, else host);
 rank r uses GPU r % (GPU count).";
+
+/// The `--lib` value that names rustccl's Rust API (no C library).
+pub const RUST_API_LIB: &str = "rustccl";
 
 /// The ranks without `-N` when they do not run on GPUs.
 pub const DEFAULT_HOST_RANKS: usize = 4;
@@ -432,6 +445,7 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "-g",
             "--ngpus",
             "--lib",
+            "--plot",
             "--cudart",
             "--tune-out",
             "--tune-channels",
@@ -512,7 +526,13 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
                     return err(format!("{flag} {v}: rustccl-bench runs one rank per process; use -N for more ranks"));
                 }
             }
-            "--lib" => o.lib = Some(v.to_string()),
+            "--lib" => o.libs.push(v.to_string()),
+            "--plot" => {
+                if v.is_empty() {
+                    return err("--plot needs a file name (e.g. --plot sweep.svg)");
+                }
+                o.plot = Some(v.to_string())
+            }
             "--cudart" => o.cudart = Some(v.to_string()),
             "--tune-out" => o.tune_out = Some(v.to_string()),
             "--tune-channels" => {
@@ -542,12 +562,21 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
     if o.nranks_given {
         o.check_root()?;
     }
-    if o.host_memory && o.lib.is_none() {
+    // One library: this process drives it. Several: the launcher runs one after the other,
+    // each rank process getting one `--lib` (or none for the Rust API).
+    if let [one] = o.libs.as_slice() {
+        o.lib = (one != RUST_API_LIB).then(|| one.clone());
+    }
+    let c_libs = o.libs.iter().filter(|l| *l != RUST_API_LIB).count();
+    if o.libs.len() > 1 && o.tune {
+        return err("--tune takes one library: give --lib once");
+    }
+    if o.host_memory && c_libs == 0 {
         return err(
             "--host-memory goes with --lib (the Rust API driver always uses the backend's memory)",
         );
     }
-    if o.cudart.is_some() && o.lib.is_none() {
+    if o.cudart.is_some() && c_libs == 0 {
         return err("--cudart goes with --lib");
     }
     if (o.tune_out.is_some() || !o.tune_channels.is_empty()) && !o.tune {

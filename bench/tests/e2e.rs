@@ -238,3 +238,44 @@ fn without_n_the_host_backend_runs_four_ranks() {
     assert_eq!(out.status.code(), Some(2), "{se}");
     assert!(se.contains("root 4 is out of range for 4 ranks"), "{se}");
 }
+
+/// rustccl's own C library (`capi`), built by `cargo build` next to this program.
+fn rustccl_c_lib() -> String {
+    let dir = std::path::Path::new(env!("CARGO_BIN_EXE_rustccl-bench")).parent().unwrap().to_path_buf();
+    let lib = dir.join("libnccl.so");
+    assert!(lib.exists(), "{} is not built; run `cargo build --release` first", lib.display());
+    lib.to_string_lossy().into_owned()
+}
+
+#[test]
+fn plot_draws_every_library_of_the_run() {
+    let svg = std::env::temp_dir().join(format!("rustccl-bench-plot-{}.svg", std::process::id()));
+    let _ = std::fs::remove_file(&svg);
+    let lib = rustccl_c_lib();
+    let args = format!("-N 2 -b 8 -e 4K -f 8 -n 2 -w 0 --host-memory --lib rustccl --lib {lib} --plot {}", svg.display());
+    let (out, so, se) = run(bench(&args));
+    assert!(out.status.success(), "status {:?}\nstdout:\n{so}\nstderr:\n{se}", out.status);
+    // One table per library, each with its own header line.
+    assert!(so.contains("# Library: rustccl (Rust API)"), "{so}");
+    assert!(so.contains("# Library: release/libnccl.so"), "{so}");
+    assert_eq!(rows(&so).len(), 2 * 4, "4 sizes per library: {so}");
+    assert!(se.contains(&format!("wrote {} (2 series)", svg.display())), "{se}");
+    let text = std::fs::read_to_string(&svg).expect("the SVG");
+    let _ = std::fs::remove_file(&svg);
+    assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"), "{}", &text[..text.len().min(300)]);
+    for name in ["rustccl (Rust API)", "release/libnccl.so", "time against size", "bus bandwidth against size", "all_reduce, 2 ranks"] {
+        assert!(text.contains(name), "{name:?} missing from the SVG");
+    }
+    // A marker per point: 2 series x 4 sizes x 2 panels.
+    assert_eq!(text.matches("<circle").count(), 16, "every point of both series in both panels");
+}
+
+#[test]
+fn plot_without_rows_and_tune_with_several_libraries_are_refused() {
+    let (out, _, se) = run(bench("-N 1 --tune --lib a.so --lib b.so"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(se.contains("--tune takes one library"), "{se}");
+    let (out, _, se) = run(bench("-N 1 -b 8 -e 8 --plot="));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(se.contains("--plot needs a file name"), "{se}");
+}

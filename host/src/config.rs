@@ -105,7 +105,7 @@ pub struct ResolvedConfig {
     /// `graphUsageMode` (2 when unset, as NCCL).
     pub graph_usage_mode: i32,
     /// `numRmaCtx`, `maxP2pPeers`: `None` when unset. Accepted, not acted on (see
-    /// [`log_unused_fields`]).
+    /// `log_unused_fields`).
     pub num_rma_ctx: Option<i32>,
     pub max_p2p_peers: Option<i32>,
     /// `graphStreamOrdering` (on when unset, as NCCL).

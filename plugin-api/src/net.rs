@@ -3,7 +3,8 @@
 //! memory registration (host and device pointers, dma-buf), tagged isend and multi-buffer irecv,
 //! test, flush, close, and device properties.
 //!
-//! A plugin implements the safe trait [`Net`] and exports it with [`export_net_v1!`]; the host
+//! A plugin implements the safe trait [`Net`] and exports it with
+//! [`export_net_v1!`](crate::export_net_v1); the host
 //! gets a `&dyn Net` back either way: directly for a built-in plugin, or through
 //! [`NetV1Client`], which calls a loaded library's table. So the core sees one interface.
 //!

@@ -8,7 +8,7 @@
 //! - Memory is 256-byte aligned and zero-filled. Every allocation, import, host-mapped
 //!   buffer and registration is tracked, so frees and every pointer range are checked: a bad
 //!   pointer is `InvalidArgument`, never undefined behaviour.
-//! - Shareable memory is a /dev/shm file (see [`shm`]); its [`ShareHandle`] carries the file
+//! - Shareable memory is a /dev/shm file (see `shm`); its [`ShareHandle`] carries the file
 //!   name and size.
 //! - There are no device kernels: collectives run on CPU threads, in the host executor
 //!   (`coll/exec.rs`), which reduces with [`crate::reduce`] on the addresses

@@ -292,7 +292,7 @@ impl Conn {
 pub const FRAME_HEADER_BYTES: usize = HEADER_BYTES;
 
 /// Checks a frame header; returns the frame's kind and payload length, or why it is not a
-/// frame this side accepts (completing "<peer> ..."). [`Conn::recv`] reads frames with it.
+/// frame this side accepts (completing "`<peer> ...`"). [`Conn::recv`] reads frames with it.
 pub fn decode_header(header: &[u8; HEADER_BYTES], max_payload: u64) -> std::result::Result<(Kind, usize), String> {
     if &header[0..4] != FRAME_MAGIC {
         return Err("sent bytes that are not a rustccl frame".into());
@@ -307,7 +307,7 @@ pub fn decode_header(header: &[u8; HEADER_BYTES], max_payload: u64) -> std::resu
 }
 
 /// Decodes a JSON control message's payload; or why it is malformed (completing
-/// "<peer> ..."). [`Conn::recv_json`] decodes with it.
+/// "`<peer> ...`"). [`Conn::recv_json`] decodes with it.
 pub fn decode_json<T: serde::de::DeserializeOwned>(payload: &[u8]) -> std::result::Result<T, String> {
     serde_json::from_slice(payload).map_err(|e| format!("sent a malformed message: {e}"))
 }

@@ -1,7 +1,7 @@
 //! Collective and point-to-point operations: the API (`Communicator::all_reduce` and the
 //! others), argument checks as NCCL makes them, and groups. A call becomes a [`Task`]; at the
 //! end of the outermost group (at once, outside a group) the tasks of every communicator in the
-//! group are planned ([`plan`]) into programs ([`program`]), their connections are made, and
+//! group are planned ([`plan`]) into programs ([`program`](crate::program)), their connections are made, and
 //! the executor ([`exec`]) runs them.
 //!
 //! On the host backend an operation has completed when its call (or the outermost

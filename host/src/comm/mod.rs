@@ -3,10 +3,11 @@
 //! abort, and the queries.
 //!
 //! States: `InProgress` while a non-blocking init runs, then `Ready` or `Failed`. Every call
-//! goes through [`Communicator::ready`] first, which refuses a destroyed, aborted, still
+//! goes through `Communicator::ready` first, which refuses a destroyed, aborted, still
 //! initialising or failed communicator with the matching code and a message (kept as the
 //! communicator's and the process's last error).
 
+pub mod from_env;
 mod grow;
 pub mod health;
 mod init;
@@ -43,6 +44,7 @@ pub(crate) struct Transports {
     proxy: Option<Proxy>,
 }
 
+pub use from_env::{LaunchEnv, Launcher};
 pub use init::get_unique_id;
 pub use split::ShrinkFlags;
 pub use suspend::{MemStat, MemStats, SUSPEND_MEM};

@@ -3,7 +3,7 @@
 //! Candidates come from `NCCL_NET_PLUGIN` ([`discovery`](super::discovery)); the built-in
 //! Socket plugin is always the last one. For each, in order: open the library, find its
 //! newest supported table (rustccl's own first, then NCCL's C tables `ncclNetPlugin_v12` down
-//! to `_v6`, adapted by [`c_net`](super::c_net)), `init` it for this communicator, check it has
+//! to `_v6`, adapted by [`super::c_net`]), `init` it for this communicator, check it has
 //! devices, and check its name against `NCCL_NET` / `config.netName` when one is asked for. The
 //! first that passes is used; one INFO line says which, which ABI, from where, and why; each
 //! candidate that failed gets one line saying why.

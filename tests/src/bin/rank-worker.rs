@@ -55,6 +55,7 @@ fn main() {
         "nb-mixed" => worker_nonblocking::mixed(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
+        "from-env" => from_env(nranks, rank),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
@@ -391,5 +392,33 @@ fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
             rustccl::profile::report()
         );
     }
+    comm.destroy()
+}
+
+/// `Communicator::from_env` with the launcher variables the test set: the rank and size must
+/// be the ones the harness expects, and an all-reduce of rank+1 must give n(n+1)/2.
+fn from_env(nranks: i32, rank: i32) -> Result<(), Error> {
+    use rustccl::types::DataType;
+    use rustccl::ReduceOp;
+    let comm = Communicator::from_env()?;
+    check(comm.count()? == nranks && comm.user_rank()? == rank, format!("rank {} of {}", comm.user_rank()?, comm.count()?))?;
+    let backend = std::sync::Arc::clone(comm.backend());
+    let device = comm.device()? as usize;
+    let stream = backend.create_stream(device)?;
+    let count = 1000;
+    let buf = backend.alloc(device, count * 4)?;
+    let input: Vec<u8> = (0..count).flat_map(|_| (rank as f32 + 1.0).to_ne_bytes()).collect();
+    backend.copy_to_device(buf, &input, stream)?;
+    comm.all_reduce(buf, buf, count, DataType::Float32, ReduceOp::Sum, stream)?;
+    let mut out = vec![0u8; count * 4];
+    backend.copy_from_device(&mut out, buf, stream)?;
+    backend.synchronize(stream)?;
+    let want = (nranks * (nranks + 1) / 2) as f32;
+    for (i, w) in out.chunks_exact(4).enumerate() {
+        let got = f32::from_ne_bytes(w.try_into().unwrap());
+        check(got == want, format!("element {i} is {got}, expected {want}"))?;
+    }
+    backend.free(buf)?;
+    println!("RESULT from-env rank {rank} of {nranks} device {device} sum {want}");
     comm.destroy()
 }

@@ -42,7 +42,7 @@ struct Setup {
     y: DevicePtr,
 }
 
-/// As [`setup_then_barrier`], without the barrier.
+/// As `setup_then_barrier`, without the barrier.
 fn setup_no_barrier(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<Setup, Error> {
     let comm = Communicator::init_rank_scalable(nranks, rank, ids, test_device(rank), &CommConfig::default())?;
     let be = Arc::clone(comm.backend());

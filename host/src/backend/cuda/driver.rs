@@ -2,7 +2,7 @@
 //! every driver call goes through: the result check, the current-context guard.
 //!
 //! cudarc's dynamic loading panics when the library or a symbol is missing (on the first
-//! call of a function). [`load`] makes that impossible afterwards: it first opens the library
+//! call of a function). `load` makes that impossible afterwards: it first opens the library
 //! itself with `libloading` under the names cudarc tries, then has cudarc load it (inside
 //! `catch_unwind`), then checks that every symbol this backend calls is there. Only then is
 //! any driver function called, starting with `cuInit`.

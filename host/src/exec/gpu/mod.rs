@@ -6,7 +6,7 @@
 //! Completion is the stream's business, as with NCCL; failures found later (a dead peer, a
 //! peer in another operation, an abort) reach the kernel through the control block and the
 //! caller through the communicator's asynchronous error (its watchdog reads
-//! [`control_error`]).
+//! `control_error`).
 //!
 //! Images are cached per communicator by content, so a loop over the same buffers pays the
 //! upload once. A launch captured into a CUDA graph gets an image of its own that lives as

@@ -1,5 +1,5 @@
 //! NCCL's C net plugins (`ncclNetPlugin_v6` … `ncclNetPlugin_v12`) seen through the core's
-//! [`Net`] trait: [`CNet`] wraps one table of any of those versions ([`tables`] declares them)
+//! [`Net`] trait: [`CNet`] wraps one table of any of those versions (`tables` declares them)
 //! and handles the differences between versions itself:
 //!
 //! - v6–v10 are initialised once per process (a count per table, as NCCL's compatibility layer
