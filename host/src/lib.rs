@@ -4,6 +4,9 @@
 //! Modules follow NCCL's split: [`bootstrap`] (rendezvous and out-of-band messages between
 //! ranks), [`comm`] (the communicator lifecycle), [`backend`] (device backends behind one
 //! trait), plus the cross-cutting [`error`], [`params`], [`config`] and [`log`].
+//!
+//! [`typed`] is the safe, typed API over [`Communicator`]'s raw one (element types, buffers,
+//! ranks and groups as Rust types); start there.
 
 pub mod backend;
 pub mod bootstrap;
@@ -21,6 +24,7 @@ pub mod profile;
 pub mod program;
 pub mod reduce;
 pub mod transport;
+pub mod typed;
 pub mod types;
 pub mod version;
 pub mod work;
