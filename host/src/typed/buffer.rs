@@ -46,8 +46,8 @@ impl<'a> Resolver<'a> {
         let device = comm.device()? as usize;
         let stream = stream.stream_arg();
         match &stream {
-            StreamArg::Own { owner: Some((b, d)), .. } => {
-                if !std::ptr::addr_eq(Arc::as_ptr(b), Arc::as_ptr(&backend)) || *d != device {
+            StreamArg::Own { owner: Some(o), .. } => {
+                if !std::ptr::addr_eq(Arc::as_ptr(&o.backend), Arc::as_ptr(&backend)) || o.device != device {
                     return Err(Error::new(
                         ErrorKind::InvalidArgument,
                         format!("the stream was made for another backend or device; use a stream of this communicator (Comm::stream), device {device}"),

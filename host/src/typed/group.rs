@@ -388,7 +388,7 @@ impl<'scope, 'env> Group<'scope, 'env> {
     /// # std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     /// # use rustccl::typed::{Comm, Op, Stream};
     /// # let comm = Comm::init_all(&[0])?.remove(0);
-    /// let mut b = [9u16];
+    /// let mut b = [9u32];
     /// comm.group(|g| g.reduce_scatter_in_place(&mut b, Op::Min, &Stream::DEFAULT))?;
     /// assert_eq!(b, [9]);
     /// # Ok::<(), rustccl::typed::Error>(())

@@ -73,65 +73,109 @@
 //!
 //! # What does not compile
 //!
-//! Buffers of different element types:
+//! Each refused program below sits beside the same program made right, which compiles (a
+//! `compile_fail` test alone would also pass for a typo). Rustdoc checks error codes only on
+//! nightly.
+//!
+//! Buffers of different element types (an `f32` send buffer, an `f64` receive buffer):
 //!
 //! ```compile_fail,E0277
 //! # use rustccl::typed::prelude::*;
-//! # let comm: Comm = unimplemented!();
-//! let send = vec![1.0f32; 4];
-//! let mut recv = vec![0.0f64; 4];
-//! comm.all_reduce(&send, &mut recv, Op::Sum, &Stream::DEFAULT);
+//! fn step(comm: &Comm) {
+//!     let send = vec![1.0f32; 4];
+//!     let mut recv = vec![0.0f64; 4];
+//!     let _ = comm.all_reduce(&send, &mut recv, Op::Sum, &Stream::DEFAULT);
+//! }
 //! ```
-//!
-//! (with matching types it does:)
 //!
 //! ```no_run
 //! # use rustccl::typed::prelude::*;
-//! # let comm: Comm = unimplemented!();
-//! let send = vec![1.0f32; 4];
-//! let mut recv = vec![0.0f32; 4];
-//! comm.all_reduce(&send, &mut recv, Op::Sum, &Stream::DEFAULT);
+//! fn step(comm: &Comm) {
+//!     let send = vec![1.0f32; 4];
+//!     let mut recv = vec![0.0f32; 4];
+//!     let _ = comm.all_reduce(&send, &mut recv, Op::Sum, &Stream::DEFAULT);
+//! }
 //! ```
 //!
 //! A PreMulSum scalar of another type than the buffers:
 //!
 //! ```compile_fail,E0308
 //! # use rustccl::typed::prelude::*;
-//! # let comm: Comm = unimplemented!();
-//! let mut grads = vec![1.0f32; 4];
-//! comm.all_reduce_in_place(&mut grads, Op::PreMulSum(0.5f64), &Stream::DEFAULT);
+//! fn scale(comm: &Comm, grads: &mut [f32]) {
+//!     let _ = comm.all_reduce_in_place(grads, Op::PreMulSum(0.5f64), &Stream::DEFAULT);
+//! }
 //! ```
 //!
-//! Touching a buffer while its operation may still run:
+//! ```no_run
+//! # use rustccl::typed::prelude::*;
+//! fn scale(comm: &Comm, grads: &mut [f32]) {
+//!     let _ = comm.all_reduce_in_place(grads, Op::PreMulSum(0.5f32), &Stream::DEFAULT);
+//! }
+//! ```
+//!
+//! Reading a buffer while its operation may still run:
 //!
 //! ```compile_fail,E0502
 //! # use rustccl::typed::prelude::*;
-//! # let comm: Comm = unimplemented!();
-//! let mut grads = vec![1.0f32; 4];
-//! let pending = comm.all_reduce_in_place(&mut grads, Op::Sum, &Stream::DEFAULT).unwrap();
-//! println!("{}", grads[0]);
-//! pending.wait().unwrap();
+//! fn step(comm: &Comm) -> Result<f32, rustccl::typed::Error> {
+//!     let mut grads = vec![1.0f32; 4];
+//!     let pending = comm.all_reduce_in_place(&mut grads, Op::Sum, &Stream::DEFAULT)?;
+//!     let early = grads[0];
+//!     pending.wait()?;
+//!     Ok(early)
+//! }
+//! ```
+//!
+//! ```no_run
+//! # use rustccl::typed::prelude::*;
+//! fn step(comm: &Comm) -> Result<f32, rustccl::typed::Error> {
+//!     let mut grads = vec![1.0f32; 4];
+//!     let pending = comm.all_reduce_in_place(&mut grads, Op::Sum, &Stream::DEFAULT)?;
+//!     pending.wait()?;
+//!     let done = grads[0];
+//!     Ok(done)
+//! }
 //! ```
 //!
 //! A buffer that does not outlive its group:
 //!
 //! ```compile_fail,E0597
 //! # use rustccl::typed::prelude::*;
-//! # let comm: Comm = unimplemented!();
-//! comm.group(|g| {
-//!     let mut local = vec![0u8; 4];
-//!     g.all_reduce_in_place(&mut local, Op::Sum, &Stream::DEFAULT)
-//! });
+//! fn step(comm: &Comm) -> Result<(), rustccl::typed::Error> {
+//!     comm.group(|g| {
+//!         let mut local = vec![0u8; 4];
+//!         g.all_reduce_in_place(&mut local, Op::Sum, &Stream::DEFAULT)
+//!     })
+//! }
+//! ```
+//!
+//! ```no_run
+//! # use rustccl::typed::prelude::*;
+//! fn step(comm: &Comm) -> Result<(), rustccl::typed::Error> {
+//!     let mut outside = vec![0u8; 4];
+//!     comm.group(|g| {
+//!         g.all_reduce_in_place(&mut outside, Op::Sum, &Stream::DEFAULT)
+//!     })
+//! }
 //! ```
 //!
 //! Sharing a communicator between threads (operations of one communicator come from one
-//! thread at a time; send it, or use an [`AbortHandle`]):
+//! thread at a time; move it to the thread, or share an [`AbortHandle`]):
 //!
 //! ```compile_fail,E0277
 //! # use rustccl::typed::prelude::*;
 //! fn shared<T: Sync>(_: &T) {}
-//! # let comm: Comm = unimplemented!();
-//! shared(&comm);
+//! fn check(comm: &Comm) {
+//!     shared(comm);
+//! }
+//! ```
+//!
+//! ```no_run
+//! # use rustccl::typed::prelude::*;
+//! fn shared<T: Sync>(_: &T) {}
+//! fn check(comm: &Comm) {
+//!     shared(&comm.abort_handle());
+//! }
 //! ```
 
 mod buffer;

@@ -25,8 +25,18 @@ use crate::backend::{DeviceBackend, Stream as RawStream};
 #[derive(Debug)]
 pub struct Stream {
     raw: RawStream,
-    /// The backend that made it (it is destroyed there when dropped); `None` when borrowed.
-    owner: Option<(Arc<dyn DeviceBackend>, usize)>,
+    /// The backend that made it (it is destroyed there when the last clone is dropped);
+    /// `None` when borrowed. (No `Drop` on `Stream` itself, so that `&Stream::DEFAULT` is a
+    /// `&'static` constant, which groups need.)
+    owner: Option<Arc<Owner>>,
+}
+
+/// A stream this process made, destroyed when dropped.
+#[derive(Debug)]
+pub struct Owner {
+    pub backend: Arc<dyn DeviceBackend>,
+    pub device: usize,
+    raw: RawStream,
 }
 
 impl Stream {
@@ -34,7 +44,7 @@ impl Stream {
     pub const DEFAULT: Stream = Stream { raw: RawStream::DEFAULT, owner: None };
 
     pub(crate) fn owned(backend: Arc<dyn DeviceBackend>, device: usize, raw: RawStream) -> Stream {
-        Stream { raw, owner: Some((backend, device)) }
+        Stream { raw, owner: Some(Arc::new(Owner { backend, device, raw })) }
     }
 
     /// A stream handle made elsewhere (a `CUstream` as a number); it is not destroyed when
@@ -58,19 +68,17 @@ impl Stream {
     }
 }
 
-impl Drop for Stream {
+impl Drop for Owner {
     fn drop(&mut self) {
-        if let Some((backend, _)) = self.owner.take() {
-            if let Err(e) = backend.synchronize(self.raw).and_then(|_| backend.destroy_stream(self.raw)) {
-                tracing::warn!(target: "CALL", "destroying a stream: {}", e.message);
-            }
+        if let Err(e) = self.backend.synchronize(self.raw).and_then(|_| self.backend.destroy_stream(self.raw)) {
+            tracing::warn!(target: "CALL", "destroying a stream: {}", e.message);
         }
     }
 }
 
 /// The stream argument of an operation, as the typed API resolves it.
 pub enum StreamArg<'a> {
-    Own { raw: RawStream, owner: Option<&'a (Arc<dyn DeviceBackend>, usize)> },
+    Own { raw: RawStream, owner: Option<&'a Owner> },
     #[cfg(feature = "cudarc")]
     Cudarc(&'a cudarc::driver::CudaStream),
 }
@@ -92,7 +100,7 @@ pub trait AsStream: sealed::StreamSealed {}
 
 impl sealed::StreamSealed for Stream {
     fn stream_arg(&self) -> StreamArg<'_> {
-        StreamArg::Own { raw: self.raw, owner: self.owner.as_ref() }
+        StreamArg::Own { raw: self.raw, owner: self.owner.as_deref() }
     }
 }
 impl AsStream for Stream {}
