@@ -10,7 +10,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A type the collectives can move and reduce: `f32`, `f64`, [`f16`], [`bf16`], `i8`, `u8`,
+/// A type the collectives can move and reduce: `f32`, `f64`, [`f16`](struct@f16), [`bf16`], `i8`, `u8`,
 /// `i32`, `u32`, `i64`, `u64`, [`F8E4M3`] and [`F8E5M2`]. Sealed: the set is NCCL's.
 ///
 /// The fp8 types are the `float8` crate's (one byte each, converted as CUDA's `cuda_fp8.h`

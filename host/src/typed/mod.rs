@@ -13,7 +13,7 @@
 //!   [`Comm::abort`] stops it at once; [`Comm::split`] and [`Comm::shrink`] make children.
 //!   A `Comm` is `Send` but not `Sync` (its operations come from one thread at a time);
 //!   an [`AbortHandle`] stops it from another thread.
-//! * **Elements** are the [`Element`] types: `f32`, `f64`, [`f16`], [`bf16`], `i8`, `u8`,
+//! * **Elements** are the [`Element`] types: `f32`, `f64`, [`f16`](struct@f16), [`bf16`], `i8`, `u8`,
 //!   `i32`, `u32`, `i64`, `u64`, [`F8E4M3`], [`F8E5M2`]. A call's buffers must hold the same
 //!   element type; a mismatch does not compile.
 //! * **Buffers** are [`SendBuf`]s and [`RecvBuf`]s: host memory (`&[T]`, `&mut [T]`,
