@@ -134,7 +134,7 @@ impl<'a> Resolver<'a> {
 
     /// The number of ranks.
     pub fn nranks(&self) -> u32 {
-        self.comm.count().map(|n| n as u32).unwrap_or(0)
+        self.comm.nranks_unchecked()
     }
 }
 

@@ -433,8 +433,7 @@ impl Drop for Comm {
             return;
         }
         // Ended through the raw API (destroy, or abort through an AbortHandle): nothing left.
-        if let Err(e) = self.raw.count() {
-            tracing::debug!(target: "INIT", "communicator already ended: {}", e.message);
+        if self.raw.is_ended() {
             return;
         }
         if let Err(e) = self.close() {
