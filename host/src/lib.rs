@@ -28,9 +28,9 @@
 //! Then the collectives are methods of [`Communicator`] (`all_reduce`, `all_gather`, ...)
 //! on device pointers and a stream of the communicator's backend, grouped with
 //! [`group_start`] / [`group_end`] as in NCCL, and the communicator ends with
-//! [`Communicator::destroy`] (or [`Communicator::abort`] after a failure). The module
-//! `rustccl::typed` offers the same operations on typed buffers (element type and length
-//! checked, no raw pointers).
+//! [`Communicator::destroy`] (or [`Communicator::abort`] after a failure). [`typed`] is
+//! the safe, typed API over these raw calls (element types, buffers, ranks and groups as Rust
+//! types, lifetimes tied to the operation); most programs should start there.
 //!
 //! ```no_run
 //! use rustccl::{Communicator, ReduceOp};
@@ -82,6 +82,7 @@ pub mod profile;
 pub mod program;
 pub mod reduce;
 pub mod transport;
+pub mod typed;
 pub mod types;
 pub mod version;
 pub mod work;

@@ -29,6 +29,12 @@ thread_local! {
     static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
 }
 
+/// Whether the calling thread is inside a group (the typed API refuses single operations
+/// there: their buffers would be borrowed only until the call returns).
+pub fn in_group() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
 /// `ncclGroupStart`.
 pub fn group_start() {
     GROUP.with(|g| g.borrow_mut().depth += 1);

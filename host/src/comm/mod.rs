@@ -416,6 +416,11 @@ impl Communicator {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// Whether destroy or abort has ended this communicator (asked without recording an error).
+    pub(crate) fn is_ended(&self) -> bool {
+        self.inner.destroyed.load(Ordering::Acquire)
+    }
+
     pub(crate) fn nranks_unchecked(&self) -> u32 {
         self.inner.nranks
     }

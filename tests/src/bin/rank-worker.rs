@@ -9,6 +9,7 @@ mod worker_graph;
 mod worker_nonblocking;
 mod worker_profiler;
 mod worker_streams;
+mod worker_typed;
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -53,6 +54,9 @@ fn main() {
         "nb-ops" => worker_nonblocking::ops(nranks, rank, &ids),
         "nb-stuck" => worker_nonblocking::stuck(nranks, rank, &ids),
         "nb-mixed" => worker_nonblocking::mixed(nranks, rank, &ids),
+        "typed-colls" => worker_typed::colls(nranks, rank, &ids),
+        "typed-errors" => worker_typed::errors(nranks, rank, &ids),
+        "typed-nonblocking" => worker_typed::nonblocking(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),
