@@ -50,7 +50,7 @@ for round in $(seq 1 "$ROUNDS"); do
         for op in $OPS; do
             while read -r lo hi iters; do
                 tag="$op.$n.$lo.$round"
-                RUSTCCL_BACKEND=host "$BENCH" "$op" -N "$n" -b "$lo" -e "$hi" -f "$FACTOR" -c 0 -w 5 $iters \
+                RUSTCCL_BACKEND=host "$BENCH" "$op" -N "$n" -b "$lo" -e "$hi" -f "$FACTOR" -c 0 -w 5 $iters </dev/null \
                     >"$OUT/raw/rustccl.$tag.txt" 2>&1 || echo "rustccl-bench failed: $tag"
                 "${MPIRUN[@]}" -np "$n" "$OUT/mpi_bench" -o "$op" -b "$lo" -e "$hi" -f "$FACTOR" -w 5 \
                     $iters </dev/null >"$OUT/raw/mpi.$tag.txt" 2>&1 || echo "mpi_bench failed: $tag"
