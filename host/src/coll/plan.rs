@@ -26,6 +26,7 @@ use crate::types::DataType;
 enum ItemKey {
     Ring(u32),
     Tree(u32),
+    Direct(u32),
     SendTo(u32, u32),
     RecvFrom(u32, u32),
     Local(u32),
@@ -78,6 +79,14 @@ fn model_time(caps: &Capabilities, kind: &CollKind, algo: Algorithm, proto: Prot
     let bw = if caps.bandwidth_per_channel { cost.gbps * caps.channels_by_size(bytes) as f32 } else { cost.gbps };
     let nf = n as f32;
     let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
+    if caps.one_shot_ll && proto == Protocol::Ll && algo == Algorithm::Ring {
+        // One hop; each rank writes (and the reducing ones read) n - 1 copies of its input.
+        return match kind {
+            CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. } => lat + (nf - 1.0) * gb / bw,
+            CollKind::AllGather | CollKind::ReduceScatter => lat + (nf - 1.0) / nf * gb / bw,
+            CollKind::Send { .. } | CollKind::Recv { .. } => lat + gb / bw,
+        };
+    }
     match (kind, algo) {
         (CollKind::AllReduce, Algorithm::Ring) => 2.0 * (nf - 1.0) * lat + 2.0 * (nf - 1.0) / nf * gb / bw,
         (CollKind::AllReduce, Algorithm::Tree) => 2.0 * nf.log2().ceil().max(1.0) * lat + 2.0 * gb / bw,
@@ -354,9 +363,23 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
         tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
+        let one_shot = caps.one_shot_ll && choice.proto == Protocol::Ll && choice.algo == Algorithm::Ring;
         for c in 0..choice.channels {
             let ring = Ring { rank, nranks: n, channel: c };
             let range = program::channel_range(task.count, c, choice.channels);
+            if one_shot {
+                use program::direct;
+                let steps = match task.kind {
+                    CollKind::AllReduce => direct::all_reduce(rank, n, c, range, chunk, e),
+                    CollKind::AllGather => direct::all_gather(rank, n, c, range, task.count, chunk, e),
+                    CollKind::ReduceScatter => direct::reduce_scatter(rank, n, c, range, task.count, chunk, e),
+                    CollKind::Broadcast { root } => direct::broadcast(rank, n, root, c, range, chunk, e),
+                    CollKind::Reduce { root } => direct::reduce(rank, n, root, c, range, chunk, e),
+                    CollKind::Send { .. } | CollKind::Recv { .. } => unreachable!("handled above"),
+                };
+                push(ItemKey::Direct(c), ci, steps);
+                continue;
+            }
             let (key, steps) = match (&task.kind, choice.algo) {
                 (CollKind::AllReduce, Algorithm::Tree) => (ItemKey::Tree(c), program::tree_all_reduce(rank, n, c, range, chunk, e)),
                 (CollKind::AllReduce, _) => (ItemKey::Ring(c), program::ring_all_reduce(ring, range, chunk, e)),
