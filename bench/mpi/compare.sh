@@ -107,7 +107,8 @@ for n in ranks:
             for path in glob.glob(os.path.join(out, "raw", f"{who}.{op}.{n}.*.txt")):
                 for size, v in rows(path).items():
                     data[who].setdefault(size, []).append(v)
-        sizes = sorted(set(data["rustccl"]) | set(data["mpi"]))
+        # (An all-gather's smallest sizes give some ranks no element: rustccl-bench prints 0.)
+        sizes = sorted(s for s in set(data["rustccl"]) | set(data["mpi"]) if s > 0)
         lines += [f"## {op}, {n} ranks", "",
                   "| size | rustccl oop | MPI oop | ratio oop | rustccl in | MPI in | ratio in | rustccl busbw | MPI busbw |",
                   "|---|---|---|---|---|---|---|---|---|"]

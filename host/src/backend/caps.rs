@@ -78,8 +78,9 @@ impl Capabilities {
         Capabilities {
             host_addressable: true,
             protocols: [
-                // LL: the one-shot exchange (`one_shot_ll`), in 64 KiB pieces.
-                ProtocolCost { latency_us: 2.0, gbps: 3.0, chunk_bytes: 64 * 1024 },
+                // LL: the one-shot exchange (`one_shot_ll`), in 64 KiB pieces; it moves n - 1 copies of
+                // each input, so it gives way to the ring from about 32-128 KiB (measured).
+                ProtocolCost { latency_us: 2.0, gbps: 2.0, chunk_bytes: 64 * 1024 },
                 ProtocolCost { latency_us: 6.0, gbps: 3.0, chunk_bytes: 128 * 1024 },
                 ProtocolCost { latency_us: 12.0, gbps: 6.0, chunk_bytes: SLOT },
             ],

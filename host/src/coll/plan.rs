@@ -247,17 +247,17 @@ pub fn estimate(comm: &Communicator, task: &Task) -> Result<f32> {
 fn scalar_of(env: &PlanEnv, op: ReduceOp, dtype: DataType) -> Result<(Option<f64>, usize)> {
     Ok(match op {
         ReduceOp::PreMulSum(Scalar::Host(v)) => (Some(v), 0),
-        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(env, p, dtype.size(), "PreMulSum scalar")?),
+        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(env, p, dtype.size(), &|| "PreMulSum scalar".into())?),
         _ => (None, 0),
     })
 }
 
 /// The address the executor uses for `ptr..ptr+bytes` (0 for an empty range).
-fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &str) -> Result<usize> {
+fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &dyn Fn() -> String) -> Result<usize> {
     if bytes == 0 {
         return Ok(0);
     }
-    (env.resolve)(ptr, bytes).map_err(|e| e.context(what))
+    (env.resolve)(ptr, bytes).map_err(|e| e.context(what()))
 }
 
 /// Builds the work of one communicator's tasks.
@@ -309,8 +309,8 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
             CollKind::Recv { .. } => (0, b),
         };
         let ctx = OpCtx {
-            src: address(env, task.send, src_len, &format!("{name}: send buffer"))?,
-            dst: address(env, task.recv, dst_len, &format!("{name}: receive buffer"))?,
+            src: address(env, task.send, src_len, &|| format!("{name}: send buffer"))?,
+            dst: address(env, task.recv, dst_len, &|| format!("{name}: receive buffer"))?,
             src_len,
             dst_len,
             reducer: Reducer::new(task.dtype, op),
