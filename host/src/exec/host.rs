@@ -85,6 +85,7 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
             }
         }
         if !pending {
+            wait.reset();
             return Ok(());
         }
         if progressed {
@@ -128,28 +129,40 @@ fn resolve<'a>(work: &Work, links: &'a Links) -> (Vec<&'a Arc<Connection>>, Vec<
 }
 
 /// How the calling thread waits while none of its steps can move: it spins (no syscall) for
-/// [`SPIN`] — a peer on another core answers within it — then yields the core for
-/// [`YIELD`], then sleeps in short naps (a peer that slow is stuck or gone; the failure checks
-/// run all along). When this host has more ranks than cores, a peer that is not running needs
-/// this core to get on, so it yields almost at once.
+/// `RUSTCCL_HOST_SPIN` rounds, then yields the core until [`YIELD`] has passed, then sleeps in
+/// short naps (a peer that slow is stuck or gone; the failure checks run all along). With more
+/// ranks on this host than cores, a peer that is not running needs a core to get on: it
+/// yields after [`OVERSUBSCRIBED_SPIN`] rounds.
+///
+/// Spinning pays when the peer runs on another core at the same time: it answers within a
+/// microsecond. When the scheduler keeps both ranks on one core (as it may on a loaded
+/// machine), every hand-off costs the spin, then a context switch. Measured (2-rank 8 B-8 KiB
+/// all-reduce on 2 loaded cores, runs interleaved): 64 rounds gave 1.3-7 µs a call, 16 rounds
+/// 4.7-7, 256 rounds 1.6 µs when the ranks ran apart but 12-17 when together, 4096 rounds
+/// 1.2 µs apart but 140-170 together. 64 is the default: never far off.
 struct Backoff {
-    oversubscribed: bool,
+    spin: u32,
     rounds: u32,
     since: Option<std::time::Instant>,
 }
 
-/// Spinning, then yielding, before the naps.
-const SPIN: Duration = Duration::from_micros(50);
-const YIELD: Duration = Duration::from_millis(2);
-/// Rounds between two looks at the clock while spinning, and rounds spun when oversubscribed.
-const CLOCK_EVERY: u32 = 64;
+/// Spinning rounds (a round polls every waiting step once: tens of nanoseconds):
+/// `RUSTCCL_HOST_SPIN`, read once.
+fn spin_rounds() -> u32 {
+    static N: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *N.get_or_init(|| crate::params::env_int_or("RUSTCCL_HOST_SPIN", 64).clamp(0, 1 << 30) as u32)
+}
 const OVERSUBSCRIBED_SPIN: u32 = 16;
+/// Spinning and yielding, before the naps.
+const YIELD: Duration = Duration::from_millis(2);
 
 impl Backoff {
     fn new(local_ranks: u32) -> Backoff {
-        Backoff { oversubscribed: local_ranks as usize > cores(), rounds: 0, since: None }
+        let spin = if local_ranks as usize > cores() { OVERSUBSCRIBED_SPIN.min(spin_rounds()) } else { spin_rounds() };
+        Backoff { spin, rounds: 0, since: None }
     }
 
+    /// A step moved: the wait (if any) is over.
     fn reset(&mut self) {
         self.rounds = 0;
         self.since = None;
@@ -157,15 +170,12 @@ impl Backoff {
 
     fn pause(&mut self) {
         self.rounds += 1;
-        if self.oversubscribed && self.rounds <= OVERSUBSCRIBED_SPIN || !self.oversubscribed && self.rounds % CLOCK_EVERY != 0 {
+        if self.rounds <= self.spin {
             std::hint::spin_loop();
             return;
         }
         let since = *self.since.get_or_insert_with(std::time::Instant::now);
-        let waited = since.elapsed();
-        if !self.oversubscribed && waited < SPIN {
-            std::hint::spin_loop();
-        } else if waited < YIELD {
+        if since.elapsed() < YIELD {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(20));
