@@ -242,6 +242,8 @@ fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[&Arc<Connection>], scrat
     });
     let dst_addr = step.dst.map(|off| ctx.dst + off);
     let overlaps_src = |d: usize| src.is_some_and(|s| (s.as_ptr() as usize) < d + n && d < s.as_ptr() as usize + n);
+    // A copy from the first send slot to the destination, made after the sends are published.
+    let mut late_copy: Option<(*const u8, usize)> = None;
     match (outputs.split_first_mut(), dst_addr) {
         // A plain copy onto itself (an in-place all-gather's own block, a broadcast root in
         // place): only the sends.
@@ -252,18 +254,14 @@ fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[&Arc<Connection>], scrat
             }
         }
         // The result goes first to the first send slot (never user memory, so it cannot alias
-        // the source), then to the destination and the other slots.
+        // the source), then to the other slots, and to the destination once the slots are
+        // published (the next rank gets on meanwhile).
         (Some((first, rest)), d) => {
             compute(me, step, ctx, src, &inputs, &mut first.2[..n])?;
-            if let Some(d) = d {
-                // SAFETY: as for `src`; the destination may be the same memory as the source,
-                // which was read completely above.
-                let dst = unsafe { std::slice::from_raw_parts_mut(d as *mut u8, n) };
-                dst.copy_from_slice(&first.2[..n]);
-            }
             for (_, _, slot) in rest.iter_mut() {
                 slot[..n].copy_from_slice(&first.2[..n]);
             }
+            late_copy = d.map(|d| (first.2.as_ptr(), d));
         }
         // Nothing to send: straight into the destination when it does not overlap the source
         // (the inputs are FIFO slots, never user memory), else through scratch.
@@ -286,6 +284,12 @@ fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[&Arc<Connection>], scrat
     }
     for (c, idx, _) in &inputs {
         c.fifo.pop(*idx);
+    }
+    if let Some((slot, d)) = late_copy {
+        // SAFETY: the slot stays as this rank wrote it until this rank fills it again (the
+        // consumer only reads it); the destination is as for `src` and may be the same memory
+        // as the source, which was read completely above.
+        unsafe { std::ptr::copy_nonoverlapping(slot, d as *mut u8, n) };
     }
     Ok(true)
 }
@@ -329,4 +333,50 @@ fn compute(me: u32, step: &Step, ctx: &OpCtx, src: Option<&[u8]>, inputs: &[(&Ar
         r.post(out);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::Purpose;
+    use crate::reduce::{DevOp, Reducer};
+    use crate::transport::fifo::{fifo_bytes, Fifo, LocalMemory};
+    use crate::transport::Kind;
+    use crate::types::DataType;
+
+    fn conn(peer: u32) -> Arc<Connection> {
+        let mem = LocalMemory::new(fifo_bytes(16));
+        // SAFETY: `mem` is zeroed and kept by the connection as long as the FIFO.
+        let fifo = unsafe { Fifo::new(mem.ptr(), 16) };
+        Arc::new(Connection::for_test(Link { peer, purpose: Purpose::Direct(0) }, Dir::Recv, Kind::Shm, fifo, mem))
+    }
+
+    #[test]
+    fn every_rank_reduces_in_rank_order_and_gets_the_same_bits() {
+        // In f32, (1e8 + 1) - 1e8 is 0 but (1e8 - 1e8) + 1 is 1: the order shows.
+        let x = [1.0e8f32, 1.0, -1.0e8];
+        let ctx = OpCtx {
+            src: 0,
+            dst: 0,
+            src_len: 4,
+            dst_len: 4,
+            reducer: Reducer::new(DataType::Float32, DevOp::Sum),
+            proto: rustccl_plugin_api::Protocol::Ll,
+            sig: OpSig(0),
+            scalar_at: 0,
+        };
+        let step = Step { src: Some(0), dst: Some(0), reduce: true, post: true, ..Step::new(4) };
+        let conns: Vec<Arc<Connection>> = (0..3).map(conn).collect();
+        let bytes: Vec<[u8; 4]> = x.iter().map(|v| v.to_le_bytes()).collect();
+        let results: Vec<f32> = (0..3u32)
+            .map(|me| {
+                let inputs: Vec<(&Arc<Connection>, u64, &[u8])> =
+                    (0..3).filter(|&p| p != me).map(|p| (&conns[p as usize], 0, &bytes[p as usize][..])).collect();
+                let mut out = [0u8; 4];
+                compute(me, &step, &ctx, Some(&bytes[me as usize]), &inputs, &mut out).unwrap();
+                f32::from_le_bytes(out)
+            })
+            .collect();
+        assert_eq!(results, vec![(x[0] + x[1]) + x[2]; 3]);
+    }
 }
