@@ -5,7 +5,13 @@
 //! A step takes its inputs from every link in `recv` (one slot each) and from `src`, combines
 //! them when `reduce` is set (applying the op's pre-multiplication to `src` and, when `post` is
 //! set, its post-division to the result), and writes the result to `dst` and to one slot of
-//! every link in `send`. Every input and output of a step has `bytes` bytes.
+//! every link in `send`. Every input and output of a step has `bytes` bytes. Inputs combine in
+//! rank order: the `recv` links (listed by ascending peer) whose peer is below this rank, then
+//! `src`, then the others; so ranks that reduce the same pieces themselves (the one-shot
+//! programs of [`direct`]) get the same bits. (A ring or tree step has at most one input
+//! besides `src`, or only higher-ranked children: their order is unchanged.)
+
+pub mod direct;
 
 /// What a connection is for; with the peer and the direction it names one FIFO.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -15,6 +21,8 @@ pub enum Purpose {
     TreeDown(u32),
     /// Point-to-point, on channel `n` (a large message is spread over several).
     P2p(u32),
+    /// The one-shot exchange of [`direct`] on channel `n`: a link to every peer.
+    Direct(u32),
 }
 
 /// One end of a connection, seen from this rank.
@@ -40,7 +48,7 @@ pub struct Step {
 }
 
 impl Step {
-    fn new(bytes: usize) -> Step {
+    pub(crate) fn new(bytes: usize) -> Step {
         Step { recv: vec![], send: vec![], src: None, dst: None, bytes, reduce: false, post: false, src_in_dst: false }
     }
 }
@@ -170,7 +178,7 @@ pub fn ring_reduce_scatter(r: Ring, range: (usize, usize), count: usize, chunk: 
 }
 
 /// The chunks of `range` (elements), at most `chunk` elements each, as (byte offset, bytes).
-fn chunks(range: (usize, usize), chunk: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn chunks(range: (usize, usize), chunk: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
     let step = chunk.max(1);
     (range.0..range.1).step_by(step).map(move |off| (off * elem, step.min(range.1 - off) * elem))
 }
@@ -307,7 +315,7 @@ mod tests {
     /// Runs every rank's program on i64 sums, moving messages through unbounded queues; the
     /// ranks take turns one step at a time, so a program that waits for a message that never
     /// comes is caught as a deadlock.
-    fn simulate(progs: Vec<Vec<Step>>, srcs: Vec<Vec<i64>>, dst_len: usize) -> Vec<Vec<i64>> {
+    pub(super) fn simulate(progs: Vec<Vec<Step>>, srcs: Vec<Vec<i64>>, dst_len: usize) -> Vec<Vec<i64>> {
         let n = progs.len();
         let mut dsts = vec![vec![0i64; dst_len]; n];
         let mut queues: HashMap<(u32, u32, Purpose), VecDeque<Vec<i64>>> = HashMap::new();
@@ -353,7 +361,7 @@ mod tests {
         dsts
     }
 
-    fn input(r: usize, len: usize) -> Vec<i64> {
+    pub(super) fn input(r: usize, len: usize) -> Vec<i64> {
         (0..len).map(|i| (r * 1000 + i) as i64).collect()
     }
 

@@ -52,13 +52,31 @@ fn a_rank_in_another_collective_ends_every_ranks_operation_within_a_second() {
 
 #[test]
 fn a_count_mismatch_reaches_the_ranks_that_did_not_see_it() {
-    let res = mismatch_results(3, &[("MISMATCH", "count"), ("ODD_RANK", "2")]);
+    // On the ring (the one-shot exchange, Ring/LL, links every rank with every other).
+    let res = mismatch_results(3, &[("MISMATCH", "count"), ("ODD_RANK", "2"), ("NCCL_PROTO", "Simple")]);
     for (rank, (code, ms, msg)) in res.iter().enumerate() {
         assert_eq!(code, "InvalidUsage", "rank {rank}: {msg}");
         assert!(*ms < 1000, "rank {rank} learnt of it after {ms} ms: {msg}");
     }
     // Rank 1 exchanges nothing with rank 2 directly in the first ring step: it hears of it.
     assert!(res.iter().any(|(_, _, m)| m.contains("failed:")), "{res:?}");
+}
+
+#[test]
+fn mismatches_are_caught_on_the_one_shot_exchange_and_on_the_ring() {
+    // Ring/LL is the host backend's one-shot exchange (every rank reads every peer's slot);
+    // Simple the ring: both compare the signatures their FIFO slots carry.
+    for proto in ["LL", "Simple"] {
+        for (what, names) in [("type", ["Float32", "Int32"]), ("kind", ["Broadcast", "AllReduce"]), ("count", ["1024", "1025"])] {
+            let res = mismatch_results(3, &[("MISMATCH", what), ("NCCL_PROTO", proto)]);
+            for (rank, (code, ms, msg)) in res.iter().enumerate() {
+                assert_eq!(code, "InvalidUsage", "{proto} {what}, rank {rank}: {msg}");
+                assert!(*ms < 1000, "{proto} {what}: rank {rank} learnt of it after {ms} ms: {msg}");
+            }
+            // The ranks that saw it themselves name both sides.
+            assert!(res.iter().any(|(_, _, m)| names.iter().all(|n| m.contains(n))), "{proto} {what}: {res:?}");
+        }
+    }
 }
 
 #[test]

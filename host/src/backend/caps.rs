@@ -43,6 +43,13 @@ pub struct Capabilities {
     /// When `NCCL_ALGO`/`NCCL_PROTO` leave nothing for a collective, run Ring/Simple anyway
     /// (rather than refusing): the device path has no tree for every collective.
     pub ring_simple_fallback: bool,
+    /// Ring/LL is the one-shot exchange (`program::direct`): each rank's input goes in one hop
+    /// to every rank that needs it, and each reducing rank reduces all of them itself. The host
+    /// backend's choice for small and middle sizes: one hop of latency instead of the ring's
+    /// `n - 1` or `2(n - 1)`. NCCL's names are kept so that `NCCL_PROTO` (`LL` forces it, `^LL`
+    /// turns it off), `NCCL_ALGO` and tuners work unchanged; Tree/LL stays a tree in LL-sized
+    /// chunks. Device backends run a ring in the LL line format instead.
+    pub one_shot_ll: bool,
 }
 
 impl Capabilities {
@@ -71,7 +78,9 @@ impl Capabilities {
         Capabilities {
             host_addressable: true,
             protocols: [
-                ProtocolCost { latency_us: 4.0, gbps: 1.5, chunk_bytes: 16 * 1024 },
+                // LL: the one-shot exchange (`one_shot_ll`), in 64 KiB pieces; it moves n - 1 copies of
+                // each input, so it gives way to the ring from about 32-128 KiB (measured).
+                ProtocolCost { latency_us: 2.0, gbps: 2.0, chunk_bytes: 64 * 1024 },
                 ProtocolCost { latency_us: 6.0, gbps: 3.0, chunk_bytes: 128 * 1024 },
                 ProtocolCost { latency_us: 12.0, gbps: 6.0, chunk_bytes: SLOT },
             ],
@@ -87,6 +96,7 @@ impl Capabilities {
             ll_slot_bytes: 0,
             ll128_slot_bytes: 0,
             ring_simple_fallback: false,
+            one_shot_ll: true,
         }
     }
 
@@ -115,6 +125,7 @@ impl Capabilities {
             ll_slot_bytes: 64 << 10,
             ll128_slot_bytes: 256 << 10,
             ring_simple_fallback: true,
+            one_shot_ll: false,
         }
     }
 }

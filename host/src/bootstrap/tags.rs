@@ -47,6 +47,7 @@ pub fn connection(purpose: Purpose) -> u64 {
         Purpose::TreeUp(c) => (2 << 20) | c as u64,
         Purpose::TreeDown(c) => (3 << 20) | c as u64,
         Purpose::P2p(c) => (4 << 20) | c as u64,
+        Purpose::Direct(c) => (5 << 20) | c as u64,
     };
     (1 << 62) | code
 }

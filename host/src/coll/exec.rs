@@ -49,6 +49,10 @@ impl CommSide for Communicator {
     fn record(&self, e: Error) -> Error {
         self.record_error(e)
     }
+
+    fn local_ranks(&self) -> u32 {
+        self.local_rank_count()
+    }
 }
 
 fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {

@@ -26,6 +26,7 @@ use crate::types::DataType;
 enum ItemKey {
     Ring(u32),
     Tree(u32),
+    Direct(u32),
     SendTo(u32, u32),
     RecvFrom(u32, u32),
     Local(u32),
@@ -98,6 +99,14 @@ fn model_time(caps: &Capabilities, kind: &CollKind, algo: Algorithm, proto: Prot
     let bw = if caps.bandwidth_per_channel { cost.gbps * caps.channels_by_size(bytes) as f32 } else { cost.gbps };
     let nf = n as f32;
     let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
+    if caps.one_shot_ll && proto == Protocol::Ll && algo == Algorithm::Ring {
+        // One hop; each rank writes (and the reducing ones read) n - 1 copies of its input.
+        return match kind {
+            CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. } => lat + (nf - 1.0) * gb / bw,
+            CollKind::AllGather | CollKind::ReduceScatter => lat + (nf - 1.0) / nf * gb / bw,
+            CollKind::Send { .. } | CollKind::Recv { .. } => lat + gb / bw,
+        };
+    }
     match (kind, algo) {
         (CollKind::AllReduce, Algorithm::Ring) => 2.0 * (nf - 1.0) * lat + 2.0 * (nf - 1.0) / nf * gb / bw,
         (CollKind::AllReduce, Algorithm::Tree) => 2.0 * nf.log2().ceil().max(1.0) * lat + 2.0 * gb / bw,
@@ -258,17 +267,17 @@ pub fn estimate(comm: &Communicator, task: &Task) -> Result<f32> {
 fn scalar_of(env: &PlanEnv, op: ReduceOp, dtype: DataType) -> Result<(Option<f64>, usize)> {
     Ok(match op {
         ReduceOp::PreMulSum(Scalar::Host(v)) => (Some(v), 0),
-        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(env, p, dtype.size(), "PreMulSum scalar")?),
+        ReduceOp::PreMulSum(Scalar::Device(p)) => (Some(1.0), address(env, p, dtype.size(), &|| "PreMulSum scalar".into())?),
         _ => (None, 0),
     })
 }
 
 /// The address the executor uses for `ptr..ptr+bytes` (0 for an empty range).
-fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &str) -> Result<usize> {
+fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &dyn Fn() -> String) -> Result<usize> {
     if bytes == 0 {
         return Ok(0);
     }
-    (env.resolve)(ptr, bytes).map_err(|e| e.context(what))
+    (env.resolve)(ptr, bytes).map_err(|e| e.context(what()))
 }
 
 /// Builds the work of one communicator's tasks.
@@ -344,8 +353,8 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
             CollKind::Recv { .. } => (0, b),
         };
         let ctx = OpCtx {
-            src: address(env, task.send, src_len, &format!("{name}: send buffer"))?,
-            dst: address(env, task.recv, dst_len, &format!("{name}: receive buffer"))?,
+            src: address(env, task.send, src_len, &|| format!("{name}: send buffer"))?,
+            dst: address(env, task.recv, dst_len, &|| format!("{name}: receive buffer"))?,
             src_len,
             dst_len,
             reducer: Reducer::new(task.dtype, op),
@@ -404,9 +413,23 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
         tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
+        let one_shot = caps.one_shot_ll && choice.proto == Protocol::Ll && choice.algo == Algorithm::Ring;
         for c in 0..choice.channels {
             let ring = Ring { rank, nranks: n, channel: c };
             let range = program::channel_range(task.count, c, choice.channels);
+            if one_shot {
+                use program::direct;
+                let steps = match task.kind {
+                    CollKind::AllReduce => direct::all_reduce(rank, n, c, range, chunk, e),
+                    CollKind::AllGather => direct::all_gather(rank, n, c, range, task.count, chunk, e),
+                    CollKind::ReduceScatter => direct::reduce_scatter(rank, n, c, range, task.count, chunk, e),
+                    CollKind::Broadcast { root } => direct::broadcast(rank, n, root, c, range, chunk, e),
+                    CollKind::Reduce { root } => direct::reduce(rank, n, root, c, range, chunk, e),
+                    CollKind::Send { .. } | CollKind::Recv { .. } => unreachable!("handled above"),
+                };
+                push(ItemKey::Direct(c), ci, steps);
+                continue;
+            }
             let (key, steps) = match (&task.kind, choice.algo) {
                 (CollKind::AllReduce, Algorithm::Tree) => (ItemKey::Tree(c), program::tree_all_reduce(rank, n, c, range, chunk, e)),
                 (CollKind::AllReduce, _) => (ItemKey::Ring(c), program::ring_all_reduce(ring, range, chunk, e)),

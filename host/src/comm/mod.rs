@@ -269,6 +269,14 @@ impl Communicator {
         p.ok_or_else(|| self.inner.record(Error::invalid_usage("plugins: the communicator's plugins were released")))
     }
 
+    /// How many ranks (this one included) share this rank's host; 1 when not known.
+    pub(crate) fn local_rank_count(&self) -> u32 {
+        // No gate (and no error recorded): only called while the communicator's work runs.
+        let Some(bs) = self.inner.bootstrap.get() else { return 1 };
+        let mine = bs.peers()[bs.rank() as usize].host_hash;
+        bs.peers().iter().filter(|p| p.host_hash == mine).count() as u32
+    }
+
     /// Host identities of every rank, in rank order (ranks with equal values share a node).
     pub fn host_hashes(&self) -> Result<Vec<u64>> {
         Ok(self.ready("host_hashes")?.peers().iter().map(|p| p.host_hash).collect())

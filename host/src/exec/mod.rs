@@ -29,4 +29,9 @@ pub trait CommSide {
     fn check(&self, what: &str) -> Result<()>;
     /// Records an error as the communicator's last.
     fn record(&self, e: Error) -> Error;
+    /// Ranks of the communicator on this host (this one included): the host executor yields
+    /// the core early when they outnumber the cores.
+    fn local_ranks(&self) -> u32 {
+        1
+    }
 }
