@@ -25,6 +25,15 @@ pub enum Purpose {
     Direct(u32),
 }
 
+impl Purpose {
+    /// The channel the link belongs to.
+    pub fn channel(self) -> u32 {
+        match self {
+            Purpose::Ring(c) | Purpose::TreeUp(c) | Purpose::TreeDown(c) | Purpose::P2p(c) | Purpose::Direct(c) => c,
+        }
+    }
+}
+
 /// One end of a connection, seen from this rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Link {

@@ -33,7 +33,7 @@ use crate::coll::plan::PlanRecord;
 use crate::coll::{CollKind, Task};
 use crate::comm::Communicator;
 use crate::exec::Links;
-use crate::program::{Link, Purpose};
+use crate::program::Link;
 use crate::transport::{Connection, Dir, Kind};
 use crate::types::DataType;
 use crate::work::Work;
@@ -351,9 +351,7 @@ fn coll_index(kind: &CollKind) -> usize {
 }
 
 fn channel_of(link: &Link) -> i32 {
-    match link.purpose {
-        Purpose::Ring(c) | Purpose::TreeUp(c) | Purpose::TreeDown(c) | Purpose::P2p(c) => c as i32,
-    }
+    link.purpose.channel() as i32
 }
 
 impl RunEvents {
