@@ -224,3 +224,72 @@ fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
     entry.work.stream = task.stream;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{DevicePtr, Stream};
+    use crate::coll::ReduceOp;
+
+    fn task(kind: CollKind, count: usize, dtype: DataType, op: ReduceOp) -> Task {
+        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x2000), count, dtype, op, stream: Stream(0), profile: Default::default() }
+    }
+
+    fn entry(key: PlanKey) -> Entry {
+        let work = Work { ctxs: vec![], items: vec![], copies: vec![], stream: Stream(0) };
+        let prep = Prepared::new(&work, &Default::default());
+        Entry { key, work, prep, proto: Protocol::Ll }
+    }
+
+    #[test]
+    fn keys_differ_in_every_thing_a_plan_depends_on_and_not_in_buffers() {
+        let base = task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::Sum);
+        let k = PlanKey::of(&base);
+        let others = [
+            task(CollKind::AllReduce, 5, DataType::Float32, ReduceOp::Sum),
+            task(CollKind::AllReduce, 4, DataType::Int32, ReduceOp::Sum),
+            task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::Max),
+            task(CollKind::AllGather, 4, DataType::Float32, ReduceOp::Sum),
+            task(CollKind::Broadcast { root: 0 }, 4, DataType::Float32, ReduceOp::Sum),
+        ];
+        for o in &others {
+            assert_ne!(PlanKey::of(o), k, "{o:?}");
+        }
+        assert_ne!(PlanKey::of(&task(CollKind::Broadcast { root: 1 }, 4, DataType::Float32, ReduceOp::Sum)), PlanKey::of(&others[4]));
+        let elsewhere = Task { send: DevicePtr(0x9000), recv: DevicePtr(0x9000), ..base.clone() };
+        assert_eq!(PlanKey::of(&elsewhere), k, "buffers are patched per call, not keyed");
+    }
+
+    #[test]
+    fn an_entry_goes_back_only_to_its_cache_and_a_bypassed_cache_serves_nothing() {
+        let key = PlanKey::of(&task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::Sum));
+        let mut cache = PlanCache::default();
+        let Lookup::Miss(epoch) = cache.take(&key) else { panic!("empty cache hit") };
+        cache.put(entry(key.clone()), epoch);
+        let Lookup::Hit(e, epoch) = cache.take(&key) else { panic!("no hit") };
+        assert_eq!(cache.len(), 0, "taken out while it runs");
+        // The connections were replaced (suspend): a new cache; the old entry is not kept.
+        let mut fresh = PlanCache::default();
+        fresh.put(e, epoch);
+        assert_eq!(fresh.len(), 0);
+        assert!(matches!(fresh.take(&key), Lookup::Miss(_)));
+        fresh.set_bypass();
+        assert!(matches!(fresh.take(&key), Lookup::Bypass));
+    }
+
+    #[test]
+    fn the_least_recently_used_entry_goes_first() {
+        let mut cache = PlanCache::default();
+        let key = |c: usize| PlanKey::of(&task(CollKind::AllReduce, c, DataType::Float32, ReduceOp::Sum));
+        let epoch = cache.epoch;
+        for c in 1..=MAX_ENTRIES {
+            cache.put(entry(key(c)), epoch);
+        }
+        let Lookup::Hit(e, _) = cache.take(&key(1)) else { panic!() };
+        cache.put(e, epoch);
+        cache.put(entry(key(1000)), epoch);
+        assert_eq!(cache.len(), MAX_ENTRIES);
+        assert!(matches!(cache.take(&key(1)), Lookup::Hit(..)), "used lately: kept");
+        assert!(matches!(cache.take(&key(2)), Lookup::Miss(_)), "least recently used: dropped");
+    }
+}
