@@ -50,6 +50,10 @@ pub struct Capabilities {
     /// turns it off), `NCCL_ALGO` and tuners work unchanged; Tree/LL stays a tree in LL-sized
     /// chunks. Device backends run a ring in the LL line format instead.
     pub one_shot_ll: bool,
+    /// Repeated single collectives reuse their plan, cached by shape (`coll::cache`): a call
+    /// only resolves its buffers. On where it is tested (the host backend); device backends
+    /// plan every call as before.
+    pub plan_cache: bool,
 }
 
 impl Capabilities {
@@ -97,6 +101,7 @@ impl Capabilities {
             ll128_slot_bytes: 0,
             ring_simple_fallback: false,
             one_shot_ll: true,
+            plan_cache: true,
         }
     }
 
@@ -126,6 +131,7 @@ impl Capabilities {
             ll128_slot_bytes: 256 << 10,
             ring_simple_fallback: true,
             one_shot_ll: false,
+            plan_cache: false,
         }
     }
 }

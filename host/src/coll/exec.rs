@@ -23,9 +23,9 @@ pub fn run(runs: &mut [CommRun]) -> Result<()> {
 }
 
 fn run_all(runs: &mut [CommRun]) -> Result<()> {
-    let start = std::time::Instant::now();
+    let start = crate::profile::start();
     let result = connect(runs).and_then(|conns| {
-        crate::profile::record(crate::profile::Stage::Connect, start);
+        crate::profile::stage(crate::profile::Stage::Connect, start);
         execute(runs, &conns)
     });
     if let Err(e) = &result {
@@ -82,17 +82,19 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
             run.comm.launch_on_device(&run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
         }
     }
+    let mut preps: Vec<exec::host::Prepared> =
+        runs.iter().zip(conns).filter(|(r, _)| !r.device).map(|(r, links)| exec::host::Prepared::new(&r.work, links)).collect();
     let mut host: Vec<exec::host::HostRun<'_>> = runs
         .iter_mut()
-        .zip(conns)
-        .filter(|(r, _)| !r.device)
-        .map(|(r, links)| exec::host::HostRun { work: &mut r.work, links, comm: &r.comm })
+        .filter(|r| !r.device)
+        .zip(preps.iter_mut())
+        .map(|(r, prep)| exec::host::HostRun { work: &mut r.work, prep, comm: &r.comm })
         .collect();
     exec::host::run(&mut host)
 }
 
 /// Makes (or finds) every connection the items use, all at once.
-fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
+pub(crate) fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
     let mut out = Vec::with_capacity(runs.len());
     let mut pending = Vec::new();
     for (i, run) in runs.iter().enumerate() {

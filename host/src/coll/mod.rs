@@ -14,6 +14,7 @@
 //! `InProgress` (or blocks in [`Communicator::wait_idle`]) before it reads the results; it
 //! may abort stuck work from the same thread. Argument errors are still returned at once.
 
+pub(crate) mod cache;
 pub mod check;
 pub mod exec;
 pub mod group;

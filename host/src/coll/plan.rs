@@ -280,6 +280,36 @@ fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &dyn Fn() -> Strin
     (env.resolve)(ptr, bytes).map_err(|e| e.context(what()))
 }
 
+/// The context of one task: its buffers resolved (checked to lie in known memory), its
+/// reducer and signature; the protocol is Simple until the planner chooses one.
+pub(crate) fn op_ctx(env: &PlanEnv, task: &Task) -> Result<OpCtx> {
+    let (n, rank) = (env.nranks, env.rank);
+    let b = task.count * task.dtype.size();
+    let nb = b * n as usize;
+    let (scalar, scalar_at) = scalar_of(env, task.op, task.dtype)?;
+    let op = DevOp::from_user(task.op.red_op(), scalar, task.dtype, n as usize)?;
+    let name = task.kind.name();
+    let (src_len, dst_len) = match task.kind {
+        CollKind::AllReduce => (b, b),
+        CollKind::AllGather => (b, nb),
+        CollKind::ReduceScatter => (nb, b),
+        CollKind::Broadcast { root } => (if rank == root { b } else { 0 }, b),
+        CollKind::Reduce { root } => (b, if rank == root { b } else { 0 }),
+        CollKind::Send { .. } => (b, 0),
+        CollKind::Recv { .. } => (0, b),
+    };
+    Ok(OpCtx {
+        src: address(env, task.send, src_len, &|| format!("{name}: send buffer"))?,
+        dst: address(env, task.recv, dst_len, &|| format!("{name}: receive buffer"))?,
+        src_len,
+        dst_len,
+        reducer: Reducer::new(task.dtype, op),
+        proto: Protocol::Simple,
+        sig: super::check::OpSig::of(task),
+        scalar_at,
+    })
+}
+
 /// Builds the work of one communicator's tasks.
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
     let mut record = crate::plugin::profiler_events::wants_plan_record().then(PlanRecord::default);
@@ -339,29 +369,7 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
         }
         let e = task.dtype.size();
         let b = task.count * e;
-        let nb = b * n as usize;
-        let (scalar, scalar_at) = scalar_of(env, task.op, task.dtype)?;
-        let op = DevOp::from_user(task.op.red_op(), scalar, task.dtype, n as usize)?;
-        let name = task.kind.name();
-        let (src_len, dst_len) = match task.kind {
-            CollKind::AllReduce => (b, b),
-            CollKind::AllGather => (b, nb),
-            CollKind::ReduceScatter => (nb, b),
-            CollKind::Broadcast { root } => (if rank == root { b } else { 0 }, b),
-            CollKind::Reduce { root } => (b, if rank == root { b } else { 0 }),
-            CollKind::Send { .. } => (b, 0),
-            CollKind::Recv { .. } => (0, b),
-        };
-        let ctx = OpCtx {
-            src: address(env, task.send, src_len, &|| format!("{name}: send buffer"))?,
-            dst: address(env, task.recv, dst_len, &|| format!("{name}: receive buffer"))?,
-            src_len,
-            dst_len,
-            reducer: Reducer::new(task.dtype, op),
-            proto: Protocol::Simple,
-            sig: super::check::OpSig::of(task),
-            scalar_at,
-        };
+        let ctx = op_ctx(env, task)?;
         let ci = ctxs.len();
         ctxs.push(ctx);
         note(Some(ci), None);
@@ -412,7 +420,7 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
         note(None, Some(TaskPlan { algo: Some(choice.algo), proto: Some(choice.proto), channels: choice.channels }));
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
-        tracing::debug!(target: "COLL", "{name} {} x {}: {:?}", task.count, task.dtype, choice);
+        tracing::debug!(target: "COLL", "{} {} x {}: {:?}", task.kind.name(), task.count, task.dtype, choice);
         let one_shot = caps.one_shot_ll && choice.proto == Protocol::Ll && choice.algo == Algorithm::Ring;
         for c in 0..choice.channels {
             let ring = Ring { rank, nranks: n, channel: c };

@@ -40,7 +40,7 @@ pub struct OpDesc {
 }
 
 /// What the op log needs of an operation (the collective layer describes its tasks so).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpShape {
     pub kind: &'static str,
     /// The root, or the peer of a send or receive.
@@ -110,12 +110,27 @@ pub struct RankStatus {
     pub waiting_ms: u64,
 }
 
+/// An operation as logged: its shape and numbers (described, with strings, only when a
+/// status is asked for: recording runs on every call).
+#[derive(Clone, Copy)]
+struct Logged {
+    shape: OpShape,
+    seq: u64,
+    coll_seq: u64,
+}
+
+impl Logged {
+    fn desc(&self) -> OpDesc {
+        OpDesc::of(&self.shape, self.seq, self.coll_seq)
+    }
+}
+
 #[derive(Default)]
 struct LogState {
     seq: u64,
     coll_seq: u64,
-    started: Option<OpDesc>,
-    finished: Option<OpDesc>,
+    started: Option<Logged>,
+    finished: Option<Logged>,
     /// When the oldest unfinished operation started.
     busy_since: Option<Instant>,
     /// When this rank last logged a report (its own or a peer's) for the current wait.
@@ -145,7 +160,7 @@ impl OpLog {
         s.coll_seq += tasks.iter().filter(|t| !t.p2p).count() as u64;
         // Only the latest is shown: the others are not described (this runs on every call).
         if let Some(last) = tasks.last() {
-            s.started = Some(OpDesc::of(last, s.seq, s.coll_seq));
+            s.started = Some(Logged { shape: *last, seq: s.seq, coll_seq: s.coll_seq });
         }
         if !tasks.is_empty() {
             // Host work starts when the last finished; device work is launched while earlier
@@ -162,7 +177,7 @@ impl OpLog {
     pub(crate) fn all_finished(&self) {
         let mut s = self.lock();
         if s.busy_since.take().is_some() {
-            s.finished = s.started.clone();
+            s.finished = s.started;
         }
     }
 
@@ -172,8 +187,8 @@ impl OpLog {
             rank: self.rank,
             pid: std::process::id(),
             host: self.host.clone(),
-            started: s.started.clone(),
-            finished: s.finished.clone(),
+            started: s.started.as_ref().map(Logged::desc),
+            finished: s.finished.as_ref().map(Logged::desc),
             busy: s.busy_since.is_some(),
             waiting_ms: s.busy_since.map_or(0, |t| t.elapsed().as_millis() as u64),
         }

@@ -42,6 +42,8 @@ pub(crate) struct DeviceCache {
 pub(crate) struct Transports {
     conns: std::collections::HashMap<(Link, Dir), Arc<Connection>>,
     proxy: Option<Proxy>,
+    /// Plans cached by shape, with the connections they use (go with them).
+    plans: crate::coll::cache::PlanCache,
 }
 
 pub use from_env::{LaunchEnv, Launcher};
@@ -515,6 +517,21 @@ impl Communicator {
             }
         }
         (have, missing)
+    }
+
+    /// Takes the cached plan of `key` out of the cache (see `coll::cache`).
+    pub(crate) fn take_plan(&self, key: &crate::coll::cache::PlanKey) -> crate::coll::cache::Lookup {
+        self.lock_transports().plans.take(key)
+    }
+
+    /// Puts a plan (back) into the cache it was taken from, if that is still this one's.
+    pub(crate) fn keep_plan(&self, entry: crate::coll::cache::Entry, epoch: u64) {
+        self.lock_transports().plans.put(entry, epoch);
+    }
+
+    /// Plans are not cached on this communicator (it has a tuner, asked on every call).
+    pub(crate) fn bypass_plans(&self) {
+        self.lock_transports().plans.set_bypass();
     }
 
     pub(crate) fn cache_connection(&self, link: Link, dir: Dir, conn: Arc<Connection>) {

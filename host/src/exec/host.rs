@@ -7,6 +7,8 @@
 //! a waiting step needs.
 
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 use std::time::Duration;
 
 use super::{CommSide, Links};
@@ -21,8 +23,36 @@ const CHECK_EVERY: u32 = 256;
 /// One communicator's work with its connections.
 pub struct HostRun<'a> {
     pub work: &'a mut Work,
-    pub links: &'a Links,
+    /// The connections of its steps, in order (see [`Prepared`]).
+    pub prep: &'a mut Prepared,
     pub comm: &'a dyn CommSide,
+}
+
+/// The connections of every step of a work, looked up once: all of them in item and step
+/// order (a step's receives, then its sends), where each item's steps begin, and per item
+/// where its current step's begin while the work runs. Made per call, or kept with a cached
+/// plan (`coll::cache`): it stays valid as long as the work's steps and the connections do.
+pub struct Prepared {
+    conns: Vec<Arc<Connection>>,
+    firsts: Vec<usize>,
+    cursors: Vec<usize>,
+}
+
+impl Prepared {
+    /// The connections of `work`'s steps (from each item's first step).
+    pub fn new(work: &Work, links: &Links) -> Prepared {
+        let conn = |l: &Link, d: Dir| Arc::clone(links.get(&(*l, d)).expect("every link was connected"));
+        let mut conns = Vec::new();
+        let mut firsts = Vec::with_capacity(work.items.len());
+        for item in &work.items {
+            firsts.push(conns.len());
+            for (_, step) in &item.steps {
+                conns.extend(step.recv.iter().map(|l| conn(l, Dir::Recv)));
+                conns.extend(step.send.iter().map(|l| conn(l, Dir::Send)));
+            }
+        }
+        Prepared { conns, cursors: Vec::with_capacity(firsts.len()), firsts }
+    }
 }
 
 /// Runs every item of every run to completion.
@@ -59,17 +89,22 @@ thread_local! {
 fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
     let mut idle = 0u32;
     let mut wait = Backoff::new(runs.iter().map(|r| r.comm.local_ranks()).max().unwrap_or(1));
-    // Every step's connections, looked up once: per run, all of them in item and step order
-    // (a step's receives, then its sends), and per item where its current step's begin.
-    let resolved: Vec<(Vec<&Arc<Connection>>, Vec<usize>)> = runs.iter().map(|run| resolve(run.work, run.links)).collect();
-    let mut cursors: Vec<Vec<usize>> = resolved.iter().map(|(_, firsts)| firsts.clone()).collect();
+    for run in runs.iter_mut() {
+        let p = &mut *run.prep;
+        p.cursors.clear();
+        p.cursors.extend_from_slice(&p.firsts);
+        for item in run.work.items.iter_mut() {
+            item.pc = 0;
+        }
+    }
     loop {
         let mut progressed = false;
         let mut pending = false;
-        for ((run, (conns, _)), cursor) in runs.iter_mut().zip(&resolved).zip(cursors.iter_mut()) {
+        for run in runs.iter_mut() {
             let work = &mut *run.work;
+            let Prepared { conns, cursors, .. } = &mut *run.prep;
             let me = run.comm.rank();
-            for (item, at) in work.items.iter_mut().zip(cursor.iter_mut()) {
+            for (item, at) in work.items.iter_mut().zip(cursors.iter_mut()) {
                 while let Some((ci, step)) = item.steps.get(item.pc) {
                     let used = step.recv.len() + step.send.len();
                     let ok = try_step(me, step, &work.ctxs[*ci], &conns[*at..*at + used], scratch)
@@ -97,35 +132,19 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
         if idle.is_multiple_of(CHECK_EVERY) {
             for run in runs.iter() {
                 run.comm.check("collective").map_err(|e| run.comm.record(e))?;
-                let links = run.links;
                 // Only connections a waiting step needs: a peer that has finished and left may
                 // fail receives posted ahead that nothing waits for.
-                let waiting = run.work.items.iter().filter_map(|item| item.steps.get(item.pc)).flat_map(|(_, step)| {
-                    step.recv.iter().map(|l| (*l, Dir::Recv)).chain(step.send.iter().map(|l| (*l, Dir::Send)))
+                let p = &*run.prep;
+                let waiting = run.work.items.iter().zip(&p.cursors).filter_map(|(item, &at)| {
+                    item.steps.get(item.pc).map(|(_, step)| &p.conns[at..at + step.recv.len() + step.send.len()])
                 });
-                if let Some(e) = waiting.filter_map(|key| links.get(&key)).find_map(|c| c.failure()) {
+                if let Some(e) = waiting.flatten().find_map(|c| c.failure()) {
                     return Err(run.comm.record(e));
                 }
             }
         }
         wait.pause();
     }
-}
-
-/// The connections of every step of `work` from its items' current steps on, in order, and
-/// where each item's current step's begin.
-fn resolve<'a>(work: &Work, links: &'a Links) -> (Vec<&'a Arc<Connection>>, Vec<usize>) {
-    let conn = |l: &Link, d: Dir| links.get(&(*l, d)).expect("every link was connected");
-    let mut conns = Vec::new();
-    let mut firsts = Vec::with_capacity(work.items.len());
-    for item in &work.items {
-        firsts.push(conns.len());
-        for (_, step) in item.steps.iter().skip(item.pc) {
-            conns.extend(step.recv.iter().map(|l| conn(l, Dir::Recv)));
-            conns.extend(step.send.iter().map(|l| conn(l, Dir::Send)));
-        }
-    }
-    (conns, firsts)
 }
 
 /// How the calling thread waits while none of its steps can move: it spins (no syscall) for
@@ -204,14 +223,14 @@ fn read_scalars(work: &mut Work) {
 
 /// Performs one step if every FIFO it needs is ready; `Ok(false)` if not yet. `conns` are the
 /// step's connections: one per receive link, then one per send link.
-fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[&Arc<Connection>], scratch: &mut [u8]) -> Result<bool> {
+fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[Arc<Connection>], scratch: &mut [u8]) -> Result<bool> {
     let (recv, send) = conns.split_at(step.recv.len());
     // All inputs present and all outputs free? (Looked at first without allocating: this runs
     // on every round of a wait.)
     if recv.iter().any(|c| c.fifo.ready_slot().is_none()) || send.iter().any(|c| c.fifo.free_slot().is_none()) {
         return Ok(false);
     }
-    let mut inputs: Vec<(&Arc<Connection>, u64, &[u8])> = Vec::with_capacity(recv.len());
+    let mut inputs: SmallVec<[(&Arc<Connection>, u64, &[u8]); 8]> = SmallVec::new();
     for c in recv {
         let Some((idx, data)) = c.fifo.ready_slot() else { return Ok(false) };
         let theirs = OpSig(c.fifo.sig_of(idx));
@@ -228,10 +247,10 @@ fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[&Arc<Connection>], scrat
         }
         inputs.push((c, idx, data));
     }
-    let mut outputs = Vec::with_capacity(send.len());
+    let mut outputs: SmallVec<[_; 8]> = SmallVec::new();
     for c in send {
         let Some((idx, slot)) = c.fifo.free_slot() else { return Ok(false) };
-        outputs.push((*c, idx, slot));
+        outputs.push((c, idx, slot));
     }
     let n = step.bytes;
     let src: Option<&[u8]> = step.src.map(|off| {
@@ -298,7 +317,7 @@ fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[&Arc<Connection>], scrat
 /// `crate::program`): the received slots from ranks below `me`, then `src`, then the rest.
 fn compute(me: u32, step: &Step, ctx: &OpCtx, src: Option<&[u8]>, inputs: &[(&Arc<Connection>, u64, &[u8])], out: &mut [u8]) -> Result<()> {
     let r = &ctx.reducer;
-    let recvd: Vec<&[u8]> = inputs.iter().map(|(_, _, d)| *d).collect();
+    let recvd: SmallVec<[&[u8]; 8]> = inputs.iter().map(|(_, _, d)| *d).collect();
     match (step.reduce, src) {
         (true, Some(s)) => {
             let below = inputs.iter().take_while(|(c, _, _)| c.link.peer < me).count();

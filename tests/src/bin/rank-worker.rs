@@ -3,6 +3,7 @@
 //! NCCL_COMM_ID). Prints `READY`/`RESULT ...` lines for the harness, checks what it can
 //! itself, and on failure prints `ERROR <code> <message>` and exits with status 1.
 
+mod worker_cache;
 mod worker_coll;
 mod worker_faults;
 mod worker_graph;
@@ -41,6 +42,7 @@ fn main() {
         "tuned-sizes" => tuned_sizes(nranks, rank, &ids),
         "profiled" => worker_profiler::profiled(nranks, rank, &ids),
         "coll-matrix" => worker_coll::matrix(nranks, rank, &ids),
+        "plan-cache" => worker_cache::plan_cache(nranks, rank, &ids),
         "coll-matrix-one-process" => worker_coll::matrix_one_process(nranks),
         "group-p2p" => worker_coll::group_p2p(nranks, rank, &ids),
         "group-two-comms" => worker_coll::group_two_comms(nranks, rank, &ids),

@@ -1,0 +1,41 @@
+//! The host backend's plan cache (`rustccl::coll::cache`), with ranks as processes: repeated
+//! single collectives interleaved with calls that differ from a cached one in one thing
+//! (count, type, operator, PreMulSum scalar by value and by address, root, buffers, in place),
+//! every result checked (`tests/src/bin/worker_cache.rs`); on 2 and 3 ranks, and with
+//! `NCCL_PROTO` / `NCCL_ALGO` set (read once per process, so they cannot change between
+//! calls: the cached plans are then rings, trees, Simple), so that every kind of program is
+//! served from the cache. That a tuner's choice still applies on every call is checked by
+//! `plugins.rs` / `c_tuner.rs` (a communicator with a tuner does not cache plans).
+
+use std::time::Duration;
+
+use rustccl_tests::*;
+
+fn run(nranks: i32, env: &[(&str, &str)]) {
+    let ids = ids_arg(&[new_id()]);
+    let ranks: Vec<i32> = (0..nranks).collect();
+    let mut env = env.to_vec();
+    env.push(("RUSTCCL_BACKEND", "host"));
+    let out = finish_all(spawn("plan-cache", nranks, &ranks, &ids, &env), Duration::from_secs(120));
+    assert_all_ok(&out);
+    for o in &out {
+        let line = o.results().into_iter().find(|l| l.starts_with("checked ")).unwrap_or_else(|| panic!("rank {} printed no result: {o:?}", o.rank));
+        assert!(line.split_whitespace().nth(1).and_then(|w| w.parse::<usize>().ok()).is_some_and(|n| n > 50), "{line}");
+    }
+}
+
+#[test]
+fn cached_plans_never_serve_a_call_of_another_shape_two_ranks() {
+    run(2, &[]);
+}
+
+#[test]
+fn cached_plans_never_serve_a_call_of_another_shape_three_ranks() {
+    run(3, &[]);
+}
+
+#[test]
+fn cached_plans_under_forced_algorithms_and_protocols() {
+    run(3, &[("NCCL_PROTO", "Simple")]);
+    run(2, &[("NCCL_PROTO", "LL128")]);
+}
