@@ -285,9 +285,15 @@ impl Drop for Nodes {
 /// `offload` (device 0 is not a host network), `collnet` (also exports a CollNet symbol).
 pub fn c_net_plugin(variant: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let newest;
     let flag = match variant {
         "v11" => None,
         "v6" => Some("-DCTCP_V6_ONLY"),
+        "v7" | "v8" | "v9" | "v10" | "v12" => {
+            newest = format!("-DCTCP_NEWEST={}", &variant[1..]);
+            Some(newest.as_str())
+        }
+        "no-vdevice" => Some("-DCTCP_NO_VDEVICE"),
         "init-fails" => Some("-DCTCP_INIT_FAILS"),
         "malformed" => Some("-DCTCP_MALFORMED"),
         "null-name" => Some("-DCTCP_NULL_NAME"),
@@ -306,10 +312,11 @@ pub fn c_net_plugin(variant: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("libctcp-{variant}.so"));
     let tmp = dir.join(format!(".libctcp-{variant}.{}.so", std::process::id()));
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-net-tcp/ctcp.c");
+    let src_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-net-tcp");
+    let src = src_dir.join("ctcp.c");
     let mut cc = Command::new("cc");
     cc.args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-shared", "-fPIC", "-pthread"]);
-    cc.args(flag).arg("-o").arg(&tmp).arg(&src);
+    cc.args(flag).arg("-o").arg(&tmp).arg(&src).arg(src_dir.join("ctcp_tables.c"));
     let status = cc.status().expect("run cc");
     assert!(status.success(), "compiling {} ({variant}) failed", src.display());
     std::fs::rename(&tmp, &out).unwrap();
