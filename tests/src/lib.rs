@@ -277,10 +277,11 @@ impl Drop for Nodes {
     }
 }
 
-/// The C test net plugin `plugins/testing/c-net-tcp/ctcp.c` ("CTcp"), compiled with `cc` into
+/// The C test net plugin `plugins/testing/c-net-tcp/ctcp*.c` ("CTcp"), compiled with `cc` into
 /// `target/<profile>/c-net-tcp/libctcp-<variant>.so` (once per variant and test process; the
 /// file is renamed into place, so test programs compiling it at once never see half a file).
-/// Variants: `v11` (exports the v11 and v6 tables), `v6` (only v6), and the broken builds the
+/// Variants: `v11` (exports the v11 and v6 tables), `v6` (only v6), `v7` `v8` `v9` `v10` `v12`
+/// (only that table), `no-vdevice` (v11 and v6, makeVDevice NULL), and the broken builds the
 /// loader tests need: `init-fails`, `malformed` (NULL `test`), `null-name`, `only-v13`,
 /// `offload` (device 0 is not a host network), `collnet` (also exports a CollNet symbol).
 pub fn c_net_plugin(variant: &str) -> PathBuf {

@@ -185,6 +185,14 @@ NET_TABLE(net_v11_t, INIT_CTX, props_v11_t, (P, int, P, P*), (P, int, P, P*, P*)
 NET_TABLE(net_v12_t, INIT_CTX, props_v12_t, (P, int, P, P*), (P, int, P, P*, P*), size_t, ISEND_PROF, IRECV_PROF,
           result_t (*make_vdevice)(int*, vprops8_t*); result_t (*finalize)(P); result_t (*set_net_attr)(P, P);)
 
+/* LP64 sizes of NCCL's tables and property structs. */
+_Static_assert(sizeof(net_v6_t) == 17 * sizeof(P), "v6 table");
+_Static_assert(sizeof(net_v7_t) == 19 * sizeof(P) && sizeof(net_v8_t) == 19 * sizeof(P), "v7/v8 tables");
+_Static_assert(sizeof(net_v9_t) == 20 * sizeof(P) && sizeof(net_v10_t) == 20 * sizeof(P), "v9/v10 tables");
+_Static_assert(sizeof(net_v11_t) == 22 * sizeof(P) && sizeof(net_v12_t) == 22 * sizeof(P), "v11/v12 tables");
+_Static_assert(sizeof(props_v7_t) == 56 && sizeof(props_v8_t) == 64 && sizeof(props_v9_t) == 104, "v7..v9 props");
+_Static_assert(sizeof(props_v11_t) == 112 && sizeof(props_v12_t) == 128, "v11/v12 props");
+
 /* ---- Shared wrappers ---- */
 
 static result_t devices(int* n) {
