@@ -277,17 +277,24 @@ impl Drop for Nodes {
     }
 }
 
-/// The C test net plugin `plugins/testing/c-net-tcp/ctcp.c` ("CTcp"), compiled with `cc` into
+/// The C test net plugin `plugins/testing/c-net-tcp/ctcp*.c` ("CTcp"), compiled with `cc` into
 /// `target/<profile>/c-net-tcp/libctcp-<variant>.so` (once per variant and test process; the
 /// file is renamed into place, so test programs compiling it at once never see half a file).
-/// Variants: `v11` (exports the v11 and v6 tables), `v6` (only v6), and the broken builds the
+/// Variants: `v11` (exports the v11 and v6 tables), `v6` (only v6), `v7` `v8` `v9` `v10` `v12`
+/// (only that table), `no-vdevice` (v11 and v6, makeVDevice NULL), and the broken builds the
 /// loader tests need: `init-fails`, `malformed` (NULL `test`), `null-name`, `only-v13`,
 /// `offload` (device 0 is not a host network), `collnet` (also exports a CollNet symbol).
 pub fn c_net_plugin(variant: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let newest;
     let flag = match variant {
         "v11" => None,
         "v6" => Some("-DCTCP_V6_ONLY"),
+        "v7" | "v8" | "v9" | "v10" | "v12" => {
+            newest = format!("-DCTCP_NEWEST={}", &variant[1..]);
+            Some(newest.as_str())
+        }
+        "no-vdevice" => Some("-DCTCP_NO_VDEVICE"),
         "init-fails" => Some("-DCTCP_INIT_FAILS"),
         "malformed" => Some("-DCTCP_MALFORMED"),
         "null-name" => Some("-DCTCP_NULL_NAME"),
@@ -306,10 +313,11 @@ pub fn c_net_plugin(variant: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("libctcp-{variant}.so"));
     let tmp = dir.join(format!(".libctcp-{variant}.{}.so", std::process::id()));
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-net-tcp/ctcp.c");
+    let src_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-net-tcp");
+    let src = src_dir.join("ctcp.c");
     let mut cc = Command::new("cc");
     cc.args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-shared", "-fPIC", "-pthread"]);
-    cc.args(flag).arg("-o").arg(&tmp).arg(&src);
+    cc.args(flag).arg("-o").arg(&tmp).arg(&src).arg(src_dir.join("ctcp_tables.c"));
     let status = cc.status().expect("run cc");
     assert!(status.success(), "compiling {} ({variant}) failed", src.display());
     std::fs::rename(&tmp, &out).unwrap();

@@ -8,7 +8,11 @@
 //! refused with one line and the next candidate is used; a library that also exports CollNet
 //! gets one line saying CollNet is not supported. Then real traffic: the collective matrix over
 //! the C plugin (v11 and v6 builds) with shared memory disabled, as processes of one host and
-//! across two network namespaces.
+//! across two network namespaces; a short all_reduce between two processes over each of the
+//! builds whose newest table is v7, v8, v9, v10 and v12. Virtual devices: with
+//! `NCCL_NET_FORCE_MERGE` naming CTcp's two devices the communicator runs over the virtual
+//! device the plugin made; a spec naming an unknown device, or a plugin that cannot fuse, gets
+//! one warning and runs unmerged.
 
 use std::process::Command;
 use std::time::Duration;
@@ -164,5 +168,87 @@ fn the_matrix_runs_over_the_c_plugin_across_two_namespaces() {
     for (rank, o) in out.iter().enumerate() {
         let dev = &nodes.dev[rank / 2];
         assert!(o.stderr.contains(&format!("CTcp: net ABI v11 initialised on {dev}")), "rank {rank}: {}", o.stderr);
+    }
+}
+
+/// A short all_reduce (sum, float32, three sizes) between two processes over CTcp `variant`,
+/// with shared memory disabled so that every byte crosses the plugin.
+fn short_all_reduce(variant: &str, extra: &[(&str, &str)]) -> Vec<Outcome> {
+    let path = ctcp(variant);
+    let ids = ids_arg(&[new_id()]);
+    let mut env = vec![
+        ("NCCL_NET_PLUGIN", path.as_str()),
+        ("NCCL_SOCKET_IFNAME", "lo"),
+        ("NCCL_SHM_DISABLE", "1"),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "NET"),
+        ("COLL_COLLS", "AllReduce"),
+        ("COLL_OPS", "sum"),
+        ("COLL_DTYPES", "float32"),
+        ("COLL_COUNTS", "1,1001,262144"),
+        ("COLL_LARGE", "none"),
+        ("COLL_ROOTS", "one"),
+    ];
+    env.extend_from_slice(extra);
+    finish_all(spawn("coll-matrix", 2, &[0, 1], &ids, &env), Duration::from_secs(120))
+}
+
+fn count_lines(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn each_table_version_loads_and_all_reduces_between_two_processes() {
+    for v in [7, 8, 9, 10, 12] {
+        let abi = format!("NCCL C net ABI v{v}");
+        let out = short_all_reduce(&format!("v{v}"), &[]);
+        check_matrix(&format!("CTcp v{v}"), &out, &abi);
+        for o in &out {
+            assert!(o.stderr.contains(&format!("CTcp: net ABI v{v} initialised on lo")), "v{v}: {}", o.stderr);
+            assert!(o.stderr.contains(&format!("using CTcp ({abi}) from {}, 2 device(s)", ctcp(&format!("v{v}")))), "{}", o.stderr);
+        }
+    }
+}
+
+#[test]
+fn force_merge_fuses_the_two_devices_and_the_all_reduce_runs_over_the_virtual_one() {
+    for (variant, abi) in [("v12", "NCCL C net ABI v12"), ("v11", "NCCL C net ABI v11")] {
+        let out = short_all_reduce(variant, &[("NCCL_NET_FORCE_MERGE", "lo,ctcp-lo")]);
+        check_matrix(&format!("CTcp {variant} fused"), &out, abi);
+        for o in &out {
+            let log = &o.stderr;
+            let made = "NCCL_NET_FORCE_MERGE=lo,ctcp-lo: made virtual device 2 'lo+ctcp-lo' of devices 0 'lo', 1 'ctcp-lo' \
+                        (its vProps list [0, 1]); the network's devices are now the plugin's [2]";
+            assert_eq!(count_lines(log, made), 1, "{variant} rank {}: {log}", o.rank);
+            assert!(log.contains(&format!("using CTcp ({abi}) from {}, 1 device(s)", ctcp(variant))), "{log}");
+            // The transport's connections listen on the virtual device (on each member in turn).
+            assert!(log.contains("CTcp: virtual device 2 (lo+ctcp-lo) listens on its member 0 (lo)"), "{log}");
+            assert!(log.contains("CTcp: virtual device 2 (lo+ctcp-lo) listens on its member 1 (ctcp-lo)"), "{log}");
+            assert!(!log.lines().any(|l| l.contains("WARN") && l.contains("FORCE_MERGE")), "{log}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_force_merge_gets_one_warning_and_runs_unmerged() {
+    let cases = [
+        ("v12", "lo,eth9", "is ignored: no device is named \"eth9\" (its devices, name:port, are lo:0, ctcp-lo:0)"),
+        ("v12", "lo,lo", "is ignored: device \"lo\" is named twice"),
+        ("no-vdevice", "lo,ctcp-lo", "is ignored: this plugin cannot fuse devices (its ncclNetPlugin_v11 table's makeVDevice is NULL)"),
+        ("v8", "lo,ctcp-lo", "is ignored: this plugin cannot fuse devices (NCCL C net ABI v8 predates makeVDevice)"),
+    ];
+    for (variant, spec, why) in cases {
+        let out = short_all_reduce(variant, &[("NCCL_NET_FORCE_MERGE", spec)]);
+        let abi = if variant == "no-vdevice" { "NCCL C net ABI v11".to_string() } else { format!("NCCL C net ABI v{}", &variant[1..]) };
+        check_matrix(&format!("CTcp {variant} with {spec}"), &out, &abi);
+        for o in &out {
+            let log = &o.stderr;
+            let warns: Vec<&str> = log.lines().filter(|l| l.contains("NCCL_NET_FORCE_MERGE")).collect();
+            assert_eq!(warns.len(), 1, "{variant} {spec}: {log}");
+            assert!(warns[0].contains("WARN") && warns[0].contains(why), "{variant} {spec}: {log}");
+            assert!(warns[0].contains("running on its 2 device(s) unmerged"), "{log}");
+            assert!(log.contains("2 device(s)"), "{log}");
+            assert!(!log.contains("virtual device"), "{log}");
+        }
     }
 }

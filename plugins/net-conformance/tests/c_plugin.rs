@@ -1,6 +1,8 @@
 //! NCCL C net plugins pass the conformance suite through the host's C adapter: the C test
 //! plugin "CTcp" (`plugins/testing/c-net-tcp`) as its v11 build (which also exports v6: the
-//! newest table is used) and as its v6-only build (int sizes, process-wide init, no context).
+//! newest table is used), its v6-only build (int sizes, process-wide init, no context), and
+//! its builds whose newest table is v7, v8, v9, v10 or v12; and with `NCCL_NET_FORCE_MERGE`
+//! fusing its two devices, over the virtual device.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -12,21 +14,29 @@ fn suite() -> PathBuf {
     dir.join("rustccl-net-conformance")
 }
 
-fn run_suite(variant: &str, abi: &str) {
+/// Runs the suite on CTcp build `variant` with messages up to `max_size`; returns its output.
+fn run_suite_with(variant: &str, abi: &str, max_size: usize, env: &[(&str, &str)]) -> String {
     let lib = rustccl_tests::c_net_plugin(variant);
-    // 256 MiB is the largest size: the 1 GiB case of the socket plugin's run adds nothing for
-    // an adapter (v6's int limit is checked by the adapter's own tests) but seconds of CI.
     let out = Command::new(suite())
         .arg(&lib)
-        .args(["--max-size", &(256usize << 20).to_string()])
+        .args(["--max-size", &max_size.to_string()])
         .env("NCCL_SOCKET_IFNAME", "lo")
+        .envs(env.iter().copied())
         .output()
         .expect("run the suite");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(&format!("# net plugin CTcp ({abi})")), "{stdout}");
     assert!(out.status.success(), "conformance failures:\n{stdout}");
     assert!(stdout.contains("7 passed, 0 failed"), "{stdout}");
+    stdout
+}
+
+fn run_suite(variant: &str, abi: &str) {
+    // 256 MiB is the largest size: the 1 GiB case of the socket plugin's run adds nothing for
+    // an adapter (v6's int limit is checked by the adapter's own tests) but seconds of CI.
+    let out = run_suite_with(variant, abi, 256 << 20, &[]);
+    assert!(out.contains("# device 0 of 2: lo\n"), "CTcp has two devices, device 0 on lo: {out}");
 }
 
 #[test]
@@ -37,6 +47,27 @@ fn c_plugin_v11_passes_the_conformance_suite() {
 #[test]
 fn c_plugin_v6_only_passes_the_conformance_suite() {
     run_suite("v6", "NCCL C net ABI v6");
+}
+
+/// The builds whose newest table is v7, v8, v9, v10 and v12 (each exports only that table),
+/// with messages up to 4 MiB (the large sizes are the v11 and v6 runs' business).
+#[test]
+fn c_plugin_v7_to_v12_builds_pass_the_conformance_suite() {
+    for v in [7, 8, 9, 10, 12] {
+        let out = run_suite_with(&format!("v{v}"), &format!("NCCL C net ABI v{v}"), 4 << 20, &[]);
+        assert!(out.contains("# device 0 of 2: lo\n"), "v{v}: {out}");
+    }
+}
+
+/// `NCCL_NET_FORCE_MERGE` naming CTcp's two devices: the adapter presents one device, the
+/// virtual one the plugin made (v9's table: 4 members at most; v12's: 8), and the suite passes
+/// over it.
+#[test]
+fn the_suite_passes_over_a_virtual_device() {
+    for (variant, abi) in [("v12", "NCCL C net ABI v12"), ("v9", "NCCL C net ABI v9")] {
+        let out = run_suite_with(variant, abi, 4 << 20, &[("NCCL_NET_FORCE_MERGE", "lo,ctcp-lo")]);
+        assert!(out.contains("# device 0 of 1: lo+ctcp-lo\n"), "{variant}: {out}");
+    }
 }
 
 /// The adapter's own rules, on the v6 build: int-sized calls refuse what does not fit, a
@@ -54,7 +85,10 @@ fn the_adapter_keeps_the_v6_abis_limits_and_refuses_stale_handles() {
     let a = net.init(1, &NetCommConfig::default(), log).unwrap();
     let b = net.init(2, &NetCommConfig::default(), log).unwrap();
     assert_ne!(a, b, "each communicator gets a context of its own");
-    assert_eq!(net.devices(b).unwrap(), 1);
+    assert_eq!(net.devices(b).unwrap(), 2);
+    assert_eq!(net.properties(b, 1).unwrap().name.as_str(), "ctcp-lo");
+    let e = net.properties(b, 2).unwrap_err();
+    assert!(e.message.contains("no device 2: it presents 2 device(s)"), "{}", e.message);
     let props = net.properties(a, 0).unwrap();
     assert_eq!(props.pci_path.as_str(), "", "a NULL pciPath reads as empty");
     assert_eq!(props.max_p2p_bytes, 1 << 30, "v6 predates maxP2pBytes: NCCL's 1 GiB");

@@ -1,24 +1,18 @@
 /*
  * CTcp: a TCP network plugin written in C against NCCL's net plugin ABI, for rustccl's tests
  * (the C adapter, the loader, the conformance suite and the collective matrix run over it).
+ * This file is the core; ctcp_tables.c holds the exported tables and says which -D flags
+ * choose them.
  *
- * It exports the tables `ncclNetPlugin_v11` and `ncclNetPlugin_v6` (only v6 with
- * -DCTCP_V6_ONLY). Other -D flags build the broken variants the loader tests need:
- *   CTCP_INIT_FAILS   init returns ncclSystemError
- *   CTCP_MALFORMED    the v11 table's `test` member is NULL
- *   CTCP_NULL_NAME    the v11 table's name is NULL
- *   CTCP_ONLY_V13     exports only `ncclNetPlugin_v13` (a version rustccl does not know)
- *   CTCP_OFFLOAD      device 0 reports a device-offload netDeviceType
- *   CTCP_COLLNET      also exports a `ncclCollNetPlugin_v11` symbol
- *
- * Design: one device (the IPv4 address of NCCL_SOCKET_IFNAME, else the first non-loopback
- * interface, else 127.0.0.1). listen/connect/accept never block (the connecting socket is kept
- * in the handle's bytes between connect calls, as NCCL's plugins do). Every message on a
- * connection is a 16-byte header (tag, size) and its payload. All sockets are non-blocking
- * and every call makes progress on every connection of the process, under one lock, so that a
- * process driving both ends of a connection never deadlocks. 32 requests per connection; a
- * receive of up to 8 buffers matches the messages by tag; a peer that goes away makes `test`
- * fail.
+ * Design: two physical devices (ctcp.h), and virtual devices made by makeVDevice (v9+) that
+ * fuse them: a virtual device spreads its listeners over its members in turn (each listen uses
+ * the next member's address), and reports its members in its properties. listen/connect/accept
+ * never block (the connecting socket is kept in the handle's bytes between connect calls, as
+ * NCCL's plugins do). Every message on a connection is a 16-byte header (tag, size) and its
+ * payload. All sockets are non-blocking and every call makes progress on every connection of
+ * the process, under one lock, so that a process driving both ends of a connection never
+ * deadlocks. 32 requests per connection; a receive of up to 8 buffers matches the messages by
+ * tag; a peer that goes away makes `test` fail.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +22,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -35,97 +30,13 @@
 #include <net/if.h>
 #include <arpa/inet.h>
 
-/* ---- The parts of NCCL's ABI this plugin uses (values and layouts as NCCL defines them) ---- */
-
-typedef int result_t;
-enum { RC_OK = 0, RC_SYSTEM = 2, RC_INTERNAL = 3, RC_INVALID_ARG = 4, RC_INVALID_USAGE = 5, RC_REMOTE = 6 };
-enum { LOG_WARN = 2, LOG_INFO = 3 };
-#define SUBSYS_NET 0x10UL
-#define PTR_HOST 1
-typedef void (*logger_t)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
-typedef result_t (*profiler_cb_t)(void** event, int type, void* parent, int64_t plugin_id, void* ext);
-
-typedef struct {
-  char* name;
-  char* pci_path;
-  uint64_t guid;
-  int ptr_support, speed, port;
-  float latency;
-  int max_comms, max_recvs;
-} props_v6_t;
-
-typedef struct {
-  int ndevs;
-  int devs[4];
-} vdev_props_v11_t;
-
-typedef struct {
-  char* name;
-  char* pci_path;
-  uint64_t guid;
-  int ptr_support, reg_is_global, force_flush, speed, port;
-  float latency;
-  int max_comms, max_recvs, net_device_type, net_device_version;
-  vdev_props_v11_t vprops;
-  size_t max_p2p_bytes, max_coll_bytes;
-  int max_multi_request_size;
-} props_v11_t;
-
-typedef struct {
-  int traffic_class;
-} comm_config_t;
-
-typedef struct {
-  const char* name;
-  result_t (*init)(logger_t);
-  result_t (*devices)(int*);
-  result_t (*get_properties)(int, props_v6_t*);
-  result_t (*listen)(int, void*, void**);
-  result_t (*connect)(int, void*, void**);
-  result_t (*accept)(void*, void**);
-  result_t (*reg_mr)(void*, void*, int, int, void**);
-  result_t (*reg_mr_dma_buf)(void*, void*, size_t, int, uint64_t, int, void**);
-  result_t (*dereg_mr)(void*, void*);
-  result_t (*isend)(void*, void*, int, int, void*, void**);
-  result_t (*irecv)(void*, int, void**, int*, int*, void**, void**);
-  result_t (*iflush)(void*, int, void**, int*, void**, void**);
-  result_t (*test)(void*, int*, int*);
-  result_t (*close_send)(void*);
-  result_t (*close_recv)(void*);
-  result_t (*close_listen)(void*);
-} net_v6_t;
-
-typedef struct {
-  const char* name;
-  result_t (*init)(void**, uint64_t, comm_config_t*, logger_t, profiler_cb_t);
-  result_t (*devices)(int*);
-  result_t (*get_properties)(int, props_v11_t*);
-  result_t (*listen)(void*, int, void*, void**);
-  result_t (*connect)(void*, int, void*, void**, void**);
-  result_t (*accept)(void*, void**, void**);
-  result_t (*reg_mr)(void*, void*, size_t, int, void**);
-  result_t (*reg_mr_dma_buf)(void*, void*, size_t, int, uint64_t, int, void**);
-  result_t (*dereg_mr)(void*, void*);
-  result_t (*isend)(void*, void*, size_t, int, void*, void*, void**);
-  result_t (*irecv)(void*, int, void**, size_t*, int*, void**, void**, void**);
-  result_t (*iflush)(void*, int, void**, int*, void**, void**);
-  result_t (*test)(void*, int*, int*);
-  result_t (*close_send)(void*);
-  result_t (*close_recv)(void*);
-  result_t (*close_listen)(void*);
-  result_t (*get_device_mr)(void*, void*, void**);
-  result_t (*irecv_consumed)(void*, int, void*);
-  result_t (*make_vdevice)(int*, vdev_props_v11_t*);
-  result_t (*finalize)(void*);
-  result_t (*set_net_attr)(void*, void*);
-} net_v11_t;
+#include "ctcp.h"
 
 /* ---- State ---- */
 
 #define MAX_REQS 32
 #define MAX_RECVS 8
 #define HANDLE_MAGIC 0x4354637048646c65ULL
-#define CTX_MAGIC 0x43546370437478ULL
 
 /* What a listener hands out (at most 128 bytes). `pending_fd` is the connecting socket + 1,
  * kept in the handle between the calls of one connect. */
@@ -167,97 +78,133 @@ struct listener {
   int fd;
 };
 
-struct ctx {
-  uint64_t magic, comm_id;
-  int traffic_class;
-};
-
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct comm* comms; /* every live connection, for progress */
-static logger_t logger;
-static struct sockaddr_in dev_addr;
-static char dev_name[IF_NAMESIZE + 8] = "lo";
+logger_t ctcp_logger;
 static int mhandle_token;
 
-#define LOG(level, ...)                                                    \
-  do {                                                                     \
-    if (logger) logger(level, SUBSYS_NET, __FILE__, __LINE__, __VA_ARGS__); \
-  } while (0)
+struct device {
+  char name[64];
+  struct sockaddr_in addr; /* physical devices only */
+  int ndevs, devs[MAX_MEMBERS];
+  unsigned next; /* virtual devices: the member the next listen uses */
+};
+#define MAX_VDEVS 4
+static struct device devs[NPHYS + MAX_VDEVS];
+static int ndevs_total; /* 0 until init */
 
-/* The address of the device: NCCL_SOCKET_IFNAME (a prefix, as NCCL matches it), else the first
- * non-loopback IPv4 interface, else loopback. */
-static void pick_device(void) {
+static void set_loopback(struct device* d, const char* name) {
+  memset(d, 0, sizeof *d);
+  d->addr.sin_family = AF_INET;
+  d->addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  snprintf(d->name, sizeof d->name, "%s", name);
+}
+
+/* Device 0: NCCL_SOCKET_IFNAME (a prefix, as NCCL matches it), else the first non-loopback
+ * IPv4 interface, else loopback. Device 1: loopback. Called with the lock held. */
+static void pick_devices(void) {
+  if (ndevs_total) return; /* once per process: virtual devices persist across inits */
+  set_loopback(&devs[0], "lo");
+  set_loopback(&devs[1], "ctcp-lo");
   const char* want = getenv("NCCL_SOCKET_IFNAME");
   if (want && (want[0] == '^' || want[0] == '=')) want = NULL;
   struct ifaddrs *all, *i;
-  memset(&dev_addr, 0, sizeof dev_addr);
-  dev_addr.sin_family = AF_INET;
-  dev_addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  strcpy(dev_name, "lo");
-  if (getifaddrs(&all) != 0) return;
-  for (i = all; i; i = i->ifa_next) {
-    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
-    int match = want ? strncmp(i->ifa_name, want, strlen(want)) == 0 : !(i->ifa_flags & IFF_LOOPBACK);
-    if (match) {
-      memcpy(&dev_addr, i->ifa_addr, sizeof dev_addr);
-      strncpy(dev_name, i->ifa_name, IF_NAMESIZE);
-      break;
+  if (getifaddrs(&all) == 0) {
+    for (i = all; i; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+      int match = want ? strncmp(i->ifa_name, want, strlen(want)) == 0 : !(i->ifa_flags & IFF_LOOPBACK);
+      if (match) {
+        memcpy(&devs[0].addr, i->ifa_addr, sizeof devs[0].addr);
+        snprintf(devs[0].name, sizeof devs[0].name, "%s", i->ifa_name);
+        break;
+      }
     }
+    freeifaddrs(all);
   }
-  freeifaddrs(all);
+  for (int d = 0; d < NPHYS; d++) {
+    devs[d].ndevs = 1;
+    devs[d].devs[0] = d;
+  }
+  ndevs_total = NPHYS;
 }
 
-static result_t common_init(int version) {
+result_t ctcp_init(int version) {
 #ifdef CTCP_INIT_FAILS
   LOG(LOG_WARN, "CTcp: init fails on purpose (test build, net ABI v%d)", version);
   return RC_SYSTEM;
 #endif
   pthread_mutex_lock(&lock);
-  pick_device();
+  pick_devices();
   pthread_mutex_unlock(&lock);
-  LOG(LOG_INFO, "CTcp: net ABI v%d initialised on %s", version, dev_name);
+  LOG(LOG_INFO, "CTcp: net ABI v%d initialised on %s", version, devs[0].name);
   return RC_OK;
 }
 
-static result_t devices(int* n) {
-  *n = 1;
-  return RC_OK;
+int ctcp_ndevs(void) {
+  pthread_mutex_lock(&lock);
+  int n = ndevs_total;
+  pthread_mutex_unlock(&lock);
+  return n;
 }
 
-static void fill_common(int* ptr_support, int* speed, int* max_comms, int* max_recvs) {
-  *ptr_support = PTR_HOST;
-  *speed = 10000;
-  *max_comms = 65536;
-  *max_recvs = MAX_RECVS;
-}
-
-static result_t get_properties_v6(int dev, props_v6_t* p) {
-  if (dev != 0) return RC_INVALID_ARG;
+result_t ctcp_dev(int dev, struct ctcp_dev* p) {
   memset(p, 0, sizeof *p);
-  p->name = dev_name;
-  p->pci_path = NULL;
-  p->guid = 0x43746370;
-  fill_common(&p->ptr_support, &p->speed, &p->max_comms, &p->max_recvs);
+  pthread_mutex_lock(&lock);
+  int ok = dev >= 0 && dev < ndevs_total;
+  if (ok) {
+    p->name = devs[dev].name;
+    p->ndevs = devs[dev].ndevs;
+    memcpy(p->devs, devs[dev].devs, sizeof p->devs);
+  }
+  pthread_mutex_unlock(&lock);
+  if (!ok) return RC_INVALID_ARG;
+  p->guid = 0x43746370 + (uint64_t)dev;
+  p->ptr_support = PTR_HOST;
+  p->speed = 10000 * p->ndevs;
+  p->max_comms = 65536;
+  p->max_recvs = MAX_RECVS;
   return RC_OK;
 }
 
-__attribute__((unused)) static result_t get_properties_v11(int dev, props_v11_t* p) {
-  if (dev != 0) return RC_INVALID_ARG;
-  memset(p, 0, sizeof *p);
-  p->name = dev_name;
-  p->pci_path = NULL;
-  p->guid = 0x43746370;
-  fill_common(&p->ptr_support, &p->speed, &p->max_comms, &p->max_recvs);
-#ifdef CTCP_OFFLOAD
-  p->net_device_type = 1; /* UNPACK */
-  p->net_device_version = 7;
-#endif
-  p->vprops.ndevs = 1;
-  p->vprops.devs[0] = 0;
-  p->max_p2p_bytes = (size_t)1 << 40;
-  p->max_coll_bytes = (size_t)1 << 40;
-  p->max_multi_request_size = 1;
+result_t ctcp_make_vdevice(int* d, int n, const int* members, int max) {
+  if (!d || !members || n < 1 || n > max || n > MAX_MEMBERS) return RC_INVALID_ARG;
+  for (int i = 0; i < n; i++) {
+    if (members[i] < 0 || members[i] >= NPHYS) return RC_INVALID_ARG;
+    for (int j = 0; j < i; j++)
+      if (members[j] == members[i]) return RC_INVALID_ARG;
+  }
+  pthread_mutex_lock(&lock);
+  if (ndevs_total == 0 || ndevs_total == NPHYS + MAX_VDEVS) {
+    pthread_mutex_unlock(&lock);
+    return ndevs_total ? RC_INVALID_USAGE : RC_INTERNAL;
+  }
+  struct device* v = &devs[ndevs_total];
+  memset(v, 0, sizeof *v);
+  v->ndevs = n;
+  char name[sizeof v->name] = "";
+  for (int i = 0; i < n; i++) {
+    v->devs[i] = members[i];
+    if (i) strncat(name, "+", sizeof name - strlen(name) - 1);
+    strncat(name, devs[members[i]].name, sizeof name - strlen(name) - 1);
+  }
+  memcpy(v->name, name, sizeof name);
+  *d = ndevs_total++;
+  pthread_mutex_unlock(&lock);
+  LOG(LOG_INFO, "CTcp: made virtual device %d (%s) of %d devices", *d, v->name, n);
   return RC_OK;
+}
+
+/* The address a listener on `dev` binds: a virtual device's members take turns. Called with
+ * the lock held; -1 for an unknown device. */
+static int listen_addr(int dev, struct sockaddr_in* a, const char** name) {
+  if (dev < 0 || dev >= ndevs_total) return -1;
+  struct device* d = &devs[dev];
+  int phys = dev < NPHYS ? dev : d->devs[d->next++ % (unsigned)d->ndevs];
+  if (dev >= NPHYS && d->next <= (unsigned)d->ndevs)
+    LOG(LOG_INFO, "CTcp: virtual device %d (%s) listens on its member %d (%s)", dev, d->name, phys, devs[phys].name);
+  *a = devs[phys].addr;
+  *name = devs[phys].name;
+  return 0;
 }
 
 static void set_nonblocking_nodelay(int fd) {
@@ -265,16 +212,20 @@ static void set_nonblocking_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static result_t listen_any(int dev, void* handle, void** listen_comm) {
-  if (dev != 0) return RC_INVALID_ARG;
+result_t ctcp_listen(int dev, void* handle, void** listen_comm) {
+  struct sockaddr_in a;
+  const char* name;
+  pthread_mutex_lock(&lock);
+  int bad = listen_addr(dev, &a, &name);
+  pthread_mutex_unlock(&lock);
+  if (bad) return RC_INVALID_ARG;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return RC_SYSTEM;
-  struct sockaddr_in a = dev_addr;
   socklen_t len = sizeof a;
   a.sin_port = 0;
   if (bind(fd, (struct sockaddr*)&a, sizeof a) != 0 || listen(fd, 16) != 0 ||
       getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
-    LOG(LOG_WARN, "CTcp: listen on %s failed: %s", dev_name, strerror(errno));
+    LOG(LOG_WARN, "CTcp: listen on %s failed: %s", name, strerror(errno));
     close(fd);
     return RC_SYSTEM;
   }
@@ -306,10 +257,10 @@ static struct comm* new_comm(int fd, int is_send) {
   return c;
 }
 
-static result_t connect_any(int dev, void* handle, void** send_comm) {
+result_t ctcp_connect(int dev, void* handle, void** send_comm) {
   struct handle* h = handle;
   *send_comm = NULL;
-  if (dev != 0 || h->magic != HANDLE_MAGIC) return RC_INVALID_ARG;
+  if (dev < 0 || dev >= ctcp_ndevs() || h->magic != HANDLE_MAGIC) return RC_INVALID_ARG;
   if (h->pending_fd == 0) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return RC_SYSTEM;
@@ -342,7 +293,7 @@ static result_t connect_any(int dev, void* handle, void** send_comm) {
   return RC_OK;
 }
 
-static result_t accept_any(void* listen_comm, void** recv_comm) {
+result_t ctcp_accept(void* listen_comm, void** recv_comm) {
   struct listener* l = listen_comm;
   *recv_comm = NULL;
   int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -357,7 +308,7 @@ static result_t accept_any(void* listen_comm, void** recv_comm) {
   return RC_OK;
 }
 
-static result_t reg_mr_any(void* comm, void* data, size_t size, int type, void** mhandle) {
+result_t ctcp_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
   (void)data;
   (void)size;
   if (!comm || type != PTR_HOST) return RC_INVALID_ARG;
@@ -365,7 +316,7 @@ static result_t reg_mr_any(void* comm, void* data, size_t size, int type, void**
   return RC_OK;
 }
 
-static result_t dereg_mr(void* comm, void* mhandle) {
+result_t ctcp_dereg_mr(void* comm, void* mhandle) {
   return (comm && mhandle == &mhandle_token) ? RC_OK : RC_INVALID_ARG;
 }
 
@@ -481,19 +432,19 @@ static result_t post(struct comm* c, int is_send, int n, void** data, const size
   return rc; /* *request NULL without error: all 32 in use, call again */
 }
 
-static result_t isend_any(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
+result_t ctcp_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   if (mhandle != &mhandle_token) return RC_INVALID_ARG;
   return post(send_comm, 1, 1, &data, &size, &tag, request);
 }
 
-static result_t irecv_any(void* recv_comm, int n, void** data, const size_t* sizes, int* tags, void** mhandles,
+result_t ctcp_irecv(void* recv_comm, int n, void** data, const size_t* sizes, int* tags, void** mhandles,
                           void** request) {
   for (int i = 0; i < n; i++)
     if (mhandles[i] != &mhandle_token) return RC_INVALID_ARG;
   return post(recv_comm, 0, n, data, sizes, tags, request);
 }
 
-static result_t test(void* request, int* done, int* sizes) {
+result_t ctcp_test(void* request, int* done, int* sizes) {
   struct request* r = request;
   pthread_mutex_lock(&lock);
   if (!r || !r->used) {
@@ -516,7 +467,7 @@ static result_t test(void* request, int* done, int* sizes) {
   return rc;
 }
 
-static result_t close_comm(void* comm) {
+result_t ctcp_close_comm(void* comm) {
   struct comm* c = comm;
   if (!c) return RC_INVALID_ARG;
   pthread_mutex_lock(&lock);
@@ -529,7 +480,7 @@ static result_t close_comm(void* comm) {
   return RC_OK;
 }
 
-static result_t close_listen(void* listen_comm) {
+result_t ctcp_close_listen(void* listen_comm) {
   struct listener* l = listen_comm;
   if (!l) return RC_INVALID_ARG;
   close(l->fd);
@@ -537,149 +488,3 @@ static result_t close_listen(void* listen_comm) {
   return RC_OK;
 }
 
-/* ---- v6 ---- */
-
-static result_t v6_init(logger_t log) {
-  logger = log;
-  return common_init(6);
-}
-static result_t v6_reg_mr(void* comm, void* data, int size, int type, void** mhandle) {
-  return size < 0 ? RC_INVALID_ARG : reg_mr_any(comm, data, (size_t)size, type, mhandle);
-}
-static result_t v6_isend(void* comm, void* data, int size, int tag, void* mhandle, void** request) {
-  return size < 0 ? RC_INVALID_ARG : isend_any(comm, data, (size_t)size, tag, mhandle, request);
-}
-static result_t v6_irecv(void* comm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request) {
-  size_t s[MAX_RECVS];
-  if (n < 1 || n > MAX_RECVS) return RC_INVALID_ARG;
-  for (int i = 0; i < n; i++) {
-    if (sizes[i] < 0) return RC_INVALID_ARG;
-    s[i] = (size_t)sizes[i];
-  }
-  return irecv_any(comm, n, data, s, tags, mhandles, request);
-}
-static result_t v6_iflush(void* comm, int n, void** data, int* sizes, void** mhandles, void** request) {
-  (void)comm, (void)n, (void)data, (void)sizes, (void)mhandles;
-  *request = NULL; /* host memory: nothing to flush */
-  return RC_OK;
-}
-
-__attribute__((visibility("default"))) const net_v6_t
-#ifdef CTCP_ONLY_V13
-    ncclNetPlugin_v13 =
-#else
-    ncclNetPlugin_v6 =
-#endif
-        {
-            .name = "CTcp",
-            .init = v6_init,
-            .devices = devices,
-            .get_properties = get_properties_v6,
-            .listen = listen_any,
-            .connect = connect_any,
-            .accept = accept_any,
-            .reg_mr = v6_reg_mr,
-            .reg_mr_dma_buf = NULL,
-            .dereg_mr = dereg_mr,
-            .isend = v6_isend,
-            .irecv = v6_irecv,
-            .iflush = v6_iflush,
-            .test = test,
-            .close_send = close_comm,
-            .close_recv = close_comm,
-            .close_listen = close_listen,
-};
-
-/* ---- v11 ---- */
-
-#if !defined(CTCP_V6_ONLY) && !defined(CTCP_ONLY_V13)
-static result_t v11_init(void** ctx, uint64_t comm_id, comm_config_t* config, logger_t log, profiler_cb_t prof) {
-  logger = log;
-  /* The host's profiler callback must accept an event and hand back no handle. */
-  void* event = (void*)1;
-  if (!prof || prof(&event, 0, NULL, 0, NULL) != RC_OK || event != NULL) {
-    LOG(LOG_WARN, "CTcp: the profiler callback given to init does not behave");
-    return RC_INTERNAL;
-  }
-  result_t rc = common_init(11);
-  if (rc != RC_OK) return rc;
-  struct ctx* c = calloc(1, sizeof *c);
-  if (!c) return RC_SYSTEM;
-  c->magic = CTX_MAGIC;
-  c->comm_id = comm_id;
-  c->traffic_class = config ? config->traffic_class : -1;
-  LOG(LOG_INFO, "CTcp: context for comm %llx, traffic class %d", (unsigned long long)comm_id, c->traffic_class);
-  *ctx = c;
-  return RC_OK;
-}
-static int good_ctx(void* ctx) {
-  return ctx && ((struct ctx*)ctx)->magic == CTX_MAGIC;
-}
-static result_t v11_listen(void* ctx, int dev, void* handle, void** listen_comm) {
-  return good_ctx(ctx) ? listen_any(dev, handle, listen_comm) : RC_INTERNAL;
-}
-static result_t v11_connect(void* ctx, int dev, void* handle, void** send_comm, void** dev_comm) {
-  if (!good_ctx(ctx) || !dev_comm || *dev_comm) return RC_INTERNAL; /* host only: no offload asked */
-  return connect_any(dev, handle, send_comm);
-}
-static result_t v11_accept(void* listen_comm, void** recv_comm, void** dev_comm) {
-  if (!dev_comm || *dev_comm) return RC_INTERNAL;
-  return accept_any(listen_comm, recv_comm);
-}
-static result_t v11_isend(void* comm, void* data, size_t size, int tag, void* mhandle, void* phandle, void** request) {
-  (void)phandle;
-  return isend_any(comm, data, size, tag, mhandle, request);
-}
-static result_t v11_irecv(void* comm, int n, void** data, size_t* sizes, int* tags, void** mhandles, void** phandles,
-                          void** request) {
-  (void)phandles;
-  return irecv_any(comm, n, data, sizes, tags, mhandles, request);
-}
-static result_t v11_finalize(void* ctx) {
-  if (!good_ctx(ctx)) return RC_INTERNAL;
-  ((struct ctx*)ctx)->magic = 0;
-  free(ctx);
-  return RC_OK;
-}
-
-__attribute__((visibility("default"))) const net_v11_t ncclNetPlugin_v11 = {
-#ifdef CTCP_NULL_NAME
-    .name = NULL,
-#else
-    .name = "CTcp",
-#endif
-    .init = v11_init,
-    .devices = devices,
-    .get_properties = get_properties_v11,
-    .listen = v11_listen,
-    .connect = v11_connect,
-    .accept = v11_accept,
-    .reg_mr = reg_mr_any,
-    .reg_mr_dma_buf = NULL,
-    .dereg_mr = dereg_mr,
-    .isend = v11_isend,
-    .irecv = v11_irecv,
-    .iflush = NULL,
-#ifdef CTCP_MALFORMED
-    .test = NULL,
-#else
-    .test = test,
-#endif
-    .close_send = close_comm,
-    .close_recv = close_comm,
-    .close_listen = close_listen,
-    .get_device_mr = NULL,
-    .irecv_consumed = NULL,
-    .make_vdevice = NULL,
-    .finalize = v11_finalize,
-    .set_net_attr = NULL,
-};
-#endif
-
-#ifdef CTCP_COLLNET
-/* Only the symbol matters to the loader test: rustccl does not use CollNet. */
-__attribute__((visibility("default"))) const struct {
-  const char* name;
-  void* functions[21];
-} ncclCollNetPlugin_v11 = {.name = "CTcpColl"};
-#endif

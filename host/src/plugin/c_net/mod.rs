@@ -16,12 +16,16 @@
 //!   connection, so a close never races a call on the same connection.
 //! - A connecting handle is kept between the calls of one `connect` (NCCL plugins keep their
 //!   connection state in the handle's bytes), until the plugin returns the connection.
+//! - Virtual devices (v9+, `NCCL_NET_FORCE_MERGE`) are made here after the first `init`
+//!   ([`merge`]): the `Net` trait's devices are the ones the transport should use, numbered
+//!   anew (virtual devices first), and the adapter maps them to the plugin's indices.
 
+mod merge;
 mod tables;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_DMABUF};
 use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
@@ -29,6 +33,7 @@ use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
 use super::c_abi::{self, c_str_or};
 use super::library::PluginLibrary;
 use tables::*;
+pub use merge::FORCE_MERGE;
 pub use tables::{NEWEST, OLDEST};
 
 /// An NCCL C net plugin's table, adapted.
@@ -41,6 +46,17 @@ pub struct CNet {
     /// Handles being connected: (context, device, the caller's bytes) → the bytes the plugin
     /// may update between calls.
     connecting: Mutex<HashMap<(u64, i32, [u8; NET_HANDLE_BYTES]), Box<[u8; NET_HANDLE_BYTES]>>>,
+    /// The devices presented through `Net` (set by the first successful `init`).
+    devmap: OnceLock<merge::DeviceMap>,
+}
+
+/// What `getProperties` says of a device, read into the core's terms.
+struct DevProps {
+    props: NetProperties,
+    /// `netDeviceType` (host when the ABI predates it).
+    ty: c_int,
+    /// The physical devices it is made of (`vProps`, v9+; empty before).
+    members: Vec<i32>,
 }
 
 /// Serialises the calls on one connection (or listener) and its requests.
@@ -121,7 +137,7 @@ impl CNet {
         let fns = Fns::from_table(table)
             .map_err(|m| format!("its {symbol} table ({name}) is malformed: NULL {}", m.join(", ")))?;
         let table_addr = table.addr();
-        Ok(CNet { fns, name, table_addr, handles: Mutex::default(), connecting: Mutex::default() })
+        Ok(CNet { fns, name, table_addr, handles: Mutex::default(), connecting: Mutex::default(), devmap: OnceLock::new() })
     }
 
     pub fn name(&self) -> &str {
@@ -177,11 +193,11 @@ impl CNet {
         }
     }
 
-    /// Device `dev`'s properties and its device-offload type.
-    fn props(&self, dev: i32) -> Result<(NetProperties, c_int), PluginError> {
+    /// Plugin device `dev`'s properties, device-offload type and members.
+    fn props(&self, dev: i32) -> Result<DevProps, PluginError> {
         let default_name = format!("{} device {dev}", self.name);
         macro_rules! base {
-            ($p:expr, $reg:expr, $flush:expr, $p2p:expr, $coll:expr, $ty:expr) => {{
+            ($p:expr, $reg:expr, $flush:expr, $p2p:expr, $coll:expr, $ty:expr, $members:expr) => {{
                 let p = $p;
                 // SAFETY: NULL or NUL-terminated strings of the plugin, read during this call.
                 let (name, pci) = unsafe { (c_str_or(p.name, &default_name), c_str_or(p.pci_path, "")) };
@@ -200,7 +216,7 @@ impl CNet {
                     max_p2p_bytes: $p2p as u64,
                     max_coll_bytes: $coll as u64,
                 };
-                (props, $ty)
+                DevProps { props, ty: $ty, members: $members }
             }};
         }
         macro_rules! call {
@@ -214,26 +230,29 @@ impl CNet {
         }
         let host = NET_DEVICE_HOST;
         Ok(match self.fns.get_properties {
-            GetProperties::V6(f) => base!(call!(f, PropsV6), false, false, MAX_NET_SIZE, MAX_COLLNET_SIZE, host),
+            GetProperties::V6(f) => base!(call!(f, PropsV6), false, false, MAX_NET_SIZE, MAX_COLLNET_SIZE, host, vec![]),
             GetProperties::V7(f) => {
                 let p = call!(f, PropsV7);
-                base!(&p, false, false, MAX_NET_SIZE, MAX_COLLNET_SIZE, p.net_device_type)
+                base!(&p, false, false, MAX_NET_SIZE, MAX_COLLNET_SIZE, p.net_device_type, vec![])
             }
             GetProperties::V8(f) => {
                 let p = call!(f, PropsV8);
-                base!(&p, p.reg_is_global != 0, false, MAX_NET_SIZE, MAX_COLLNET_SIZE, p.net_device_type)
+                base!(&p, p.reg_is_global != 0, false, MAX_NET_SIZE, MAX_COLLNET_SIZE, p.net_device_type, vec![])
             }
             GetProperties::V9(f) => {
                 let p = call!(f, PropsV9);
-                base!(&p, p.reg_is_global != 0, p.force_flush != 0, p.max_p2p_bytes, p.max_coll_bytes, p.net_device_type)
+                let m = p.v_props.members();
+                base!(&p, p.reg_is_global != 0, p.force_flush != 0, p.max_p2p_bytes, p.max_coll_bytes, p.net_device_type, m)
             }
             GetProperties::V11(f) => {
                 let p = call!(f, PropsV11);
-                base!(&p, p.reg_is_global != 0, p.force_flush != 0, p.max_p2p_bytes, p.max_coll_bytes, p.net_device_type)
+                let m = p.v_props.members();
+                base!(&p, p.reg_is_global != 0, p.force_flush != 0, p.max_p2p_bytes, p.max_coll_bytes, p.net_device_type, m)
             }
             GetProperties::V12(f) => {
                 let p = call!(f, PropsV12);
-                base!(&p, p.reg_is_global != 0, p.force_flush != 0, p.max_p2p_bytes, p.max_coll_bytes, p.net_device_type)
+                let m = p.v_props.members();
+                base!(&p, p.reg_is_global != 0, p.force_flush != 0, p.max_p2p_bytes, p.max_coll_bytes, p.net_device_type, m)
             }
         })
     }
@@ -241,13 +260,10 @@ impl CNet {
     /// Refuses a plugin whose device 0 offloads to the device (rustccl drives host networks
     /// only).
     fn check_host_network(&self) -> Result<(), PluginError> {
-        let mut n: c_int = 0;
-        // SAFETY: the table's function with storage for the count.
-        self.err(unsafe { (self.fns.devices)(&mut n) }, "devices")?;
-        if n < 1 {
+        if self.plugin_devices()? < 1 {
             return Ok(()); // "no devices" is reported by the caller
         }
-        let (_, ty) = self.props(0)?;
+        let ty = self.props(0)?.ty;
         if ty != NET_DEVICE_HOST {
             return Err(PluginError::invalid_usage(format!(
                 "NET/{}: device 0 is a device-offload network (netDeviceType {ty}); rustccl supports host networks \
@@ -255,6 +271,29 @@ impl CNet {
                 self.name
             )));
         }
+        Ok(())
+    }
+
+    /// How many devices the plugin has (its own count: physical and virtual ones).
+    fn plugin_devices(&self) -> Result<i32, PluginError> {
+        let mut n: c_int = 0;
+        // SAFETY: the table's function with storage for the count.
+        self.err(unsafe { (self.fns.devices)(&mut n) }, "devices")?;
+        Ok(n)
+    }
+
+    /// The plugin's index of `Net` device `dev`.
+    fn plugin_dev(&self, dev: i32) -> Result<i32, PluginError> {
+        let map = self.devmap.get().map(|m| m.as_slice()).unwrap_or(&[]);
+        usize::try_from(dev).ok().and_then(|i| map.get(i).copied()).ok_or_else(|| {
+            PluginError::invalid_argument(format!("NET/{}: no device {dev}: it presents {} device(s)", self.name, map.len()))
+        })
+    }
+
+    /// Fixes the devices presented through `Net` (fusing them as asked, once per process).
+    fn init_devices(&self) -> Result<(), PluginError> {
+        let map = self.device_map()?;
+        let _ = self.devmap.set(map);
         Ok(())
     }
 
@@ -325,6 +364,7 @@ impl Net for CNet {
                     self.err(code, "init")?;
                     self.check_host_network()?;
                 }
+                self.init_devices()?;
                 *count += 1;
                 0
             }
@@ -333,7 +373,7 @@ impl Net for CNet {
                 let mut cfg = CommConfig { traffic_class: tc };
                 // SAFETY: the table's init with storage for the context and a config alive for the call.
                 self.err(unsafe { f(&mut ctx, comm_id, &mut cfg, logger, no_profiler) }, "init")?;
-                if let Err(e) = self.check_host_network() {
+                if let Err(e) = self.check_host_network().and_then(|()| self.init_devices()) {
                     if let Some(fin) = self.fns.finalize {
                         // SAFETY: the context init just returned.
                         let _ = unsafe { fin(ctx) };
@@ -348,19 +388,17 @@ impl Net for CNet {
 
     fn devices(&self, ctx: PluginHandle) -> Result<i32, PluginError> {
         self.ctx_of(ctx)?;
-        let mut n: c_int = 0;
-        // SAFETY: the table's function with storage for the count.
-        self.err(unsafe { (self.fns.devices)(&mut n) }, "devices")?;
-        Ok(n)
+        Ok(self.devmap.get().map_or(0, |m| m.len() as i32))
     }
 
     fn properties(&self, ctx: PluginHandle, dev: i32) -> Result<NetProperties, PluginError> {
         self.ctx_of(ctx)?;
-        Ok(self.props(dev)?.0)
+        Ok(self.props(self.plugin_dev(dev)?)?.props)
     }
 
     fn listen(&self, ctx: PluginHandle, dev: i32) -> Result<(NetHandle, PluginHandle), PluginError> {
         let (c_ctx, _) = self.ctx_of(ctx)?;
+        let dev = self.plugin_dev(dev)?;
         let mut handle = NetHandle::default();
         let mut listen: *mut c_void = std::ptr::null_mut();
         let h = handle.bytes.as_mut_ptr() as *mut c_void;
@@ -381,6 +419,7 @@ impl Net for CNet {
 
     fn connect(&self, ctx: PluginHandle, dev: i32, handle: &NetHandle) -> Result<Option<PluginHandle>, PluginError> {
         let (c_ctx, tc) = self.ctx_of(ctx)?;
+        let dev = self.plugin_dev(dev)?;
         let key = (ctx.id, dev, handle.bytes);
         let h = {
             let mut c = lock(&self.connecting);
@@ -407,7 +446,7 @@ impl Net for CNet {
         if comm.is_null() {
             return Ok(None);
         }
-        let max_recvs = self.props(dev).map(|p| p.0.max_recvs as usize).unwrap_or(1);
+        let max_recvs = self.props(dev).map(|p| p.props.max_recvs as usize).unwrap_or(1);
         Ok(Some(lock(&self.handles).insert(Obj::Comm { ptr: comm as usize, send: true, max_recvs, guard: Guard::default() })))
     }
 
@@ -431,7 +470,7 @@ impl Net for CNet {
         if comm.is_null() {
             return Ok(None);
         }
-        let max_recvs = self.props(dev).map(|p| p.0.max_recvs as usize).unwrap_or(1);
+        let max_recvs = self.props(dev).map(|p| p.props.max_recvs as usize).unwrap_or(1);
         Ok(Some(lock(&self.handles).insert(Obj::Comm { ptr: comm as usize, send: false, max_recvs, guard: Guard::default() })))
     }
 
@@ -468,7 +507,7 @@ impl Net for CNet {
         let guard = self.guard_of(comm.id).ok_or_else(|| self.stale("connection", comm))?;
         let _g = lock(&guard);
         let (c, _, _) = self.comm_of(&lock(&self.handles), comm)?;
-        let dmabuf = self.props(0).map(|p| p.0.ptr_support & PTR_DMABUF != 0).unwrap_or(false);
+        let dmabuf = self.props(0).map(|p| p.props.ptr_support & PTR_DMABUF != 0).unwrap_or(false);
         if !dmabuf {
             return Err(PluginError::invalid_usage(format!("NET/{}: its devices do not support dma-buf (ptrSupport)", self.name)));
         }

@@ -82,6 +82,13 @@ pub struct VDeviceProps<const N: usize> {
     pub devs: [c_int; N],
 }
 
+impl<const N: usize> VDeviceProps<N> {
+    /// The member list (`ndevs` clamped to the array).
+    pub fn members(&self) -> Vec<i32> {
+        self.devs[..(self.ndevs.max(0) as usize).min(N)].to_vec()
+    }
+}
+
 /// `ncclNetProperties_v9_t` (v10's is the same layout).
 #[repr(C)]
 pub struct PropsV9 {

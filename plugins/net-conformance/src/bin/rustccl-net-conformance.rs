@@ -30,6 +30,11 @@ fn main() {
     let loaded = load(&plugin).unwrap_or_else(|e| die(&e));
     println!("# net plugin {} ({}) from {plugin}", loaded.name, loaded.abi);
     let env = Env::new(&*loaded.net, max_size).unwrap_or_else(|e| die(&e));
+    let ndev = env.net.devices(env.ctx).unwrap_or(0);
+    match env.net.properties(env.ctx, env.dev) {
+        Ok(p) => println!("# device {} of {ndev}: {}", env.dev, p.name),
+        Err(e) => die(&format!("properties of device {}: {e}", env.dev)),
+    }
     let (mut passed, mut failed) = (0, 0);
     let mut report = |name: &str, r: Result<(), String>| match r {
         Ok(()) => {
