@@ -57,6 +57,16 @@ pub fn worker_path() -> PathBuf {
     path
 }
 
+/// A library cargo built beside the worker (`target/<profile>/<name>` or `.../deps/<name>`),
+/// as a path string for `NCCL_*_PLUGIN`.
+pub fn built_lib(name: &str) -> String {
+    let dir = worker_path().parent().unwrap().to_path_buf();
+    let path = [dir.join(name), dir.join("deps").join(name)].into_iter().find(|p| p.exists());
+    path.unwrap_or_else(|| panic!("{name} is not built in {}; run `cargo build` first", dir.display()))
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Environment every rank gets unless a test overrides it: loopback for the bootstrap (the
 /// tests run on one machine) and warnings in the log.
 pub fn base_env() -> Vec<(String, String)> {
@@ -254,6 +264,22 @@ impl Nodes {
             Ok(())
         })();
         made.map(|_| n)
+    }
+
+    /// The command for rank `rank` of `nranks` running worker `scenario`, two ranks per
+    /// namespace (ranks 0–1 in the first), rendezvous at `comm_id`, bootstrap and sockets on
+    /// the namespace's veth, each namespace its own host (`NCCL_HOSTID`). Callers add their
+    /// own variables before spawning it.
+    pub fn rank_command(&self, scenario: &str, nranks: usize, rank: i32, comm_id: &str) -> Command {
+        let node = (rank / 2) as usize;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[node]])
+            .arg(worker_path())
+            .args([scenario, &nranks.to_string(), &rank.to_string(), "env"]);
+        cmd.env("NCCL_COMM_ID", comm_id)
+            .env("NCCL_SOCKET_IFNAME", &self.dev[node])
+            .env("NCCL_HOSTID", format!("node-{node}"));
+        cmd
     }
 
     /// Makes the namespaces, or says how to skip: the tests need root and iproute2 (CI has

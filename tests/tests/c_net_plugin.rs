@@ -14,7 +14,6 @@
 //! device the plugin made; a spec naming an unknown device, or a plugin that cannot fuse, gets
 //! one warning and runs unmerged.
 
-use std::process::Command;
 use std::time::Duration;
 
 use rustccl_tests::*;
@@ -146,16 +145,10 @@ fn the_matrix_runs_over_the_c_plugin_across_two_namespaces() {
     let Some(nodes) = Nodes::for_test("rctc", 215) else { return };
     let path = ctcp("v11");
     let comm_id = format!("{}:29519", nodes.addr[0]);
-    let worker = worker_path();
     let mut procs = Vec::new();
     for rank in 0..4 {
-        let node = (rank / 2) as usize;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &nodes.ns[node]]).arg(&worker).args(["coll-matrix", "4", &rank.to_string(), "env"]);
-        cmd.env("NCCL_COMM_ID", &comm_id)
-            .env("NCCL_SOCKET_IFNAME", &nodes.dev[node])
-            .env("NCCL_HOSTID", format!("node-{node}"))
-            .env("NCCL_NET_PLUGIN", &path)
+        let mut cmd = nodes.rank_command("coll-matrix", 4, rank, &comm_id);
+        cmd.env("NCCL_NET_PLUGIN", &path)
             .env("NCCL_SHM_DISABLE", "1")
             .env("NCCL_DEBUG", "INFO")
             .env("NCCL_DEBUG_SUBSYS", "NET")

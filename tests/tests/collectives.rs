@@ -17,7 +17,6 @@
 //! Data is fresh on each run: the seed comes from the clock unless `RUSTCCL_TEST_SEED` is set,
 //! and every failure message names it, so a failing run can be repeated exactly.
 
-use std::process::Command;
 use std::time::Duration;
 
 use rustccl_tests::*;
@@ -150,16 +149,10 @@ fn matrix_across_two_namespaces() {
     // plugin over the veth (the worker checks that it sees two hosts). The whole matrix: it
     // takes a few seconds.
     let comm_id = format!("{}:29518", nodes.addr[0]);
-    let worker = worker_path();
     let mut procs = Vec::new();
     for rank in 0..4 {
-        let node = (rank / 2) as usize;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &nodes.ns[node]]).arg(&worker).args(["coll-matrix", "4", &rank.to_string(), "env"]);
-        cmd.env("NCCL_COMM_ID", &comm_id)
-            .env("NCCL_SOCKET_IFNAME", &nodes.dev[node])
-            .env("NCCL_HOSTID", format!("node-{node}"))
-            .env("NCCL_DEBUG", "WARN")
+        let mut cmd = nodes.rank_command("coll-matrix", 4, rank, &comm_id);
+        cmd.env("NCCL_DEBUG", "WARN")
             .env("COLL_SEED", seed.to_string())
             .env("COLL_EXPECT_HOSTS", "2");
         procs.push(spawn_command(rank, cmd));

@@ -3,7 +3,6 @@
 //! namespaces through the socket network plugin. Needs root and iproute2 (CI has both);
 //! `RUSTCCL_SKIP_NETNS=1` skips it where they are not available, and says so.
 
-use std::process::Command;
 use std::time::Duration;
 
 use rustccl_tests::*;
@@ -12,16 +11,10 @@ use rustccl_tests::*;
 fn ranks_in_two_namespaces_talk_through_the_socket_plugin() {
     let Some(nodes) = Nodes::for_test("rccl", 213) else { return };
     let comm_id = format!("{}:29517", nodes.addr[0]);
-    let worker = worker_path();
     let mut procs = Vec::new();
     for rank in 0..4 {
-        let node = (rank / 2) as usize;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &nodes.ns[node]]).arg(&worker).args(["net-traffic", "4", &rank.to_string(), "env"]);
-        cmd.env("NCCL_COMM_ID", &comm_id)
-            .env("NCCL_SOCKET_IFNAME", &nodes.dev[node])
-            .env("NCCL_HOSTID", format!("node-{node}"))
-            .env("NCCL_DEBUG", "WARN");
+        let mut cmd = nodes.rank_command("net-traffic", 4, rank, &comm_id);
+        cmd.env("NCCL_DEBUG", "WARN");
         procs.push(spawn_command(rank, cmd));
     }
     let out = finish_all(procs, Duration::from_secs(120));

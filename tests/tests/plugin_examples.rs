@@ -6,13 +6,6 @@ use std::time::Duration;
 
 use rustccl_tests::*;
 
-fn lib(name: &str) -> String {
-    let dir = worker_path().parent().unwrap().to_path_buf();
-    let path = [dir.join(name), dir.join("deps").join(name)].into_iter().find(|p| p.exists());
-    path.unwrap_or_else(|| panic!("{name} is not built in {}; run `cargo build` first", dir.display()))
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Two ranks run `tuned-sizes` (all-reduces of `sizes`, checked by the workers) with `env`.
 fn two_ranks(sizes: &str, env: &[(&str, &str)]) -> Vec<Outcome> {
@@ -26,7 +19,7 @@ fn two_ranks(sizes: &str, env: &[(&str, &str)]) -> Vec<Outcome> {
 
 #[test]
 fn the_net_skeleton_carries_all_reduces_between_two_processes() {
-    let path = lib("librustccl_example_net_skeleton.so");
+    let path = built_lib("librustccl_example_net_skeleton.so");
     let outs = two_ranks(
         "4096,1048576,3000000",
         &[("NCCL_NET_PLUGIN", &path), ("NCCL_SHM_DISABLE", "1"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")],
@@ -55,7 +48,7 @@ fn choice_of(out: &Outcome, bytes: usize) -> String {
 fn the_tuner_skeletons_choice_takes_effect_inside_its_range_only() {
     let sizes = "4096,65536,1048576";
     let base = two_ranks(sizes, &[("NCCL_TUNER_PLUGIN", "none")]);
-    let path = lib("librustccl_example_tuner_skeleton.so");
+    let path = built_lib("librustccl_example_tuner_skeleton.so");
     let tuned = two_ranks(sizes, &[("NCCL_TUNER_PLUGIN", &path), ("NCCL_DEBUG_SUBSYS", "INIT,TUNING,PLUGIN")]);
     for bytes in [4096, 65536] {
         assert_eq!(choice_of(&tuned[0], bytes), "TREE SIMPLE 2", "inside the range");

@@ -8,13 +8,6 @@ use std::time::Duration;
 
 use rustccl_tests::*;
 
-fn lib(name: &str) -> String {
-    let dir = worker_path().parent().unwrap().to_path_buf();
-    let path = [dir.join(name), dir.join("deps").join(name)].into_iter().find(|p| p.exists());
-    path.unwrap_or_else(|| panic!("{name} is not built in {}; run `cargo build` first", dir.display()))
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Runs a one-rank communicator with `env` and returns (RESULT lines, log).
 fn run(env: &[(&str, &str)]) -> (Vec<String>, String, Outcome) {
@@ -55,7 +48,7 @@ fn none_disables_external_plugins() {
 
 #[test]
 fn a_path_loads_that_library() {
-    let path = lib("librustccl_test_net_named.so");
+    let path = built_lib("librustccl_test_net_named.so");
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &path)]);
     assert!(r[0].starts_with("net Loopback v1 /"), "{r:?}");
     assert!(r[0].ends_with("librustccl_test_net_named.so"));
@@ -66,7 +59,7 @@ fn a_path_loads_that_library() {
 fn a_name_is_found_under_both_file_name_patterns() {
     let dir = std::env::temp_dir().join(format!("rustccl-plugin-names-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let target = lib("librustccl_test_net_named.so");
+    let target = built_lib("librustccl_test_net_named.so");
     for link in ["librustccl-net-loopy.so", "libnccl-net-viancclname.so"] {
         let _ = std::fs::remove_file(dir.join(link));
         std::os::unix::fs::symlink(&target, dir.join(link)).unwrap();
@@ -90,20 +83,20 @@ fn a_missing_plugin_warns_once_and_falls_back() {
 
 #[test]
 fn a_plugin_whose_init_fails_is_skipped_for_the_next() {
-    let list = format!("{},{}", lib("librustccl_test_net_init_fails.so"), lib("librustccl_test_net_named.so"));
+    let list = format!("{},{}", built_lib("librustccl_test_net_init_fails.so"), built_lib("librustccl_test_net_named.so"));
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &list)]);
     assert!(r[0].starts_with("net Loopback"), "{r:?}");
     assert!(log.contains("init failed: test plugin: init fails on purpose"), "{log}");
-    let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &lib("librustccl_test_net_init_fails.so"))]);
+    let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_net_init_fails.so"))]);
     assert_eq!(r[0], "net Socket v1 built in", "falls back to the built-in");
 }
 
 #[test]
 fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
-    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &lib("librustccl_test_not_a_plugin.so"))]);
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_not_a_plugin.so"))]);
     assert_eq!(r[0], "net Socket v1 built in");
     assert!(log.contains("exports no rustccl net plugin"), "{log}");
-    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &lib("librustccl_test_bad_layout.so"))]);
+    let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_bad_layout.so"))]);
     assert_eq!(r[0], "net Socket v1 built in");
     assert!(log.contains("does not match this rustccl's net v1 ABI"), "{log}");
     let (_, log) = ok_run(&[("NCCL_NET_PLUGIN", "/etc/hostname")]);
@@ -112,7 +105,7 @@ fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
 
 #[test]
 fn nccl_net_picks_by_name_and_an_unknown_name_fails_init_clearly() {
-    let named = lib("librustccl_test_net_named.so");
+    let named = built_lib("librustccl_test_net_named.so");
     let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &named), ("NCCL_NET", "socket")]);
     assert_eq!(r[0], "net Socket v1 built in", "case-insensitive name match skips Loopback");
     let (_, _, out) = run(&[("NCCL_NET", "IB")]);
@@ -123,11 +116,11 @@ fn nccl_net_picks_by_name_and_an_unknown_name_fails_init_clearly() {
 
 #[test]
 fn a_tuner_built_for_the_older_abi_still_loads() {
-    let (r, log) = ok_run(&[("NCCL_TUNER_PLUGIN", &lib("librustccl_test_tuner_v1.so"))]);
+    let (r, log) = ok_run(&[("NCCL_TUNER_PLUGIN", &built_lib("librustccl_test_tuner_v1.so"))]);
     assert!(r[1].starts_with("tuner old-tuner v1 "), "{r:?}");
     assert_eq!(r[2], "best RING SIMPLE", "the v1 tuner's choice reaches the host");
     assert!(log.contains("TUNER/Plugin: using old-tuner (rustccl tuner ABI v1)"), "{log}");
-    let (r, _) = ok_run(&[("NCCL_TUNER_PLUGIN", &lib("librustccl_tuner_default.so"))]);
+    let (r, _) = ok_run(&[("NCCL_TUNER_PLUGIN", &built_lib("librustccl_tuner_default.so"))]);
     assert!(r[1].starts_with("tuner csv-table v2 "), "{r:?}");
 }
 
@@ -136,7 +129,7 @@ fn the_table_tuner_applies_its_rules() {
     let conf = std::env::temp_dir().join(format!("rustccl-tuner-{}.conf", std::process::id()));
     std::fs::write(&conf, "# rules\nallreduce,0,4294967295,tree,ll128,-1,-1,-1\n").unwrap();
     let conf_s = conf.to_string_lossy().into_owned();
-    let (r, _) = ok_run(&[("NCCL_TUNER_PLUGIN", &lib("librustccl_tuner_default.so")), ("NCCL_TUNER_CONFIG_FILE", &conf_s)]);
+    let (r, _) = ok_run(&[("NCCL_TUNER_PLUGIN", &built_lib("librustccl_tuner_default.so")), ("NCCL_TUNER_CONFIG_FILE", &conf_s)]);
     assert_eq!(r[2], "best TREE LL128", "{r:?}");
     let _ = std::fs::remove_file(conf);
 }
@@ -146,7 +139,7 @@ fn a_profiler_plugin_is_initialised_with_its_event_mask() {
     let trace = std::env::temp_dir().join(format!("rustccl-trace-{}.json", std::process::id()));
     let trace_s = trace.to_string_lossy().into_owned();
     let (r, _) = ok_run(&[
-        ("NCCL_PROFILER_PLUGIN", &lib("librustccl_profiler_trace.so")),
+        ("NCCL_PROFILER_PLUGIN", &built_lib("librustccl_profiler_trace.so")),
         ("NCCL_PROFILE_EVENT_MASK", "0x3"),
         ("RUSTCCL_PROFILER_TRACE_FILE", &trace_s),
     ]);
