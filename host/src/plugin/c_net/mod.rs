@@ -17,7 +17,7 @@
 //! - A connecting handle is kept between the calls of one `connect` (NCCL plugins keep their
 //!   connection state in the handle's bytes), until the plugin returns the connection.
 //! - Virtual devices (v9+, `NCCL_NET_FORCE_MERGE`) are made here after the first `init`
-//!   ([`merge`]): the `Net` trait's devices are the ones the transport should use, numbered
+//!   (`merge.rs`): the `Net` trait's devices are the ones the transport should use, numbered
 //!   anew (virtual devices first), and the adapter maps them to the plugin's indices.
 
 mod merge;
