@@ -19,7 +19,7 @@
 //! context handles are the plugin's pointers. Only `init` may fail (its code is checked);
 //! `name` and `recordEventState` may be NULL, the other members may not.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::{Arc, Mutex};
 
@@ -42,16 +42,16 @@ use super::Plugin;
 /// A C string for a name of the core's descriptors (functions, types, algorithms,
 /// protocols: a small set, interned for the life of the process).
 fn c_name(s: RStr<'_>) -> *const c_char {
-    static NAMES: Mutex<Option<HashSet<&'static CStr>>> = Mutex::new(None);
+    static NAMES: Mutex<Option<HashMap<Box<str>, &'static CStr>>> = Mutex::new(None);
     let s = s.as_str();
     let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
-    let set = names.get_or_insert_with(HashSet::new);
-    if let Some(c) = set.iter().find(|c| c.to_bytes() == s.as_bytes()) {
+    let map = names.get_or_insert_with(HashMap::new);
+    if let Some(c) = map.get(s) {
         return c.as_ptr();
     }
     let owned = CString::new(s.replace('\0', "")).unwrap_or_default();
     let leaked: &'static CStr = Box::leak(owned.into_boxed_c_str());
-    set.insert(leaked);
+    map.insert(s.into(), leaked);
     leaked.as_ptr()
 }
 
