@@ -451,6 +451,11 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
   return 1;
 }
 
+// Operation context `i` of the launch (its buffers, scalar, divisor, signature).
+RUSTCCL_DEVICE RustcclExecCtx exec_ctx(const RustcclExecArgs& args, u32 i) {
+  return ((const RustcclExecCtx*)args.ctxs)[i];
+}
+
 extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
     rustccl_exec(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {
   __shared__ u64 s_pos[RUSTCCL_EXEC_MAX_CONNS];
@@ -462,7 +467,6 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
 
   const RustcclExecStep* steps = (const RustcclExecStep*)args.steps;
   const RustcclExecItem* items = (const RustcclExecItem*)args.items;
-  const RustcclExecCtx* ctxs = (const RustcclExecCtx*)args.ctxs;
   const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
   RustcclExecControl* control = (RustcclExecControl*)args.control;
   const u32 tid = threadIdx.x;
@@ -488,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
       left = true;
       if (tid == 0) {
         s_step = steps[item.first + s_pc[j]];
-        s_ready = step_ready(s_step, conns, s_pos, s_seen, control, idle, ctxs[s_step.ctx].sig);
+        s_ready = step_ready(s_step, conns, s_pos, s_seen, control, idle, exec_ctx(args, s_step.ctx).sig);
       }
       __syncthreads();
       const int ready = s_ready;
@@ -498,7 +502,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
         continue;
       }
       const RustcclExecStep st = s_step;
-      const RustcclExecCtx cx = ctxs[st.ctx];
+      const RustcclExecCtx cx = exec_ctx(args, st.ctx);
       StepView v;
       v.src = (st.flags & RUSTCCL_STEP_SRC)
                   ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
