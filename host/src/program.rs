@@ -83,13 +83,27 @@ impl Ring {
     }
 }
 
-/// The elements one channel handles, cut into loops of `nranks` chunks of at most `chunk`.
-fn ring_loops(begin: usize, end: usize, nranks: usize, chunk: usize, mut f: impl FnMut(&dyn Fn(usize) -> (usize, usize))) {
+/// Elements per 16 bytes (the kernels' vector width) for `elem`-byte elements: pieces that
+/// start at multiples of it keep 16-byte alignment from the buffer's start.
+fn align_elems(elem: usize) -> usize {
+    if elem > 0 && 16 % elem == 0 { 16 / elem } else { 1 }
+}
+
+/// `chunk` (elements) cut down to whole 16-byte units when it holds one, and that unit.
+fn aligned_chunk(chunk: usize, elem: usize) -> (usize, usize) {
+    let a = align_elems(elem);
     let chunk = chunk.max(1);
+    if chunk >= a { (chunk / a * a, a) } else { (chunk, 1) }
+}
+
+/// The elements one channel handles, cut into loops of `nranks` chunks of at most `chunk`,
+/// each starting 16-byte aligned (relative to the buffer) when the chunk allows it.
+fn ring_loops(begin: usize, end: usize, nranks: usize, chunk: usize, elem: usize, mut f: impl FnMut(&dyn Fn(usize) -> (usize, usize))) {
+    let (chunk, a) = aligned_chunk(chunk, elem);
     let mut off = begin;
     loop {
         let remaining = end - off;
-        let real = chunk.min(remaining.div_ceil(nranks)).max(1);
+        let real = chunk.min(remaining.div_ceil(nranks).div_ceil(a) * a).max(1);
         let base = off;
         let piece = move |j: usize| {
             let start = (base + j * real).min(end);
@@ -104,9 +118,11 @@ fn ring_loops(begin: usize, end: usize, nranks: usize, chunk: usize, mut f: impl
     }
 }
 
-/// Element range `[begin, end)` of `count` that channel `c` of `nch` handles.
-pub fn channel_range(count: usize, c: u32, nch: u32) -> (usize, usize) {
-    let per = count.div_ceil(nch as usize);
+/// Element range `[begin, end)` of `count` (`elem`-byte elements) that channel `c` of `nch`
+/// handles: ranges start 16-byte aligned from the buffer's start, the last ones possibly empty.
+pub fn channel_range(count: usize, c: u32, nch: u32, elem: usize) -> (usize, usize) {
+    let a = align_elems(elem);
+    let per = count.div_ceil(nch.max(1) as usize).div_ceil(a) * a;
     let begin = (c as usize * per).min(count);
     (begin, (begin + per).min(count))
 }
@@ -119,7 +135,7 @@ pub fn ring_all_reduce(r: Ring, range: (usize, usize), chunk: usize, elem: usize
     if range.0 >= range.1 {
         return steps;
     }
-    ring_loops(range.0, range.1, n, chunk, |piece| {
+    ring_loops(range.0, range.1, n, chunk, elem, |piece| {
         let at = |k: u32| piece(r.user_rank(k) as usize);
         let mk = |k: u32| {
             let (o, len) = at(k);
@@ -188,7 +204,7 @@ pub fn ring_reduce_scatter(r: Ring, range: (usize, usize), count: usize, chunk: 
 
 /// The chunks of `range` (elements), at most `chunk` elements each, as (byte offset, bytes).
 pub(crate) fn chunks(range: (usize, usize), chunk: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
-    let step = chunk.max(1);
+    let (step, _) = aligned_chunk(chunk, elem);
     (range.0..range.1).step_by(step).map(move |off| (off * elem, step.min(range.1 - off) * elem))
 }
 
@@ -382,7 +398,7 @@ mod tests {
                     for nch in [1u32, 2] {
                         let mut progs = vec![vec![]; n as usize];
                         for c in 0..nch {
-                            let range = channel_range(count, c, nch);
+                            let range = channel_range(count, c, nch, 8);
                             for r in 0..n {
                                 progs[r as usize].extend(ring_all_reduce(Ring { rank: r, nranks: n, channel: c }, range, chunk, 8));
                             }
@@ -461,6 +477,31 @@ mod tests {
         assert_eq!((r[0].bytes, r[0].recv[0].purpose), (0, Purpose::P2p(3)));
         let r = p2p_recv(0, 1, (32, 42), 4);
         assert_eq!(r.iter().map(|s| (s.dst.unwrap(), s.bytes)).collect::<Vec<_>>(), vec![(32, 4), (36, 4), (40, 2)]);
+    }
+
+    #[test]
+    fn ring_pieces_start_16_byte_aligned_for_any_count() {
+        // Odd counts of 4-byte elements: every channel range and every ring piece starts at a
+        // multiple of 16 bytes (the kernels' vector loads), and together they cover the count.
+        for (count, nch, n) in [(1001usize, 3u32, 3u32), (4097, 2, 4), (77, 1, 2), (1, 4, 2)] {
+            let mut covered = vec![0u32; count];
+            for c in 0..nch {
+                let range = channel_range(count, c, nch, 4);
+                assert!(range.0 == range.1 || range.0 % 4 == 0, "channel {c} of {count}: {range:?}");
+                for (o, b) in chunks(range, 64, 4) {
+                    assert_eq!(o % 16, 0, "chunk at {o}");
+                    (o / 4..(o + b) / 4).for_each(|i| covered[i] += 1);
+                }
+                let steps = ring_all_reduce(Ring { rank: 0, nranks: n, channel: c }, range, 64, 4);
+                for s in &steps {
+                    for off in s.src.iter().chain(s.dst.iter()).filter(|_| s.bytes > 0) {
+                        assert_eq!(off % 16, 0, "count {count}: a piece at byte {off}");
+                    }
+                    assert!(s.bytes <= 64 * 4);
+                }
+            }
+            assert!(covered.iter().all(|&k| k == 1), "count {count}: every element once");
+        }
     }
 
     #[test]

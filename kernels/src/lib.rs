@@ -43,18 +43,33 @@ pub mod exec;
 /// `#include "..."`, so they can be passed to NVRTC/hipRTC as named headers.
 /// `exec.cu`'s ABI header is generated from [`exec`] (see [`exec::abi_header`]), so it is
 /// compiled, and covered by the cache key, like the files.
+///
+/// For kernel experiments (an A/B run of two kernel versions with one build), a file of the
+/// same name in the directory `RUSTCCL_KERNEL_SOURCE_DIR` replaces the embedded text; the
+/// cache key covers the text, so compiled kernels never mix.
 pub fn sources() -> &'static [(&'static str, &'static str)] {
     static SOURCES: OnceLock<Vec<(&str, &str)>> = OnceLock::new();
     static ABI_HEADER: OnceLock<String> = OnceLock::new();
     SOURCES.get_or_init(|| {
-        vec![
+        let embedded = [
             ("port.h", include_str!("device/port.h")),
             ("elem.h", include_str!("device/elem.h")),
             (exec::ABI_HEADER, ABI_HEADER.get_or_init(exec::abi_header).as_str()),
             (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
-        ]
+        ];
+        let dir = std::env::var_os(SOURCE_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from);
+        embedded
+            .into_iter()
+            .map(|(name, text)| match dir.as_ref().and_then(|d| std::fs::read_to_string(d.join(name)).ok()) {
+                Some(replaced) => (name, &*Box::leak(replaced.into_boxed_str())),
+                None => (name, text),
+            })
+            .collect()
     })
 }
+
+/// Directory whose files replace the embedded device sources of the same name (experiments).
+pub const SOURCE_DIR_ENV: &str = "RUSTCCL_KERNEL_SOURCE_DIR";
 
 /// The headers among [`sources`] (the `.h` files), for NVRTC/hipRTC's named headers.
 pub fn headers() -> impl Iterator<Item = (&'static str, &'static str)> {

@@ -424,7 +424,7 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
         let one_shot = caps.one_shot_ll && choice.proto == Protocol::Ll && choice.algo == Algorithm::Ring;
         for c in 0..choice.channels {
             let ring = Ring { rank, nranks: n, channel: c };
-            let range = program::channel_range(task.count, c, choice.channels);
+            let range = program::channel_range(task.count, c, choice.channels, e);
             if one_shot {
                 use program::direct;
                 let steps = match task.kind {

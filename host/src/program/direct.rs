@@ -97,7 +97,7 @@ mod tests {
                     let srcs: Vec<_> = (0..n as usize).map(|r| input(r, count)).collect();
                     let want: Vec<i64> = (0..count).map(|i| srcs.iter().map(|s| s[i]).sum()).collect();
                     let progs = |f: &dyn Fn(u32, u32, (usize, usize)) -> Vec<Step>| -> Vec<Vec<Step>> {
-                        (0..n).map(|r| (0..nch).flat_map(|c| f(r, c, channel_range(count, c, nch))).collect()).collect()
+                        (0..n).map(|r| (0..nch).flat_map(|c| f(r, c, channel_range(count, c, nch, 8))).collect()).collect()
                     };
                     let out = simulate(progs(&|r, c, range| all_reduce(r, n, c, range, chunk, 8)), srcs.clone(), count);
                     assert!(out.iter().all(|o| *o == want), "all_reduce n {n} count {count} chunk {chunk}");

@@ -122,6 +122,7 @@ RUSTCCL_DEVICE void st_volatile_v4(u64 addr, u32 a, u32 b, u32 c, u32 d) {
 // A word of user memory: `valid` (1..8) bytes at any alignment; the rest reads as zero.
 RUSTCCL_DEVICE u64 load_user(const unsigned char* p, u32 valid) {
   if (valid == 8 && ((u64)p & 7) == 0) return *(const u64*)p;
+  if (valid == 8 && ((u64)p & 3) == 0) return (u64)((const u32*)p)[0] | ((u64)((const u32*)p)[1] << 32);
   u64 v = 0;
   for (u32 i = 0; i < valid; ++i) v |= (u64)p[i] << (8 * i);
   return v;
@@ -129,6 +130,11 @@ RUSTCCL_DEVICE u64 load_user(const unsigned char* p, u32 valid) {
 RUSTCCL_DEVICE void store_user(unsigned char* p, u64 v, u32 valid) {
   if (valid == 8 && ((u64)p & 7) == 0) {
     *(u64*)p = v;
+    return;
+  }
+  if (valid == 8 && ((u64)p & 3) == 0) {
+    ((u32*)p)[0] = (u32)v;
+    ((u32*)p)[1] = (u32)(v >> 32);
     return;
   }
   for (u32 i = 0; i < valid; ++i) p[i] = (unsigned char)(v >> (8 * i));
@@ -171,56 +177,83 @@ RUSTCCL_DEVICE u64 compute(const StepView& v, const u64 (&in)[NR > 0 ? NR : 1], 
   return acc;
 }
 
-// Spins on an LL line until both flags match; false when the launch was aborted.
-RUSTCCL_DEVICE bool ll_read(const StepView& v, u64 line, u32 flag, u64& out) {
-  u32 a, b, c, d;
-  for (u32 spins = 0;; ++spins) {
-    ld_volatile_v4(line, a, b, c, d);
-    if (b == flag && d == (flag ^ v.h)) break;
-    if ((spins & 4095) == 4095 && *v.abort) return false;
-  }
-  out = (u64)a | ((u64)c << 32);
-  return true;
-}
-
-// Words [begin, end) of the step, 8 payload bytes each, one per thread in turn. Simple slots
-// hold the payload as is, LL slots one 16-byte line per word. False when aborted.
-template <int Proto, int NR, int NS>
-RUSTCCL_DEVICE bool run_words(const StepView& v, u64 begin, u64 end) {
+// Words [begin, end) of a Simple step, 8 payload bytes each, one per thread in turn: the tail
+// of a step and steps whose user buffers are not 16-byte aligned.
+template <int NR, int NS>
+RUSTCCL_DEVICE void run_words(const StepView& v, u64 begin, u64 end) {
   for (u64 w = begin + threadIdx.x; w < end; w += blockDim.x) {
     const u64 off = w * 8;
     const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
     u64 in[NR > 0 ? NR : 1];
 #pragma unroll
-    for (int k = 0; k < NR; ++k) {
-      if (Proto == RUSTCCL_PROTO_LL) {
-        if (!ll_read(v, v.recv[k] + w * 16, (u32)v.rflag[k], in[k])) return false;
-      } else {
-        in[k] = ld_volatile_u64(v.recv[k] + off);
-      }
-    }
+    for (int k = 0; k < NR; ++k) in[k] = ld_volatile_u64(v.recv[k] + off);
     const u64 s = v.src ? load_user(v.src + off, valid) : 0;
     const u64 r = compute<NR>(v, in, s);
     if (v.dst) store_user(v.dst + off, r, valid);
 #pragma unroll
-    for (int k = 0; k < NS; ++k) {
-      if (Proto == RUSTCCL_PROTO_LL) {
+    for (int k = 0; k < NS; ++k) *(u64*)(v.send[k] + off) = r;
+  }
+}
+
+// LL: one 16-byte line per 8 payload bytes, RUSTCCL_LL_UNROLL lines per thread per round; every
+// line's loads are issued before any flag is looked at, and only lines whose flags are not
+// there yet are read again. False when aborted.
+#ifndef RUSTCCL_LL_UNROLL
+#define RUSTCCL_LL_UNROLL 4
+#endif
+template <int NR, int NS>
+RUSTCCL_DEVICE bool run_ll(const StepView& v) {
+  const int U = RUSTCCL_LL_UNROLL;
+  const u64 words = ((u64)v.bytes + 7) / 8, nt = blockDim.x;
+  for (u64 base = threadIdx.x; base < words; base += U * nt) {
+    u32 a[U][NR > 0 ? NR : 1], b[U][NR > 0 ? NR : 1], c[U][NR > 0 ? NR : 1], d[U][NR > 0 ? NR : 1];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const u64 w = base + u * nt;
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+        if (w < words) ld_volatile_v4(v.recv[k] + w * 16, a[u][k], b[u][k], c[u][k], d[u][k]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const u64 w = base + u * nt;
+      if (w >= words) break;
+      u64 in[NR > 0 ? NR : 1];
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+        const u32 f = (u32)v.rflag[k];
+        for (u32 spins = 0; b[u][k] != f || d[u][k] != (f ^ v.h); ++spins) {
+          if ((spins & 4095) == 4095 && *v.abort) return false;
+          ld_volatile_v4(v.recv[k] + w * 16, a[u][k], b[u][k], c[u][k], d[u][k]);
+        }
+        in[k] = (u64)a[u][k] | ((u64)c[u][k] << 32);
+      }
+      const u64 off = w * 8;
+      const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
+      const u64 s = v.src ? load_user(v.src + off, valid) : 0;
+      const u64 r = compute<NR>(v, in, s);
+      if (v.dst) store_user(v.dst + off, r, valid);
+#pragma unroll
+      for (int k = 0; k < NS; ++k) {
         const u32 f = (u32)v.sflag[k];
         st_volatile_v4(v.send[k] + w * 16, (u32)r, f, (u32)(r >> 32), f ^ v.h);
-      } else {
-        *(u64*)(v.send[k] + off) = r;
       }
     }
   }
   return true;
 }
 
-// Simple: 16-byte units, U per thread per round for memory parallelism, then the tail.
+// Simple: 16-byte units, RUSTCCL_SIMPLE_UNROLL per thread per round for memory parallelism,
+// then the tail in words.
+#ifndef RUSTCCL_SIMPLE_UNROLL
+#define RUSTCCL_SIMPLE_UNROLL 4
+#endif
 template <int NR, int NS>
 RUSTCCL_DEVICE bool run_simple(const StepView& v) {
   const bool aligned = (((u64)v.src | (u64)v.dst) & 15) == 0;
   const u64 units = aligned ? v.bytes / 16 : 0;
-  const int U = 4;
+  const int U = RUSTCCL_SIMPLE_UNROLL;
   const u64 nt = blockDim.x;
   const bool has_src = v.src != 0, has_dst = v.dst != 0;
   u64 base = threadIdx.x;
@@ -261,51 +294,68 @@ RUSTCCL_DEVICE bool run_simple(const StepView& v) {
 #pragma unroll
     for (int k = 0; k < NS; ++k) *(ulonglong2*)(v.send[k] + base * 16) = r;
   }
-  return run_words<RUSTCCL_PROTO_SIMPLE, NR, NS>(v, units * 2, ((u64)v.bytes + 7) / 8);
+  run_words<NR, NS>(v, units * 2, ((u64)v.bytes + 7) / 8);
+  return true;
 }
 
-// LL128: each warp takes four lines at a time, eight lanes a line, 16 bytes a lane; lane 7 of
-// a line carries its last payload word and the flag. A line's eight loads (and stores) are
-// one 128-byte transaction.
+// LL128: each warp takes RUSTCCL_LL128_UNROLL groups of four lines at a time, eight lanes a
+// line, 16 bytes a lane; lane 7 of a line carries its last payload word and the flag. A line's
+// eight loads (and stores) are one 128-byte transaction. Every group's loads are issued before
+// the first flag is looked at; a group whose flags are not all there is read again whole.
+#ifndef RUSTCCL_LL128_UNROLL
+#define RUSTCCL_LL128_UNROLL 4
+#endif
 template <int NR, int NS>
 RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
+  const int U = RUSTCCL_LL128_UNROLL;
   const u64 words = ((u64)v.bytes + 7) / 8;
   const u64 lines = (words + 14) / 15;
   const u32 lane = threadIdx.x % 32, t = lane % 8;
   const u64 warps = blockDim.x / 32, warp = threadIdx.x / 32;
-  for (u64 base = warp * 4; base < lines; base += warps * 4) {
-    const u64 line = base + lane / 8;
-    const bool active = line < lines;
-    const u64 w0 = line * 15 + 2 * t;
-    u64 in0[NR > 0 ? NR : 1], in1[NR > 0 ? NR : 1];
+  for (u64 base = warp * 4 * U; base < lines; base += warps * 4 * U) {
+    u64 in0[U][NR > 0 ? NR : 1], in1[U][NR > 0 ? NR : 1];
 #pragma unroll
-    for (int k = 0; k < NR; ++k) {
-      const u64 at = v.recv[k] + line * 128 + t * 16;
-      in0[k] = in1[k] = 0;
-      for (u32 spins = 0;; ++spins) {
-        bool ok = true;
-        if (active) {
-          ld_volatile_v2(at, in0[k], in1[k]);
-          ok = !lines_whole || t != 7 || in1[k] == v.rflag[k];
-        }
-        if (__all_sync(0xffffffffu, ok)) break;
-        if ((spins & 4095) == 4095 && *v.abort) return false;
+    for (int u = 0; u < U; ++u) {
+      const u64 line = base + u * 4 + lane / 8;
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+        in0[u][k] = in1[u][k] = 0;
+        if (line < lines) ld_volatile_v2(v.recv[k] + line * 128 + t * 16, in0[u][k], in1[u][k]);
       }
     }
-    if (!active) continue;
-    u64 r[2] = {0, 0};
-    const int nw = t == 7 ? 1 : 2;
-    for (int h = 0; h < nw; ++h) {
-      const u64 w = w0 + h;
-      if (w >= words) break;
-      const u64 off = w * 8;
-      const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
-      const u64 s = v.src ? load_user(v.src + off, valid) : 0;
-      r[h] = h == 0 ? compute<NR>(v, in0, s) : compute<NR>(v, in1, s);
-      if (v.dst) store_user(v.dst + off, r[h], valid);
-    }
 #pragma unroll
-    for (int k = 0; k < NS; ++k) st_volatile_v2(v.send[k] + line * 128 + t * 16, r[0], t == 7 ? v.sflag[k] : r[1]);
+    for (int u = 0; u < U; ++u) {
+      const u64 line = base + u * 4 + lane / 8;
+      const bool active = line < lines;
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+        for (u32 spins = 0;; ++spins) {
+          const bool ok = !active || !lines_whole || t != 7 || in1[u][k] == v.rflag[k];
+          if (__all_sync(0xffffffffu, ok)) break;
+          if ((spins & 4095) == 4095 && *v.abort) return false;
+          if (active) ld_volatile_v2(v.recv[k] + line * 128 + t * 16, in0[u][k], in1[u][k]);
+        }
+      }
+      if (!active) continue;
+      const u64 w0 = line * 15 + 2 * t;
+      u64 r[2] = {0, 0};
+      const int nw = t == 7 ? 1 : 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u64 w = w0 + h;
+        if (h >= nw || w >= words) break;
+        const u64 off = w * 8;
+        const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
+        const u64 s = v.src ? load_user(v.src + off, valid) : 0;
+        u64 x[NR > 0 ? NR : 1];
+#pragma unroll
+        for (int k = 0; k < NR; ++k) x[k] = h == 0 ? in0[u][k] : in1[u][k];
+        r[h] = compute<NR>(v, x, s);
+        if (v.dst) store_user(v.dst + off, r[h], valid);
+      }
+#pragma unroll
+      for (int k = 0; k < NS; ++k) st_volatile_v2(v.send[k] + line * 128 + t * 16, r[0], t == 7 ? v.sflag[k] : r[1]);
+    }
   }
   return true;
 }
@@ -313,7 +363,7 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
 // The step's data movement, for a protocol and compile-time peer counts.
 template <int NR, int NS>
 RUSTCCL_DEVICE bool run_proto(const StepView& v, int proto, bool lines_whole) {
-  if (proto == RUSTCCL_PROTO_LL) return run_words<RUSTCCL_PROTO_LL, NR, NS>(v, 0, ((u64)v.bytes + 7) / 8);
+  if (proto == RUSTCCL_PROTO_LL) return run_ll<NR, NS>(v);
   if (proto == RUSTCCL_PROTO_LL128) return run_ll128<NR, NS>(v, lines_whole);
   return run_simple<NR, NS>(v);
 }
@@ -456,132 +506,177 @@ RUSTCCL_DEVICE RustcclExecCtx exec_ctx(const RustcclExecArgs& args, u32 i) {
   return ((const RustcclExecCtx*)args.ctxs)[i];
 }
 
-extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
-    rustccl_exec(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {
-  __shared__ u64 s_pos[RUSTCCL_EXEC_MAX_CONNS];
-  __shared__ u64 s_seen[RUSTCCL_EXEC_MAX_CONNS];  // recv: tail seen; send: head seen
-  __shared__ u32 s_pc[RUSTCCL_EXEC_MAX_ITEMS];
-  __shared__ RustcclExecStep s_step;
-  __shared__ int s_ready;
-  __shared__ int s_stop;
+// What the block shares: the step the threads run next (built by thread 0), and thread 0's
+// bookkeeping of where every connection and work item stands.
+struct BlockState {
+  StepView view;
+  u64 pos[RUSTCCL_EXEC_MAX_CONNS];
+  u64 seen[RUSTCCL_EXEC_MAX_CONNS];  // recv: tail seen; send: head seen
+  u32 pc[RUSTCCL_EXEC_MAX_ITEMS];
+  RustcclExecItem items[RUSTCCL_EXEC_MAX_ITEMS];
+  RustcclExecStep step;  // the step in `view`
+  u32 item;              // its work item (index among the block's)
+  int ready[2];          // per round (parity): 1 run `view`, 0 all done, -1 stop
+  int stop;              // set by any thread whose data movement was aborted
+};
 
+// Thread 0: the step's view (slot addresses, flags, buffers) for every thread.
+RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const RustcclExecArgs& args, const u64* pos) {
+  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
+  const RustcclExecCtx cx = exec_ctx(args, st.ctx);
+  v.src = (st.flags & RUSTCCL_STEP_SRC)
+              ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
+              : 0;
+  v.dst = (st.flags & RUSTCCL_STEP_DST) ? (unsigned char*)(cx.dst + st.dst) : 0;
+  v.nrecv = st.nrecv;
+  v.nsend = st.nsend;
+  v.h = sig_hash(cx.sig);
+  const bool ll128 = st.proto == RUSTCCL_PROTO_LL128;
+  for (int k = 0; k < RUSTCCL_EXEC_MAX_PEERS; ++k) {
+    v.recv[k] = v.send[k] = v.rflag[k] = v.sflag[k] = 0;
+    if (k < st.nrecv) {
+      const u64 p = pos[st.recv[k]];
+      v.recv[k] = slot_addr(conns[st.recv[k]], p, st.proto);
+      v.rflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
+    }
+    if (k < st.nsend) {
+      const u64 p = pos[st.send[k]];
+      v.send[k] = slot_addr(conns[st.send[k]], p, st.proto);
+      v.sflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
+    }
+  }
+  // A scalar in device memory is read now, when the operation runs (the caller's stream
+  // wrote it before; a replayed graph reads each replay's value).
+  v.scalar = cx.scalar_ptr ? (u64)*(const volatile typename RUSTCCL_EXEC_ELEM::Raw*)cx.scalar_ptr : cx.scalar;
+  v.divisor = cx.divisor;
+  v.bytes = st.bytes;
+  v.flags = st.flags;
+  v.abort = &((RustcclExecControl*)args.control)->abort;
+}
+
+// Thread 0, after every thread finished the step's data: publishes it. Sends get the
+// signature, wire size and `tail`; where the consumer reads the data because of `tail` (a
+// Simple slot, an LL128 slot whose lines may arrive split, the network proxy) one system
+// fence first orders the whole block's stores (they happened before the block barrier)
+// before it. Receives give their slot back through `head`.
+RUSTCCL_DEVICE void post_step(const RustcclExecStep& st, const RustcclExecArgs& args, u64 sig, u64* pos) {
+  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
+  const u64 wire = wire_bytes(st.proto, st.bytes);
+  bool fence = false;
+  for (int k = 0; k < st.nsend; ++k) {
+    const RustcclExecConn& c = conns[st.send[k]];
+    const u64 p = pos[st.send[k]];
+    fence = fence || !flags_trusted(c, st.proto);
+    st_volatile_u64(c.header + RUSTCCL_FIFO_SIGS + (p % RUSTCCL_EXEC_STEPS) * 8, sig);
+    st_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8, wire);
+  }
+  if (fence) __threadfence_system();
+  for (int k = 0; k < st.nsend; ++k) {
+    const int ci = st.send[k];
+    st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_TAIL, pos[ci] + 1);
+    pos[ci] += 1;
+  }
+  for (int k = 0; k < st.nrecv; ++k) {
+    const int ci = st.recv[k];
+    st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_HEAD, pos[ci] + 1);
+    pos[ci] += 1;
+  }
+}
+
+// Thread 0: the next step of the block's work items that can run, in turn (a block with
+// several items must not wait on one while another could move: the peers may be waiting for
+// that one). Spins without the other threads until one is ready (1), every item is done (0)
+// or the launch stops (-1: an error reported, or an abort).
+// `pf` is the step (item `pf_j`, position `pf_pc`) thread 0 loaded ahead while the block ran
+// the previous one.
+RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mine, u32& turn, const RustcclExecStep& pf,
+                              u32 pf_j, u32 pf_pc) {
   const RustcclExecStep* steps = (const RustcclExecStep*)args.steps;
-  const RustcclExecItem* items = (const RustcclExecItem*)args.items;
   const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
   RustcclExecControl* control = (RustcclExecControl*)args.control;
+  for (u32 idle = 0;; ++idle) {
+    bool left = false;
+    for (u32 n = 0; n < mine; ++n) {
+      const u32 j = (turn + n) % mine;
+      if (b.pc[j] >= b.items[j].count) continue;
+      left = true;
+      const RustcclExecStep st = (j == pf_j && b.pc[j] == pf_pc) ? pf : steps[b.items[j].first + b.pc[j]];
+      const int r = step_ready(st, conns, b.pos, b.seen, control, idle, exec_ctx(args, st.ctx).sig);
+      if (r < 0) return -1;
+      if (r == 0) continue;
+      b.step = st;
+      b.item = j;
+      turn = (j + 1) % mine;
+      return 1;
+    }
+    if (!left) return 0;
+    if ((idle & 1023) == 1023 && *(volatile u32*)&control->abort) return -1;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
+    rustccl_exec(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {
+  __shared__ BlockState b;
+  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
   const u32 tid = threadIdx.x;
 
   for (u32 i = tid; i < args.nconns; i += blockDim.x) {
     const RustcclExecConn c = conns[i];
     const bool send = c.flags & RUSTCCL_CONN_SEND;
-    s_pos[i] = ld_volatile_u64(c.header + (send ? RUSTCCL_FIFO_TAIL : RUSTCCL_FIFO_HEAD));
-    s_seen[i] = send ? ld_volatile_u64(c.header + RUSTCCL_FIFO_HEAD) : s_pos[i];
+    b.pos[i] = ld_volatile_u64(c.header + (send ? RUSTCCL_FIFO_TAIL : RUSTCCL_FIFO_HEAD));
+    b.seen[i] = send ? ld_volatile_u64(c.header + RUSTCCL_FIFO_HEAD) : b.pos[i];
   }
   u32 mine = 0;
   for (u32 i = blockIdx.x; i < args.nitems && mine < RUSTCCL_EXEC_MAX_ITEMS; i += gridDim.x) ++mine;
-  if (tid < RUSTCCL_EXEC_MAX_ITEMS) s_pc[tid] = 0;
-  if (tid == 0) s_stop = 0;
+  if (tid < mine) {
+    b.items[tid] = ((const RustcclExecItem*)args.items)[blockIdx.x + tid * gridDim.x];
+    b.pc[tid] = 0;
+  }
+  if (tid == 0) b.stop = 0;
   __syncthreads();
 
-  u32 idle = 0;
-  for (;;) {
-    bool left = false, moved = false;
-    for (u32 j = 0; j < mine; ++j) {
-      const RustcclExecItem item = items[blockIdx.x + j * gridDim.x];
-      if (s_pc[j] >= item.count) continue;
-      left = true;
-      if (tid == 0) {
-        s_step = steps[item.first + s_pc[j]];
-        s_ready = step_ready(s_step, conns, s_pos, s_seen, control, idle, exec_ctx(args, s_step.ctx).sig);
-      }
-      __syncthreads();
-      const int ready = s_ready;
-      if (ready < 0) return;
-      if (ready == 0) {
-        __syncthreads();
-        continue;
-      }
-      const RustcclExecStep st = s_step;
-      const RustcclExecCtx cx = exec_ctx(args, st.ctx);
-      StepView v;
-      v.src = (st.flags & RUSTCCL_STEP_SRC)
-                  ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
-                  : 0;
-      v.dst = (st.flags & RUSTCCL_STEP_DST) ? (unsigned char*)(cx.dst + st.dst) : 0;
-      v.nrecv = st.nrecv;
-      v.nsend = st.nsend;
-      for (int k = 0; k < RUSTCCL_EXEC_MAX_PEERS; ++k) {
-        v.recv[k] = v.send[k] = v.rflag[k] = v.sflag[k] = 0;
-      }
-      v.h = sig_hash(cx.sig);
-      const bool ll128 = st.proto == RUSTCCL_PROTO_LL128;
-      for (int k = 0; k < st.nrecv; ++k) {
-        const u64 p = s_pos[st.recv[k]];
-        v.recv[k] = slot_addr(conns[st.recv[k]], p, st.proto);
-        v.rflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
-      }
-      for (int k = 0; k < st.nsend; ++k) {
-        const u64 p = s_pos[st.send[k]];
-        v.send[k] = slot_addr(conns[st.send[k]], p, st.proto);
-        v.sflag[k] = ll128 ? ll128_flag(p, v.h) : p + 1;
-      }
-      // A scalar in device memory is read now, when the operation runs (the caller's stream
-      // wrote it before; a replayed graph reads each replay's value).
-      v.scalar = cx.scalar_ptr ? (u64)*(const volatile typename RUSTCCL_EXEC_ELEM::Raw*)cx.scalar_ptr : cx.scalar;
-      v.divisor = cx.divisor;
-      v.bytes = st.bytes;
-      v.flags = st.flags;
-      v.abort = &control->abort;
-
-      bool ok = true;
-      const bool local = st.nrecv == 0 && st.nsend == 0;
-      const bool overlap = v.src && v.dst && v.src != v.dst && v.src < v.dst + v.bytes && v.dst < v.src + v.bytes;
-      if (local && !(st.flags & RUSTCCL_STEP_REDUCE) && (v.src == v.dst || overlap)) {
-        if (overlap) run_memmove(v);
-      } else {
-        bool trusted = true;
-        for (int k = 0; k < st.nrecv; ++k) trusted = trusted && flags_trusted(conns[st.recv[k]], st.proto);
-        ok = run_step(v, st.proto, trusted);
-      }
-      if (!ok) s_stop = 1;
-      // Data before `tail`, where someone reads the data because of `tail`: the consumer of
-      // a Simple slot (or of an LL128 slot whose lines may arrive split), the network proxy.
-      // LL lines carry their own flags.
-      bool fence = false;
-      for (int k = 0; k < st.nsend; ++k) fence = fence || !flags_trusted(conns[st.send[k]], st.proto);
-      if (fence) __threadfence_system();
-      __syncthreads();
-      if (s_stop) return;
-      if (tid == 0) {
-        const u64 wire = wire_bytes(st.proto, st.bytes);
-        for (int k = 0; k < st.nsend; ++k) {
-          const int ci = st.send[k];
-          const u64 p = s_pos[ci];
-          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_SIGS + (p % RUSTCCL_EXEC_STEPS) * 8, cx.sig);
-          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8, wire);
-          if (fence) __threadfence_system();
-          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_TAIL, p + 1);
-          s_pos[ci] = p + 1;
+  // Thread 0 finds a ready step and builds its view while the others wait at the barrier;
+  // all run its data; after a second barrier thread 0 publishes it and looks for the next.
+  // Two block barriers per step, one system fence (thread 0's) where the consumer needs it.
+  u32 turn = 0, pf_j = ~0u, pf_pc = 0;
+  RustcclExecStep pf;
+  for (u32 round = 0;; ++round) {
+    if (tid == 0) {
+      const int r = next_ready(b, args, mine, turn, pf, pf_j, pf_pc);
+      if (r > 0) {
+        build_view(b.view, b.step, args, b.pos);
+        // The item's next step, loaded now: used after this one, its load is hidden.
+        const u32 j = b.item, next = b.pc[j] + 1;
+        pf_j = ~0u;
+        if (next < b.items[j].count) {
+          pf = ((const RustcclExecStep*)args.steps)[b.items[j].first + next];
+          pf_j = j;
+          pf_pc = next;
         }
-        for (int k = 0; k < st.nrecv; ++k) {
-          const int ci = st.recv[k];
-          const u64 p = s_pos[ci];
-          st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_HEAD, p + 1);
-          s_pos[ci] = p + 1;
-        }
-        s_pc[j] += 1;
       }
-      moved = true;
-      __syncthreads();
+      b.ready[round & 1] = r;
     }
-    if (!left) break;
-    if (moved) {
-      idle = 0;
-      continue;
-    }
-    ++idle;
-    if (tid == 0 && (idle & 1023) == 0 && *(volatile u32*)&control->abort) s_stop = 1;
     __syncthreads();
-    if (s_stop) return;
+    const int ready = b.ready[round & 1];
+    if (ready <= 0) return;
+    const StepView v = b.view;
+    const bool local = v.nrecv == 0 && v.nsend == 0;
+    const bool overlap = v.src && v.dst && v.src != v.dst && v.src < v.dst + v.bytes && v.dst < v.src + v.bytes;
+    const int proto = b.step.proto;
+    bool ok = true;
+    if (local && !(v.flags & RUSTCCL_STEP_REDUCE) && (v.src == v.dst || overlap)) {
+      if (overlap) run_memmove(v);
+    } else {
+      bool trusted = true;
+      for (int k = 0; k < v.nrecv; ++k) trusted = trusted && flags_trusted(conns[b.step.recv[k]], proto);
+      ok = run_step(v, proto, trusted);
+    }
+    if (!ok) b.stop = 1;
+    __syncthreads();
+    if (b.stop) return;
+    if (tid == 0) {
+      post_step(b.step, args, exec_ctx(args, b.step.ctx).sig, b.pos);
+      b.pc[b.item] += 1;
+    }
   }
 }

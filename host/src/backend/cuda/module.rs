@@ -51,6 +51,11 @@ fn base_options(have_fp8: bool) -> Vec<String> {
         "--fmad=false".to_string(),
         format!("-DRUSTCCL_HAVE_FP8={}", u8::from(have_fp8)),
     ]
+    .into_iter()
+    // Tuning knobs of the device code for experiments (e.g. `-DRUSTCCL_SIMPLE_UNROLL=8`);
+    // part of the cache key like every option.
+    .chain(std::env::var("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
+    .collect()
 }
 
 impl Kernels {
