@@ -6,12 +6,17 @@
 # correctness matrix per protocol with the new kernel, and the kernels' registers and local
 # memory (cuobjdump). Uses target/gpu; a summary and logs in $OUT.
 #   tests/gpu/kernel_ab.sh target/gpu/old-src [part]   (part: all | check | perf)
+# Only a few files come back from the device machine: $OUT gets summary.txt, logs.tgz and
+# kcache.tgz; the logs are written under /tmp/kernel_ab first.
 set -u
 OLD=$1
 PART=${2:-all}
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
-S=$OUT/summary.txt
+FINAL_OUT=$OUT
+OUT=/tmp/kernel_ab
+mkdir -p $OUT
+S=$FINAL_OUT/summary.txt
 note() { echo "$*" | tee -a $S; }
 nvidia-smi -L >> $S
 nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline >> $S 2>&1
@@ -67,5 +72,5 @@ if [ $PART != check ]; then
     done
 fi
 cat $OUT/m_*.log 2>/dev/null | grep -E "^(RESULT|ERROR)" | cut -c1-300 > $OUT/matrix_results.txt
-tar czf $OUT/kcache.tgz -C target kcache kcache.old 2>/dev/null
-tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls | grep -v -E 'kcache.tgz|summary.txt|logs.tgz') 2>/dev/null
+tar czf $FINAL_OUT/kcache.tgz -C target kcache 2>/dev/null
+tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null

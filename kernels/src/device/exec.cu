@@ -312,11 +312,13 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
   const u64 lines = (words + 14) / 15;
   const u32 lane = threadIdx.x % 32, t = lane % 8;
   const u64 warps = blockDim.x / 32, warp = threadIdx.x / 32;
-  for (u64 base = warp * 4 * U; base < lines; base += warps * 4 * U) {
+  // Round r gives warp w the line groups r * U * warps + u * warps + w: a short step spreads
+  // over every warp before any warp takes a second group.
+  for (u64 base = warp * 4; base < lines; base += warps * 4 * U) {
     u64 in0[U][NR > 0 ? NR : 1], in1[U][NR > 0 ? NR : 1];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u64 line = base + u * 4 + lane / 8;
+      const u64 line = base + u * warps * 4 + lane / 8;
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
         in0[u][k] = in1[u][k] = 0;
@@ -325,7 +327,7 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u64 line = base + u * 4 + lane / 8;
+      const u64 line = base + u * warps * 4 + lane / 8;
       const bool active = line < lines;
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
@@ -506,6 +508,9 @@ RUSTCCL_DEVICE RustcclExecCtx exec_ctx(const RustcclExecArgs& args, u32 i) {
   return ((const RustcclExecCtx*)args.ctxs)[i];
 }
 
+// Connections kept in shared memory (launches with more read the rest from the image).
+constexpr u32 CONN_CACHE = 32;
+
 // What the block shares: the step the threads run next (built by thread 0), and thread 0's
 // bookkeeping of where every connection and work item stands.
 struct BlockState {
@@ -514,6 +519,7 @@ struct BlockState {
   u64 seen[RUSTCCL_EXEC_MAX_CONNS];  // recv: tail seen; send: head seen
   u32 pc[RUSTCCL_EXEC_MAX_ITEMS];
   RustcclExecItem items[RUSTCCL_EXEC_MAX_ITEMS];
+  RustcclExecConn conn[CONN_CACHE];  // the launch's first connections
   RustcclExecStep step;  // the step in `view`
   u32 item;              // its work item (index among the block's)
   int ready[2];          // per round (parity): 1 run `view`, 0 all done, -1 stop
@@ -521,8 +527,8 @@ struct BlockState {
 };
 
 // Thread 0: the step's view (slot addresses, flags, buffers) for every thread.
-RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const RustcclExecArgs& args, const u64* pos) {
-  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
+RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const RustcclExecArgs& args, const RustcclExecConn* conns,
+                               const u64* pos) {
   const RustcclExecCtx cx = exec_ctx(args, st.ctx);
   v.src = (st.flags & RUSTCCL_STEP_SRC)
               ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
@@ -559,8 +565,7 @@ RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const Rus
 // Simple slot, an LL128 slot whose lines may arrive split, the network proxy) one system
 // fence first orders the whole block's stores (they happened before the block barrier)
 // before it. Receives give their slot back through `head`.
-RUSTCCL_DEVICE void post_step(const RustcclExecStep& st, const RustcclExecArgs& args, u64 sig, u64* pos) {
-  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
+RUSTCCL_DEVICE void post_step(const RustcclExecStep& st, const RustcclExecConn* conns, u64 sig, u64* pos) {
   const u64 wire = wire_bytes(st.proto, st.bytes);
   bool fence = false;
   for (int k = 0; k < st.nsend; ++k) {
@@ -590,9 +595,8 @@ RUSTCCL_DEVICE void post_step(const RustcclExecStep& st, const RustcclExecArgs& 
 // `pf` is the step (item `pf_j`, position `pf_pc`) thread 0 loaded ahead while the block ran
 // the previous one.
 RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mine, u32& turn, const RustcclExecStep& pf,
-                              u32 pf_j, u32 pf_pc) {
+                              u32 pf_j, u32 pf_pc, const RustcclExecConn* conns) {
   const RustcclExecStep* steps = (const RustcclExecStep*)args.steps;
-  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
   RustcclExecControl* control = (RustcclExecControl*)args.control;
   for (u32 idle = 0;; ++idle) {
     bool left = false;
@@ -617,11 +621,13 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
 extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
     rustccl_exec(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {
   __shared__ BlockState b;
-  const RustcclExecConn* conns = (const RustcclExecConn*)args.conns;
+  const RustcclExecConn* image_conns = (const RustcclExecConn*)args.conns;
+  const RustcclExecConn* conns = args.nconns <= CONN_CACHE ? b.conn : image_conns;
   const u32 tid = threadIdx.x;
 
   for (u32 i = tid; i < args.nconns; i += blockDim.x) {
-    const RustcclExecConn c = conns[i];
+    const RustcclExecConn c = image_conns[i];
+    if (i < CONN_CACHE) b.conn[i] = c;
     const bool send = c.flags & RUSTCCL_CONN_SEND;
     b.pos[i] = ld_volatile_u64(c.header + (send ? RUSTCCL_FIFO_TAIL : RUSTCCL_FIFO_HEAD));
     b.seen[i] = send ? ld_volatile_u64(c.header + RUSTCCL_FIFO_HEAD) : b.pos[i];
@@ -642,9 +648,9 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
   RustcclExecStep pf;
   for (u32 round = 0;; ++round) {
     if (tid == 0) {
-      const int r = next_ready(b, args, mine, turn, pf, pf_j, pf_pc);
+      const int r = next_ready(b, args, mine, turn, pf, pf_j, pf_pc, conns);
       if (r > 0) {
-        build_view(b.view, b.step, args, b.pos);
+        build_view(b.view, b.step, args, conns, b.pos);
         // The item's next step, loaded now: used after this one, its load is hidden.
         const u32 j = b.item, next = b.pc[j] + 1;
         pf_j = ~0u;
@@ -675,7 +681,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
     __syncthreads();
     if (b.stop) return;
     if (tid == 0) {
-      post_step(b.step, args, exec_ctx(args, b.step.ctx).sig, b.pos);
+      post_step(b.step, conns, exec_ctx(args, b.step.ctx).sig, b.pos);
       b.pc[b.item] += 1;
     }
   }

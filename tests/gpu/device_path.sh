@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Issue 12's checks on one GPU in one device call, from binaries under target/gpu:
+#  1. the new kernels compile; the correctness matrix with 2 ranks as processes under MPS (P2P
+#     with the default choices and with LL / LL128 forced, SHM), and every protocol from 4 B to
+#     256 MiB checked by the bench (#wrong summed);
+#  2. one rank against NVIDIA's NCCL (out of place / in place), and the host cost per call
+#     (RUSTCCL_PROFILE_ENQUEUE=1, rank-worker latency, 2 ranks);
+#  3. the typed API's cudarc example (2 ranks on the GPU) and PyTorch with rustccl's
+#     libnccl.so.2 preloaded;
+#  4. the kernel before and after (the directory $1 holds the old exec.cu, same ABI): one
+#     channel per protocol and the default all_reduce / all_gather, 2 ranks.
+# Only summary.txt, logs.tgz and kcache.tgz come back ($OUT); logs are written in /tmp first.
+#   tests/gpu/device_path.sh target/gpu/old-src
+set -u
+OLD=$1
+k=0
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
+FINAL_OUT=$OUT
+OUT=/tmp/device_path
+mkdir -p $OUT
+S=$FINAL_OUT/summary.txt
+note() { echo "$*" | tee -a $S; }
+wrong() { grep -E "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w " wrong"}'; }
+[ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
+nvidia-smi -L >> $S
+timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
+note "kernels: $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-1500 | tr '\n' ' ')"
+started_mps=0
+nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
+note "MPS started: $started_mps"
+
+# 1. Correctness.
+matrix p2p 150 | tee -a $S
+for p in LL LL128; do matrix proto_$p 150 NCCL_PROTO=$p | tee -a $S; done
+matrix shm 150 NCCL_P2P_DISABLE=1 | tee -a $S
+for p in LL LL128 Simple; do
+    NCCL_PROTO=$p timeout 120 $G/rustccl-bench all_reduce -N 2 -b 4 -e 256M -f 16 -c 1 -n 3 -w 1 > $OUT/sweep_$p.txt 2>&1
+    note "sweep $p all_reduce 4 B..256 MiB: $(wrong $OUT/sweep_$p.txt) $(grep -h -E 'rror' $OUT/sweep_$p.txt | head -2 | tr '\n' ' ')"
+done
+
+# 2. One rank against NCCL; host cost per call.
+for c in all_reduce broadcast all_gather reduce_scatter; do
+    A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n 50 -w 5"
+    timeout 90 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1
+    timeout 90 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/one_${c}_capi.txt 2>&1
+    [ -n "$NV" ] && timeout 90 $G/rustccl-bench $A --lib "$NV" > $OUT/one_${c}_nccl.txt 2>&1
+    note "== $c, 1 rank: size | us out of place, in place: rustccl Rust API | rustccl C ABI | NCCL ($(wrong $OUT/one_${c}_rust.txt $OUT/one_${c}_capi.txt))"
+    paste <(grep -E "^ +[0-9]" $OUT/one_${c}_rust.txt | awk '{print $1, $6, $10}') \
+          <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
+          <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}') | tee -a $S
+done
+lport=$((29600 + RANDOM % 300))
+for r in 0 1; do
+    RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$lport timeout 120 $G/rank-worker latency 2 $r env > $OUT/latency.$r.log 2>&1 &
+done
+wait
+note "latency (rank 0): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
+
+# 3. cudarc example and PyTorch.
+timeout 120 $G/cudarc_all_reduce > $OUT/cudarc.log 2>&1
+note "cudarc example (2 ranks, one GPU): rc $? $(tail -3 $OUT/cudarc.log | tr '\n' ' ' | cut -c1-400)"
+LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 150 python3 tests/torch/torch_dist.py --out $OUT/torch_rustccl.json --sizes --port 29544 > $OUT/torch_rustccl.log 2>&1
+note "torch (rustccl preloaded): rc $? $(grep -h -E 'failures|version|Error' $OUT/torch_rustccl.log | head -4 | tr '\n' ' ' | cut -c1-400)"
+
+# 4. Kernel before and after.
+OLDKC=$RUSTCCL_KERNEL_CACHE_DIR.old
+bench() {  # bench <new|old> <file> <args...>
+    local which=$1 f=$2; shift 2
+    if [ $which = new ]; then timeout 100 $G/rustccl-bench "$@" > $f 2>&1
+    else RUSTCCL_KERNEL_SOURCE_DIR=$PWD/$OLD RUSTCCL_KERNEL_CACHE_DIR=$OLDKC timeout 100 $G/rustccl-bench "$@" > $f 2>&1; fi
+}
+for p in Simple LL128; do
+    case $p in Simple) e=256M;; LL128) e=32M;; esac
+    for which in new old new old; do
+        NCCL_PROTO=$p NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 bench $which $OUT/ch1_${p}_${which}_$((++k)).txt all_reduce -N 2 -b 8 -e $e -f 8 -c 1 -n 20 -w 5
+    done
+    note "== 1 channel, $p, all_reduce 2 ranks: size | us, busbw: new, old, new, old"
+    paste <(grep -E "^ +[0-9]" $(ls $OUT/ch1_${p}_new_* | head -1) | awk '{print $1, $6, $8}') \
+          <(grep -E "^ +[0-9]" $(ls $OUT/ch1_${p}_old_* | head -1) | awk '{print $6, $8}') \
+          <(grep -E "^ +[0-9]" $(ls $OUT/ch1_${p}_new_* | tail -1) | awk '{print $6, $8}') \
+          <(grep -E "^ +[0-9]" $(ls $OUT/ch1_${p}_old_* | tail -1) | awk '{print $6, $8}') | tee -a $S
+    note "  checked: $(wrong $OUT/ch1_${p}_*)"
+done
+for c in all_reduce all_gather; do
+    for which in new old; do bench $which $OUT/def_${c}_$which.txt $c -N 2 -b 8 -e 1G -f 8 -c 1 -n 20 -w 5; done
+    note "== $c 2 ranks, default choices: size | us, busbw: new, old ($(wrong $OUT/def_${c}_*))"
+    paste <(grep -E "^ +[0-9]" $OUT/def_${c}_new.txt | awk '{print $1, $6, $8}') \
+          <(grep -E "^ +[0-9]" $OUT/def_${c}_old.txt | awk '{print $6, $8}') | tee -a $S
+done
+[ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
+for d in $RUSTCCL_KERNEL_CACHE_DIR; do
+    f=$(ls -S $d 2>/dev/null | head -1)
+    [ -n "$f" ] && note "resources: $(cuobjdump -res-usage $d/$f 2>&1 | grep -E 'REG|STACK|LOCAL' | head -2 | tr -s ' ' | tr '\n' ' ' | cut -c1-300)"
+done
+tar czf $FINAL_OUT/kcache.tgz -C target kcache 2>/dev/null
+tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null
