@@ -8,18 +8,23 @@
 //! caller through the communicator's asynchronous error (its watchdog reads
 //! `control_error`).
 //!
-//! Images are cached per communicator by content, so a loop over the same buffers pays the
-//! upload once. A launch captured into a CUDA graph gets an image of its own that lives as
+//! An image holds the shape of the work, not the buffers: those of the first
+//! `EXEC_ARG_CTXS` operations (and their PreMulSum scalars) travel in the kernel parameter
+//! ([`encode`]). Images are cached per communicator by content, so a loop over the same shape
+//! pays the upload once, whatever its buffers; a single collective repeated with one shape
+//! outside a group (`coll::cache`) skips planning and encoding as well, and launches what
+//! [`cached`] kept. A launch captured into a CUDA graph gets an image of its own that lives as
 //! long as the communicator, since the graph may be replayed at any time. Everything here
 //! goes through the `DeviceBackend` trait, so CUDA and a later HIP backend share it.
 
+pub mod cached;
 pub mod encode;
 pub mod ops;
 pub mod state;
 
 use std::sync::Arc;
 
-use rustccl_kernels::exec::{self as k, ExecArgs};
+use rustccl_kernels::exec as k;
 
 use super::Links;
 use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch};
@@ -56,6 +61,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         .flat_map(|c| [(DevicePtr(c.src as u64), c.src_len), (DevicePtr(c.dst as u64), c.dst_len)])
         .filter(|(p, n)| *n > 0 && p.0 != 0)
         .collect();
+    let calls = encode::calls(run);
     for seg in encode::segments(run) {
         let t = std::time::Instant::now();
         let Some(enc) = encode::encode(run, links, seg.ctxs.clone())? else { continue };
@@ -63,16 +69,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         let t = std::time::Instant::now();
         let base = state.image(backend, device, &enc.bytes, capturing, stream)?;
         profile::record(Stage::Image, t);
-        let at = |i: usize| base.0 + enc.offsets[i] as u64;
-        let args = ExecArgs {
-            items: at(0),
-            ctxs: at(1),
-            conns: at(2),
-            steps: at(3),
-            control: control.0,
-            nitems: enc.nitems,
-            nconns: enc.nconns,
-        };
+        let args = enc.args(base, control, &calls);
         let l = ExecLaunch {
             device,
             op: seg.op,
