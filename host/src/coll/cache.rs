@@ -6,9 +6,15 @@
 //! capabilities, its config, `NCCL_ALGO` / `NCCL_PROTO`, read once per process), never on the
 //! buffers: so a cached plan is the plan a fresh call would make.
 //!
-//! The cache is backend-neutral (keys, work, connections), but only backends whose
-//! capabilities ask for it (`Capabilities::plan_cache`: the host backend, where it is tested)
-//! use it; device backends plan every call as before. Calls that need what the cache skips go
+//! On the host backend an entry holds the host executor's prepared run. On a device backend
+//! it holds the launch made for the plan (`exec::gpu::cached`): the program image, encoded
+//! once and kept in the image arena (a buffer or a PreMulSum scalar is a kernel parameter,
+//! not part of the image), the kernel, and the peer access of its connections; a call then
+//! checks its two buffers, fills the kernel parameter and launches. The first call of a
+//! shape goes the full way, then keeps what it planned.
+//!
+//! Backends use it when their capabilities ask for it (`Capabilities::plan_cache`: the host
+//! and the GPU ones), unless `RUSTCCL_PLAN_CACHE=0`. Calls that need what the cache skips go
 //! the full way: inside a group, on a non-blocking communicator, with a tuner plugin (which is
 //! asked on every call), with a profiler loaded (its events come from the planner), with
 //! `RUSTCCL_CHECK_COLLECTIVES`, point-to-point, one rank, and empty operations.
@@ -24,6 +30,7 @@ use rustccl_plugin_api::Protocol;
 use super::{plan, CollKind, Task};
 use crate::comm::Communicator;
 use crate::error::Result;
+use crate::exec::gpu::cached::CachedLaunch;
 use crate::exec::host::{HostRun, Prepared};
 use crate::types::{DataType, RedOp};
 use crate::work::Work;
@@ -48,13 +55,21 @@ impl PlanKey {
     }
 }
 
-/// One cached plan: the work (its contexts rewritten per call) and its steps' connections.
+/// One cached plan: the work (its contexts rewritten per call) and what runs it.
 pub(crate) struct Entry {
     key: PlanKey,
     work: Work,
-    prep: Prepared,
+    exec: Exec,
     /// The protocol the planner chose (part of each call's context).
     proto: Protocol,
+}
+
+/// What runs a cached plan.
+enum Exec {
+    /// The host executor's run, with its steps' connections.
+    Host(Prepared),
+    /// The device launch (image, kernel, connections).
+    Device(CachedLaunch),
 }
 
 /// A communicator's cached plans.
@@ -114,6 +129,12 @@ impl PlanCache {
     }
 }
 
+/// Whether `RUSTCCL_PLAN_CACHE` leaves the cache on (read once).
+fn switched_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::params::env_int_or("RUSTCCL_PLAN_CACHE", 1) != 0)
+}
+
 /// Whether the fast path may run `task` (outside a group) on `comm`.
 fn eligible(comm: &Communicator, task: &Task) -> bool {
     task.count > 0
@@ -121,7 +142,7 @@ fn eligible(comm: &Communicator, task: &Task) -> bool {
         && comm.nranks_unchecked() > 1
         && comm.config().blocking
         && comm.backend().capabilities().plan_cache
-        && comm.backend().capabilities().host_addressable
+        && switched_on()
         && !super::check::enabled()
         && !crate::plugin::profiler_events::wants_plan_record()
 }
@@ -150,9 +171,13 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
                 return None;
             }
             Ok(_) => match plan::build(comm, std::slice::from_ref(task)) {
-                Ok(run) if !run.device && run.work.ctxs.len() == 1 => {
+                Ok(run) if run.work.ctxs.len() == 1 => {
                     let proto = run.work.ctxs[0].proto;
-                    return Some(run_new(comm, task, run, key, proto, epoch, start));
+                    return Some(if run.device {
+                        run_new_device(comm, task, run, key, proto, epoch, start)
+                    } else {
+                        run_new(comm, task, run, key, proto, epoch, start)
+                    });
                 }
                 Ok(_) => return None,
                 Err(e) => return Some(Err(comm.record_error(e))),
@@ -178,8 +203,31 @@ fn run_new(comm: &Communicator, task: &Task, run: plan::CommRun, key: PlanKey, p
         }
     };
     let prep = Prepared::new(&run.work, &links);
-    let entry = Entry { key, work: run.work, prep, proto };
+    let entry = Entry { key, work: run.work, exec: Exec::Host(prep), proto };
     execute(comm, entry, epoch, start)
+}
+
+/// A miss on a device: runs the new plan the full way (connections, encode, launch), then
+/// keeps it with a launch made for it (when it is one launch: see `CachedLaunch::new`).
+fn run_new_device(comm: &Communicator, task: &Task, run: plan::CommRun, key: PlanKey, proto: Protocol, epoch: u64, start: Option<std::time::Instant>) -> Result<()> {
+    crate::profile::stage(crate::profile::Stage::Plan, start);
+    comm.op_log().started(std::slice::from_ref(&task.shape()));
+    let mut runs = [run];
+    if let Err(e) = super::exec::run(&mut runs) {
+        comm.op_log().all_finished();
+        return Err(e);
+    }
+    crate::profile::stage(crate::profile::Stage::Total, start);
+    let [run] = runs;
+    // Every connection was made by the run: this finds them.
+    let made = super::exec::connect(std::slice::from_ref(&run)).map(|mut l| l.remove(0));
+    let launch = made.and_then(|links| comm.with_device_exec(|backend, device, _| CachedLaunch::new(backend, device, &run.work, &links)));
+    match launch {
+        Ok(Some(launch)) => comm.keep_plan(Entry { key, work: run.work, exec: Exec::Device(launch), proto }, epoch),
+        Ok(None) => {}
+        Err(e) => tracing::debug!(target: "COLL", "rank {}: the launch is not cached ({})", comm.rank_unchecked(), e.message),
+    }
+    Ok(())
 }
 
 /// A hit: runs the cached plan.
@@ -189,24 +237,40 @@ fn run_entry(comm: &Communicator, task: &Task, entry: Entry, epoch: u64, start: 
 }
 
 fn execute(comm: &Communicator, mut entry: Entry, epoch: u64, start: Option<std::time::Instant>) -> Result<()> {
-    let r = {
-        let mut runs = [HostRun { work: &mut entry.work, prep: &mut entry.prep, comm }];
-        crate::exec::host::run(&mut runs)
+    let (r, device) = match &mut entry.exec {
+        Exec::Host(prep) => {
+            let mut runs = [HostRun { work: &mut entry.work, prep, comm }];
+            (crate::exec::host::run(&mut runs), false)
+        }
+        Exec::Device(launch) => {
+            let r = comm.with_device_exec(|backend, device, state| launch.launch(backend, device, state, &entry.work));
+            (r.map_err(|e| comm.record_error(e.context("collective"))), true)
+        }
     };
     match &r {
         Ok(()) => comm.keep_plan(entry, epoch),
         Err(e) => comm.mark_broken(e),
     }
-    comm.op_log().all_finished();
+    // Device work finishes later (the watchdog sees it); host work has finished or failed.
+    if !device || r.is_err() {
+        comm.op_log().all_finished();
+    }
     crate::profile::stage(crate::profile::Stage::Total, start);
     r
 }
 
-/// Points a cached plan at this call's buffers: its one context, made as the planner makes it.
+/// Points a cached plan at this call's buffers: its one context, made as the planner makes it
+/// (`PlanEnv::with`'s resolve: a checked host address on the host backend; the address
+/// itself on devices, whose launch checks it).
 fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
     let backend = comm.backend();
     let caps = backend.capabilities();
-    let resolve = |ptr: crate::backend::DevicePtr, bytes: usize| backend.host_address(ptr, bytes);
+    let resolve = |ptr: crate::backend::DevicePtr, bytes: usize| -> Result<usize> {
+        if !caps.host_addressable {
+            return Ok(ptr.0 as usize);
+        }
+        backend.host_address(ptr, bytes)
+    };
     let config = comm.config();
     let env = plan::PlanEnv {
         rank: comm.rank_unchecked(),
@@ -238,7 +302,7 @@ mod tests {
     fn entry(key: PlanKey) -> Entry {
         let work = Work { ctxs: vec![], items: vec![], copies: vec![], stream: Stream(0) };
         let prep = Prepared::new(&work, &Default::default());
-        Entry { key, work, prep, proto: Protocol::Ll }
+        Entry { key, work, exec: Exec::Host(prep), proto: Protocol::Ll }
     }
 
     #[test]

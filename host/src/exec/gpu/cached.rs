@@ -26,8 +26,6 @@
 
 use std::sync::Arc;
 
-use rustccl_kernels::DeviceOp;
-
 use super::encode::{self, Encoded};
 use super::state::{fits_arena, ArenaImage};
 use super::ExecState;
@@ -35,7 +33,6 @@ use crate::backend::{DeviceBackend, DevicePtr, ExecKernel};
 use crate::error::Result;
 use crate::exec::Links;
 use crate::profile::{self, Stage};
-use crate::types::DataType;
 use crate::work::Work;
 
 /// One launch of the interpreter, ready to repeat for calls of one shape.
@@ -69,12 +66,8 @@ impl CachedLaunch {
         Ok(Some(CachedLaunch { enc, image: None, kernel, _links: links.clone() }))
     }
 
-    /// The kernel's operator and element type.
-    pub(crate) fn kernel_pair(&self) -> (DeviceOp, DataType) {
-        (self.kernel.op, self.kernel.dtype)
-    }
-
     /// The program image's bytes.
+    #[cfg(test)]
     pub(crate) fn image_bytes(&self) -> &[u8] {
         &self.enc.bytes
     }
@@ -129,5 +122,199 @@ impl CachedLaunch {
             state.launched(backend, device, stream)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fake::{links_for, FakeDevice};
+    use super::*;
+    use crate::backend::{Capabilities, Stream};
+    use crate::coll::plan::{self, PlanEnv};
+    use crate::coll::{CollKind, ReduceOp, Scalar, Task};
+    use crate::types::DataType;
+
+    const COUNT: usize = 1000;
+
+    fn task(count: usize, op: ReduceOp, send: u64, recv: u64) -> Task {
+        let (send, recv) = (DevicePtr(send), DevicePtr(recv));
+        Task { kind: CollKind::AllReduce, send, recv, count, dtype: DataType::Float32, op, stream: Stream(7), profile: Default::default() }
+    }
+
+    /// The planner's work for `task` on rank 0 of 2 on a GPU.
+    fn planned(task: &Task) -> Work {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let caps = Capabilities::gpu();
+        let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        let (work, device) = plan::plan(&env, std::slice::from_ref(task)).unwrap();
+        assert!(device);
+        work
+    }
+
+    /// `work` pointed at `task`'s buffers, as `coll::cache` does for a call.
+    fn patched(mut work: Work, task: &Task) -> Work {
+        work.ctxs[0] = planned(task).ctxs.swap_remove(0);
+        work.stream = task.stream;
+        work
+    }
+
+    fn backend() -> (Arc<FakeDevice>, Arc<dyn DeviceBackend>) {
+        let fake = Arc::new(FakeDevice::default());
+        let dynb: Arc<dyn DeviceBackend> = fake.clone();
+        (fake, dynb)
+    }
+
+    #[test]
+    fn a_cached_launch_uploads_and_launches_what_the_uncached_path_does() {
+        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
+        let b = task(COUNT, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
+        let work_a = planned(&a);
+        let links = links_for(&work_a);
+        // The uncached path, fresh state, buffers of a.
+        let (fake1, b1) = backend();
+        super::super::launch(&b1, 0, &mut ExecState::default(), &work_a, &links).unwrap();
+        // The cached path: made from a plan on b's buffers, called with a's.
+        let (fake2, b2) = backend();
+        let mut cached = CachedLaunch::new(&b2, 0, &planned(&b), &links).unwrap().expect("one launch");
+        cached.launch(&b2, 0, &mut ExecState::default(), &patched(planned(&b), &a)).unwrap();
+        let (l1, l2) = (fake1.log(), fake2.log());
+        assert_eq!(l1.uploads.len(), 1);
+        assert_eq!(l1.uploads, l2.uploads, "the same image, at the same place");
+        assert_eq!(l1.launches.len(), 1);
+        assert_eq!(l1.launches, l2.launches, "the same kernel and parameter");
+        assert_eq!(l1.checked, l2.checked, "the same buffers checked");
+        let args = l2.launches[0].args;
+        assert_eq!((args.ncalls, args.calls[0].src, args.calls[0].dst), (1, 0xa000_0000, 0xa100_0000));
+        // The image holds no buffer: a's and b's are the same bytes.
+        let enc = |w: &Work| encode::encode(w, &links, 0..1).unwrap().unwrap().bytes;
+        assert_eq!(enc(&work_a), enc(&planned(&b)));
+        assert_eq!(cached.image_bytes(), &enc(&work_a)[..]);
+        assert_eq!(l2.uploads[0].1, enc(&work_a));
+    }
+
+    #[test]
+    fn a_second_call_with_other_buffers_uploads_nothing() {
+        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
+        let b = task(COUNT, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
+        let work = planned(&a);
+        let links = links_for(&work);
+        let (fake, backend) = backend();
+        let mut state = ExecState::default();
+        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().unwrap();
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        let work = patched(work, &b);
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        assert_eq!(state.uploads(), 1);
+        let log = fake.log();
+        assert_eq!(log.uploads.len(), 1, "one upload for both calls");
+        assert_eq!((log.kernel_lookups, log.reach_calls), (1, 1), "kernel and peers once");
+        assert_eq!(log.events_recorded, 2, "an event after each launch");
+        let bytes = (COUNT * 4) as usize;
+        assert_eq!(
+            log.checked,
+            [(0xa000_0000, bytes), (0xa100_0000, bytes), (0xb000_0000, bytes), (0xb100_0000, bytes)]
+                .map(|(p, n)| (DevicePtr(p), n))
+        );
+        let (first, second) = (log.launches[0].args, log.launches[1].args);
+        assert_eq!((second.calls[0].src, second.calls[0].dst), (0xb000_0000, 0xb100_0000));
+        assert_eq!(ExecArgsCalls::without(first), ExecArgsCalls::without(second), "only the call values differ");
+        drop(log);
+        // The uncached path on the same shape finds the image too (it holds no buffer).
+        let c = task(COUNT, ReduceOp::Sum, 0xc000_0000, 0xc100_0000);
+        super::super::launch(&backend, 0, &mut state, &planned(&c), &links).unwrap();
+        assert_eq!(state.uploads(), 1);
+        assert_eq!(fake.log().launches[2].args.items, first.items);
+    }
+
+    /// Kernel parameters with the call values left out.
+    struct ExecArgsCalls;
+    impl ExecArgsCalls {
+        fn without(mut a: rustccl_kernels::exec::ExecArgs) -> rustccl_kernels::exec::ExecArgs {
+            a.calls = Default::default();
+            a
+        }
+    }
+
+    #[test]
+    fn an_emptied_arena_invalidates_the_cached_image() {
+        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
+        let work = planned(&a);
+        let links = links_for(&work);
+        let (fake, backend) = backend();
+        let mut state = ExecState::default();
+        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().unwrap();
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        // Other images fill the arena (8 MiB) until it starts again.
+        for i in 1..=3u8 {
+            state.image(&backend, 0, &vec![i; 3 << 20], false, Stream(7)).unwrap();
+        }
+        assert_eq!(state.uploads(), 4);
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        assert_eq!(state.uploads(), 5, "uploaded again");
+        {
+            let log = fake.log();
+            let (at, bytes) = log.uploads.last().unwrap();
+            assert_eq!(&bytes[..], cached.image_bytes());
+            assert_eq!(log.launches.last().unwrap().args.items, at.0, "the launch reads the new copy");
+            assert_ne!(log.launches[0].args.items, at.0, "not the old place, which the filler took");
+        }
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        assert_eq!(state.uploads(), 5, "found again");
+        // Suspend frees the arena: the next launch uploads again.
+        state.suspend(&backend);
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        assert_eq!(state.uploads(), 6);
+    }
+
+    #[test]
+    fn premulsum_scalars_are_call_values_and_the_count_is_shape() {
+        let host = |s: f64| task(COUNT, ReduceOp::PreMulSum(Scalar::Host(s)), 0xa000_0000, 0xa100_0000);
+        let half = planned(&host(0.5));
+        let links = links_for(&half);
+        let enc = |w: &Work| encode::encode(w, &links, 0..1).unwrap().unwrap().bytes;
+        assert_eq!(enc(&half), enc(&planned(&host(2.0))), "the scalar is not in the image");
+        let device = task(COUNT, ReduceOp::PreMulSum(Scalar::Device(DevicePtr(0xd000_0000))), 0xa000_0000, 0xa100_0000);
+        assert_eq!(enc(&half), enc(&planned(&device)));
+        let other_count = task(2 * COUNT, ReduceOp::PreMulSum(Scalar::Host(0.5)), 0xa000_0000, 0xa100_0000);
+        assert_ne!(enc(&half), enc(&planned(&other_count)), "the count is");
+        // Made with 0.5, called with 2.0 and with a device scalar: the uncached parameters.
+        for call in [host(2.0), device] {
+            let (fake1, b1) = backend();
+            super::super::launch(&b1, 0, &mut ExecState::default(), &planned(&call), &links).unwrap();
+            let (fake2, b2) = backend();
+            let mut cached = CachedLaunch::new(&b2, 0, &half, &links).unwrap().unwrap();
+            cached.launch(&b2, 0, &mut ExecState::default(), &patched(planned(&host(0.5)), &call)).unwrap();
+            let (l1, l2) = (fake1.log(), fake2.log());
+            assert_eq!(l1.launches, l2.launches);
+            let c = l2.launches[0].args.calls[0];
+            match call.op {
+                ReduceOp::PreMulSum(Scalar::Host(_)) => assert_eq!((c.scalar, c.scalar_ptr), (2.0f32.to_bits() as u64, 0)),
+                _ => assert_eq!(c.scalar_ptr, 0xd000_0000),
+            }
+        }
+    }
+
+    #[test]
+    fn a_captured_call_gets_an_image_of_its_own_and_no_event() {
+        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
+        let work = planned(&a);
+        let links = links_for(&work);
+        let (fake, backend) = backend();
+        let mut state = ExecState::default();
+        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().unwrap();
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        fake.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        let log = fake.log();
+        assert_eq!(log.uploads.len(), 3, "each captured launch uploads its own image");
+        assert_eq!(log.relaxed, 2, "allocated with the capture mode relaxed");
+        assert_eq!(log.events_recorded, 1, "no event for captured launches");
+        for i in 1..3 {
+            assert_eq!(log.launches[i].args.items, log.uploads[i].0 .0);
+            assert_eq!(log.uploads[i].1, log.uploads[0].1);
+        }
+        assert_ne!(log.uploads[1].0, log.uploads[2].0);
+        assert_eq!(state.held_bytes().1 > 0, true);
     }
 }

@@ -19,6 +19,8 @@
 
 pub mod cached;
 pub mod encode;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod ops;
 pub mod state;
 
@@ -202,8 +204,11 @@ mod tests {
                 assert_eq!(c.slot_bytes as usize, GPU_SLOT_BYTES);
             }
         }
+        // The buffers are call values (the kernel parameter), not part of the image.
         let ctxs: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], 1);
-        assert_eq!((ctxs[0].src, ctxs[0].dst), (0x1000, 0x2000));
+        assert_eq!((ctxs[0].src, ctxs[0].dst), (0, 0));
+        let (n, calls) = encode::calls(&r);
+        assert_eq!((n, calls[0].src, calls[0].dst), (1, 0x1000, 0x2000));
     }
 
     #[test]
@@ -215,7 +220,31 @@ mod tests {
         let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], 1);
         assert_eq!(steps[0].proto, k::PROTO_SIMPLE, "no peer, no line format");
         let ctxs: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], 1);
-        assert_eq!(ctxs[0].scalar, 0.5f32.to_bits() as u64);
+        assert_eq!(ctxs[0].scalar, 0, "a call value");
+        assert_eq!(encode::calls(&r).1[0].scalar, 0.5f32.to_bits() as u64);
+    }
+
+    #[test]
+    fn contexts_past_the_parameter_keep_their_values_in_the_image() {
+        let n = k::EXEC_ARG_CTXS + 2;
+        let local = Step { recv: vec![], send: vec![], src: Some(0), dst: Some(0), bytes: 8, reduce: true, post: false, src_in_dst: false };
+        let ctxs = (0..n)
+            .map(|i| OpCtx { src: 0x1000 * (i + 1), dst: 0x10_0000 * (i + 1), ..ctx(DataType::Float32, DevOp::PreMulSum { scalar: i as f64 }, Protocol::Simple) })
+            .collect();
+        let r = run(ctxs, vec![(0..n).map(|i| (i, local.clone())).collect()]);
+        let enc = encode(&r, &Links::new(), 0..n).unwrap().expect("steps");
+        let image: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], n);
+        let (count, calls) = encode::calls(&r);
+        assert_eq!(count as usize, k::EXEC_ARG_CTXS);
+        let scalar = |i: usize| (i as f32).to_bits() as u64;
+        for (i, c) in image.iter().enumerate() {
+            if i < k::EXEC_ARG_CTXS {
+                assert_eq!((c.src, c.dst, c.scalar), (0, 0, 0), "context {i}: in the parameter");
+                assert_eq!((calls[i].src, calls[i].dst, calls[i].scalar), (0x1000 * (i as u64 + 1), 0x10_0000 * (i as u64 + 1), scalar(i)));
+            } else {
+                assert_eq!((c.src, c.dst, c.scalar), (0x1000 * (i as u64 + 1), 0x10_0000 * (i as u64 + 1), scalar(i)), "context {i}: in the image");
+            }
+        }
     }
 
     #[test]

@@ -151,6 +151,7 @@ impl ExecState {
     }
 
     /// Images copied to the device so far.
+    #[cfg(test)]
     pub(crate) fn uploads(&self) -> u64 {
         self.uploads
     }
