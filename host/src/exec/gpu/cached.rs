@@ -205,6 +205,7 @@ mod tests {
         let work = patched(work, &b);
         cached.launch(&backend, 0, &mut state, &work).unwrap();
         assert_eq!(state.uploads(), 1);
+        assert_eq!(state.lookups(), 1, "the second call does not look its image up by content");
         let log = fake.log();
         assert_eq!(log.uploads.len(), 1, "one upload for both calls");
         assert_eq!((log.kernel_lookups, log.reach_calls), (1, 1), "kernel and peers once");

@@ -58,6 +58,8 @@ pub struct ExecState {
     generation: u64,
     /// Images copied to the device so far (into the arena or memory of their own).
     uploads: u64,
+    /// Images looked up in the arena by content so far.
+    lookups: u64,
     /// Images of captured launches: kept until the communicator goes.
     captured: Vec<Image>,
     /// The stream of the last launch not captured, and an event recorded after that launch
@@ -156,6 +158,12 @@ impl ExecState {
         self.uploads
     }
 
+    /// Images looked up in the arena by content so far.
+    #[cfg(test)]
+    pub(crate) fn lookups(&self) -> u64 {
+        self.lookups
+    }
+
     /// The device copy of `bytes`, uploaded on `stream` if it is new.
     pub(crate) fn image(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, bytes: &[u8], capturing: bool, stream: Stream) -> Result<DevicePtr> {
         if capturing || !fits_arena(bytes.len()) {
@@ -181,6 +189,7 @@ impl ExecState {
             self.arena = Some(Arena { mem: alloc_image(backend, device, ARENA_BYTES)?, used: 0 });
         }
         let generation = self.generation;
+        self.lookups += 1;
         if let Some(&offset) = self.cache.get(bytes) {
             return Ok((self.arena.as_ref().expect("made above").mem.device.offset(offset), ArenaImage { generation, offset }));
         }
