@@ -282,10 +282,16 @@ fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
         tuner: None,
         resolve: &resolve,
     };
-    let mut ctx = plan::op_ctx(&env, task)?;
-    ctx.proto = entry.proto;
-    entry.work.ctxs[0] = ctx;
-    entry.work.stream = task.stream;
+    point_at(&env, task, &mut entry.work, entry.proto)
+}
+
+/// Points `work`, a cached plan of one context with protocol `proto`, at `task`'s buffers
+/// (and scalar, and stream): the context the planner makes for `task` with `env`.
+pub(crate) fn point_at(env: &plan::PlanEnv, task: &Task, work: &mut Work, proto: Protocol) -> Result<()> {
+    let mut ctx = plan::op_ctx(env, task)?;
+    ctx.proto = proto;
+    work.ctxs[0] = ctx;
+    work.stream = task.stream;
     Ok(())
 }
 
@@ -293,7 +299,7 @@ fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
 mod tests {
     use super::*;
     use crate::backend::{DevicePtr, Stream};
-    use crate::coll::ReduceOp;
+    use crate::coll::{ReduceOp, Scalar};
 
     fn task(kind: CollKind, count: usize, dtype: DataType, op: ReduceOp) -> Task {
         Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x2000), count, dtype, op, stream: Stream(0), profile: Default::default() }
@@ -339,6 +345,53 @@ mod tests {
         assert!(matches!(fresh.take(&key), Lookup::Miss(_)));
         fresh.set_bypass();
         assert!(matches!(fresh.take(&key), Lookup::Bypass));
+    }
+
+    #[test]
+    fn premulsum_scalars_are_not_keyed() {
+        let scalar = |s| task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::PreMulSum(s));
+        let k = PlanKey::of(&scalar(Scalar::Host(0.5)));
+        assert_eq!(PlanKey::of(&scalar(Scalar::Host(2.0))), k, "a call value (the kernel parameter on devices)");
+        assert_eq!(PlanKey::of(&scalar(Scalar::Device(DevicePtr(0x40)))), k);
+        assert_ne!(PlanKey::of(&task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::Sum)), k);
+    }
+
+    /// A device entry (the launch made for a plan on other buffers) serves calls of its shape
+    /// with what the uncached path launches for them, and no other shape.
+    #[test]
+    fn a_device_entry_serves_its_shape_as_the_uncached_path_would() {
+        use crate::exec::gpu::cached::tests as g;
+        use crate::exec::gpu::ExecState;
+        let made = g::task(1000, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
+        let call = g::task(1000, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
+        let work = g::planned(&made);
+        let links = crate::exec::gpu::fake::links_for(&work);
+        let (fake, backend) = g::backend();
+        let launch = CachedLaunch::new(&backend, 0, &work, &links).unwrap().expect("one launch");
+        let proto = work.ctxs[0].proto;
+        let mut cache = PlanCache::default();
+        let Lookup::Miss(epoch) = cache.take(&PlanKey::of(&made)) else { panic!("empty cache hit") };
+        cache.put(Entry { key: PlanKey::of(&made), work, exec: Exec::Device(launch), proto }, epoch);
+        let others = [
+            g::task(2000, ReduceOp::Sum, 0xa000_0000, 0xa100_0000),
+            Task { dtype: DataType::Float64, ..call.clone() },
+            g::task(1000, ReduceOp::Max, 0xa000_0000, 0xa100_0000),
+            Task { kind: CollKind::Reduce { root: 0 }, ..call.clone() },
+        ];
+        for o in &others {
+            assert!(matches!(cache.take(&PlanKey::of(o)), Lookup::Miss(_)), "{o:?}");
+        }
+        let Lookup::Hit(mut e, _) = cache.take(&PlanKey::of(&call)) else { panic!("no hit") };
+        g::with_env(|env| point_at(env, &call, &mut e.work, e.proto)).unwrap();
+        let Exec::Device(launch) = &mut e.exec else { panic!("a host entry") };
+        launch.launch(&backend, 0, &mut ExecState::default(), &e.work).unwrap();
+        let (reference, ref_backend) = g::backend();
+        crate::exec::gpu::launch(&ref_backend, 0, &mut ExecState::default(), &g::planned(&call), &links).unwrap();
+        let (got, want) = (fake.log(), reference.log());
+        assert_eq!(got.launches.len(), 1);
+        assert_eq!(got.launches, want.launches);
+        assert_eq!(got.uploads, want.uploads);
+        assert_eq!(got.launches[0].args.calls[0].src, 0xa000_0000);
     }
 
     #[test]

@@ -126,7 +126,7 @@ impl CachedLaunch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::fake::{links_for, FakeDevice};
     use super::*;
     use crate::backend::{Capabilities, Stream};
@@ -136,29 +136,33 @@ mod tests {
 
     const COUNT: usize = 1000;
 
-    fn task(count: usize, op: ReduceOp, send: u64, recv: u64) -> Task {
+    pub(crate) fn task(count: usize, op: ReduceOp, send: u64, recv: u64) -> Task {
         let (send, recv) = (DevicePtr(send), DevicePtr(recv));
         Task { kind: CollKind::AllReduce, send, recv, count, dtype: DataType::Float32, op, stream: Stream(7), profile: Default::default() }
     }
 
-    /// The planner's work for `task` on rank 0 of 2 on a GPU.
-    fn planned(task: &Task) -> Work {
+    /// Runs `f` with the planner's environment of rank 0 of 2 on a GPU.
+    pub(crate) fn with_env<T>(f: impl FnOnce(&PlanEnv) -> T) -> T {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
-        let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
-        let (work, device) = plan::plan(&env, std::slice::from_ref(task)).unwrap();
+        f(&PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity })
+    }
+
+    /// The planner's work for `task` on rank 0 of 2 on a GPU.
+    pub(crate) fn planned(task: &Task) -> Work {
+        let (work, device) = with_env(|env| plan::plan(env, std::slice::from_ref(task))).unwrap();
         assert!(device);
         work
     }
 
     /// `work` pointed at `task`'s buffers, as `coll::cache` does for a call.
-    fn patched(mut work: Work, task: &Task) -> Work {
-        work.ctxs[0] = planned(task).ctxs.swap_remove(0);
-        work.stream = task.stream;
+    pub(crate) fn patched(mut work: Work, task: &Task) -> Work {
+        let proto = work.ctxs[0].proto;
+        with_env(|env| crate::coll::cache::point_at(env, task, &mut work, proto)).unwrap();
         work
     }
 
-    fn backend() -> (Arc<FakeDevice>, Arc<dyn DeviceBackend>) {
+    pub(crate) fn backend() -> (Arc<FakeDevice>, Arc<dyn DeviceBackend>) {
         let fake = Arc::new(FakeDevice::default());
         let dynb: Arc<dyn DeviceBackend> = fake.clone();
         (fake, dynb)
