@@ -68,8 +68,8 @@ pub(crate) struct Entry {
 enum Exec {
     /// The host executor's run, with its steps' connections.
     Host(Prepared),
-    /// The device launch (image, kernel, connections).
-    Device(CachedLaunch),
+    /// The device launch (image, kernel, connections); boxed, as it is larger than the rest.
+    Device(Box<CachedLaunch>),
 }
 
 /// A communicator's cached plans.
@@ -223,7 +223,7 @@ fn run_new_device(comm: &Communicator, task: &Task, run: plan::CommRun, key: Pla
     let made = super::exec::connect(std::slice::from_ref(&run)).map(|mut l| l.remove(0));
     let launch = made.and_then(|links| comm.with_device_exec(|backend, device, _| CachedLaunch::new(backend, device, &run.work, &links)));
     match launch {
-        Ok(Some(launch)) => comm.keep_plan(Entry { key, work: run.work, exec: Exec::Device(launch), proto }, epoch),
+        Ok(Some(launch)) => comm.keep_plan(Entry { key, work: run.work, exec: Exec::Device(Box::new(launch)), proto }, epoch),
         Ok(None) => {}
         Err(e) => tracing::debug!(target: "COLL", "rank {}: the launch is not cached ({})", comm.rank_unchecked(), e.message),
     }
@@ -371,7 +371,7 @@ mod tests {
         let proto = work.ctxs[0].proto;
         let mut cache = PlanCache::default();
         let Lookup::Miss(epoch) = cache.take(&PlanKey::of(&made)) else { panic!("empty cache hit") };
-        cache.put(Entry { key: PlanKey::of(&made), work, exec: Exec::Device(launch), proto }, epoch);
+        cache.put(Entry { key: PlanKey::of(&made), work, exec: Exec::Device(Box::new(launch)), proto }, epoch);
         let others = [
             g::task(2000, ReduceOp::Sum, 0xa000_0000, 0xa100_0000),
             Task { dtype: DataType::Float64, ..call.clone() },

@@ -3,7 +3,7 @@
 //! connections — and the split of a run into launches whose reductions share one kernel.
 //!
 //! What changes from call to call of an operation — its buffers and its PreMulSum scalar —
-//! goes in the kernel parameter ([`calls`]: `ExecArgs::calls`) for the first
+//! goes in the kernel parameter (`calls`: `ExecArgs::calls`) for the first
 //! `EXEC_ARG_CTXS` contexts, not in the image: their image contexts hold zeros there. So the
 //! image of a collective depends only on its shape and its connections, and one image serves
 //! every call of that shape, whatever its buffers (a group of more operations keeps the

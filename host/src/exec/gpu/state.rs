@@ -3,7 +3,7 @@
 //! captured, images of their own for captured ones), and the event after the last launch.
 //!
 //! The arena has a generation, counted up each time it is emptied (full, suspended,
-//! released): an [`ArenaImage`] kept by a cached launch (`super::cached`) names its image by
+//! released): an `ArenaImage` kept by a cached launch (`super::cached`) names its image by
 //! generation and offset, and is good only while the generation is the same.
 
 use std::collections::HashMap;
