@@ -53,14 +53,15 @@ pub struct ExecLaunch {
 /// device ([`DeviceBackend::exec_kernel`]): a handle to launch it with
 /// [`DeviceBackend::launch_exec_kernel`] without looking it up again. `handle` and `context`
 /// are the backend's own values (a `CUfunction` and the `CUcontext` it was loaded in on
-/// CUDA), opaque to the rest of rustccl.
+/// CUDA), opaque to the rest of rustccl; only backends make one (the fields are not public,
+/// so a handle from elsewhere cannot reach the driver).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExecKernel {
-    pub device: usize,
-    pub op: rustccl_kernels::DeviceOp,
-    pub dtype: crate::types::DataType,
-    pub handle: u64,
-    pub context: u64,
+    pub(crate) device: usize,
+    pub(crate) op: rustccl_kernels::DeviceOp,
+    pub(crate) dtype: crate::types::DataType,
+    pub(crate) handle: u64,
+    pub(crate) context: u64,
 }
 
 use crate::error::{Error, Result};

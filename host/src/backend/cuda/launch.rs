@@ -14,7 +14,7 @@ use rustccl_kernels::exec::ExecArgs;
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::streams::raw_stream;
-use super::CudaBackend;
+use super::{CudaBackend, Place};
 use crate::backend::{DevicePtr, ExecKernel, Stream};
 use crate::error::{Error, Result};
 use crate::types::DataType;
@@ -104,14 +104,24 @@ pub(super) fn check_exec_buffer(b: &CudaBackend, device: usize, ptr: DevicePtr, 
     Ok(())
 }
 
-pub(super) fn launch_exec_kernel(b: &CudaBackend, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-    let place = b.place(stream, Some(kernel.device))?;
-    if place.device != kernel.device {
+/// Where `stream` runs, which must be on `device`.
+fn place_on(b: &CudaBackend, stream: Stream, device: usize) -> Result<Place> {
+    let place = b.place(stream, Some(device))?;
+    if place.device != device {
         return Err(Error::invalid_usage(format!(
-            "the stream belongs to device {} but the communicator to device {}",
-            place.device, kernel.device
+            "the stream belongs to device {} but the communicator to device {device}",
+            place.device
         )));
     }
+    Ok(place)
+}
+
+pub(super) fn launch_exec_kernel(b: &CudaBackend, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+    launch_in(b, place_on(b, stream, kernel.device)?, kernel, args, blocks, stream)
+}
+
+/// Launches `kernel` on `stream`, which runs at `place` (on the kernel's device).
+fn launch_in(b: &CudaBackend, place: Place, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
     // A stream of another context of the device (not the primary one): the kernel loaded there.
     let other;
     let kernel = if place.ctx.key() as u64 == kernel.context {
@@ -149,19 +159,13 @@ pub(super) fn launch_exec_kernel(b: &CudaBackend, kernel: &ExecKernel, args: &Ex
 }
 
 pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-    let place = b.place(stream, Some(launch.device))?;
-    if place.device != launch.device {
-        return Err(Error::invalid_usage(format!(
-            "the stream belongs to device {} but the communicator to device {}",
-            place.device, launch.device
-        )));
-    }
+    let place = place_on(b, stream, launch.device)?;
     for &(ptr, bytes) in &launch.buffers {
         check_exec_buffer(b, place.device, ptr, bytes)?;
     }
     reach_exec_memory(b, place.device, &launch.slots)?;
     let kernel = kernel_in(b, place.ctx, place.device, launch.op, launch.dtype)?;
-    launch_exec_kernel(b, &kernel, &launch.args, launch.blocks, stream)
+    launch_in(b, place, &kernel, &launch.args, launch.blocks, stream)
 }
 
 pub(super) fn with_relaxed_capture(f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
