@@ -76,11 +76,12 @@ impl CachedLaunch {
     /// stream; returns once it is enqueued.
     pub(crate) fn launch(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, state: &mut ExecState, run: &Work) -> Result<()> {
         let stream = run.stream;
-        let t = std::time::Instant::now();
+        // Clock reads only when RUSTCCL_PROFILE_ENQUEUE=1.
+        let t = profile::start();
         let capturing = backend.is_capturing(stream)?;
-        profile::record(Stage::Capture, t);
+        profile::stage(Stage::Capture, t);
         let control = state.control(backend)?;
-        let t = std::time::Instant::now();
+        let t = profile::start();
         let base = if capturing {
             // A graph may replay it at any time: an image of its own, kept with the
             // communicator (allocated with the capture mode relaxed, as uncached launches).
@@ -106,8 +107,8 @@ impl CachedLaunch {
                 }
             }
         };
-        profile::record(Stage::Image, t);
-        let t = std::time::Instant::now();
+        profile::stage(Stage::Image, t);
+        let t = profile::start();
         for c in &run.ctxs {
             for (ptr, bytes) in [(c.src, c.src_len), (c.dst, c.dst_len)] {
                 if bytes > 0 && ptr != 0 {
@@ -117,7 +118,7 @@ impl CachedLaunch {
         }
         let args = self.enc.args(base, control, &encode::calls(run));
         backend.launch_exec_kernel(&self.kernel, &args, self.enc.blocks, stream)?;
-        profile::record(Stage::Kernel, t);
+        profile::stage(Stage::Kernel, t);
         if !capturing {
             state.launched(backend, device, stream)?;
         }
