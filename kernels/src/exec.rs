@@ -11,7 +11,7 @@
 
 mod abi_header;
 
-pub use abi_header::{abi_header, AbiConst, AbiField, AbiStruct, CType};
+pub use abi_header::{abi_header, AbiConst, AbiField, AbiStruct, CElem, CType};
 
 /// The compilation unit.
 pub const EXEC_SOURCE: &str = "exec.cu";
@@ -52,6 +52,10 @@ macro_rules! abi_structs {
             pub struct $name {
                 $($(#[doc = $fdoc])* pub $field: $fty,)*
             }
+
+            impl CElem for $name {
+                const C: &'static str = stringify!($cname);
+            }
         )*
         /// Every struct shared with the kernel, with its layout as Rust lays it out.
         pub fn abi_structs() -> Vec<AbiStruct> {
@@ -84,6 +88,9 @@ abi_constants! {
     EXEC_MAX_CONNS: usize = 256 => RUSTCCL_EXEC_MAX_CONNS "";
     /// Receive (or send) connections of one step at most.
     EXEC_MAX_PEERS: usize = 2 => RUSTCCL_EXEC_MAX_PEERS "";
+    /// Operation contexts whose per-call values (`ExecCall`) the kernel parameter carries;
+    /// contexts from this index on keep theirs in the program image.
+    EXEC_ARG_CTXS: usize = 8 => RUSTCCL_EXEC_ARG_CTXS "";
 
     /// Step flag: `src` is an input.
     STEP_SRC: u8 = 1 => RUSTCCL_STEP_SRC "u";
@@ -213,6 +220,17 @@ abi_structs! {
         pub got: u64,
     }
 
+    /// What changes from call to call of one operation: its buffers and its PreMulSum
+    /// scalar (the fields of the same names in `ExecCtx`, which the kernel takes from here
+    /// for the first `ExecArgs::ncalls` contexts), so that the program image depends only on
+    /// the shape of the work and is reused by calls on other buffers.
+    pub struct ExecCall => RustcclExecCall {
+        pub src: u64,
+        pub dst: u64,
+        pub scalar: u64,
+        pub scalar_ptr: u64,
+    }
+
     /// The kernel's one parameter.
     pub struct ExecArgs => RustcclExecArgs {
         pub steps: u64,
@@ -222,6 +240,12 @@ abi_structs! {
         pub control: u64,
         pub nitems: u32,
         pub nconns: u32,
+        /// Contexts whose per-call values are in `calls` (at most EXEC_ARG_CTXS): context `i <
+        /// ncalls` takes `src`, `dst`, `scalar` and `scalar_ptr` from `calls[i]`, not from the
+        /// image (whose copies of those fields are then 0).
+        pub ncalls: u32,
+        pub pad: u32,
+        pub calls: [ExecCall; EXEC_ARG_CTXS],
     }
 }
 
@@ -279,7 +303,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<ExecCtx>(), 48);
         assert_eq!(std::mem::size_of::<ExecConn>(), 64);
         assert_eq!(std::mem::size_of::<ExecControl>(), 32);
-        assert_eq!(std::mem::size_of::<ExecArgs>(), 48);
+        assert_eq!(std::mem::size_of::<ExecCall>(), 32);
+        assert_eq!(std::mem::size_of::<ExecArgs>(), 56 + 32 * EXEC_ARG_CTXS);
+        // The kernel parameter stays far below the driver's limit (4 KiB on every target).
+        assert!(std::mem::size_of::<ExecArgs>() <= 1024);
         let names: Vec<&str> = abi_structs().iter().map(|s| s.c_name).collect();
         assert_eq!(
             names,
@@ -289,6 +316,7 @@ mod tests {
                 "RustcclExecCtx",
                 "RustcclExecConn",
                 "RustcclExecControl",
+                "RustcclExecCall",
                 "RustcclExecArgs"
             ]
         );

@@ -51,8 +51,9 @@ pub struct Capabilities {
     /// chunks. Device backends run a ring in the LL line format instead.
     pub one_shot_ll: bool,
     /// Repeated single collectives reuse their plan, cached by shape (`coll::cache`): a call
-    /// only resolves its buffers. On where it is tested (the host backend); device backends
-    /// plan every call as before.
+    /// only resolves its buffers. On device backends the plan's launch is kept with it (its
+    /// program image in device memory, its kernel), so a call checks its buffers and
+    /// launches.
     pub plan_cache: bool,
 }
 
@@ -131,7 +132,7 @@ impl Capabilities {
             ll128_slot_bytes: 256 << 10,
             ring_simple_fallback: true,
             one_shot_ll: false,
-            plan_cache: false,
+            plan_cache: true,
         }
     }
 }

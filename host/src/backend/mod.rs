@@ -6,8 +6,12 @@
 //! use the backend for memory, streams and launches. On the host backend the host polling
 //! executor (`coll/exec.rs`) runs the planner's programs on CPU threads, reducing with
 //! [`crate::reduce`] on the addresses [`DeviceBackend::host_address`] gives; on a device
-//! backend `coll/device.rs` turns them into a program for the collective interpreter
-//! (`kernels/src/device/exec.cu`) and starts it with [`DeviceBackend::launch_exec`].
+//! backend the device executor (`exec::gpu`) turns them into a program for the collective
+//! interpreter (`kernels/src/device/exec.cu`) and starts it with
+//! [`DeviceBackend::launch_exec`] — or, for a repeated collective whose program is cached,
+//! with [`DeviceBackend::launch_exec_kernel`] on a kernel looked up once
+//! ([`DeviceBackend::exec_kernel`]), checking only its buffers per call
+//! ([`DeviceBackend::check_exec_buffer`]).
 //!
 //! Backends: [`host::HostBackend`] (host memory and CPU threads; CI and CPU tensors) and
 //! [`cuda::CudaBackend`] (the driver API loaded at run time: addresses are `CUdeviceptr`s,
@@ -45,7 +49,27 @@ pub struct ExecLaunch {
     pub slots: Vec<DevicePtr>,
 }
 
+/// The collective interpreter for one operator and element type, loaded for launches on one
+/// device ([`DeviceBackend::exec_kernel`]): a handle to launch it with
+/// [`DeviceBackend::launch_exec_kernel`] without looking it up again. `handle` and `context`
+/// are the backend's own values (a `CUfunction` and the `CUcontext` it was loaded in on
+/// CUDA), opaque to the rest of rustccl; only backends make one (the fields are not public,
+/// so a handle from elsewhere cannot reach the driver).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecKernel {
+    pub(crate) device: usize,
+    pub(crate) op: rustccl_kernels::DeviceOp,
+    pub(crate) dtype: crate::types::DataType,
+    pub(crate) handle: u64,
+    pub(crate) context: u64,
+}
+
 use crate::error::{Error, Result};
+
+/// The error of the launch methods on a backend without device kernels.
+fn no_kernels(what: &str) -> Error {
+    Error::invalid_usage(format!("{what}: this backend runs collectives on the CPU; it has no device kernels"))
+}
 
 /// Which implementation a backend is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -232,8 +256,43 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
 
     /// Launches the collective interpreter (`kernels/exec.cu`) on `stream`: the program of
     /// `launch.args` must stay in device memory until the launch completes. Device backends
-    /// only; the host backend runs collectives on the CPU and refuses.
+    /// only; the host backend runs collectives on the CPU and refuses. It does what
+    /// [`check_exec_buffer`](DeviceBackend::check_exec_buffer) (each buffer),
+    /// [`reach_exec_memory`](DeviceBackend::reach_exec_memory) (the slots),
+    /// [`exec_kernel`](DeviceBackend::exec_kernel) and
+    /// [`launch_exec_kernel`](DeviceBackend::launch_exec_kernel) do one by one; a repeated
+    /// collective (`exec::gpu::cached`) does the first and the last per call only.
     fn launch_exec(&self, launch: &ExecLaunch, stream: Stream) -> Result<()>;
+
+    /// The collective interpreter for `op` on `dtype`, loaded on `device` (compiled, or read
+    /// from the kernel cache, on first use), to launch with
+    /// [`launch_exec_kernel`](DeviceBackend::launch_exec_kernel). Device backends only.
+    fn exec_kernel(&self, _device: usize, _op: rustccl_kernels::DeviceOp, _dtype: crate::types::DataType) -> Result<ExecKernel> {
+        Err(no_kernels("exec_kernel"))
+    }
+
+    /// Makes the memory at each of `ptrs` (an address in a connection's slots) reachable from
+    /// kernels on `device` (peer access to the device that owns it). Done once per
+    /// connection: what it enables stays. Device backends only.
+    fn reach_exec_memory(&self, _device: usize, _ptrs: &[DevicePtr]) -> Result<()> {
+        Err(no_kernels("reach_exec_memory"))
+    }
+
+    /// Checks that the user buffer `ptr..ptr+bytes` is memory the backend or its driver knows
+    /// (`InvalidArgument` if not), and makes it reachable from kernels on `device`; an empty
+    /// range passes. What a launch does for each buffer it touches, call by call (a buffer
+    /// may be freed and its address reused). Device backends only.
+    fn check_exec_buffer(&self, _device: usize, _ptr: DevicePtr, _bytes: usize) -> Result<()> {
+        Err(no_kernels("check_exec_buffer"))
+    }
+
+    /// Launches `kernel` with the parameter `args` on `blocks` blocks on `stream`, which must
+    /// run on the kernel's device; the buffers must have passed
+    /// [`check_exec_buffer`](DeviceBackend::check_exec_buffer) and the program `args` points
+    /// to must stay in device memory until the launch completes. Device backends only.
+    fn launch_exec_kernel(&self, _kernel: &ExecKernel, _args: &rustccl_kernels::exec::ExecArgs, _blocks: u32, _stream: Stream) -> Result<()> {
+        Err(no_kernels("launch_exec_kernel"))
+    }
 
     /// Runs `f` with this thread's stream-capture mode relaxed, so that the allocations and
     /// registrations an operation makes while a graph is being captured (programs, and

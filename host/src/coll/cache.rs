@@ -6,9 +6,15 @@
 //! capabilities, its config, `NCCL_ALGO` / `NCCL_PROTO`, read once per process), never on the
 //! buffers: so a cached plan is the plan a fresh call would make.
 //!
-//! The cache is backend-neutral (keys, work, connections), but only backends whose
-//! capabilities ask for it (`Capabilities::plan_cache`: the host backend, where it is tested)
-//! use it; device backends plan every call as before. Calls that need what the cache skips go
+//! On the host backend an entry holds the host executor's prepared run. On a device backend
+//! it holds the launch made for the plan (`exec::gpu::cached`): the program image, encoded
+//! once and kept in the image arena (a buffer or a PreMulSum scalar is a kernel parameter,
+//! not part of the image), the kernel, and the peer access of its connections; a call then
+//! checks its two buffers, fills the kernel parameter and launches. The first call of a
+//! shape goes the full way, then keeps what it planned.
+//!
+//! Backends use it when their capabilities ask for it (`Capabilities::plan_cache`: the host
+//! and the GPU ones), unless `RUSTCCL_PLAN_CACHE=0`. Calls that need what the cache skips go
 //! the full way: inside a group, on a non-blocking communicator, with a tuner plugin (which is
 //! asked on every call), with a profiler loaded (its events come from the planner), with
 //! `RUSTCCL_CHECK_COLLECTIVES`, point-to-point, one rank, and empty operations.
@@ -24,6 +30,7 @@ use rustccl_plugin_api::Protocol;
 use super::{plan, CollKind, Task};
 use crate::comm::Communicator;
 use crate::error::Result;
+use crate::exec::gpu::cached::CachedLaunch;
 use crate::exec::host::{HostRun, Prepared};
 use crate::types::{DataType, RedOp};
 use crate::work::Work;
@@ -48,13 +55,21 @@ impl PlanKey {
     }
 }
 
-/// One cached plan: the work (its contexts rewritten per call) and its steps' connections.
+/// One cached plan: the work (its contexts rewritten per call) and what runs it.
 pub(crate) struct Entry {
     key: PlanKey,
     work: Work,
-    prep: Prepared,
+    exec: Exec,
     /// The protocol the planner chose (part of each call's context).
     proto: Protocol,
+}
+
+/// What runs a cached plan.
+enum Exec {
+    /// The host executor's run, with its steps' connections.
+    Host(Prepared),
+    /// The device launch (image, kernel, connections); boxed, as it is larger than the rest.
+    Device(Box<CachedLaunch>),
 }
 
 /// A communicator's cached plans.
@@ -114,6 +129,12 @@ impl PlanCache {
     }
 }
 
+/// Whether `RUSTCCL_PLAN_CACHE` leaves the cache on (read once).
+fn switched_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::params::env_int_or("RUSTCCL_PLAN_CACHE", 1) != 0)
+}
+
 /// Whether the fast path may run `task` (outside a group) on `comm`.
 fn eligible(comm: &Communicator, task: &Task) -> bool {
     task.count > 0
@@ -121,7 +142,7 @@ fn eligible(comm: &Communicator, task: &Task) -> bool {
         && comm.nranks_unchecked() > 1
         && comm.config().blocking
         && comm.backend().capabilities().plan_cache
-        && comm.backend().capabilities().host_addressable
+        && switched_on()
         && !super::check::enabled()
         && !crate::plugin::profiler_events::wants_plan_record()
 }
@@ -150,9 +171,13 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
                 return None;
             }
             Ok(_) => match plan::build(comm, std::slice::from_ref(task)) {
-                Ok(run) if !run.device && run.work.ctxs.len() == 1 => {
+                Ok(run) if run.work.ctxs.len() == 1 => {
                     let proto = run.work.ctxs[0].proto;
-                    return Some(run_new(comm, task, run, key, proto, epoch, start));
+                    return Some(if run.device {
+                        run_new_device(comm, task, run, key, proto, epoch, start)
+                    } else {
+                        run_new(comm, task, run, key, proto, epoch, start)
+                    });
                 }
                 Ok(_) => return None,
                 Err(e) => return Some(Err(comm.record_error(e))),
@@ -178,8 +203,31 @@ fn run_new(comm: &Communicator, task: &Task, run: plan::CommRun, key: PlanKey, p
         }
     };
     let prep = Prepared::new(&run.work, &links);
-    let entry = Entry { key, work: run.work, prep, proto };
+    let entry = Entry { key, work: run.work, exec: Exec::Host(prep), proto };
     execute(comm, entry, epoch, start)
+}
+
+/// A miss on a device: runs the new plan the full way (connections, encode, launch), then
+/// keeps it with a launch made for it (when it is one launch: see `CachedLaunch::new`).
+fn run_new_device(comm: &Communicator, task: &Task, run: plan::CommRun, key: PlanKey, proto: Protocol, epoch: u64, start: Option<std::time::Instant>) -> Result<()> {
+    crate::profile::stage(crate::profile::Stage::Plan, start);
+    comm.op_log().started(std::slice::from_ref(&task.shape()));
+    let mut runs = [run];
+    if let Err(e) = super::exec::run(&mut runs) {
+        comm.op_log().all_finished();
+        return Err(e);
+    }
+    crate::profile::stage(crate::profile::Stage::Total, start);
+    let [run] = runs;
+    // Every connection was made by the run: this finds them.
+    let made = super::exec::connect(std::slice::from_ref(&run)).map(|mut l| l.remove(0));
+    let launch = made.and_then(|links| comm.with_device_exec(|backend, device, _| CachedLaunch::new(backend, device, &run.work, &links)));
+    match launch {
+        Ok(Some(launch)) => comm.keep_plan(Entry { key, work: run.work, exec: Exec::Device(Box::new(launch)), proto }, epoch),
+        Ok(None) => {}
+        Err(e) => tracing::debug!(target: "COLL", "rank {}: the launch is not cached ({})", comm.rank_unchecked(), e.message),
+    }
+    Ok(())
 }
 
 /// A hit: runs the cached plan.
@@ -189,24 +237,40 @@ fn run_entry(comm: &Communicator, task: &Task, entry: Entry, epoch: u64, start: 
 }
 
 fn execute(comm: &Communicator, mut entry: Entry, epoch: u64, start: Option<std::time::Instant>) -> Result<()> {
-    let r = {
-        let mut runs = [HostRun { work: &mut entry.work, prep: &mut entry.prep, comm }];
-        crate::exec::host::run(&mut runs)
+    let (r, device) = match &mut entry.exec {
+        Exec::Host(prep) => {
+            let mut runs = [HostRun { work: &mut entry.work, prep, comm }];
+            (crate::exec::host::run(&mut runs), false)
+        }
+        Exec::Device(launch) => {
+            let r = comm.with_device_exec(|backend, device, state| launch.launch(backend, device, state, &entry.work));
+            (r.map_err(|e| comm.record_error(e.context("collective"))), true)
+        }
     };
     match &r {
         Ok(()) => comm.keep_plan(entry, epoch),
         Err(e) => comm.mark_broken(e),
     }
-    comm.op_log().all_finished();
+    // Device work finishes later (the watchdog sees it); host work has finished or failed.
+    if !device || r.is_err() {
+        comm.op_log().all_finished();
+    }
     crate::profile::stage(crate::profile::Stage::Total, start);
     r
 }
 
-/// Points a cached plan at this call's buffers: its one context, made as the planner makes it.
+/// Points a cached plan at this call's buffers: its one context, made as the planner makes it
+/// (`PlanEnv::with`'s resolve: a checked host address on the host backend; the address
+/// itself on devices, whose launch checks it).
 fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
     let backend = comm.backend();
     let caps = backend.capabilities();
-    let resolve = |ptr: crate::backend::DevicePtr, bytes: usize| backend.host_address(ptr, bytes);
+    let resolve = |ptr: crate::backend::DevicePtr, bytes: usize| -> Result<usize> {
+        if !caps.host_addressable {
+            return Ok(ptr.0 as usize);
+        }
+        backend.host_address(ptr, bytes)
+    };
     let config = comm.config();
     let env = plan::PlanEnv {
         rank: comm.rank_unchecked(),
@@ -218,10 +282,16 @@ fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
         tuner: None,
         resolve: &resolve,
     };
-    let mut ctx = plan::op_ctx(&env, task)?;
-    ctx.proto = entry.proto;
-    entry.work.ctxs[0] = ctx;
-    entry.work.stream = task.stream;
+    point_at(&env, task, &mut entry.work, entry.proto)
+}
+
+/// Points `work`, a cached plan of one context with protocol `proto`, at `task`'s buffers
+/// (and scalar, and stream): the context the planner makes for `task` with `env`.
+pub(crate) fn point_at(env: &plan::PlanEnv, task: &Task, work: &mut Work, proto: Protocol) -> Result<()> {
+    let mut ctx = plan::op_ctx(env, task)?;
+    ctx.proto = proto;
+    work.ctxs[0] = ctx;
+    work.stream = task.stream;
     Ok(())
 }
 
@@ -229,7 +299,7 @@ fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
 mod tests {
     use super::*;
     use crate::backend::{DevicePtr, Stream};
-    use crate::coll::ReduceOp;
+    use crate::coll::{ReduceOp, Scalar};
 
     fn task(kind: CollKind, count: usize, dtype: DataType, op: ReduceOp) -> Task {
         Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x2000), count, dtype, op, stream: Stream(0), profile: Default::default() }
@@ -238,7 +308,7 @@ mod tests {
     fn entry(key: PlanKey) -> Entry {
         let work = Work { ctxs: vec![], items: vec![], copies: vec![], stream: Stream(0) };
         let prep = Prepared::new(&work, &Default::default());
-        Entry { key, work, prep, proto: Protocol::Ll }
+        Entry { key, work, exec: Exec::Host(prep), proto: Protocol::Ll }
     }
 
     #[test]
@@ -275,6 +345,53 @@ mod tests {
         assert!(matches!(fresh.take(&key), Lookup::Miss(_)));
         fresh.set_bypass();
         assert!(matches!(fresh.take(&key), Lookup::Bypass));
+    }
+
+    #[test]
+    fn premulsum_scalars_are_not_keyed() {
+        let scalar = |s| task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::PreMulSum(s));
+        let k = PlanKey::of(&scalar(Scalar::Host(0.5)));
+        assert_eq!(PlanKey::of(&scalar(Scalar::Host(2.0))), k, "a call value (the kernel parameter on devices)");
+        assert_eq!(PlanKey::of(&scalar(Scalar::Device(DevicePtr(0x40)))), k);
+        assert_ne!(PlanKey::of(&task(CollKind::AllReduce, 4, DataType::Float32, ReduceOp::Sum)), k);
+    }
+
+    /// A device entry (the launch made for a plan on other buffers) serves calls of its shape
+    /// with what the uncached path launches for them, and no other shape.
+    #[test]
+    fn a_device_entry_serves_its_shape_as_the_uncached_path_would() {
+        use crate::exec::gpu::cached::tests as g;
+        use crate::exec::gpu::ExecState;
+        let made = g::task(1000, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
+        let call = g::task(1000, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
+        let work = g::planned(&made);
+        let links = crate::exec::gpu::fake::links_for(&work);
+        let (fake, backend) = g::backend();
+        let launch = CachedLaunch::new(&backend, 0, &work, &links).unwrap().expect("one launch");
+        let proto = work.ctxs[0].proto;
+        let mut cache = PlanCache::default();
+        let Lookup::Miss(epoch) = cache.take(&PlanKey::of(&made)) else { panic!("empty cache hit") };
+        cache.put(Entry { key: PlanKey::of(&made), work, exec: Exec::Device(Box::new(launch)), proto }, epoch);
+        let others = [
+            g::task(2000, ReduceOp::Sum, 0xa000_0000, 0xa100_0000),
+            Task { dtype: DataType::Float64, ..call.clone() },
+            g::task(1000, ReduceOp::Max, 0xa000_0000, 0xa100_0000),
+            Task { kind: CollKind::Reduce { root: 0 }, ..call.clone() },
+        ];
+        for o in &others {
+            assert!(matches!(cache.take(&PlanKey::of(o)), Lookup::Miss(_)), "{o:?}");
+        }
+        let Lookup::Hit(mut e, _) = cache.take(&PlanKey::of(&call)) else { panic!("no hit") };
+        g::with_env(|env| point_at(env, &call, &mut e.work, e.proto)).unwrap();
+        let Exec::Device(launch) = &mut e.exec else { panic!("a host entry") };
+        launch.launch(&backend, 0, &mut ExecState::default(), &e.work).unwrap();
+        let (reference, ref_backend) = g::backend();
+        crate::exec::gpu::launch(&ref_backend, 0, &mut ExecState::default(), &g::planned(&call), &links).unwrap();
+        let (got, want) = (fake.log(), reference.log());
+        assert_eq!(got.launches.len(), 1);
+        assert_eq!(got.launches, want.launches);
+        assert_eq!(got.uploads, want.uploads);
+        assert_eq!(got.launches[0].args.calls[0].src, 0xa000_0000);
     }
 
     #[test]

@@ -645,13 +645,22 @@ impl Communicator {
     /// Launches this communicator's work on its device (the device executor), starting the
     /// watchdog with the first launch.
     pub(crate) fn launch_on_device(&self, work: &crate::work::Work, links: &crate::exec::Links) -> Result<()> {
+        self.with_device_exec(|backend, device, state| crate::exec::gpu::launch(backend, device, state, work, links))
+    }
+
+    /// Runs `f` with the backend, the device and the device executor's state of this
+    /// communicator (the watchdog starts with the first use).
+    pub(crate) fn with_device_exec<T>(
+        &self,
+        f: impl FnOnce(&Arc<dyn crate::backend::DeviceBackend>, usize, &mut crate::exec::gpu::ExecState) -> Result<T>,
+    ) -> Result<T> {
         let device = self.device()? as usize;
         let mut cache = self.device_cache();
         if !cache.exec.watching {
             cache.exec.watching = true;
             self.start_watchdog();
         }
-        crate::exec::gpu::launch(&self.inner.shared.backend, device, &mut cache.exec, work, links)
+        f(&self.inner.shared.backend, device, &mut cache.exec)
     }
 
     /// The executor's reusable device objects.

@@ -114,6 +114,7 @@ pub static PARAMS: &[Param] = &[
     p("RUSTCCL_HANG_REPORT_S", Str, Some("60"), false, "rustccl: seconds an operation may wait before a hang report is logged"),
     p("RUSTCCL_HANG_REPORT_SIGNAL", Str, None, false, "rustccl: signal (e.g. USR1) on which every communicator logs what it waits for"),
     p("RUSTCCL_CHECK_COLLECTIVES", Int, Some("0"), false, "rustccl: 1 checks that every rank called the same operation (signatures in the FIFOs)"),
+    p("RUSTCCL_PLAN_CACHE", Int, Some("1"), false, "rustccl: 0 plans (and on devices encodes) every single collective again instead of reusing what the same shape made"),
     p("RUSTCCL_PROFILE_ENQUEUE", Str, None, false, "rustccl: 1 times the stages of the enqueue path (printed at exit)"),
     p("RUSTCCL_NVRTC_PATH", Str, None, false, "rustccl: path of libnvrtc for compiling device kernels at run time"),
     p("RUSTCCL_CUDA_INCLUDE", Str, None, false, "rustccl: CUDA include directory for run-time compilation"),

@@ -505,7 +505,16 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
 
 // Operation context `i` of the launch (its buffers, scalar, divisor, signature).
 RUSTCCL_DEVICE RustcclExecCtx exec_ctx(const RustcclExecArgs& args, u32 i) {
-  return ((const RustcclExecCtx*)args.ctxs)[i];
+  RustcclExecCtx c = ((const RustcclExecCtx*)args.ctxs)[i];
+  // The first ncalls contexts take their per-call values from the kernel parameter.
+  if (i < args.ncalls) {
+    const RustcclExecCall& call = args.calls[i];
+    c.src = call.src;
+    c.dst = call.dst;
+    c.scalar = call.scalar;
+    c.scalar_ptr = call.scalar_ptr;
+  }
+  return c;
 }
 
 // Connections kept in shared memory (launches with more read the rest from the image).

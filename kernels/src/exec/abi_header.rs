@@ -50,14 +50,17 @@ pub trait CType {
     fn decl(name: &str) -> String;
 }
 
-/// Scalars, under the names `exec.cu` uses (`u64` and `u32` are the header's typedefs).
-trait CScalar {
+/// A type arrays of which the header can declare: scalars, under the names `exec.cu` uses
+/// (`u64` and `u32` are the header's typedefs), and the shared structs, under their C names
+/// (a struct must come before the struct with an array of it).
+pub trait CElem {
+    /// The C type's name.
     const C: &'static str;
 }
 
 macro_rules! c_scalars {
     ($($ty:ty => $c:literal),*) => {$(
-        impl CScalar for $ty {
+        impl CElem for $ty {
             const C: &'static str = $c;
         }
         impl CType for $ty {
@@ -69,7 +72,7 @@ macro_rules! c_scalars {
 }
 c_scalars!(u64 => "u64", u32 => "u32", u16 => "unsigned short", u8 => "unsigned char");
 
-impl<T: CScalar, const N: usize> CType for [T; N] {
+impl<T: CElem, const N: usize> CType for [T; N] {
     fn decl(name: &str) -> String {
         format!("{} {name}[{N}]", T::C)
     }
@@ -173,6 +176,7 @@ mod tests {
             ("RUSTCCL_EXEC_MAX_ITEMS", EXEC_MAX_ITEMS_PER_BLOCK as u64, ""),
             ("RUSTCCL_EXEC_MAX_CONNS", EXEC_MAX_CONNS as u64, ""),
             ("RUSTCCL_EXEC_MAX_PEERS", EXEC_MAX_PEERS as u64, ""),
+            ("RUSTCCL_EXEC_ARG_CTXS", EXEC_ARG_CTXS as u64, ""),
             ("RUSTCCL_STEP_SRC", STEP_SRC as u64, "u"),
             ("RUSTCCL_STEP_DST", STEP_DST as u64, "u"),
             ("RUSTCCL_STEP_REDUCE", STEP_REDUCE as u64, "u"),
@@ -266,6 +270,8 @@ mod tests {
         let parsed = c_structs(&header);
         let rust = abi_structs();
         assert_eq!(parsed.len(), rust.len());
+        // (size, alignment) of the structs laid out so far: a field may be an array of one.
+        let mut laid_out: Vec<(String, (usize, usize))> = Vec::new();
         for (c, r) in parsed.iter().zip(&rust) {
             assert_eq!(c.name, r.c_name);
             let names: Vec<&str> = c.fields.iter().map(|f| f.1.as_str()).collect();
@@ -273,9 +279,12 @@ mod tests {
             assert_eq!(names, rust_names, "{}", c.name);
             let (mut offset, mut align) = (0usize, 1usize);
             for ((ty, name, len), f) in c.fields.iter().zip(&r.fields) {
-                let size = c_scalar_size(ty);
-                offset = offset.next_multiple_of(size);
-                align = align.max(size);
+                let (size, field_align) = match laid_out.iter().find(|(n, _)| n == ty) {
+                    Some((_, layout)) => *layout,
+                    None => (c_scalar_size(ty), c_scalar_size(ty)),
+                };
+                offset = offset.next_multiple_of(field_align);
+                align = align.max(field_align);
                 assert_eq!((offset, size * len), (f.offset, f.size), "{}::{name} (offset, size)", c.name);
                 assert_eq!(asserted(&header, &format!("RUSTCCL_ABI_OFFSETOF({}, {name})", c.name)), f.offset);
                 assert_eq!(asserted(&header, &format!("sizeof({}::{name})", c.name)), f.size);
@@ -285,6 +294,7 @@ mod tests {
             assert_eq!((size, align), (r.size, r.align), "{} (size, align)", c.name);
             assert_eq!(asserted(&header, &format!("sizeof({})", c.name)), r.size);
             assert_eq!(asserted(&header, &format!("alignof({})", c.name)), r.align);
+            laid_out.push((c.name.clone(), (size, align)));
         }
         // The table is offset_of!'s and size_of's (spot checks against the compiler).
         let step = &rust[0];
@@ -292,7 +302,8 @@ mod tests {
         let f = |s: &AbiStruct, n: &str| s.fields.iter().find(|f| f.name == n).unwrap().offset;
         assert_eq!(f(step, "recv"), std::mem::offset_of!(ExecStep, recv));
         assert_eq!(f(&rust[3], "ll128_slot_bytes"), std::mem::offset_of!(ExecConn, ll128_slot_bytes));
-        assert_eq!(f(&rust[5], "nconns"), std::mem::offset_of!(ExecArgs, nconns));
+        assert_eq!(f(&rust[6], "nconns"), std::mem::offset_of!(ExecArgs, nconns));
+        assert_eq!(f(&rust[6], "calls"), std::mem::offset_of!(ExecArgs, calls));
     }
 
     #[test]
@@ -302,5 +313,6 @@ mod tests {
         assert_eq!(<u16 as CType>::decl("a"), "unsigned short a");
         assert_eq!(<[u8; 2] as CType>::decl("recv"), "unsigned char recv[2]");
         assert_eq!(<[u64; 2] as CType>::decl("pad"), "u64 pad[2]");
+        assert_eq!(<[ExecCall; 8] as CType>::decl("calls"), "RustcclExecCall calls[8]");
     }
 }

@@ -1,14 +1,21 @@
-//! Launches of the collective interpreter (`exec.cu`): the kernels compiled ahead of time, peer access to the memory a launch touches, and stream capture.
+//! Launches of the collective interpreter (`exec.cu`): the kernels compiled ahead of time, peer
+//! access to the memory a launch touches, and stream capture. A launch is four steps, which
+//! the trait also offers one by one so that a repeated collective does the middle two once:
+//! check (and make reachable) each user buffer, make the connections' slots reachable, look
+//! the kernel up (per context, operator and type), and `cuLaunchKernel` (the context is made
+//! current only when another one is).
 
 use std::ffi::c_void;
 
 use cudarc::driver::sys;
 use rustccl_kernels::DeviceOp;
 
-use super::driver::{check, CtxGuard};
+use rustccl_kernels::exec::ExecArgs;
+
+use super::driver::{check, Ctx, CtxGuard};
 use super::streams::raw_stream;
-use super::CudaBackend;
-use crate::backend::Stream;
+use super::{CudaBackend, Place};
+use crate::backend::{DevicePtr, ExecKernel, Stream};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -70,37 +77,72 @@ impl CudaBackend {
     }
 }
 
-pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-    let place = b.place(stream, Some(launch.device))?;
-    if place.device != launch.device {
+/// The interpreter for `op` on `dtype` in `ctx` (the context of `device` it is launched in).
+fn kernel_in(b: &CudaBackend, ctx: Ctx, device: usize, op: DeviceOp, dtype: DataType) -> Result<ExecKernel> {
+    let cc = b.devices[device].cc;
+    let f = b.kernels.exec(ctx, cc, b.driver_version, op, dtype)?;
+    Ok(ExecKernel { device, op, dtype, handle: f.func.0 as usize as u64, context: ctx.key() as u64 })
+}
+
+pub(super) fn exec_kernel(b: &CudaBackend, device: usize, op: DeviceOp, dtype: DataType) -> Result<ExecKernel> {
+    kernel_in(b, b.primary(device)?, device, op, dtype)
+}
+
+pub(super) fn reach_exec_memory(b: &CudaBackend, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
+    for &ptr in ptrs {
+        if let Some(owner) = b.tracked_device(ptr) {
+            b.ensure_peer(device, owner)?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check_exec_buffer(b: &CudaBackend, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    if let Some(owner) = b.check_range(ptr, bytes, "buffer")? {
+        b.ensure_peer(device, owner)?;
+    }
+    Ok(())
+}
+
+/// Where `stream` runs, which must be on `device`.
+fn place_on(b: &CudaBackend, stream: Stream, device: usize) -> Result<Place> {
+    let place = b.place(stream, Some(device))?;
+    if place.device != device {
         return Err(Error::invalid_usage(format!(
-            "the stream belongs to device {} but the communicator to device {}",
-            place.device, launch.device
+            "the stream belongs to device {} but the communicator to device {device}",
+            place.device
         )));
     }
-    for &(ptr, bytes) in &launch.buffers {
-        if let Some(owner) = b.check_range(ptr, bytes, "buffer")? {
-            b.ensure_peer(place.device, owner)?;
-        }
-    }
-    for &ptr in &launch.slots {
-        if let Some(owner) = b.tracked_device(ptr) {
-            b.ensure_peer(place.device, owner)?;
-        }
-    }
-    let cc = b.devices[place.device].cc;
-    let f = b.kernels.exec(place.ctx, cc, b.driver_version, launch.op, launch.dtype)?;
+    Ok(place)
+}
+
+pub(super) fn launch_exec_kernel(b: &CudaBackend, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+    launch_in(b, place_on(b, stream, kernel.device)?, kernel, args, blocks, stream)
+}
+
+/// Launches `kernel` on `stream`, which runs at `place` (on the kernel's device).
+fn launch_in(b: &CudaBackend, place: Place, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+    // A stream of another context of the device (not the primary one): the kernel loaded there.
+    let other;
+    let kernel = if place.ctx.key() as u64 == kernel.context {
+        kernel
+    } else {
+        other = kernel_in(b, place.ctx, place.device, kernel.op, kernel.dtype)?;
+        &other
+    };
+    // Switches (and later restores) the current context only when it is another one.
     let _g = CtxGuard::enter(place.ctx)?;
-    let mut args = launch.args;
-    let mut params = [&mut args as *mut rustccl_kernels::exec::ExecArgs as *mut c_void];
+    let mut args = *args;
+    let mut params = [&mut args as *mut ExecArgs as *mut c_void];
     // SAFETY: the kernel takes one RustcclExecArgs by value (same layout, checked in
     // rustccl_kernels::exec); the driver copies it before returning; the program it points
-    // to is device memory the caller keeps until the launch completes.
+    // to is device memory the caller keeps until the launch completes. `handle` is a
+    // CUfunction loaded in `place.ctx`, now current (modules are never unloaded).
     check(
         unsafe {
             sys::cuLaunchKernel(
-                f.func.0,
-                launch.blocks.max(1),
+                kernel.handle as usize as sys::CUfunction,
+                blocks.max(1),
                 1,
                 1,
                 rustccl_kernels::exec::EXEC_THREADS,
@@ -114,6 +156,16 @@ pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, 
         },
         "cuLaunchKernel(rustccl_exec)",
     )
+}
+
+pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
+    let place = place_on(b, stream, launch.device)?;
+    for &(ptr, bytes) in &launch.buffers {
+        check_exec_buffer(b, place.device, ptr, bytes)?;
+    }
+    reach_exec_memory(b, place.device, &launch.slots)?;
+    let kernel = kernel_in(b, place.ctx, place.device, launch.op, launch.dtype)?;
+    launch_in(b, place, &kernel, &launch.args, launch.blocks, stream)
 }
 
 pub(super) fn with_relaxed_capture(f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

@@ -29,8 +29,10 @@
 //!
 //! Copies are `cuMemcpyAsync`, fills `cuMemsetD8Async`. The only kernel is the collective
 //! interpreter (`kernels/src/device/exec.cu`, one compile per operator and type), which
-//! [`DeviceBackend::launch_exec`] starts for `coll/device.rs`; it reduces bit for bit as the
-//! host reference [`crate::reduce`] does (`exec::gpu::ops` gives its operator and scalar).
+//! [`DeviceBackend::launch_exec`] (or, for a cached launch, [`DeviceBackend::exec_kernel`]
+//! and [`DeviceBackend::launch_exec_kernel`]) starts for the device executor (`exec::gpu`);
+//! it reduces bit for bit as the host reference [`crate::reduce`] does (`exec::gpu::ops`
+//! gives its operator and scalar).
 //!
 //! The trait's operations are grouped by concern: `memory` (allocation, tracking, sharing,
 //! range checks), `copy` (copies and fills), `streams` (streams, events, and where work on a
@@ -351,6 +353,25 @@ impl DeviceBackend for CudaBackend {
 
     fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
         launch::launch_exec(self, launch, stream)
+    }
+
+    fn exec_kernel(&self, device: usize, op: rustccl_kernels::DeviceOp, dtype: crate::types::DataType) -> Result<super::ExecKernel> {
+        self.device(device, "exec_kernel")?;
+        launch::exec_kernel(self, device, op, dtype)
+    }
+
+    fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
+        self.device(device, "reach_exec_memory")?;
+        launch::reach_exec_memory(self, device, ptrs)
+    }
+
+    fn check_exec_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.device(device, "check_exec_buffer")?;
+        launch::check_exec_buffer(self, device, ptr, bytes)
+    }
+
+    fn launch_exec_kernel(&self, kernel: &super::ExecKernel, args: &rustccl_kernels::exec::ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+        launch::launch_exec_kernel(self, kernel, args, blocks, stream)
     }
 
     fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::time::Instant;
 
 use cudarc::driver::sys;
@@ -34,7 +34,9 @@ unsafe impl Sync for Func {}
 pub(crate) struct Kernels {
     /// The collective interpreter, by (context, operator, type): compiled on first use of
     /// each pair (one compile per architecture, then the disk cache), loaded once per context.
-    exec: Mutex<HashMap<(usize, DeviceOp, DataType), ExecFunc>>,
+    /// Read under a shared lock (launches on several threads do not wait for each other);
+    /// cached launches hold the function and do not look it up at all.
+    exec: RwLock<HashMap<(usize, DeviceOp, DataType), ExecFunc>>,
 }
 
 /// The interpreter of one (operator, type) in one context (its module stays loaded).
@@ -62,7 +64,7 @@ impl Kernels {
     /// The collective interpreter for `op` on `dtype` in context `ctx`.
     pub(crate) fn exec(&self, ctx: Ctx, cc: i32, driver_version: i32, op: DeviceOp, dtype: DataType) -> Result<ExecFunc> {
         let key = (ctx.key(), op, dtype);
-        if let Some(f) = self.exec.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(f) = self.exec.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(*f);
         }
         // Compiled without the lock, so that several pairs compile at once (a pair compiled
@@ -83,7 +85,7 @@ impl Kernels {
         // SAFETY: the module was just loaded and is never unloaded; writes one handle.
         check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction(rustccl_exec)")?;
         let e = ExecFunc { func: Func(f) };
-        Ok(*self.exec.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
+        Ok(*self.exec.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
     }
 }
 

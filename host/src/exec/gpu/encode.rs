@@ -1,10 +1,17 @@
 //! Program images: the planner's work for one device launch, encoded as the interpreter
 //! (`kernels/src/device/exec.cu`) reads it — work items, steps, operation contexts and
 //! connections — and the split of a run into launches whose reductions share one kernel.
+//!
+//! What changes from call to call of an operation — its buffers and its PreMulSum scalar —
+//! goes in the kernel parameter (`calls`: `ExecArgs::calls`) for the first
+//! `EXEC_ARG_CTXS` contexts, not in the image: their image contexts hold zeros there. So the
+//! image of a collective depends only on its shape and its connections, and one image serves
+//! every call of that shape, whatever its buffers (a group of more operations keeps the
+//! values of the others in its image).
 
 use std::collections::HashMap;
 
-use rustccl_kernels::exec::{self as k, ExecConn, ExecCtx, ExecItem, ExecStep};
+use rustccl_kernels::exec::{self as k, ExecArgs, ExecCall, ExecConn, ExecCtx, ExecItem, ExecStep};
 use rustccl_kernels::DeviceOp;
 use rustccl_plugin_api::Protocol;
 
@@ -14,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::program::Link;
 use crate::transport::{p2p_protocol_slots, Dir, Kind, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
 use crate::types::DataType;
-use crate::work::Work;
+use crate::work::{OpCtx, Work};
 
 /// One launch's worth of a run: the tasks (contexts) it covers and the kernel it needs.
 pub(crate) struct Segment {
@@ -72,6 +79,42 @@ pub(crate) struct Encoded {
     pub nconns: u32,
     pub blocks: u32,
     pub slots: Vec<DevicePtr>,
+}
+
+impl Encoded {
+    /// The kernel parameter of this image at `base` in device memory, with the control block
+    /// at `control` and the per-call values `calls` (from [`calls`]).
+    pub fn args(&self, base: DevicePtr, control: DevicePtr, calls: &(u32, [ExecCall; k::EXEC_ARG_CTXS])) -> ExecArgs {
+        let at = |i: usize| base.0 + self.offsets[i] as u64;
+        ExecArgs {
+            items: at(0),
+            ctxs: at(1),
+            conns: at(2),
+            steps: at(3),
+            control: control.0,
+            nitems: self.nitems,
+            nconns: self.nconns,
+            ncalls: calls.0,
+            pad: 0,
+            calls: calls.1,
+        }
+    }
+}
+
+/// The per-call values of one operation: its buffers and scalar as the kernel reads them.
+fn call_of(c: &OpCtx) -> ExecCall {
+    let (_, scalar, _) = super::ops::coll_device_op(c.reducer.op, c.reducer.dtype);
+    ExecCall { src: c.src as u64, dst: c.dst as u64, scalar, scalar_ptr: c.scalar_at as u64 }
+}
+
+/// The kernel parameter's per-call values of `run`: those of its first `EXEC_ARG_CTXS`
+/// contexts, and how many that is.
+pub(crate) fn calls(run: &Work) -> (u32, [ExecCall; k::EXEC_ARG_CTXS]) {
+    let mut out = [ExecCall::default(); k::EXEC_ARG_CTXS];
+    for (o, c) in out.iter_mut().zip(&run.ctxs) {
+        *o = call_of(c);
+    }
+    (run.ctxs.len().min(k::EXEC_ARG_CTXS) as u32, out)
 }
 
 fn append<T: Copy>(bytes: &mut Vec<u8>, items: &[T]) -> usize {
@@ -177,9 +220,12 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
     let exec_ctxs: Vec<ExecCtx> = run
         .ctxs
         .iter()
-        .map(|c| {
-            let (_, scalar, divisor) = super::ops::coll_device_op(c.reducer.op, c.reducer.dtype);
-            ExecCtx { src: c.src as u64, dst: c.dst as u64, scalar, divisor, sig: c.sig.0, scalar_ptr: c.scalar_at as u64 }
+        .enumerate()
+        .map(|(i, c)| {
+            let (_, _, divisor) = super::ops::coll_device_op(c.reducer.op, c.reducer.dtype);
+            // The first contexts' per-call values travel in the kernel parameter (`calls`).
+            let call = if i < k::EXEC_ARG_CTXS { ExecCall::default() } else { call_of(c) };
+            ExecCtx { src: call.src, dst: call.dst, scalar: call.scalar, divisor, sig: c.sig.0, scalar_ptr: call.scalar_ptr }
         })
         .collect();
     let mut bytes = Vec::new();

@@ -8,18 +8,25 @@
 //! caller through the communicator's asynchronous error (its watchdog reads
 //! `control_error`).
 //!
-//! Images are cached per communicator by content, so a loop over the same buffers pays the
-//! upload once. A launch captured into a CUDA graph gets an image of its own that lives as
+//! An image holds the shape of the work, not the buffers: those of the first
+//! `EXEC_ARG_CTXS` operations (and their PreMulSum scalars) travel in the kernel parameter
+//! ([`encode`]). Images are cached per communicator by content, so a loop over the same shape
+//! pays the upload once, whatever its buffers; a single collective repeated with one shape
+//! outside a group (`coll::cache`) skips planning and encoding as well, and launches what
+//! [`cached`] kept. A launch captured into a CUDA graph gets an image of its own that lives as
 //! long as the communicator, since the graph may be replayed at any time. Everything here
 //! goes through the `DeviceBackend` trait, so CUDA and a later HIP backend share it.
 
+pub mod cached;
 pub mod encode;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod ops;
 pub mod state;
 
 use std::sync::Arc;
 
-use rustccl_kernels::exec::{self as k, ExecArgs};
+use rustccl_kernels::exec as k;
 
 use super::Links;
 use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch};
@@ -56,6 +63,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         .flat_map(|c| [(DevicePtr(c.src as u64), c.src_len), (DevicePtr(c.dst as u64), c.dst_len)])
         .filter(|(p, n)| *n > 0 && p.0 != 0)
         .collect();
+    let calls = encode::calls(run);
     for seg in encode::segments(run) {
         let t = std::time::Instant::now();
         let Some(enc) = encode::encode(run, links, seg.ctxs.clone())? else { continue };
@@ -63,16 +71,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         let t = std::time::Instant::now();
         let base = state.image(backend, device, &enc.bytes, capturing, stream)?;
         profile::record(Stage::Image, t);
-        let at = |i: usize| base.0 + enc.offsets[i] as u64;
-        let args = ExecArgs {
-            items: at(0),
-            ctxs: at(1),
-            conns: at(2),
-            steps: at(3),
-            control: control.0,
-            nitems: enc.nitems,
-            nconns: enc.nconns,
-        };
+        let args = enc.args(base, control, &calls);
         let l = ExecLaunch {
             device,
             op: seg.op,
@@ -205,8 +204,11 @@ mod tests {
                 assert_eq!(c.slot_bytes as usize, GPU_SLOT_BYTES);
             }
         }
+        // The buffers are call values (the kernel parameter), not part of the image.
         let ctxs: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], 1);
-        assert_eq!((ctxs[0].src, ctxs[0].dst), (0x1000, 0x2000));
+        assert_eq!((ctxs[0].src, ctxs[0].dst), (0, 0));
+        let (n, calls) = encode::calls(&r);
+        assert_eq!((n, calls[0].src, calls[0].dst), (1, 0x1000, 0x2000));
     }
 
     #[test]
@@ -218,7 +220,31 @@ mod tests {
         let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], 1);
         assert_eq!(steps[0].proto, k::PROTO_SIMPLE, "no peer, no line format");
         let ctxs: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], 1);
-        assert_eq!(ctxs[0].scalar, 0.5f32.to_bits() as u64);
+        assert_eq!(ctxs[0].scalar, 0, "a call value");
+        assert_eq!(encode::calls(&r).1[0].scalar, 0.5f32.to_bits() as u64);
+    }
+
+    #[test]
+    fn contexts_past_the_parameter_keep_their_values_in_the_image() {
+        let n = k::EXEC_ARG_CTXS + 2;
+        let local = Step { recv: vec![], send: vec![], src: Some(0), dst: Some(0), bytes: 8, reduce: true, post: false, src_in_dst: false };
+        let ctxs = (0..n)
+            .map(|i| OpCtx { src: 0x1000 * (i + 1), dst: 0x10_0000 * (i + 1), ..ctx(DataType::Float32, DevOp::PreMulSum { scalar: i as f64 }, Protocol::Simple) })
+            .collect();
+        let r = run(ctxs, vec![(0..n).map(|i| (i, local.clone())).collect()]);
+        let enc = encode(&r, &Links::new(), 0..n).unwrap().expect("steps");
+        let image: Vec<ExecCtx> = decode(&enc.bytes, enc.offsets[1], n);
+        let (count, calls) = encode::calls(&r);
+        assert_eq!(count as usize, k::EXEC_ARG_CTXS);
+        let scalar = |i: usize| (i as f32).to_bits() as u64;
+        for (i, c) in image.iter().enumerate() {
+            if i < k::EXEC_ARG_CTXS {
+                assert_eq!((c.src, c.dst, c.scalar), (0, 0, 0), "context {i}: in the parameter");
+                assert_eq!((calls[i].src, calls[i].dst, calls[i].scalar), (0x1000 * (i as u64 + 1), 0x10_0000 * (i as u64 + 1), scalar(i)));
+            } else {
+                assert_eq!((c.src, c.dst, c.scalar), (0x1000 * (i as u64 + 1), 0x10_0000 * (i as u64 + 1), scalar(i)), "context {i}: in the image");
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! The device executor's state of one communicator: the control block kernels poll (abort)
 //! and write (errors), the program images in device memory (an arena for launches not
 //! captured, images of their own for captured ones), and the event after the last launch.
+//!
+//! The arena has a generation, counted up each time it is emptied (full, suspended,
+//! released): an `ArenaImage` kept by a cached launch (`super::cached`) names its image by
+//! generation and offset, and is good only while the generation is the same.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +34,18 @@ struct Arena {
     used: usize,
 }
 
+/// Where an image lies in the arena, as long as the arena's generation stays `generation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ArenaImage {
+    generation: u64,
+    offset: usize,
+}
+
+/// Whether an image of `bytes` bytes goes in the arena (a larger one gets memory of its own).
+pub(crate) fn fits_arena(bytes: usize) -> bool {
+    bytes.div_ceil(256) * 256 <= ARENA_BYTES
+}
+
 /// The device executor's state of one communicator (kept in its device cache).
 #[derive(Default)]
 pub struct ExecState {
@@ -38,6 +54,12 @@ pub struct ExecState {
     arena: Option<Arena>,
     /// Images in the arena by content: offset.
     cache: HashMap<Vec<u8>, usize>,
+    /// Counted up each time the arena is emptied or freed (see [`ArenaImage`]).
+    generation: u64,
+    /// Images copied to the device so far (into the arena or memory of their own).
+    uploads: u64,
+    /// Images looked up in the arena by content so far.
+    lookups: u64,
     /// Images of captured launches: kept until the communicator goes.
     captured: Vec<Image>,
     /// The stream of the last launch not captured, and an event recorded after that launch
@@ -105,6 +127,7 @@ impl ExecState {
     /// Frees the image arena (the device must be idle); the next launch makes it again.
     pub(crate) fn suspend(&mut self, backend: &Arc<dyn DeviceBackend>) {
         self.cache.clear();
+        self.generation += 1;
         if let Some(a) = self.arena.take() {
             let _ = backend.free(a.mem.device);
             let _ = backend.free_host_mapped(a.mem.host);
@@ -114,6 +137,7 @@ impl ExecState {
     /// Frees everything (the device must be idle).
     pub(crate) fn release(&mut self, backend: &Arc<dyn DeviceBackend>) {
         self.cache.clear();
+        self.generation += 1;
         let images = self.arena.take().map(|a| a.mem).into_iter().chain(self.captured.drain(..)).collect::<Vec<_>>();
         for i in images {
             let _ = backend.free(i.device);
@@ -128,24 +152,46 @@ impl ExecState {
         }
     }
 
+    /// Images copied to the device so far.
+    #[cfg(test)]
+    pub(crate) fn uploads(&self) -> u64 {
+        self.uploads
+    }
+
+    /// Images looked up in the arena by content so far.
+    #[cfg(test)]
+    pub(crate) fn lookups(&self) -> u64 {
+        self.lookups
+    }
+
     /// The device copy of `bytes`, uploaded on `stream` if it is new.
     pub(crate) fn image(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, bytes: &[u8], capturing: bool, stream: Stream) -> Result<DevicePtr> {
-        let len = bytes.len().div_ceil(256) * 256;
-        if capturing || len > ARENA_BYTES {
+        if capturing || !fits_arena(bytes.len()) {
             // A graph may replay it at any time: memory of its own, kept until the end.
             let image = alloc_image(backend, device, bytes.len())?;
             // SAFETY: fresh pinned memory of `bytes.len()` bytes, kept (unchanged) with the
             // communicator, so the copy may run at any replay.
             unsafe { upload(backend, bytes, image.host.host, image.device, stream)? };
+            self.uploads += 1;
             let dev = image.device;
             self.captured.push(image);
             return Ok(dev);
         }
+        Ok(self.arena_image(backend, device, bytes, stream)?.0)
+    }
+
+    /// The device copy of `bytes` in the arena (which it must fit: [`fits_arena`]), uploaded
+    /// on `stream` if it is new, and where it lies there.
+    pub(crate) fn arena_image(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, bytes: &[u8], stream: Stream) -> Result<(DevicePtr, ArenaImage)> {
+        let len = bytes.len().div_ceil(256) * 256;
+        debug_assert!(fits_arena(bytes.len()));
         if self.arena.is_none() {
             self.arena = Some(Arena { mem: alloc_image(backend, device, ARENA_BYTES)?, used: 0 });
         }
-        if let Some(&off) = self.cache.get(bytes) {
-            return Ok(self.arena.as_ref().expect("made above").mem.device.offset(off));
+        let generation = self.generation;
+        self.lookups += 1;
+        if let Some(&offset) = self.cache.get(bytes) {
+            return Ok((self.arena.as_ref().expect("made above").mem.device.offset(offset), ArenaImage { generation, offset }));
         }
         if self.arena.as_ref().expect("made above").used + len > ARENA_BYTES {
             // Full: once the device is done with every image, start again.
@@ -153,8 +199,10 @@ impl ExecState {
                 backend.synchronize_event(e)?;
             }
             self.cache.clear();
+            self.generation += 1;
             self.arena.as_mut().expect("made above").used = 0;
         }
+        let generation = self.generation;
         let arena = self.arena.as_mut().expect("made above");
         let off = arena.used;
         arena.used += len;
@@ -162,8 +210,16 @@ impl ExecState {
         // (it was past `used`, or the device was idle when `used` went back to 0), and stays
         // unchanged until the copy has run (ranges are reused only after the device is idle).
         unsafe { upload(backend, bytes, arena.mem.host.host.add(off), arena.mem.device.offset(off), stream)? };
+        self.uploads += 1;
         self.cache.insert(bytes.to_vec(), off);
-        Ok(arena.mem.device.offset(off))
+        Ok((arena.mem.device.offset(off), ArenaImage { generation, offset: off }))
+    }
+
+    /// The device address of an image put in the arena earlier, if it is still there (the
+    /// arena was not emptied since).
+    pub(crate) fn arena_at(&self, at: ArenaImage) -> Option<DevicePtr> {
+        let arena = self.arena.as_ref()?;
+        (at.generation == self.generation).then(|| arena.mem.device.offset(at.offset))
     }
 }
 

@@ -1,0 +1,219 @@
+//! A stand-in device backend for the device executor's tests (no GPU here): device memory is
+//! made-up addresses, pinned memory is host memory, and what the executor asks of it —
+//! uploads, launches, buffer checks, kernel look-ups, events — is written down.
+
+use std::sync::Mutex;
+
+use rustccl_kernels::exec::ExecArgs;
+use rustccl_kernels::DeviceOp;
+
+use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostMapped, ShareHandle, Stream};
+use crate::error::{Error, Result};
+use crate::types::DataType;
+
+/// One launch as the backend saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Launched {
+    pub op: DeviceOp,
+    pub dtype: DataType,
+    pub args: ExecArgs,
+    pub blocks: u32,
+    pub stream: Stream,
+}
+
+/// What the executor asked for.
+#[derive(Default, Debug)]
+pub(crate) struct Log {
+    /// Copies from pinned memory: destination and bytes.
+    pub uploads: Vec<(DevicePtr, Vec<u8>)>,
+    pub launches: Vec<Launched>,
+    /// Buffers checked (`check_exec_buffer` and `launch_exec`'s buffers).
+    pub checked: Vec<(DevicePtr, usize)>,
+    pub kernel_lookups: usize,
+    pub reach_calls: usize,
+    pub events_recorded: usize,
+    pub waits: usize,
+    pub relaxed: usize,
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct FakeDevice {
+    pub log: Mutex<Log>,
+    /// Whether streams are being captured.
+    pub capturing: std::sync::atomic::AtomicBool,
+    next: Mutex<u64>,
+    /// The pinned allocations (kept until the backend goes).
+    pinned: Mutex<Vec<Box<[u8]>>>,
+}
+
+fn fake(what: &str) -> Error {
+    Error::internal(format!("{what}: not in the fake backend"))
+}
+
+impl FakeDevice {
+    fn addr(&self, bytes: usize) -> DevicePtr {
+        let mut n = self.next.lock().unwrap();
+        let base = 0x7000_0000_0000 + *n;
+        *n += bytes.next_multiple_of(4096) as u64;
+        DevicePtr(base)
+    }
+
+    pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap()
+    }
+}
+
+impl DeviceBackend for FakeDevice {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+    fn capabilities(&self) -> &Capabilities {
+        crate::backend::caps::gpu_static()
+    }
+    fn device_count(&self) -> Result<usize> {
+        Ok(1)
+    }
+    fn device_name(&self, _device: usize) -> Result<String> {
+        Ok("fake".into())
+    }
+    fn alloc(&self, _device: usize, bytes: usize) -> Result<DevicePtr> {
+        Ok(self.addr(bytes))
+    }
+    fn free(&self, _ptr: DevicePtr) -> Result<()> {
+        Ok(())
+    }
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
+        let mut mem = vec![0u8; bytes].into_boxed_slice();
+        let host = mem.as_mut_ptr();
+        self.pinned.lock().unwrap().push(mem);
+        Ok(HostMapped { host, device: self.addr(bytes), bytes })
+    }
+    fn free_host_mapped(&self, _mem: HostMapped) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn register_host(&self, _ptr: *mut u8, _bytes: usize) -> Result<DevicePtr> {
+        Err(fake("register_host"))
+    }
+    fn unregister_host(&self, _ptr: DevicePtr) -> Result<()> {
+        Err(fake("unregister_host"))
+    }
+    fn memset(&self, _dst: DevicePtr, _value: u8, _bytes: usize, _stream: Stream) -> Result<()> {
+        Err(fake("memset"))
+    }
+    fn copy(&self, _dst: DevicePtr, _src: DevicePtr, _bytes: usize, _stream: Stream) -> Result<()> {
+        Err(fake("copy"))
+    }
+    fn copy_to_device(&self, _dst: DevicePtr, _src: &[u8], _stream: Stream) -> Result<()> {
+        Err(fake("copy_to_device"))
+    }
+    fn copy_from_device(&self, _dst: &mut [u8], _src: DevicePtr, _stream: Stream) -> Result<()> {
+        Err(fake("copy_from_device"))
+    }
+    fn create_stream(&self, _device: usize) -> Result<Stream> {
+        Err(fake("create_stream"))
+    }
+    fn destroy_stream(&self, _stream: Stream) -> Result<()> {
+        Err(fake("destroy_stream"))
+    }
+    fn synchronize(&self, _stream: Stream) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _stream: Stream) -> Result<bool> {
+        Ok(true)
+    }
+    fn create_event(&self, _device: usize) -> Result<Event> {
+        Ok(Event(self.addr(1).0))
+    }
+    fn record_event(&self, _event: Event, _stream: Stream) -> Result<()> {
+        self.log().events_recorded += 1;
+        Ok(())
+    }
+    fn stream_wait_event(&self, _stream: Stream, _event: Event) -> Result<()> {
+        self.log().waits += 1;
+        Ok(())
+    }
+    fn query_event(&self, _event: Event) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize_event(&self, _event: Event) -> Result<()> {
+        Ok(())
+    }
+    fn destroy_event(&self, _event: Event) -> Result<()> {
+        Ok(())
+    }
+    fn alloc_shareable(&self, _device: usize, _bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
+        Err(fake("alloc_shareable"))
+    }
+    fn import(&self, _device: usize, _handle: &ShareHandle) -> Result<DevicePtr> {
+        Err(fake("import"))
+    }
+    fn close_import(&self, _ptr: DevicePtr) -> Result<()> {
+        Err(fake("close_import"))
+    }
+    fn launch_exec(&self, launch: &ExecLaunch, stream: Stream) -> Result<()> {
+        let mut log = self.log();
+        log.checked.extend(launch.buffers.iter().copied());
+        log.kernel_lookups += 1;
+        log.reach_calls += 1;
+        log.launches.push(Launched { op: launch.op, dtype: launch.dtype, args: launch.args, blocks: launch.blocks, stream });
+        Ok(())
+    }
+    fn exec_kernel(&self, device: usize, op: DeviceOp, dtype: DataType) -> Result<ExecKernel> {
+        self.log().kernel_lookups += 1;
+        Ok(ExecKernel { device, op, dtype, handle: 0xf00, context: 1 })
+    }
+    fn reach_exec_memory(&self, _device: usize, _ptrs: &[DevicePtr]) -> Result<()> {
+        self.log().reach_calls += 1;
+        Ok(())
+    }
+    fn check_exec_buffer(&self, _device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.log().checked.push((ptr, bytes));
+        Ok(())
+    }
+    fn launch_exec_kernel(&self, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+        self.log().launches.push(Launched { op: kernel.op, dtype: kernel.dtype, args: *args, blocks, stream });
+        Ok(())
+    }
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.log().relaxed += 1;
+        f()
+    }
+    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
+        Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, _stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract: `src` holds `bytes` bytes of pinned memory.
+        let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
+        self.log().uploads.push((dst, data));
+        Ok(())
+    }
+    fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
+        Err(fake("host_address"))
+    }
+}
+
+/// Made-up P2P connections for every link `run`'s steps use, their slots and headers at
+/// made-up device addresses.
+pub(crate) fn links_for(run: &crate::work::Work) -> crate::exec::Links {
+    use crate::transport::fifo::{header_bytes, Fifo, LocalMemory};
+    use crate::transport::{Connection, Dir, Kind, GPU_SLOT_BYTES};
+    let mut wanted = Vec::new();
+    for item in &run.items {
+        for (_, s) in &item.steps {
+            wanted.extend(s.recv.iter().map(|l| (*l, Dir::Recv)));
+            wanted.extend(s.send.iter().map(|l| (*l, Dir::Send)));
+        }
+    }
+    wanted.sort();
+    wanted.dedup();
+    let mut links = crate::exec::Links::new();
+    for (i, (link, dir)) in wanted.into_iter().enumerate() {
+        let base = 0x10_0000_0000 + (i as u64) * 0x100_0000;
+        let header = LocalMemory::new(header_bytes());
+        // SAFETY: the header stand-in is zeroed and lives with the connection; the device
+        // addresses are only encoded, never touched.
+        let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, GPU_SLOT_BYTES) };
+        links.insert((link, dir), std::sync::Arc::new(Connection::for_test(link, dir, Kind::P2p, fifo, header)));
+    }
+    links
+}
