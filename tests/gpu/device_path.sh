@@ -88,6 +88,11 @@ for c in all_reduce all_gather; do
     paste <(grep -E "^ +[0-9]" $OUT/def_${c}_new.txt | awk '{print $1, $6, $8}') \
           <(grep -E "^ +[0-9]" $OUT/def_${c}_old.txt | awk '{print $6, $8}') | tee -a $S
 done
+# NCCL's channel rule (default) against one Simple channel per 128 KiB as before
+# (NCCL_THREAD_THRESHOLDS Simple = 256 bytes x 512 threads), new kernel.
+NCCL_THREAD_THRESHOLDS="-1 -1 256" bench new $OUT/rule_old.txt all_reduce -N 2 -b 8 -e 1G -f 8 -c 1 -n 20 -w 5
+note "== all_reduce 2 ranks: size | us, busbw: NCCL's channel rule (def new above), one channel per 128 KiB"
+paste <(grep -E "^ +[0-9]" $OUT/def_all_reduce_new.txt | awk '{print $1, $6, $8}') <(grep -E "^ +[0-9]" $OUT/rule_old.txt | awk '{print $6, $8}') | tee -a $S
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
 for d in $RUSTCCL_KERNEL_CACHE_DIR; do
     f=$(ls -S $d 2>/dev/null | head -1)

@@ -55,6 +55,13 @@ pub struct Capabilities {
     /// program image in device memory, its kernel), so a call checks its buffers and
     /// launches.
     pub plan_cache: bool,
+    /// NCCL's channel rule (`thread_threshold` non-zero): channels are dropped while the
+    /// operation has fewer than channels x threads x threshold bytes. Bytes per thread, per
+    /// protocol (LL, LL128, Simple); the ring's LL threshold is multiplied by the rank count,
+    /// as NCCL does. Zero: one channel per `channel_bytes` (the host backend).
+    pub thread_threshold: [usize; 3],
+    /// Threads per channel (the kernel's block).
+    pub channel_threads: usize,
 }
 
 impl Capabilities {
@@ -65,6 +72,29 @@ impl Capabilities {
     /// Channels for a collective of `bytes` by size alone.
     pub fn channels_by_size(&self, bytes: usize) -> u32 {
         ((bytes / self.channel_bytes.max(1)) as u64).clamp(1, self.size_channels.max(1) as u64) as u32
+    }
+
+    /// Channels for a ring or tree collective of `bytes` with protocol `p` among `nranks`:
+    /// NCCL's rule where the backend has thresholds (`NCCL_THREAD_THRESHOLDS` replaces them:
+    /// three numbers, LL LL128 Simple, a negative one keeps the default), else by size.
+    pub fn channels_for(&self, p: Protocol, bytes: usize, nranks: u32) -> u32 {
+        let mut thr = self.thread_threshold;
+        if let Some(set) = threshold_setting() {
+            for (t, v) in thr.iter_mut().zip(set) {
+                if let Some(v) = v {
+                    *t = *v;
+                }
+            }
+        }
+        let t = thr[p.index()] * if p == Protocol::Ll { nranks.max(1) as usize } else { 1 };
+        if t == 0 {
+            return self.channels_by_size(bytes);
+        }
+        let mut nc = self.size_channels.max(1) as usize;
+        while nc > 1 && bytes < nc * self.channel_threads * t {
+            nc -= 1;
+        }
+        nc as u32
     }
 
     /// Channels a point-to-point message (or local copy) of `bytes` is spread over with
@@ -103,6 +133,8 @@ impl Capabilities {
             ring_simple_fallback: false,
             one_shot_ll: true,
             plan_cache: true,
+            thread_threshold: [0; 3],
+            channel_threads: 1,
         }
     }
 
@@ -133,8 +165,26 @@ impl Capabilities {
             ring_simple_fallback: true,
             one_shot_ll: false,
             plan_cache: true,
+            // NCCL's thresholds: 8 bytes per thread for LL (times the ranks) and LL128, 64
+            // for Simple.
+            thread_threshold: [8, 8, 64],
+            channel_threads: rustccl_kernels::exec::EXEC_THREADS as usize,
         }
     }
+}
+
+/// `NCCL_THREAD_THRESHOLDS` (LL LL128 Simple; negative or missing: the default), read once.
+fn threshold_setting() -> Option<&'static [Option<usize>; 3]> {
+    static V: std::sync::OnceLock<Option<[Option<usize>; 3]>> = std::sync::OnceLock::new();
+    V.get_or_init(|| crate::params::env_str("NCCL_THREAD_THRESHOLDS").map(|s| parse_thresholds(&s))).as_ref()
+}
+
+fn parse_thresholds(s: &str) -> [Option<usize>; 3] {
+    let mut out = [None; 3];
+    for (o, v) in out.iter_mut().zip(s.split_whitespace()) {
+        *o = v.parse::<i64>().ok().filter(|v| *v >= 0).map(|v| v as usize);
+    }
+    out
 }
 
 /// The host backend's capabilities, made once.
@@ -164,5 +214,23 @@ mod tests {
         assert_eq!(g.p2p_channels(1 << 30, 2), 8);
         assert_eq!(g.p2p_channels(1 << 30, 5), 4);
         assert_eq!(g.p2p_channels(1 << 30, 64), 1);
+    }
+
+    #[test]
+    fn gpus_drop_channels_as_nccl_does() {
+        let g = Capabilities::gpu();
+        // Simple: 64 bytes x 512 threads = 32 KiB per channel.
+        assert_eq!(g.channels_for(Protocol::Simple, 8, 2), 1);
+        assert_eq!(g.channels_for(Protocol::Simple, 256 << 10, 2), 8);
+        assert_eq!(g.channels_for(Protocol::Simple, (256 << 10) - 1, 2), 7);
+        assert_eq!(g.channels_for(Protocol::Simple, 1 << 30, 2), 32);
+        // LL on a ring of 4: 8 x 4 bytes per thread.
+        assert_eq!(g.channels_for(Protocol::Ll, 64 << 10, 4), 4);
+        assert_eq!(g.channels_for(Protocol::Ll128, 64 << 10, 4), 16);
+        // The host backend keeps its rule.
+        let h = Capabilities::host();
+        assert_eq!(h.channels_for(Protocol::Simple, 4 << 20, 2), h.channels_by_size(4 << 20));
+        assert_eq!(parse_thresholds("8 -1 256"), [Some(8), None, Some(256)]);
+        assert_eq!(parse_thresholds("x"), [None, None, None]);
     }
 }

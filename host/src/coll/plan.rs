@@ -222,7 +222,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
             )))
         }
     };
-    let wanted = if channels > 0 { channels as u32 } else { caps.channels_by_size(bytes) };
+    let wanted = if channels > 0 { channels as u32 } else { caps.channels_for(proto, bytes, env.nranks) };
     let channels = wanted.clamp(env.min_ctas.max(1) as u32, (env.max_ctas.max(1) as u32).min(caps.max_channels));
     let most_chunk = max_chunk(caps, proto);
     let mut chunk_bytes = match caps.protocol(proto).chunk_bytes {

@@ -95,6 +95,7 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_TUNER_PLUGIN", Str, None, true, "Tuner plugin library to load"),
     p("NCCL_PROFILER_PLUGIN", Str, None, true, "Profiler plugin library to load"),
     p("NCCL_ALGO", Str, None, true, "Algorithms the planner may choose (Ring, Tree; ^ excludes)"),
+    p("NCCL_THREAD_THRESHOLDS", Str, None, true, "Bytes per thread below which a channel is dropped: LL LL128 Simple (negative keeps the default)"),
     p("NCCL_PROTO", Str, None, true, "Protocols the planner may choose (Simple, LL, LL128; ^ excludes; on the host backend Ring/LL is the one-shot exchange)"),
     p("NCCL_COMM_BLOCKING", Int, Some("-2147483648"), true, "Default of config.blocking: 0 non-blocking, 1 blocking (unset: INT_MIN)"),
     p("NCCL_CGA_CLUSTER_SIZE", Int, Some("4"), true, "CGA cluster size of device kernels (0 to 8)"),
