@@ -21,7 +21,7 @@ OUT=/tmp/device_path
 mkdir -p $OUT
 S=$FINAL_OUT/summary.txt
 note() { echo "$*" | tee -a $S; }
-wrong() { grep -E "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w " wrong"}'; }
+wrong() { grep -hE "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w " wrong"}'; }
 [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
 nvidia-smi -L >> $S
 timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
@@ -60,7 +60,7 @@ note "latency (rank 0): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1
 # 3. cudarc example and PyTorch.
 timeout 120 $G/cudarc_all_reduce > $OUT/cudarc.log 2>&1
 note "cudarc example (2 ranks, one GPU): rc $? $(tail -3 $OUT/cudarc.log | tr '\n' ' ' | cut -c1-400)"
-LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 150 python3 tests/torch/torch_dist.py --out $OUT/torch_rustccl.json --sizes --port 29544 > $OUT/torch_rustccl.log 2>&1
+LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 150 python3 tests/torch/torch_dist.py --out $OUT/torch_rustccl.json --sizes --graph --one-gpu --port 29544 > $OUT/torch_rustccl.log 2>&1
 note "torch (rustccl preloaded): rc $? $(grep -h -E 'failures|version|Error' $OUT/torch_rustccl.log | head -4 | tr '\n' ' ' | cut -c1-400)"
 
 # 4. Kernel before and after.

@@ -87,11 +87,14 @@ def worker(rank, world, out_path, sizes, port, graph=False):
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
+    # Rank r on GPU r; with one GPU (--one-gpu) both ranks share it (rustccl allows that,
+    # NVIDIA's NCCL refuses it; start MPS so that their kernels run side by side).
+    gpu = rank % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", gpu))
+    dev = torch.device("cuda", gpu)
     results = {}
     failures = []
 
@@ -141,7 +144,7 @@ def worker(rank, world, out_path, sizes, port, graph=False):
     # A small DDP training step.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[gpu])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     inp = torch.randn(16, 32, generator=torch.Generator().manual_seed(rank)).to(dev)
     loss = ddp(inp).square().mean()
@@ -193,11 +196,12 @@ def main():
     ap.add_argument("--sizes", action="store_true")
     ap.add_argument("--graph", action="store_true", help="also check an all_reduce captured in a CUDA graph")
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--one-gpu", action="store_true", help="both ranks on one GPU (rustccl only; start MPS first)")
     a = ap.parse_args()
     import torch
     import torch.multiprocessing as mp
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        print("SKIPPED: needs 2 CUDA devices")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < (1 if a.one_gpu else 2):
+        print("SKIPPED: needs 2 CUDA devices (or --one-gpu)")
         return
     mp.spawn(worker, args=(2, a.out, a.sizes, a.port, a.graph), nprocs=2, join=True)
 
