@@ -6,7 +6,7 @@
 //! Needs the `cudarc` feature and a CUDA driver:
 //! `RUSTCCL_BACKEND=cuda cargo run --release --features cudarc --example cudarc_all_reduce`.
 //!
-//! (Written for later: it has not been run on a GPU yet.)
+//! Run on one H200 with MPS (2026-12-01, session 5): both ranks got 3 and the ring check passed.
 
 use std::process::Command;
 use std::sync::Arc;
