@@ -147,6 +147,54 @@ fn eligible(comm: &Communicator, task: &Task) -> bool {
         && !crate::plugin::profiler_events::wants_plan_record()
 }
 
+/// A single collective on a one-rank communicator whose operator leaves the input as it is
+/// (what the planner makes plain copies of): in place nothing, out of place one copy (a copy
+/// engine on devices), without the planner, the group machinery or the cache — as NCCL, whose
+/// one-rank calls cost a host-side check and at most a `cudaMemcpyAsync`. `None` when the
+/// full way must run it (a computing operator, a group, a non-blocking communicator, a
+/// profiler, check mode, point-to-point).
+pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()>> {
+    let eligible = comm.nranks_unchecked() == 1
+        && task.count > 0
+        && !task.kind.is_p2p()
+        && comm.config().blocking
+        && !super::check::enabled()
+        && !crate::plugin::profiler_events::wants_plan_record()
+        && plan::one_rank_identity(task);
+    eligible.then(|| run_one_rank(comm, task))
+}
+
+fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
+    // The buffers resolved and checked as the planner does it.
+    let ctx = plan::PlanEnv::with(comm, |env| plan::op_ctx(env, task)).map_err(|e| comm.record_error(e))?;
+    if ctx.src == ctx.dst {
+        return Ok(());
+    }
+    let mut work = Work {
+        ctxs: Vec::new(),
+        items: Vec::new(),
+        copies: vec![crate::work::LocalCopy { src: ctx.src, dst: ctx.dst, bytes: ctx.dst_len }],
+        stream: task.stream,
+    };
+    let links = crate::exec::Links::new();
+    comm.op_log().started(std::slice::from_ref(&task.shape()));
+    let device = !comm.backend().capabilities().host_addressable;
+    let r = if device {
+        comm.launch_on_device(&work, &links).map_err(|e| comm.record_error(e.context("collective")))
+    } else {
+        let mut prep = Prepared::new(&work, &links);
+        crate::exec::host::run(&mut [HostRun { work: &mut work, prep: &mut prep, comm }])
+    };
+    if let Err(e) = &r {
+        comm.mark_broken(e);
+    }
+    // A device copy finishes later (the watchdog sees it); a host copy has finished.
+    if !device || r.is_err() {
+        comm.op_log().all_finished();
+    }
+    r
+}
+
 /// Runs a single operation (outside a group) from the cache; `None` when it must go the full
 /// way (see the module's documentation).
 pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
@@ -392,6 +440,59 @@ mod tests {
         assert_eq!(got.launches, want.launches);
         assert_eq!(got.uploads, want.uploads);
         assert_eq!(got.launches[0].args.calls[0].src, 0xa000_0000);
+    }
+
+    #[test]
+    fn one_rank_collectives_copy_or_do_nothing_and_computing_ones_still_compute() {
+        use crate::backend::{DevicePtr, Stream};
+        use crate::coll::ReduceOp;
+        std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+        let id = crate::get_unique_id().unwrap();
+        let c = Communicator::init_rank(1, &id, 0).unwrap();
+        let b = std::sync::Arc::clone(c.backend());
+        let n = 1001usize;
+        let (x, y) = (b.alloc(0, n * 4).unwrap(), b.alloc(0, n * 4).unwrap());
+        let input: Vec<f32> = (0..n).map(|i| i as f32 - 7.5).collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let read = |p: DevicePtr| {
+            let mut out = vec![0u8; n * 4];
+            b.copy_from_device(&mut out, p, Stream::DEFAULT).unwrap();
+            out.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>()
+        };
+        b.copy_to_device(x, &bytes(&input), Stream::DEFAULT).unwrap();
+        b.memset(y, 0xff, n * 4, Stream::DEFAULT).unwrap();
+        // Out of place: the input, copied (sum, max and avg over one rank are the identity).
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+            b.memset(y, 0xff, n * 4, Stream::DEFAULT).unwrap();
+            try_one_rank(&c, &Task { kind: CollKind::AllReduce, send: x, recv: y, count: n, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default() })
+                .expect("the one-rank path takes it")
+                .unwrap();
+            b.synchronize(Stream::DEFAULT).unwrap();
+            assert_eq!(read(y), input, "{op:?}, direct");
+            b.memset(y, 0xff, n * 4, Stream::DEFAULT).unwrap();
+            c.all_reduce(x, y, n, DataType::Float32, op, Stream::DEFAULT).unwrap();
+            b.synchronize(Stream::DEFAULT).unwrap();
+            assert_eq!(read(y), input, "{op:?}");
+        }
+        // In place: untouched. A broadcast out of place: a copy.
+        c.all_reduce(x, x, n, DataType::Float32, ReduceOp::Sum, Stream::DEFAULT).unwrap();
+        assert_eq!(read(x), input);
+        b.memset(y, 0, n * 4, Stream::DEFAULT).unwrap();
+        c.broadcast(x, y, n, DataType::Float32, 0, Stream::DEFAULT).unwrap();
+        b.synchronize(Stream::DEFAULT).unwrap();
+        assert_eq!(read(y), input);
+        // PreMulSum computes: not this path, and the result is scaled.
+        let premul = ReduceOp::PreMulSum(crate::coll::Scalar::Host(2.0));
+        assert!(try_one_rank(&c, &Task { kind: CollKind::AllReduce, send: x, recv: y, count: n, dtype: DataType::Float32, op: premul, stream: Stream::DEFAULT, profile: Default::default() }).is_none());
+        c.all_reduce(x, y, n, DataType::Float32, premul, Stream::DEFAULT).unwrap();
+        b.synchronize(Stream::DEFAULT).unwrap();
+        assert_eq!(read(y), input.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+        // Memory the backend does not know is refused as the planner refuses it.
+        let e = c.all_reduce(x, DevicePtr(0x10), n, DataType::Float32, ReduceOp::Sum, Stream::DEFAULT).unwrap_err();
+        assert!(e.message.contains("receive buffer"), "{}", e.message);
+        b.free(x).unwrap();
+        b.free(y).unwrap();
+        c.destroy().unwrap();
     }
 
     #[test]

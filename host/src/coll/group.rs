@@ -133,7 +133,11 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
         return Ok(());
     }
     profiler_events::group_end_api_start();
-    // A repeated single operation runs its cached plan (when the backend caches them).
+    // One rank, nothing to compute: nothing or one copy. A repeated single operation runs its
+    // cached plan (when the backend caches them).
+    if let Some(r) = super::cache::try_one_rank(comm, &task) {
+        return r;
+    }
     if let Some(r) = super::cache::try_run(comm, &task) {
         return r;
     }

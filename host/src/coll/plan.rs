@@ -486,7 +486,7 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
 
 /// Whether a task on one rank leaves its input as it is: no reduction, or one that does
 /// nothing to a single input (sum, prod, min, max, avg over the one rank, a host scalar of 1).
-fn one_rank_identity(task: &Task) -> bool {
+pub(crate) fn one_rank_identity(task: &Task) -> bool {
     if !task.kind.reduces() {
         return !task.kind.is_p2p();
     }
