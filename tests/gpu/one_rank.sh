@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
 # One rank on one GPU against NVIDIA's NCCL (issue 12: in place does no device work, out of
-# place is one copy at cudaMemcpy's bandwidth): rustccl-bench for rustccl's Rust API, for
-# rustccl's libnccl.so.2 and for NVIDIA's through the same C driver; a device-to-device copy
-# roofline from PyTorch. Uses target/gpu; logs to $OUT.
+# place is one copy at cudaMemcpy's bandwidth, small calls cost no more than NCCL's), launched
+# as usual and replayed from a CUDA graph (-G): rustccl-bench for rustccl's Rust API, for
+# rustccl's libnccl.so.2 and for NVIDIA's through the same C driver. Also the launch floor
+# and copy roofline (copy_roofline.cu) and the host cost per call of a 2-rank all_reduce
+# (RUSTCCL_PROFILE_ENQUEUE). Uses target/gpu; summary.txt and logs.tgz in $OUT.
 set -u
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
-for c in all_reduce broadcast all_gather; do
-    A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n 50 -w 5"
-    timeout 120 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1
-    timeout 120 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/one_${c}_capi.txt 2>&1
-    [ -n "$NV" ] && timeout 120 $G/rustccl-bench $A --lib "$NV" > $OUT/one_${c}_nccl.txt 2>&1
-    echo "== $c, 1 rank: size | time us out-of-place, in-place: rustccl (Rust API) | rustccl (C ABI) | NCCL"
-    paste <(grep -E "^ +[0-9]" $OUT/one_${c}_rust.txt | awk '{print $1, $6, $10}') \
-          <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
-          <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}')
-    grep -h -E "wrong|rror" $OUT/one_${c}_*.txt | sort | uniq -c | head -4
+FINAL_OUT=$OUT; OUT=/tmp/one_rank; mkdir -p $OUT
+S=$FINAL_OUT/summary.txt
+note() { echo "$*" | tee -a $S; }
+[ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
+nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S
+cols() { grep -hE "^ +[0-9]" "$1" | awk '{print $6, $10}'; }
+for c in all_reduce broadcast all_gather reduce_scatter; do
+    for g in 0 10; do
+        A="$c -N 1 -b 8 -e 256M -f 32 -c 1 -n 50 -w 5"
+        [ $g -gt 0 ] && A="$A -G $g -c 0"
+        timeout 60 $G/rustccl-bench $A > $OUT/${c}_G${g}_rust.txt 2>&1
+        timeout 60 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/${c}_G${g}_capi.txt 2>&1
+        [ -n "$NV" ] && timeout 60 $G/rustccl-bench $A --lib "$NV" > $OUT/${c}_G${g}_nccl.txt 2>&1
+        note "== $c, 1 rank, graph replays $g: size | us out of place, in place: rustccl Rust API | rustccl C ABI | NCCL ($(grep -hE '^ +[0-9]' $OUT/${c}_G${g}_*.txt | awk '{w+=$9+$13} END {print w+0}') wrong)"
+        paste <(grep -hE "^ +[0-9]" $OUT/${c}_G${g}_rust.txt | awk '{print $1, $6, $10}') <(cols $OUT/${c}_G${g}_capi.txt) <(cols $OUT/${c}_G${g}_nccl.txt) | tee -a $S
+        grep -h -i -E "error|panick" $OUT/${c}_G${g}_*.txt | head -2 | cut -c1-300 | tee -a $S
+    done
 done
-python3 - <<'PY'
-import torch, time
-for n in (8 << 20, 128 << 20, 1 << 30):
-    a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
-    for _ in range(3): b.copy_(a)
-    torch.cuda.synchronize(); t = time.perf_counter()
-    for _ in range(50): b.copy_(a)
-    torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 50
-    print(f"cudaMemcpy D2D roofline {n} bytes: {dt*1e6:.1f} us, {n/dt/1e9:.1f} GB/s")
-PY
+nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1 || started_mps=0
+lport=$((29600 + RANDOM % 300))
+for r in 0 1; do
+    RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$lport timeout 60 $G/rank-worker latency 2 $r env > $OUT/latency.$r.log 2>&1 &
+done
+wait
+note "latency (rank 0, under MPS): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
+[ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
+tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null
