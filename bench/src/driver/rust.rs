@@ -244,17 +244,20 @@ impl Driver for RustDriver {
 
     fn graph_begin(&mut self) -> Result<()> {
         let (rt, st) = self.graph_runtime()?;
-        rt.begin_capture(st)
+        // SAFETY: st is this driver's live stream on the cuda backend (graph_runtime).
+        unsafe { rt.begin_capture(st) }
     }
 
     fn graph_end(&mut self) -> Result<GraphHandle> {
         let (rt, st) = self.graph_runtime()?;
-        rt.end_capture(st)
+        // SAFETY: as in graph_begin.
+        unsafe { rt.end_capture(st) }
     }
 
     fn graph_launch(&mut self, g: &GraphHandle) -> Result<()> {
         let (rt, st) = self.graph_runtime()?;
-        rt.launch_graph(g, st)
+        // SAFETY: as in graph_begin; the graph was captured on this stream's device.
+        unsafe { rt.launch_graph(g, st) }
     }
 
     fn graph_destroy(&mut self, g: GraphHandle) -> Result<()> {

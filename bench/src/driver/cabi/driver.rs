@@ -367,15 +367,21 @@ impl Driver for CDriver {
     }
 
     fn graph_begin(&mut self) -> Result<()> {
-        self.graph_runtime()?.begin_capture(self.stream)
+        let rt = self.graph_runtime()?;
+        // SAFETY: graph_runtime checked that the stream is ours (live, not NULL).
+        unsafe { rt.begin_capture(self.stream) }
     }
 
     fn graph_end(&mut self) -> Result<GraphHandle> {
-        self.graph_runtime()?.end_capture(self.stream)
+        let rt = self.graph_runtime()?;
+        // SAFETY: as in graph_begin.
+        unsafe { rt.end_capture(self.stream) }
     }
 
     fn graph_launch(&mut self, g: &GraphHandle) -> Result<()> {
-        self.graph_runtime()?.launch_graph(g, self.stream)
+        let rt = self.graph_runtime()?;
+        // SAFETY: as in graph_begin; the graph was captured on this stream's device.
+        unsafe { rt.launch_graph(g, self.stream) }
     }
 
     fn graph_destroy(&mut self, g: GraphHandle) -> Result<()> {

@@ -26,7 +26,10 @@ pub struct GraphFns {
 
 impl GraphFns {
     /// Resolves the graph functions in the runtime at `path`; Err names the missing ones.
-    pub(super) fn resolve(lib: &'static Library, path: &str) -> std::result::Result<GraphFns, String> {
+    pub(super) fn resolve(
+        lib: &'static Library,
+        path: &str,
+    ) -> std::result::Result<GraphFns, String> {
         // SAFETY: each type is the function's signature in cuda_runtime_api.h (11.4 to 13).
         let (b, e, i, l, xd, d) = unsafe {
             (
@@ -39,9 +42,21 @@ impl GraphFns {
             )
         };
         match (b, e, i, l, xd, d) {
-            (Some(begin_capture), Some(end_capture), Some(instantiate), Some(launch), Some(exec_destroy), Some(destroy)) => {
-                Ok(GraphFns { begin_capture, end_capture, instantiate, launch, exec_destroy, destroy })
-            }
+            (
+                Some(begin_capture),
+                Some(end_capture),
+                Some(instantiate),
+                Some(launch),
+                Some(exec_destroy),
+                Some(destroy),
+            ) => Ok(GraphFns {
+                begin_capture,
+                end_capture,
+                instantiate,
+                launch,
+                exec_destroy,
+                destroy,
+            }),
             _ => {
                 let names = [
                     ("cudaStreamBeginCapture", b.is_some()),
@@ -51,7 +66,11 @@ impl GraphFns {
                     ("cudaGraphExecDestroy", xd.is_some()),
                     ("cudaGraphDestroy", d.is_some()),
                 ];
-                let missing: Vec<&str> = names.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
+                let missing: Vec<&str> = names
+                    .iter()
+                    .filter(|(_, ok)| !ok)
+                    .map(|(n, _)| *n)
+                    .collect();
                 Err(format!(
                     "CUDA graphs (-G) need the CUDA runtime's graph functions; {path} lacks {} (CUDA 11.4 or later has them; give another runtime with --cudart)",
                     missing.join(", ")
@@ -75,20 +94,27 @@ impl CudaApi {
     }
 
     /// Starts capturing the work enqueued on `stream` (not the NULL stream) from this thread.
-    pub fn begin_capture(&self, stream: CudaStream) -> Result<()> {
+    ///
+    /// # Safety
+    /// `stream` is a live CUDA stream (or NULL, refused).
+    pub unsafe fn begin_capture(&self, stream: CudaStream) -> Result<()> {
         let f = self.graph_fns()?;
         if stream.is_null() {
             return Err("CUDA graphs (-G): the NULL stream cannot be captured".into());
         }
         // SAFETY: a live stream of this runtime (or the driver API's, the same handle).
-        self.check("cudaStreamBeginCapture(cudaStreamCaptureModeThreadLocal)", unsafe {
-            (f.begin_capture)(stream, CAPTURE_MODE_THREAD_LOCAL)
-        })
+        self.check(
+            "cudaStreamBeginCapture(cudaStreamCaptureModeThreadLocal)",
+            unsafe { (f.begin_capture)(stream, CAPTURE_MODE_THREAD_LOCAL) },
+        )
     }
 
     /// Ends the capture on `stream` and instantiates the graph. On error nothing is left
     /// behind (the graph is destroyed when the instantiation fails).
-    pub fn end_capture(&self, stream: CudaStream) -> Result<GraphHandle> {
+    ///
+    /// # Safety
+    /// `stream` is a live CUDA stream.
+    pub unsafe fn end_capture(&self, stream: CudaStream) -> Result<GraphHandle> {
         let f = self.graph_fns()?;
         let mut graph: CudaGraph = std::ptr::null_mut();
         // SAFETY: graph is a valid out-pointer; the stream is live.
@@ -114,11 +140,17 @@ impl CudaApi {
             self.check("cudaGraphInstantiateWithFlags", rc)?;
             return Err("cudaGraphInstantiateWithFlags returned no executable graph".into());
         }
-        Ok(GraphHandle { graph: graph as u64, exec: exec as u64 })
+        Ok(GraphHandle {
+            graph: graph as u64,
+            exec: exec as u64,
+        })
     }
 
     /// Launches the instantiated graph on `stream` (returns once enqueued).
-    pub fn launch_graph(&self, g: &GraphHandle, stream: CudaStream) -> Result<()> {
+    ///
+    /// # Safety
+    /// `stream` is a live CUDA stream of the graph's device.
+    pub unsafe fn launch_graph(&self, g: &GraphHandle, stream: CudaStream) -> Result<()> {
         let f = self.graph_fns()?;
         // SAFETY: g.exec came from end_capture and is not destroyed yet (destroy takes g).
         self.check("cudaGraphLaunch", unsafe {
