@@ -118,7 +118,7 @@ pub fn run(o: &Options, drv: &mut dyn Driver) -> Result<Outcome> {
                     "op": o.op_arg, "minBytes": o.min_bytes, "maxBytes": o.max_bytes,
                     "stepFactor": o.step_factor, "stepBytes": o.step_bytes, "iters": o.iters,
                     "warmupIters": o.warmup, "aggIters": o.agg_iters, "check": o.check,
-                    "redop": o.redop_arg, "datatype": o.dtype_arg, "average": o.average.code(),
+                    "redop": o.redop_arg, "datatype": o.dtype_arg, "average": o.average.code(), "cudaGraphLaunches": o.cudagraph,
                 },
                 "results": b.rows.iter().map(format::row_json).collect::<Vec<_>>(),
                 "out_of_bounds": b.wrong_total,
@@ -181,14 +181,15 @@ impl Bench<'_> {
             o.op_arg
         ));
         self.print(&format!(
-            "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0",
+            "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} agg iters: {} validation: {} graph: {}",
             o.min_bytes,
             o.max_bytes,
             o.step_text(),
             o.warmup,
             o.iters,
             o.agg_iters,
-            o.check
+            o.check,
+            o.cudagraph
         ));
         if o.auto_iters {
             self.print(&format!(
@@ -350,12 +351,16 @@ impl Bench<'_> {
             self.drv.barrier()?;
             self.o.iters
         };
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            self.drv.launch(&call, self.o.agg_iters)?;
-        }
-        self.drv.sync()?;
-        let secs = t0.elapsed().as_secs_f64() / (iters * self.o.agg_iters) as f64;
+        let secs = if self.o.cudagraph > 0 {
+            self.time_graph(&call, iters)?
+        } else {
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                self.drv.launch(&call, self.o.agg_iters)?;
+            }
+            self.drv.sync()?;
+            t0.elapsed().as_secs_f64() / (iters * self.o.agg_iters) as f64
+        };
         // Every rank's time and wrong count, in one small allgather.
         let mut mine = [0u8; 16];
         mine[..8].copy_from_slice(&secs.to_le_bytes());
@@ -383,6 +388,39 @@ impl Bench<'_> {
             wrong: checked.then_some(wrong),
             iters,
         })
+    }
+
+    /// `-G`: captures the `iters` launches into a CUDA graph, then (after a barrier) times
+    /// `cudagraph` launches of it; seconds per operation. The graph is destroyed either way.
+    fn time_graph(&mut self, call: &Call, iters: usize) -> Result<f64> {
+        let launches = self.o.cudagraph;
+        self.drv.graph_begin()?;
+        let captured = (0..iters).try_for_each(|_| self.drv.launch(call, self.o.agg_iters));
+        // The capture always ends, so that the stream is usable whatever happened.
+        let graph = match (captured, self.drv.graph_end()) {
+            (Ok(()), Ok(g)) => g,
+            (Ok(()), Err(end)) => return Err(end),
+            (Err(e), Ok(g)) => {
+                let _ = self.drv.graph_destroy(g);
+                return Err(format!("while capturing a CUDA graph (-G): {e}"));
+            }
+            (Err(e), Err(end)) => {
+                return Err(format!("while capturing a CUDA graph (-G): {e}; then {end}"))
+            }
+        };
+        let timed = (|| -> Result<f64> {
+            self.drv.barrier()?;
+            let t0 = Instant::now();
+            for _ in 0..launches {
+                self.drv.graph_launch(&graph)?;
+            }
+            self.drv.sync()?;
+            Ok(t0.elapsed().as_secs_f64())
+        })();
+        let destroyed = self.drv.graph_destroy(graph);
+        let secs = timed?;
+        destroyed?;
+        Ok(secs / (launches * iters * self.o.agg_iters) as f64)
     }
 
     /// One checked run: poison the output, write the inputs, run once, compare every element.

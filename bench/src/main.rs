@@ -50,7 +50,7 @@ fn run_rank(o: &opts::Options, rank: usize) -> i32 {
             )?),
             None => {
                 let id = rustccl::UniqueId::from_hex(&id).map_err(|e| format!("unique id: {e}"))?;
-                Box::new(RustDriver::new(o.nranks, rank, &id)?)
+                Box::new(RustDriver::new(o.nranks, rank, &id)?.with_cudart(o.cudart.clone()))
             }
         };
         let outcome = bench::run(o, drv.as_mut());

@@ -85,6 +85,9 @@ pub struct Options {
     pub warmup: usize,
     pub agg_iters: usize,
     pub check: usize,
+    /// `-G`: the timed iterations are captured into a CUDA graph once and the graph is
+    /// launched this many times (0: no graph, the launches are timed directly).
+    pub cudagraph: usize,
     /// None: every operator.
     pub redops: Vec<Redop>,
     pub redop_arg: String,
@@ -132,6 +135,7 @@ impl Default for Options {
             warmup: 1,
             agg_iters: 1,
             check: 1,
+            cudagraph: 0,
             redops: vec![Redop::Sum],
             redop_arg: "sum".into(),
             dtypes: vec![DataType::Float32],
@@ -175,6 +179,10 @@ USAGE: rustccl-bench [op] [options]
   -w, --warmup_iters <n>    untimed iterations before each timed size (default 1)
   -m, --agg_iters <n>       operations per iteration, in one group (default 1)
   -c, --check <0|1>         check every element of one run per size first (default 1)
+  -G, --cudagraph <n>       capture the timed iterations into a CUDA graph once per size and
+                            time n launches of it (default 0: no graph); time per operation =
+                            elapsed / (n x iters x agg_iters), as nccl-tests. CUDA only: the
+                            cuda backend, or --lib without --host-memory; checks run uncaptured
   -o, --op <sum|prod|min|max|avg|premulsum|mulsum|all>    reduction operator (default sum)
   -d, --datatype <type|all> int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
                             f8e4m3 f8e5m2 (also float16, float32, bf16, fp8e4m3, ...; default float)
@@ -189,7 +197,8 @@ USAGE: rustccl-bench [op] [options]
                             the Rust API) to run the sweep once per library, one after the other
       --plot <file.svg>     write an SVG plot: time and bus bandwidth (out-of-place) against
                             size, log-log, one line per library (and operation)
-      --cudart <path>       the CUDA runtime for --lib (default: libcudart.so, .so.13, .so.12)
+      --cudart <path>       the CUDA runtime for --lib, and for -G (default: libcudart.so,
+                            .so.13, .so.12)
       --host-memory         with --lib: host memory and the NULL stream, no CUDA (rustccl's
                             library with RUSTCCL_BACKEND=host)
       --tune                instead of one table: sweep algorithm x protocol x channels for each
@@ -428,6 +437,8 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "--agg_iters",
             "-c",
             "--check",
+            "-G",
+            "--cudagraph",
             "-o",
             "--op",
             "-d",
@@ -487,6 +498,7 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "-w" | "--warmup_iters" => o.warmup = parse_count(&flag, v, 0)?,
             "-m" | "--agg_iters" => o.agg_iters = parse_count(&flag, v, 1)?,
             "-c" | "--check" => o.check = parse_count(&flag, v, 0)?,
+            "-G" | "--cudagraph" => o.cudagraph = parse_count(&flag, v, 0)?,
             "-o" | "--op" => {
                 o.redops = parse_redops(v)?;
                 o.redop_arg = v.to_string();
@@ -576,8 +588,11 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "--host-memory goes with --lib (the Rust API driver always uses the backend's memory)",
         );
     }
-    if o.cudart.is_some() && c_libs == 0 {
-        return err("--cudart goes with --lib");
+    if o.cudart.is_some() && c_libs == 0 && o.cudagraph == 0 {
+        return err("--cudart goes with --lib or -G");
+    }
+    if o.tune && o.cudagraph > 0 {
+        return err("--tune does not take -G (its sweeps launch the operations directly)");
     }
     if (o.tune_out.is_some() || !o.tune_channels.is_empty()) && !o.tune {
         return err("--tune-out and --tune-channels go with --tune");

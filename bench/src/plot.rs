@@ -168,7 +168,8 @@ pub fn write_svg(path: &str, title: &str, series: &[Series]) -> Result<(), Strin
         let root = root.titled(title, ("sans-serif", 20))?;
         let panels = root.split_evenly((1, 2));
         let sizes = octaves(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
-        let panel_specs: [(&str, &str, fn(&(f64, f64, f64)) -> f64); 2] = [
+        type Pick = fn(&(f64, f64, f64)) -> f64;
+        let panel_specs: [(&str, &str, Pick); 2] = [
             ("time", "time (us)", |p| p.1),
             ("bus bandwidth", "bus bandwidth (GB/s)", |p| p.2),
         ];

@@ -202,8 +202,11 @@ fn sweep_args(o: &Options, coll: Coll, report: &Path) -> Vec<String> {
     a
 }
 
-/// Reads a sweep's JSON report: (ranks, driver, (size, out-of-place time) per row).
-fn read_report(path: &Path) -> Result<(usize, String, Vec<(u64, f64)>), String> {
+/// A sweep's report: (ranks, driver, (size, out-of-place time) per row).
+type Report = (usize, String, Vec<(u64, f64)>);
+
+/// Reads a sweep's JSON report.
+fn read_report(path: &Path) -> Result<Report, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("no report {}: {e}", path.display()))?;
     let doc: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let rows = doc["results"].as_array().ok_or("the report has no results")?;

@@ -279,3 +279,30 @@ fn plot_without_rows_and_tune_with_several_libraries_are_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(se.contains("--plot needs a file name"), "{se}");
 }
+
+#[test]
+fn cudagraph_without_cuda_is_a_clear_error() {
+    // The Rust API on the host backend: no CUDA stream to capture.
+    let (out, so, se) = run(bench("-N 2 -b 8 -e 64 -n 2 -G 2"));
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("validation: 1 graph: 2"), "{so}");
+    assert!(
+        se.contains("CUDA graphs (-G/--cudagraph) need a CUDA device and a CUDA stream: the host backend has none (RUSTCCL_BACKEND=host)"),
+        "{se}"
+    );
+    // Nothing ran uncaptured in its place: no row was printed.
+    assert!(rows(&so).is_empty(), "{so}");
+    // rustccl's C library with --host-memory: the NULL stream cannot be captured.
+    let lib = rustccl_c_lib();
+    let (out, so, se) = run(bench(&format!("-N 1 -b 8 -e 64 -n 2 -G 2 --host-memory --lib {lib}")));
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(
+        se.contains("CUDA graphs (-G/--cudagraph) need a CUDA device and a CUDA stream: --host-memory runs on host memory and the NULL stream"),
+        "{se}"
+    );
+    assert!(rows(&so).is_empty(), "{so}");
+    // -G 0 is the default: timed without a graph.
+    let (out, so, se) = run(bench("-N 1 -b 8 -e 64 -n 2 -G 0"));
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("graph: 0"), "{so}");
+}

@@ -1,6 +1,6 @@
 /* A one-rank stand-in for libnccl.so.2, for the C-ABI driver's tests: it checks the
  * arguments the benchmark passes (types, operators, roots, peers, the by-value unique id, the
- * NULL stream of --host-memory, PreMulSum's scalar) and copies, which is what every operation
+ * NULL stream of --host-memory or the mock runtime's, PreMulSum's scalar) and copies, which is what every operation
  * does on one rank. MOCK_NCCL_FAIL=<function name> makes that function fail. */
 #include <stddef.h>
 #include <stdint.h>
@@ -37,11 +37,18 @@ static int forced(const char* fn) {
   return 0;
 }
 
+/* The stream every call must come on: NULL (--host-memory), or MOCK_NCCL_STREAM (hex) when
+ * the benchmark runs on the mock CUDA runtime (tests/mock_cudart.c). */
+static void* expectedStream(void) {
+  const char* s = getenv("MOCK_NCCL_STREAM");
+  return s ? (void*)(uintptr_t)strtoull(s, NULL, 16) : NULL;
+}
+
 #define CHECK(fn, t, c, st) do { \
     if (forced(fn)) return 3; \
     if (tsize(t) == 0) return fail(fn, "bad datatype"); \
     if ((c) == NULL || (c)->nranks != 1) return fail(fn, "bad communicator"); \
-    if ((st) != NULL) return fail(fn, "stream is not NULL"); \
+    if ((st) != expectedStream()) return fail(fn, "stream is not the expected one"); \
   } while (0)
 
 static int checkOp(ncclComm_t c, int op) { return op >= 0 && op < c->nextOp ? 0 : fail("op", "bad operator"); }

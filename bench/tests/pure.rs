@@ -95,6 +95,26 @@ fn every_flag_short_long_and_inline() {
 }
 
 #[test]
+fn cudagraph_flag() {
+    assert_eq!(p("").cudagraph, 0);
+    assert_eq!(p("-G 5").cudagraph, 5);
+    assert_eq!(p("-G7").cudagraph, 7);
+    assert_eq!(p("--cudagraph 3").cudagraph, 3);
+    assert_eq!(p("--cudagraph=2 -g 1").cudagraph, 2);
+    assert_eq!(p("-G 0").cudagraph, 0);
+    // -G and -g are different flags.
+    assert!(perr("-g 5").contains("one rank per process"));
+    assert!(perr("-G -1").contains("too small"));
+    assert!(perr("-G x").contains("not an integer"));
+    assert!(perr("-G").contains("needs a value"));
+    assert!(perr("--tune -G 2").contains("--tune does not take -G"));
+    // -G loads the CUDA runtime for the Rust API too, so --cudart goes with it.
+    assert_eq!(p("-G 2 --cudart /y/libcudart.so").cudart.as_deref(), Some("/y/libcudart.so"));
+    assert!(perr("--cudart /y/libcudart.so").contains("--cudart goes with --lib or -G"));
+    assert!(opts::USAGE.contains("-G, --cudagraph <n>"));
+}
+
+#[test]
 fn step_bytes_makes_an_additive_sweep() {
     let o = p("-b 1M -e 4M -i 1M");
     assert_eq!(o.step_factor, 1);

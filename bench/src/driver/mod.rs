@@ -32,6 +32,20 @@ pub struct Call {
     pub vcounts: Option<VCounts>,
 }
 
+/// A CUDA graph captured on a driver's stream and instantiated (`-G`): the raw `cudaGraph_t`
+/// and `cudaGraphExec_t`. Opaque; not `Clone`, so that [`Driver::graph_destroy`] (which
+/// takes it) destroys it once.
+#[derive(Debug, PartialEq, Eq)]
+pub struct GraphHandle {
+    pub graph: u64,
+    pub exec: u64,
+}
+
+/// The error of a driver that cannot capture CUDA graphs; `why` says what to change.
+pub fn no_graphs(why: &str) -> String {
+    format!("CUDA graphs (-G/--cudagraph) need a CUDA device and a CUDA stream: {why}")
+}
+
 /// A way of running operations (one rank per process).
 pub trait Driver {
     /// One line saying what runs (library, backend), for the header.
@@ -57,6 +71,25 @@ pub trait Driver {
     fn barrier(&mut self) -> Result<()>;
     /// Every rank's `mine` (all the same length), in rank order.
     fn allgather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+
+    /// Starts capturing what [`launch`](Driver::launch) enqueues on the driver's stream into a
+    /// CUDA graph (`-G`). Drivers without CUDA streams refuse with [`no_graphs`].
+    fn graph_begin(&mut self) -> Result<()> {
+        Err(no_graphs(&format!("{} has none", self.describe())))
+    }
+    /// Ends the capture and instantiates the graph.
+    fn graph_end(&mut self) -> Result<GraphHandle> {
+        Err(no_graphs(&format!("{} has none", self.describe())))
+    }
+    /// Enqueues one replay of the graph on the driver's stream ([`sync`](Driver::sync)
+    /// waits for it).
+    fn graph_launch(&mut self, _g: &GraphHandle) -> Result<()> {
+        Err(no_graphs(&format!("{} has none", self.describe())))
+    }
+    /// Destroys the graph and its instance.
+    fn graph_destroy(&mut self, _g: GraphHandle) -> Result<()> {
+        Err(no_graphs(&format!("{} has none", self.describe())))
+    }
 
     /// Frees what the driver holds and destroys the communicator.
     fn finish(&mut self) -> Result<()>;

@@ -1,12 +1,14 @@
 //! The Rust API driver: rustccl in this process, on the backend `RUSTCCL_BACKEND` names
-//! (host memory on the host backend).
+//! (host memory on the host backend). `-G` captures on rustccl's stream through the CUDA
+//! runtime ([`super::cabi::graph`]), loaded on the first capture; the cuda backend only.
 
 use std::sync::Arc;
 
-use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
+use rustccl::backend::{BackendKind, DeviceBackend, DevicePtr, Stream};
 use rustccl::{CommConfig, Communicator, ReduceOp, Scalar, UniqueId};
 
-use super::{Call, Driver, Result};
+use super::cabi::{CudaApi, CudaStream};
+use super::{no_graphs, Call, Driver, GraphHandle, Result};
 use crate::ops::{Coll, Redop};
 
 pub struct RustDriver {
@@ -17,6 +19,10 @@ pub struct RustDriver {
     rank: usize,
     nranks: usize,
     allocations: Vec<DevicePtr>,
+    /// `--cudart`: the CUDA runtime `-G` loads (None: the default names).
+    cudart: Option<String>,
+    /// The CUDA runtime, once a capture has loaded it.
+    graph_rt: Option<CudaApi>,
 }
 
 fn e(what: &str) -> impl Fn(rustccl::Error) -> String + '_ {
@@ -50,7 +56,37 @@ impl RustDriver {
             rank,
             nranks,
             allocations: Vec::new(),
+            cudart: None,
+            graph_rt: None,
         })
+    }
+
+    /// The CUDA runtime `-G` loads (`--cudart`; None: libcudart.so, .so.13, .so.12).
+    pub fn with_cudart(mut self, cudart: Option<String>) -> RustDriver {
+        self.cudart = cudart;
+        self
+    }
+
+    /// The CUDA runtime for `-G` (loaded, and pointed at this rank's device, on first use)
+    /// and rustccl's stream as a `cudaStream_t`; only on the cuda backend.
+    fn graph_runtime(&mut self) -> Result<(&CudaApi, CudaStream)> {
+        let kind = self.backend.kind();
+        if kind != BackendKind::Cuda {
+            return Err(no_graphs(&format!(
+                "the {kind} backend has none (RUSTCCL_BACKEND={}); run on the cuda backend (RUSTCCL_BACKEND=cuda) or drop -G",
+                kind.name()
+            )));
+        }
+        if self.graph_rt.is_none() {
+            let rt = CudaApi::load(self.cudart.as_deref())
+                .map_err(|err| format!("-G captures through the CUDA runtime: {err}"))?;
+            // rustccl works in the device's primary context, which the runtime uses too.
+            rt.use_device(self.device)?;
+            self.graph_rt = Some(rt);
+        }
+        let rt = self.graph_rt.as_ref().expect("loaded above");
+        // rustccl's stream handle is the raw CUstream, which is a cudaStream_t.
+        Ok((rt, self.stream.0 as usize as CudaStream))
     }
 
     fn comm(&self) -> Result<&Communicator> {
@@ -204,6 +240,29 @@ impl Driver for RustDriver {
         self.backend
             .synchronize(self.stream)
             .map_err(e("synchronize"))
+    }
+
+    fn graph_begin(&mut self) -> Result<()> {
+        let (rt, st) = self.graph_runtime()?;
+        // SAFETY: st is this driver's live stream on the cuda backend (graph_runtime).
+        unsafe { rt.begin_capture(st) }
+    }
+
+    fn graph_end(&mut self) -> Result<GraphHandle> {
+        let (rt, st) = self.graph_runtime()?;
+        // SAFETY: as in graph_begin.
+        unsafe { rt.end_capture(st) }
+    }
+
+    fn graph_launch(&mut self, g: &GraphHandle) -> Result<()> {
+        let (rt, st) = self.graph_runtime()?;
+        // SAFETY: as in graph_begin; the graph was captured on this stream's device.
+        unsafe { rt.launch_graph(g, st) }
+    }
+
+    fn graph_destroy(&mut self, g: GraphHandle) -> Result<()> {
+        let (rt, _) = self.graph_runtime()?;
+        rt.destroy_graph(g)
     }
 
     fn barrier(&mut self) -> Result<()> {

@@ -16,9 +16,17 @@ pub struct NcclUniqueId {
 
 pub type NcclComm = *mut c_void;
 pub type CudaStream = *mut c_void;
+/// `cudaGraph_t` and `cudaGraphExec_t`: opaque handles.
+pub type CudaGraph = *mut c_void;
+pub type CudaGraphExec = *mut c_void;
 
 /// `ncclScalarHostImmediate`.
 pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
+/// `cudaStreamCaptureModeThreadLocal` (`Global` is 0, `Relaxed` 2): what nccl-tests' `-G`
+/// captures with. Only the capturing thread is barred from calls that are unsafe during a
+/// capture (`cudaMalloc`, synchronous copies); the library's other threads (proxies, which may
+/// allocate while a first call connects) stay free, which `Global` would forbid them.
+pub const CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// `cudaMemcpyHostToDevice`, `cudaMemcpyDeviceToHost`.
 pub const MEMCPY_H2D: c_int = 1;
 pub const MEMCPY_D2H: c_int = 2;
@@ -101,3 +109,16 @@ pub(super) type FnCudaStream = unsafe extern "C" fn(CudaStream) -> c_int;
 pub(super) type FnCudaVoid = unsafe extern "C" fn() -> c_int;
 pub(super) type FnCudaErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
 pub(super) type FnCudaPciBusId = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+
+// ---- CUDA runtime graph functions (`-G`; the same signatures in CUDA 11.4 to 13) -------------
+
+pub(super) type FnCudaStreamBeginCapture = unsafe extern "C" fn(CudaStream, c_int) -> c_int;
+pub(super) type FnCudaStreamEndCapture = unsafe extern "C" fn(CudaStream, *mut CudaGraph) -> c_int;
+/// `cudaGraphInstantiateWithFlags(cudaGraphExec_t*, cudaGraph_t, unsigned long long flags)`:
+/// the three-argument form in every runtime since 11.4 (where `cudaGraphInstantiate` itself
+/// still took five arguments).
+pub(super) type FnCudaGraphInstantiateWithFlags =
+    unsafe extern "C" fn(*mut CudaGraphExec, CudaGraph, std::ffi::c_ulonglong) -> c_int;
+pub(super) type FnCudaGraphLaunch = unsafe extern "C" fn(CudaGraphExec, CudaStream) -> c_int;
+pub(super) type FnCudaGraphExecDestroy = unsafe extern "C" fn(CudaGraphExec) -> c_int;
+pub(super) type FnCudaGraphDestroy = unsafe extern "C" fn(CudaGraph) -> c_int;

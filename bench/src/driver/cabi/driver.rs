@@ -12,7 +12,7 @@ use super::abi::{
 };
 use super::libraries::{cstr, CudaApi, NcclApi};
 use super::marshal::{marshal, Prim};
-use crate::driver::{scalar_bytes, Call, Driver, Result};
+use crate::driver::{no_graphs, scalar_bytes, Call, Driver, GraphHandle, Result};
 
 /// Host memory of the `--host-memory` mode.
 struct HostBuf {
@@ -190,6 +190,16 @@ impl CDriver {
         Ok(())
     }
 
+    /// The runtime for `-G`: CUDA memory and a stream of our own, not `--host-memory`.
+    fn graph_runtime(&self) -> Result<&CudaApi> {
+        match &self.cuda {
+            Some(c) if !self.stream.is_null() => Ok(c),
+            _ => Err(no_graphs(
+                "--host-memory runs on host memory and the NULL stream; drop --host-memory (or -G)",
+            )),
+        }
+    }
+
     fn ensure_scratch(&mut self, bytes: usize) -> Result<(u64, u64)> {
         if let Some((s, r, b)) = self.scratch {
             if b >= bytes {
@@ -354,6 +364,28 @@ impl Driver for CDriver {
             }),
             None => Ok(()),
         }
+    }
+
+    fn graph_begin(&mut self) -> Result<()> {
+        let rt = self.graph_runtime()?;
+        // SAFETY: graph_runtime checked that the stream is ours (live, not NULL).
+        unsafe { rt.begin_capture(self.stream) }
+    }
+
+    fn graph_end(&mut self) -> Result<GraphHandle> {
+        let rt = self.graph_runtime()?;
+        // SAFETY: as in graph_begin.
+        unsafe { rt.end_capture(self.stream) }
+    }
+
+    fn graph_launch(&mut self, g: &GraphHandle) -> Result<()> {
+        let rt = self.graph_runtime()?;
+        // SAFETY: as in graph_begin; the graph was captured on this stream's device.
+        unsafe { rt.launch_graph(g, self.stream) }
+    }
+
+    fn graph_destroy(&mut self, g: GraphHandle) -> Result<()> {
+        self.graph_runtime()?.destroy_graph(g)
     }
 
     fn barrier(&mut self) -> Result<()> {

@@ -7,6 +7,7 @@ use std::ffi::{c_char, c_int, CStr};
 use libloading::Library;
 
 use super::abi::*;
+use super::graph::GraphFns;
 use crate::driver::Result;
 
 /// Resolves `name` in `lib`, copying the function pointer out (the library is never closed).
@@ -21,7 +22,11 @@ unsafe fn sym<T: Copy>(lib: &'static Library, path: &str, name: &str) -> Result<
         .map_err(|e| format!("{path}: cannot resolve {name}: {e}"))
 }
 
-unsafe fn opt_sym<T: Copy>(lib: &'static Library, name: &str) -> Option<T> {
+/// Resolves `name` in `lib` when it is there.
+///
+/// # Safety
+/// As for [`sym`].
+pub(super) unsafe fn opt_sym<T: Copy>(lib: &'static Library, name: &str) -> Option<T> {
     let cname = format!("{name}\0");
     // SAFETY: as for sym.
     unsafe { lib.get::<T>(cname.as_bytes()) }.ok().map(|s| *s)
@@ -147,6 +152,8 @@ pub struct CudaApi {
     pub(super) get_error_string: FnCudaErrorString,
     pub(super) stream_destroy: Option<FnCudaStream>,
     pub(super) pci_bus_id: Option<FnCudaPciBusId>,
+    /// The graph functions of `-G` ([`super::graph`]), or why they are missing.
+    pub(super) graph: std::result::Result<GraphFns, String>,
 }
 
 /// The names tried for the CUDA runtime when `--cudart` is not given.
@@ -192,6 +199,7 @@ impl CudaApi {
                 get_error_string: sym(lib, p, "cudaGetErrorString")?,
                 stream_destroy: opt_sym(lib, "cudaStreamDestroy"),
                 pci_bus_id: opt_sym(lib, "cudaDeviceGetPCIBusId"),
+                graph: GraphFns::resolve(lib, p),
                 path,
             })
         }

@@ -10,17 +10,20 @@
 //! * [`marshal`](mod@marshal): the pure part — turning a [`Call`](super::Call) into the
 //!   sequence of NCCL calls it makes ([`Prim`]) — separate from the part that calls the
 //!   library, so it is unit-tested without one;
+//! * [`graph`]: CUDA graphs for `-G` through the runtime ([`CudaApi::begin_capture`], ...),
+//!   used by both drivers;
 //! * [`driver`]: [`CDriver`], the [`Driver`](super::Driver) that runs those calls on the
 //!   loaded library.
 
 pub mod abi;
 pub mod driver;
+pub mod graph;
 pub mod libraries;
 pub mod marshal;
 
 pub use abi::{
-    id_from_hex, id_to_hex, CudaStream, NcclComm, NcclUniqueId, MEMCPY_D2H, MEMCPY_H2D,
-    SCALAR_HOST_IMMEDIATE,
+    id_from_hex, id_to_hex, CudaGraph, CudaGraphExec, CudaStream, NcclComm, NcclUniqueId,
+    CAPTURE_MODE_THREAD_LOCAL, MEMCPY_D2H, MEMCPY_H2D, SCALAR_HOST_IMMEDIATE,
 };
 pub use driver::CDriver;
 pub use libraries::{CudaApi, NcclApi, CUDART_NAMES};
