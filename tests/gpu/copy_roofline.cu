@@ -38,8 +38,8 @@ __global__ void empty_kernel(unsigned long long a, unsigned long long b) {
 static void launch_floor() {
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
-  cudaEvent_t e;
-  CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaEvent_t ev;
+  CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   void *a, *b;
   CHECK(cudaMalloc(&a, 64));
   CHECK(cudaMalloc(&b, 64));
@@ -53,7 +53,7 @@ static void launch_floor() {
           CHECK(cudaMemcpyAsync(b, a, 8, cudaMemcpyDeviceToDevice, s));
         } else {
           empty_kernel<<<1, 512, 0, s>>>(i, 0);
-          if (mode == 1) CHECK(cudaEventRecord(e, s));
+          if (mode == 1) CHECK(cudaEventRecord(ev, s));
         }
       }
       const auto t1 = std::chrono::steady_clock::now();
