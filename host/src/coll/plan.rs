@@ -96,7 +96,7 @@ fn task_bytes(task: &Task, nranks: usize) -> usize {
 fn model_time(caps: &Capabilities, kind: &CollKind, algo: Algorithm, proto: Protocol, bytes: usize, n: usize) -> f32 {
     let cost = caps.protocol(proto);
     let lat = cost.latency_us;
-    let bw = if caps.bandwidth_per_channel { cost.gbps * caps.channels_by_size(bytes) as f32 } else { cost.gbps };
+    let bw = if caps.bandwidth_per_channel { cost.gbps * caps.channels_for(proto, bytes, n as u32) as f32 } else { cost.gbps };
     let nf = n as f32;
     let gb = bytes as f32 / 1e3; // bytes / (GB/s) in microseconds = bytes / 1e3 / bw
     if caps.one_shot_ll && proto == Protocol::Ll && algo == Algorithm::Ring {
@@ -561,6 +561,24 @@ mod tests {
         assert_eq!(work.items.len(), 32);
         // Every step of a 2-rank ring moves at most a chunk.
         assert!(work.items.iter().flat_map(|i| &i.steps).all(|(_, s)| s.bytes <= c.chunk_bytes));
+    }
+
+    #[test]
+    fn the_gpu_cost_model_counts_the_channels_the_planner_uses() {
+        // LL for small all-reduces, LL128 in between, Simple for large ones (2 ranks), and
+        // the channels of the choice are NCCL's rule for that protocol.
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let gpu = Capabilities::gpu();
+        let pick = |bytes: usize| {
+            let c = choose(&env(&gpu, 0, 2, &identity), &task(CollKind::AllReduce, bytes / 4, ReduceOp::Sum)).unwrap();
+            assert_eq!(c.channels, gpu.channels_for(c.proto, bytes, 2), "{bytes} B");
+            c.proto
+        };
+        if algo_setting().is_none() && proto_setting().is_none() {
+            assert_eq!(pick(1 << 10), Protocol::Ll);
+            assert_eq!(pick(1 << 20), Protocol::Ll128);
+            assert_eq!(pick(64 << 20), Protocol::Simple);
+        }
     }
 
     #[test]
