@@ -53,7 +53,18 @@ impl Entry {
 #[derive(Debug, Default)]
 pub(super) struct Table {
     entries: BTreeMap<u64, Entry>,
+    /// Allocations the backend did not make (the caller's: PyTorch's allocator, `cudaMalloc`)
+    /// that the driver confirmed once: start -> (bytes, device). A collective on the same
+    /// buffers then costs no `cuPointerGetAttributes` per call (two per call were ~2 µs of a
+    /// one-rank copy through the C ABI). The driver is not told of frees, so an entry may
+    /// outlive its allocation: a later call on freed memory then passes this check and fails
+    /// in the driver or the kernel instead — as with NCCL, which checks no pointer by default.
+    /// Bounded: emptied when it holds `EXTERNAL_MAX` ranges.
+    external: BTreeMap<u64, (usize, Option<usize>)>,
 }
+
+/// Caller allocations remembered at most (see `Table::external`).
+const EXTERNAL_MAX: usize = 4096;
 
 impl Table {
     /// The live entry whose range holds `ptr..ptr+bytes`.
@@ -61,6 +72,21 @@ impl Table {
         let (base, e) = self.entries.range(..=ptr.0).next_back()?;
         let end = ptr.0.checked_add(bytes as u64)?;
         (e.live() && end <= base + e.bytes as u64).then_some(e)
+    }
+
+    /// The device of a remembered caller allocation holding `ptr..ptr+bytes` (`Some(None)`:
+    /// host memory), if one is remembered.
+    fn find_external(&self, ptr: DevicePtr, bytes: usize) -> Option<Option<usize>> {
+        let (base, &(size, device)) = self.external.range(..=ptr.0).next_back()?;
+        let end = ptr.0.checked_add(bytes as u64)?;
+        (end <= base + size as u64).then_some(device)
+    }
+
+    fn remember_external(&mut self, start: u64, size: usize, device: Option<usize>) {
+        if self.external.len() >= EXTERNAL_MAX {
+            self.external.clear();
+        }
+        self.external.insert(start, (size, device));
     }
 }
 
@@ -84,8 +110,14 @@ impl CudaBackend {
         if bytes == 0 {
             return Ok(None);
         }
-        if let Some(e) = self.read_memory().find(ptr, bytes) {
-            return Ok(e.device);
+        {
+            let mem = self.read_memory();
+            if let Some(e) = mem.find(ptr, bytes) {
+                return Ok(e.device);
+            }
+            if let Some(device) = mem.find_external(ptr, bytes) {
+                return Ok(device);
+            }
         }
         let mut start: u64 = 0;
         let mut size: usize = 0;
@@ -125,7 +157,9 @@ impl CudaBackend {
             )));
         }
         let device_mem = mem_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
-        Ok((device_mem && ordinal >= 0).then_some(ordinal as usize))
+        let device = (device_mem && ordinal >= 0).then_some(ordinal as usize);
+        self.write_memory().remember_external(start, size, device);
+        Ok(device)
     }
 }
 
@@ -465,5 +499,24 @@ mod tests {
         assert!(t.find(DevicePtr(0xfff), 1).is_none());
         assert!(t.find(DevicePtr(0x2000), 1).is_none(), "freed exports are not live");
         assert!(t.find(DevicePtr(u64::MAX), 2).is_none());
+    }
+
+    #[test]
+    fn caller_allocations_are_remembered_by_range_and_bounded() {
+        let mut t = Table::default();
+        assert_eq!(t.find_external(DevicePtr(0x1000), 8), None);
+        t.remember_external(0x1000, 0x100, Some(1));
+        assert_eq!(t.find_external(DevicePtr(0x1000), 0x100), Some(Some(1)));
+        assert_eq!(t.find_external(DevicePtr(0x10f8), 8), Some(Some(1)));
+        assert_eq!(t.find_external(DevicePtr(0x10f8), 9), None, "past the end");
+        assert_eq!(t.find_external(DevicePtr(0xfff), 1), None, "before the start");
+        t.remember_external(0x9000, 0x10, None);
+        assert_eq!(t.find_external(DevicePtr(0x9008), 8), Some(None), "host memory");
+        for i in 0..EXTERNAL_MAX as u64 {
+            t.remember_external(0x100_0000 + i * 0x100, 0x100, Some(0));
+        }
+        assert!(t.external.len() <= EXTERNAL_MAX, "bounded");
+        // Remembered ranges are not tracked allocations (frees do not see them).
+        assert!(t.find(DevicePtr(0x1000), 8).is_none());
     }
 }
