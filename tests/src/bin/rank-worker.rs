@@ -358,7 +358,15 @@ fn compile_kernels() -> Result<(), Error> {
     let backend = rustccl::backend::CudaBackend::shared()?;
     let start = Instant::now();
     let n = backend.preload_exec_kernels(0)?;
-    println!("RESULT compile-kernels: {n} collective kernels ready in {:.1} s", start.elapsed().as_secs_f64());
+    let res = backend.exec_kernel_resources();
+    let regs = res.iter().map(|r| r.2);
+    let (lo, hi) = (regs.clone().min().unwrap_or(0), regs.max().unwrap_or(0));
+    let spilling: Vec<String> = res.iter().filter(|r| r.3 > 0).map(|r| format!("{:?}/{} {} B", r.0, r.1, r.3)).collect();
+    println!(
+        "RESULT compile-kernels: {n} collective kernels ready in {:.1} s; registers per thread {lo}..{hi}; local memory: {}",
+        start.elapsed().as_secs_f64(),
+        if spilling.is_empty() { "none".to_string() } else { spilling.join(", ") }
+    );
     Ok(())
 }
 

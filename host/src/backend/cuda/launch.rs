@@ -49,6 +49,12 @@ impl CudaBackend {
         Ok(pairs.len())
     }
 
+    /// Registers per thread and local memory per thread (bytes) of every collective kernel
+    /// loaded so far: (operator, type, registers, local bytes). Local memory means spills.
+    pub fn exec_kernel_resources(&self) -> Vec<(DeviceOp, DataType, i32, i32)> {
+        self.kernels.exec_resources()
+    }
+
     /// Lets kernels on device `from` read and write memory of device `to`.
     pub(super) fn ensure_peer(&self, from: usize, to: usize) -> Result<()> {
         if from == to || self.peers.lock().unwrap_or_else(|p| p.into_inner()).contains(&(from, to)) {

@@ -43,6 +43,10 @@ pub(crate) struct Kernels {
 #[derive(Clone, Copy)]
 pub(crate) struct ExecFunc {
     pub func: Func,
+    /// Registers per thread and local memory per thread in bytes (spills and local arrays;
+    /// the interpreter is written to need none), as the driver reports them.
+    pub regs: i32,
+    pub local_bytes: i32,
 }
 
 /// The compile options, besides the architecture and include directories.
@@ -61,6 +65,16 @@ fn base_options(have_fp8: bool) -> Vec<String> {
 }
 
 impl Kernels {
+    /// Registers and local memory per thread of every interpreter loaded so far:
+    /// (operator, type, registers, local bytes).
+    pub(crate) fn exec_resources(&self) -> Vec<(DeviceOp, DataType, i32, i32)> {
+        let mut out: Vec<_> =
+            self.exec.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, f)| (k.1, k.2, f.regs, f.local_bytes)).collect();
+        out.sort_by_key(|&(op, dt, _, _)| (op.suffix(), dt as i32));
+        out.dedup_by_key(|&mut (op, dt, _, _)| (op, dt));
+        out
+    }
+
     /// The collective interpreter for `op` on `dtype` in context `ctx`.
     pub(crate) fn exec(&self, ctx: Ctx, cc: i32, driver_version: i32, op: DeviceOp, dtype: DataType) -> Result<ExecFunc> {
         let key = (ctx.key(), op, dtype);
@@ -84,7 +98,20 @@ impl Kernels {
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: the module was just loaded and is never unloaded; writes one handle.
         check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction(rustccl_exec)")?;
-        let e = ExecFunc { func: Func(f) };
+        let attr = |a: sys::CUfunction_attribute| -> Result<i32> {
+            let mut v = 0;
+            // SAFETY: `f` is the function just loaded; writes one int.
+            check(unsafe { sys::cuFuncGetAttribute(&mut v, a, f) }, "cuFuncGetAttribute(rustccl_exec)")?;
+            Ok(v)
+        };
+        let regs = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?;
+        let local_bytes = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?;
+        if local_bytes > 0 {
+            tracing::warn!(target: "INIT", "{what}: {local_bytes} bytes of local memory per thread (register spills or local arrays); the interpreter is meant to need none");
+        } else {
+            tracing::info!(target: "INIT", "{what}: {regs} registers per thread, no local memory");
+        }
+        let e = ExecFunc { func: Func(f), regs, local_bytes };
         Ok(*self.exec.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
     }
 }
