@@ -62,6 +62,9 @@ pub struct Capabilities {
     pub thread_threshold: [usize; 3],
     /// Threads per channel (the kernel's block).
     pub channel_threads: usize,
+    /// Point-to-point messages of at most this many bytes go as LL (NCCL's
+    /// `NCCL_P2P_LL_THRESHOLD`, 16 KiB); 0: never.
+    pub p2p_ll_bytes: usize,
 }
 
 impl Capabilities {
@@ -135,6 +138,7 @@ impl Capabilities {
             plan_cache: true,
             thread_threshold: [0; 3],
             channel_threads: 1,
+            p2p_ll_bytes: 0,
         }
     }
 
@@ -171,6 +175,7 @@ impl Capabilities {
             // for Simple.
             thread_threshold: [8, 8, 64],
             channel_threads: rustccl_kernels::exec::EXEC_THREADS as usize,
+            p2p_ll_bytes: crate::params::env_int_or("NCCL_P2P_LL_THRESHOLD", 16384).max(0) as usize,
         }
     }
 }

@@ -400,16 +400,25 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
         match task.kind {
             CollKind::Send { peer } | CollKind::Recv { peer } => {
                 let nch = caps.p2p_channels(b, n);
-                note(None, Some(TaskPlan { algo: None, proto: Some(Protocol::Simple), channels: nch }));
+                // Small messages as LL lines (both ends see the same size, so they agree), as
+                // NCCL below NCCL_P2P_LL_THRESHOLD; `NCCL_PROTO` may rule LL out.
+                let proto = if b <= caps.p2p_ll_bytes && allowed(proto_setting(), Protocol::Ll.name()) {
+                    Protocol::Ll
+                } else {
+                    Protocol::Simple
+                };
+                ctxs[ci].proto = proto;
+                let chunk = if proto == Protocol::Ll { max_chunk(caps, proto) } else { p2p_chunk };
+                note(None, Some(TaskPlan { algo: None, proto: Some(proto), channels: nch }));
                 for c in 0..nch {
                     let range = program::p2p_range(b, c, nch);
                     if range.0 == range.1 && c > 0 {
                         continue;
                     }
                     if matches!(task.kind, CollKind::Send { .. }) {
-                        push(ItemKey::SendTo(peer, c), ci, program::p2p_send(peer, c, range, p2p_chunk));
+                        push(ItemKey::SendTo(peer, c), ci, program::p2p_send(peer, c, range, chunk));
                     } else {
-                        push(ItemKey::RecvFrom(peer, c), ci, program::p2p_recv(peer, c, range, p2p_chunk));
+                        push(ItemKey::RecvFrom(peer, c), ci, program::p2p_recv(peer, c, range, chunk));
                     }
                 }
                 continue;
@@ -601,6 +610,36 @@ mod tests {
             panic!("planned over unknown buffers");
         };
         assert!(e.message.contains("AllReduce: send buffer"), "{}", e.message);
+    }
+}
+
+#[cfg(test)]
+mod p2p_tests {
+    use super::*;
+    use crate::backend::Stream;
+
+    #[test]
+    fn small_messages_go_as_ll_lines_on_gpus_and_simple_elsewhere() {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let send = |count: usize| Task { kind: CollKind::Send { peer: 1 }, send: DevicePtr(0x1000), recv: DevicePtr(0), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
+        let recv = |count: usize| Task { kind: CollKind::Recv { peer: 0 }, send: DevicePtr(0), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
+        let gpu = Capabilities::gpu();
+        let host = Capabilities::host();
+        let env = |caps, rank| PlanEnv { rank, nranks: 2, caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        if proto_setting().is_some() {
+            return;
+        }
+        let ll = gpu.p2p_ll_bytes / 4;
+        for (count, want) in [(1, Protocol::Ll), (ll, Protocol::Ll), (ll + 1, Protocol::Simple), (1 << 20, Protocol::Simple)] {
+            // Both ends choose alike, and an LL step fits an LL slot.
+            let (ws, _) = plan(&env(&gpu, 0), &[send(count)]).unwrap();
+            let (wr, _) = plan(&env(&gpu, 1), &[recv(count)]).unwrap();
+            assert_eq!((ws.ctxs[0].proto, wr.ctxs[0].proto), (want, want), "{count} floats");
+            let most = max_chunk(&gpu, want);
+            assert!(ws.items.iter().chain(&wr.items).flat_map(|i| &i.steps).all(|(_, s)| s.bytes <= most));
+        }
+        let (w, _) = plan(&env(&host, 0), &[send(1)]).unwrap();
+        assert_eq!(w.ctxs[0].proto, Protocol::Simple, "the host backend's LL is the one-shot exchange, not for messages");
     }
 }
 

@@ -105,6 +105,7 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_COMM_SHRINK_SHARE_RESOURCES", Int, Some("0"), true, "Default of config.shrinkShare"),
     p("NCCL_SHM_DISABLE", Int, Some("0"), true, "1: no shared-memory transport between ranks of one host"),
     p("NCCL_P2P_DISABLE", Int, Some("0"), true, "1: no peer-to-peer (CUDA IPC) transport between GPUs"),
+    p("NCCL_P2P_LL_THRESHOLD", Int, Some("16384"), true, "Point-to-point messages up to this many bytes use LL on GPUs"),
     p("NCCL_PARAM_DUMP_ALL", Bool, Some("0"), false, "List rustccl's private parameters too in key lists and dumps"),
     p("NCCL_OP_TIMEOUT_MS", Int, Some("0"), false, "rustccl: milliseconds an operation may wait before it ends with ncclTimeout on every rank (0: no limit)"),
     p("RUSTCCL_BACKEND", Str, None, false, "rustccl: backend to run on (host or cuda; unset: cuda when a GPU is present)"),
