@@ -137,14 +137,31 @@ fn switched_on() -> bool {
 
 /// Whether the fast path may run `task` (outside a group) on `comm`.
 fn eligible(comm: &Communicator, task: &Task) -> bool {
+    comm.nranks_unchecked() > 1 && comm.backend().capabilities().plan_cache && switched_on() && may_skip_planner(comm, task)
+}
+
+/// What every way around the planner needs (a single collective outside a group is the
+/// caller's business): a non-empty collective, not point-to-point, on a blocking
+/// communicator, and nothing that wants each call planned (check mode, a profiler's plan
+/// records).
+fn may_skip_planner(comm: &Communicator, task: &Task) -> bool {
     task.count > 0
         && !task.kind.is_p2p()
-        && comm.nranks_unchecked() > 1
         && comm.config().blocking
-        && comm.backend().capabilities().plan_cache
-        && switched_on()
         && !super::check::enabled()
         && !crate::plugin::profiler_events::wants_plan_record()
+}
+
+/// The end of a call that skipped the planner: a failure breaks the communicator, and the
+/// op log hears that the operation finished unless device work still runs (the watchdog sees
+/// it end).
+fn finish(comm: &Communicator, r: &Result<()>, device: bool) {
+    if let Err(e) = r {
+        comm.mark_broken(e);
+    }
+    if !device || r.is_err() {
+        comm.op_log().all_finished();
+    }
 }
 
 /// A single collective on a one-rank communicator whose operator leaves the input as it is
@@ -154,13 +171,7 @@ fn eligible(comm: &Communicator, task: &Task) -> bool {
 /// full way must run it (a computing operator, a group, a non-blocking communicator, a
 /// profiler, check mode, point-to-point).
 pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let eligible = comm.nranks_unchecked() == 1
-        && task.count > 0
-        && !task.kind.is_p2p()
-        && comm.config().blocking
-        && !super::check::enabled()
-        && !crate::plugin::profiler_events::wants_plan_record()
-        && plan::one_rank_identity(task);
+    let eligible = comm.nranks_unchecked() == 1 && may_skip_planner(comm, task) && plan::one_rank_identity(task);
     eligible.then(|| run_one_rank(comm, task))
 }
 
@@ -185,13 +196,7 @@ fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
         let mut prep = Prepared::new(&work, &links);
         crate::exec::host::run(&mut [HostRun { work: &mut work, prep: &mut prep, comm }])
     };
-    if let Err(e) = &r {
-        comm.mark_broken(e);
-    }
-    // A device copy finishes later (the watchdog sees it); a host copy has finished.
-    if !device || r.is_err() {
-        comm.op_log().all_finished();
-    }
+    finish(comm, &r, device);
     r
 }
 
@@ -295,14 +300,10 @@ fn execute(comm: &Communicator, mut entry: Entry, epoch: u64, start: Option<std:
             (r.map_err(|e| comm.record_error(e.context("collective"))), true)
         }
     };
-    match &r {
-        Ok(()) => comm.keep_plan(entry, epoch),
-        Err(e) => comm.mark_broken(e),
+    if r.is_ok() {
+        comm.keep_plan(entry, epoch);
     }
-    // Device work finishes later (the watchdog sees it); host work has finished or failed.
-    if !device || r.is_err() {
-        comm.op_log().all_finished();
-    }
+    finish(comm, &r, device);
     crate::profile::stage(crate::profile::Stage::Total, start);
     r
 }
