@@ -74,7 +74,12 @@ impl Capabilities {
 
     /// Channels for a collective of `bytes` by size alone.
     pub fn channels_by_size(&self, bytes: usize) -> u32 {
-        ((bytes / self.channel_bytes.max(1)) as u64).clamp(1, self.size_channels.max(1) as u64) as u32
+        self.channels_of(bytes, self.channel_bytes)
+    }
+
+    /// One channel per `per_channel` bytes, at least one, at most `size_channels`.
+    fn channels_of(&self, bytes: usize, per_channel: usize) -> u32 {
+        ((bytes / per_channel.max(1)) as u64).clamp(1, self.size_channels.max(1) as u64) as u32
     }
 
     /// Channels for a ring or tree collective of `bytes` with protocol `p` among `nranks`:
@@ -93,11 +98,9 @@ impl Capabilities {
         if t == 0 {
             return self.channels_by_size(bytes);
         }
-        let mut nc = self.size_channels.max(1) as usize;
-        while nc > 1 && bytes < nc * self.channel_threads * t {
-            nc -= 1;
-        }
-        nc as u32
+        // NCCL drops a channel while bytes < channels x threads x threshold: the most channels
+        // that each get threads x threshold bytes.
+        self.channels_of(bytes, self.channel_threads * t)
     }
 
     /// Channels a point-to-point message (or local copy) of `bytes` is spread over with
