@@ -169,6 +169,31 @@ pub(crate) mod tests {
         (fake, dynb)
     }
 
+    /// A sum of COUNT floats planned on buffers at 0xa000_0000 / 0xa100_0000, its launch made
+    /// on a fresh fake device with fresh executor state.
+    struct Made {
+        fake: Arc<FakeDevice>,
+        backend: Arc<dyn DeviceBackend>,
+        state: ExecState,
+        work: Work,
+        links: Links,
+        cached: CachedLaunch,
+    }
+
+    fn made() -> Made {
+        let work = planned(&task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000));
+        let links = links_for(&work);
+        let (fake, backend) = backend();
+        let cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().expect("one launch");
+        Made { fake, backend, state: ExecState::default(), work, links, cached }
+    }
+
+    /// Kernel parameters with the call values left out.
+    fn without_calls(mut a: rustccl_kernels::exec::ExecArgs) -> rustccl_kernels::exec::ExecArgs {
+        a.calls = Default::default();
+        a
+    }
+
     #[test]
     fn a_cached_launch_uploads_and_launches_what_the_uncached_path_does() {
         let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
@@ -199,13 +224,8 @@ pub(crate) mod tests {
 
     #[test]
     fn a_second_call_with_other_buffers_uploads_nothing() {
-        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
         let b = task(COUNT, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
-        let work = planned(&a);
-        let links = links_for(&work);
-        let (fake, backend) = backend();
-        let mut state = ExecState::default();
-        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().unwrap();
+        let Made { fake, backend, mut state, work, links, mut cached } = made();
         cached.launch(&backend, 0, &mut state, &work).unwrap();
         let work = patched(work, &b);
         cached.launch(&backend, 0, &mut state, &work).unwrap();
@@ -223,7 +243,7 @@ pub(crate) mod tests {
         );
         let (first, second) = (log.launches[0].args, log.launches[1].args);
         assert_eq!((second.calls[0].src, second.calls[0].dst), (0xb000_0000, 0xb100_0000));
-        assert_eq!(ExecArgsCalls::without(first), ExecArgsCalls::without(second), "only the call values differ");
+        assert_eq!(without_calls(first), without_calls(second), "only the call values differ");
         drop(log);
         // The uncached path on the same shape finds the image too (it holds no buffer).
         let c = task(COUNT, ReduceOp::Sum, 0xc000_0000, 0xc100_0000);
@@ -232,23 +252,9 @@ pub(crate) mod tests {
         assert_eq!(fake.log().launches[2].args.items, first.items);
     }
 
-    /// Kernel parameters with the call values left out.
-    struct ExecArgsCalls;
-    impl ExecArgsCalls {
-        fn without(mut a: rustccl_kernels::exec::ExecArgs) -> rustccl_kernels::exec::ExecArgs {
-            a.calls = Default::default();
-            a
-        }
-    }
-
     #[test]
     fn an_emptied_arena_invalidates_the_cached_image() {
-        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
-        let work = planned(&a);
-        let links = links_for(&work);
-        let (fake, backend) = backend();
-        let mut state = ExecState::default();
-        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().unwrap();
+        let Made { fake, backend, mut state, work, mut cached, .. } = made();
         cached.launch(&backend, 0, &mut state, &work).unwrap();
         // Other images fill the arena (8 MiB) until it starts again.
         for i in 1..=3u8 {
@@ -302,12 +308,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_captured_call_gets_an_image_of_its_own_and_no_event() {
-        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
-        let work = planned(&a);
-        let links = links_for(&work);
-        let (fake, backend) = backend();
-        let mut state = ExecState::default();
-        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().unwrap();
+        let Made { fake, backend, mut state, work, mut cached, .. } = made();
         cached.launch(&backend, 0, &mut state, &work).unwrap();
         fake.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
         cached.launch(&backend, 0, &mut state, &work).unwrap();
