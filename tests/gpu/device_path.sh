@@ -8,7 +8,8 @@
 #  3. the typed API's cudarc example (2 ranks on the GPU) and PyTorch with rustccl's
 #     libnccl.so.2 preloaded;
 #  4. the kernel before and after (the directory $1 holds the old exec.cu, same ABI): one
-#     channel per protocol and the default all_reduce / all_gather, 2 ranks.
+#     channel per protocol, and the default choices for the collectives in $COLLS (all_reduce
+#     and all_gather unless set), 2 ranks.
 # Only summary.txt, logs.tgz and kcache.tgz come back ($OUT); logs are written in /tmp first.
 #   tests/gpu/device_path.sh target/gpu/old-src
 set -u
@@ -16,12 +17,7 @@ OLD=$1
 k=0
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
-FINAL_OUT=$OUT
-OUT=/tmp/device_path
-mkdir -p $OUT
-S=$FINAL_OUT/summary.txt
-note() { echo "$*" | tee -a $S; }
-wrong() { grep -hE "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w " wrong"}'; }
+results device_path
 [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
 nvidia-smi -L >> $S
 timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
@@ -50,12 +46,7 @@ for c in all_reduce broadcast all_gather reduce_scatter; do
           <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
           <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}') | tee -a $S
 done
-lport=$((29600 + RANDOM % 300))
-for r in 0 1; do
-    RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$lport timeout 120 $G/rank-worker latency 2 $r env > $OUT/latency.$r.log 2>&1 &
-done
-wait
-note "latency (rank 0): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
+enqueue_latency ", under MPS"
 
 # 3. cudarc example and PyTorch.
 timeout 120 $G/cudarc_all_reduce > $OUT/cudarc.log 2>&1
@@ -70,8 +61,8 @@ bench() {  # bench <new|old> <file> <args...>
     if [ $which = new ]; then timeout 100 $G/rustccl-bench "$@" > $f 2>&1
     else RUSTCCL_KERNEL_SOURCE_DIR=$PWD/$OLD RUSTCCL_KERNEL_CACHE_DIR=$OLDKC timeout 100 $G/rustccl-bench "$@" > $f 2>&1; fi
 }
-for p in Simple LL128; do
-    case $p in Simple) e=256M;; LL128) e=32M;; esac
+for p in Simple LL128 LL; do
+    case $p in Simple) e=256M;; LL128) e=32M;; LL) e=4M;; esac
     for which in new old new old; do
         NCCL_PROTO=$p NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 bench $which $OUT/ch1_${p}_${which}_$((++k)).txt all_reduce -N 2 -b 8 -e $e -f 8 -c 1 -n 20 -w 5
     done
@@ -82,7 +73,7 @@ for p in Simple LL128; do
           <(grep -E "^ +[0-9]" $(ls $OUT/ch1_${p}_old_* | tail -1) | awk '{print $6, $8}') | tee -a $S
     note "  checked: $(wrong $OUT/ch1_${p}_*)"
 done
-for c in all_reduce all_gather; do
+for c in ${COLLS:-all_reduce all_gather}; do
     for which in new old; do bench $which $OUT/def_${c}_$which.txt $c -N 2 -b 8 -e 1G -f 8 -c 1 -n 20 -w 5; done
     note "== $c 2 ranks, default choices: size | us, busbw: new, old ($(wrong $OUT/def_${c}_*))"
     paste <(grep -E "^ +[0-9]" $OUT/def_${c}_new.txt | awk '{print $1, $6, $8}') \

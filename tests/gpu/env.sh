@@ -18,3 +18,28 @@ matrix() {
     wait
     echo "matrix $name: $(grep -h -E '^(RESULT|ERROR)' $OUT/m_$name.*.log | cut -c1-300 | tr '\n' ' ')"
 }
+
+# results <name>: only a few files come back from the device machine, so the logs go to
+# /tmp/<name> ($OUT from here on) and the caller leaves summary.txt ($S) and tarballs in
+# $FINAL_OUT. note <text>: prints a line and adds it to the summary.
+results() {
+    FINAL_OUT=$OUT
+    OUT=/tmp/$1
+    mkdir -p $OUT
+    S=$FINAL_OUT/summary.txt
+}
+note() { echo "$*" | tee -a $S; }
+
+# wrong <files>: how many bench rows and the sum of their #wrong columns.
+wrong() { grep -hE "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w+0 " wrong"}'; }
+
+# enqueue_latency <label>: the host cost of a 2-rank all_reduce (rank-worker latency with
+# RUSTCCL_PROFILE_ENQUEUE=1), rank 0's result as a note.
+enqueue_latency() {
+    local port=$((29600 + RANDOM % 300)) r
+    for r in 0 1; do
+        RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$port timeout 60 $G/rank-worker latency 2 $r env > $OUT/latency.$r.log 2>&1 &
+    done
+    wait
+    note "latency (rank 0$1): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
+}

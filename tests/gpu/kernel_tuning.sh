@@ -7,9 +7,7 @@
 set -u
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
-FINAL_OUT=$OUT; OUT=/tmp/kernel_tuning; mkdir -p $OUT
-S=$FINAL_OUT/summary.txt
-note() { echo "$*" | tee -a $S; }
+results kernel_tuning
 [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
 nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S
 # Kernel cache entries: "RCCLKRN1", the 32-byte key, the length (u64), the CUBIN.

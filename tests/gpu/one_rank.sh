@@ -8,9 +8,7 @@
 set -u
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
-FINAL_OUT=$OUT; OUT=/tmp/one_rank; mkdir -p $OUT
-S=$FINAL_OUT/summary.txt
-note() { echo "$*" | tee -a $S; }
+results one_rank
 [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
 nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S
 cols() { grep -hE "^ +[0-9]" "$1" | awk '{print $6, $10}'; }
@@ -21,17 +19,12 @@ for c in all_reduce broadcast all_gather reduce_scatter; do
         timeout 60 $G/rustccl-bench $A > $OUT/${c}_G${g}_rust.txt 2>&1
         timeout 60 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/${c}_G${g}_capi.txt 2>&1
         [ -n "$NV" ] && timeout 60 $G/rustccl-bench $A --lib "$NV" > $OUT/${c}_G${g}_nccl.txt 2>&1
-        note "== $c, 1 rank, graph replays $g: size | us out of place, in place: rustccl Rust API | rustccl C ABI | NCCL ($(grep -hE '^ +[0-9]' $OUT/${c}_G${g}_*.txt | awk '{w+=$9+$13} END {print w+0}') wrong)"
+        note "== $c, 1 rank, graph replays $g: size | us out of place, in place: rustccl Rust API | rustccl C ABI | NCCL ($(wrong $OUT/${c}_G${g}_*.txt))"
         paste <(grep -hE "^ +[0-9]" $OUT/${c}_G${g}_rust.txt | awk '{print $1, $6, $10}') <(cols $OUT/${c}_G${g}_capi.txt) <(cols $OUT/${c}_G${g}_nccl.txt) | tee -a $S
         grep -h -i -E "error|panick" $OUT/${c}_G${g}_*.txt | head -2 | cut -c1-300 | tee -a $S
     done
 done
 nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1 || started_mps=0
-lport=$((29600 + RANDOM % 300))
-for r in 0 1; do
-    RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$lport timeout 60 $G/rank-worker latency 2 $r env > $OUT/latency.$r.log 2>&1 &
-done
-wait
-note "latency (rank 0, under MPS): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
+enqueue_latency ", under MPS"
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
 tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null
