@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr as _, DevicePtrMut as _, DeviceSlice};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
 
 use super::buffer::{sealed, RecvBuf, Resolver, SendBuf};
 use super::element::Element;
@@ -96,23 +96,34 @@ fn ordinal<T>(b: &impl DeviceSlice<T>) -> usize {
     b.stream().context().ordinal()
 }
 
+/// The address of a cudarc buffer the operation reads, on the operation's cudarc stream; the
+/// guard cudarc gives (which records the use on the buffer) is kept with the operation.
+fn read_ptr<'a, T>(b: &'a impl cudarc::driver::DevicePtr<T>, r: &mut Resolver<'a>) -> Result<DevicePtr> {
+    let stream = r.cudarc_stream(ordinal(b))?;
+    let (ptr, guard) = b.device_ptr(stream);
+    r.holds.guards.push(guard);
+    Ok(DevicePtr(ptr))
+}
+
+/// Like `read_ptr`, for a buffer the operation writes.
+fn write_ptr<'a, T>(b: &'a mut impl cudarc::driver::DevicePtrMut<T>, r: &mut Resolver<'a>) -> Result<DevicePtr> {
+    let stream = r.cudarc_stream(ordinal(b))?;
+    let (ptr, guard) = b.device_ptr_mut(stream);
+    r.holds.guards.push(guard);
+    Ok(DevicePtr(ptr))
+}
+
 impl<T: Element> sealed::SendSealed<T> for CudaSlice<T> {
     fn elems(&self) -> usize {
         DeviceSlice::len(self)
     }
     fn resolve_send<'a>(&'a self, r: &mut Resolver<'a>) -> Result<DevicePtr> {
-        let stream = r.cudarc_stream(ordinal(self))?;
-        let (ptr, guard) = self.device_ptr(stream);
-        r.holds.guards.push(guard);
-        Ok(DevicePtr(ptr))
+        read_ptr(self, r)
     }
 }
 impl<T: Element> sealed::RecvSealed<T> for CudaSlice<T> {
     fn resolve_recv<'a>(&'a mut self, r: &mut Resolver<'a>) -> Result<DevicePtr> {
-        let stream = r.cudarc_stream(ordinal(self))?;
-        let (ptr, guard) = self.device_ptr_mut(stream);
-        r.holds.guards.push(guard);
-        Ok(DevicePtr(ptr))
+        write_ptr(self, r)
     }
 }
 impl<T: Element> SendBuf<T> for CudaSlice<T> {}
@@ -123,10 +134,7 @@ impl<T: Element> sealed::SendSealed<T> for CudaView<'_, T> {
         DeviceSlice::len(self)
     }
     fn resolve_send<'a>(&'a self, r: &mut Resolver<'a>) -> Result<DevicePtr> {
-        let stream = r.cudarc_stream(ordinal(self))?;
-        let (ptr, guard) = self.device_ptr(stream);
-        r.holds.guards.push(guard);
-        Ok(DevicePtr(ptr))
+        read_ptr(self, r)
     }
 }
 impl<T: Element> SendBuf<T> for CudaView<'_, T> {}
@@ -136,18 +144,12 @@ impl<T: Element> sealed::SendSealed<T> for CudaViewMut<'_, T> {
         DeviceSlice::len(self)
     }
     fn resolve_send<'a>(&'a self, r: &mut Resolver<'a>) -> Result<DevicePtr> {
-        let stream = r.cudarc_stream(ordinal(self))?;
-        let (ptr, guard) = self.device_ptr(stream);
-        r.holds.guards.push(guard);
-        Ok(DevicePtr(ptr))
+        read_ptr(self, r)
     }
 }
 impl<T: Element> sealed::RecvSealed<T> for CudaViewMut<'_, T> {
     fn resolve_recv<'a>(&'a mut self, r: &mut Resolver<'a>) -> Result<DevicePtr> {
-        let stream = r.cudarc_stream(ordinal(self))?;
-        let (ptr, guard) = self.device_ptr_mut(stream);
-        r.holds.guards.push(guard);
-        Ok(DevicePtr(ptr))
+        write_ptr(self, r)
     }
 }
 impl<T: Element> SendBuf<T> for CudaViewMut<'_, T> {}
