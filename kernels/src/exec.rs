@@ -17,8 +17,51 @@ pub use abi_header::{abi_header, AbiConst, AbiField, AbiStruct, CElem, CType};
 pub const EXEC_SOURCE: &str = "exec.cu";
 /// The generated header `exec.cu` includes (see [`abi_header`]).
 pub const ABI_HEADER: &str = "rustccl_exec_abi.h";
-/// The kernel's name.
+/// The name of the kernel entry point that runs steps of every protocol.
 pub const EXEC_KERNEL: &str = "rustccl_exec";
+
+/// The kernel's entry points. Each is the same interpreter built for a set of protocols: a
+/// launch whose steps all use one protocol takes that protocol's entry, whose registers go to
+/// that protocol's data loop alone (with every loop in one function, the heaviest makes the
+/// others spill); a launch that mixes protocols takes [`ExecEntry::Mixed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExecEntry {
+    Mixed,
+    Simple,
+    Ll,
+    Ll128,
+}
+
+impl ExecEntry {
+    /// Every entry point, in the order the host loads them.
+    pub const ALL: [ExecEntry; 4] = [ExecEntry::Mixed, ExecEntry::Simple, ExecEntry::Ll, ExecEntry::Ll128];
+
+    /// The entry point's name in `exec.cu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecEntry::Mixed => EXEC_KERNEL,
+            ExecEntry::Simple => "rustccl_exec_simple",
+            ExecEntry::Ll => "rustccl_exec_ll",
+            ExecEntry::Ll128 => "rustccl_exec_ll128",
+        }
+    }
+
+    /// Position in [`ExecEntry::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The entry point for a launch whose steps use the protocols in `protocols` (a bit
+    /// `1 << PROTO_*` each).
+    pub fn for_protocols(protocols: u8) -> ExecEntry {
+        match protocols {
+            p if p == 1 << PROTO_SIMPLE => ExecEntry::Simple,
+            p if p == 1 << PROTO_LL => ExecEntry::Ll,
+            p if p == 1 << PROTO_LL128 => ExecEntry::Ll128,
+            _ => ExecEntry::Mixed,
+        }
+    }
+}
 /// Blocks of one launch at most (the host's limit; the kernel takes the grid it is given).
 pub const EXEC_MAX_BLOCKS: usize = 128;
 
@@ -130,6 +173,9 @@ abi_constants! {
     /// `ExecControl::error`: a peer's slot came from another operation (`expected` is this
     /// rank's signature, `got` the peer's).
     EXEC_ERR_SIG: u32 = 2 => RUSTCCL_EXEC_ERR_SIG "u";
+    /// `ExecControl::error`: a step's protocol is not one the launched entry point was built
+    /// for (`expected` is the entry's protocol mask, `got` the step's protocol).
+    EXEC_ERR_PROTO: u32 = 3 => RUSTCCL_EXEC_ERR_PROTO "u";
 }
 
 /// Bytes a step of `bytes` payload bytes occupies in a slot with protocol `proto`.
@@ -295,6 +341,19 @@ mod tests {
     /// The prefixes of the ABI's macros: only the generated header defines them.
     const ABI_PREFIXES: [&str; 5] =
         ["RUSTCCL_EXEC_", "RUSTCCL_FIFO_", "RUSTCCL_STEP_", "RUSTCCL_PROTO_", "RUSTCCL_CONN_"];
+
+    #[test]
+    fn every_entry_point_is_defined_in_the_kernel_and_chosen_by_protocols() {
+        for e in ExecEntry::ALL {
+            assert!(EXEC_CU.contains(&format!("RUSTCCL_ENTRY({},", e.name())), "{e:?} not defined in exec.cu");
+            assert_eq!(ExecEntry::ALL[e.index()], e);
+        }
+        assert_eq!(ExecEntry::for_protocols(1 << PROTO_SIMPLE), ExecEntry::Simple);
+        assert_eq!(ExecEntry::for_protocols(1 << PROTO_LL), ExecEntry::Ll);
+        assert_eq!(ExecEntry::for_protocols(1 << PROTO_LL128), ExecEntry::Ll128);
+        assert_eq!(ExecEntry::for_protocols((1 << PROTO_LL) | (1 << PROTO_SIMPLE)), ExecEntry::Mixed);
+        assert_eq!(ExecEntry::for_protocols(0), ExecEntry::Mixed);
+    }
 
     #[test]
     fn layouts_are_the_ones_the_kernel_was_written_for() {

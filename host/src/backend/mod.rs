@@ -40,6 +40,8 @@ pub struct ExecLaunch {
     pub device: usize,
     pub op: rustccl_kernels::DeviceOp,
     pub dtype: crate::types::DataType,
+    /// The kernel entry point for the protocols of the launch's steps.
+    pub entry: rustccl_kernels::exec::ExecEntry,
     pub args: rustccl_kernels::exec::ExecArgs,
     pub blocks: u32,
     /// The user buffers (address, bytes): each must be memory the backend or driver knows.
@@ -60,6 +62,7 @@ pub struct ExecKernel {
     pub(crate) device: usize,
     pub(crate) op: rustccl_kernels::DeviceOp,
     pub(crate) dtype: crate::types::DataType,
+    pub(crate) entry: rustccl_kernels::exec::ExecEntry,
     pub(crate) handle: u64,
     pub(crate) context: u64,
 }
@@ -267,7 +270,13 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// The collective interpreter for `op` on `dtype`, loaded on `device` (compiled, or read
     /// from the kernel cache, on first use), to launch with
     /// [`launch_exec_kernel`](DeviceBackend::launch_exec_kernel). Device backends only.
-    fn exec_kernel(&self, _device: usize, _op: rustccl_kernels::DeviceOp, _dtype: crate::types::DataType) -> Result<ExecKernel> {
+    fn exec_kernel(
+        &self,
+        _device: usize,
+        _op: rustccl_kernels::DeviceOp,
+        _dtype: crate::types::DataType,
+        _entry: rustccl_kernels::exec::ExecEntry,
+    ) -> Result<ExecKernel> {
         Err(no_kernels("exec_kernel"))
     }
 

@@ -120,24 +120,30 @@ RUSTCCL_DEVICE void st_volatile_v4(u64 addr, u32 a, u32 b, u32 c, u32 d) {
 }
 
 // A word of user memory: `valid` (1..8) bytes at any alignment; the rest reads as zero.
-RUSTCCL_DEVICE u64 load_user(const unsigned char* p, u32 valid) {
-  if (valid == 8 && ((u64)p & 7) == 0) return *(const u64*)p;
+RUSTCCL_DEVICE u64 load_user_slow(const unsigned char* p, u32 valid) {
   if (valid == 8 && ((u64)p & 3) == 0) return (u64)((const u32*)p)[0] | ((u64)((const u32*)p)[1] << 32);
   u64 v = 0;
   for (u32 i = 0; i < valid; ++i) v |= (u64)p[i] << (8 * i);
   return v;
 }
-RUSTCCL_DEVICE void store_user(unsigned char* p, u64 v, u32 valid) {
-  if (valid == 8 && ((u64)p & 7) == 0) {
-    *(u64*)p = v;
-    return;
-  }
+RUSTCCL_DEVICE u64 load_user(const unsigned char* p, u32 valid) {
+  if (valid == 8 && ((u64)p & 7) == 0) return *(const u64*)p;
+  return load_user_slow(p, valid);
+}
+RUSTCCL_DEVICE void store_user_slow(unsigned char* p, u64 v, u32 valid) {
   if (valid == 8 && ((u64)p & 3) == 0) {
     ((u32*)p)[0] = (u32)v;
     ((u32*)p)[1] = (u32)(v >> 32);
     return;
   }
   for (u32 i = 0; i < valid; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+RUSTCCL_DEVICE void store_user(unsigned char* p, u64 v, u32 valid) {
+  if (valid == 8 && ((u64)p & 7) == 0) {
+    *(u64*)p = v;
+    return;
+  }
+  store_user_slow(p, v, valid);
 }
 
 // ---- One step, as every thread of the block sees it -------------------------------------
@@ -195,49 +201,72 @@ RUSTCCL_DEVICE void run_words(const StepView& v, u64 begin, u64 end) {
   }
 }
 
+// Whether an LL line, read as {data lo, flag} {data hi, flag ^ h}, carries flag `f`.
+RUSTCCL_DEVICE bool ll_line_ready(u64 x, u64 y, u32 f, u32 h) { return (u32)(x >> 32) == f && (u32)(y >> 32) == (f ^ h); }
+
+// Reads an LL line until it carries flag `f`, and returns it; a line without the flag when
+// aborted meanwhile. Called (not inlined) on the slow path, by value: the lines the data loop
+// holds in flight stay in registers.
+RUSTCCL_DEVICE_CALL ulonglong2 wait_ll_line(u64 addr, u32 f, u32 h, const volatile u32* abort) {
+  ulonglong2 l;
+  for (u32 spins = 0;; ++spins) {
+    ld_volatile_v2(addr, l.x, l.y);
+    if (ll_line_ready(l.x, l.y, f, h)) return l;
+    if ((spins & 4095) == 4095 && *abort) return make_ulonglong2(0, 0);
+  }
+}
+
 // LL: one 16-byte line per 8 payload bytes, RUSTCCL_LL_UNROLL lines per thread per round; every
-// line's loads are issued before any flag is looked at, and only lines whose flags are not
-// there yet are read again. False when aborted.
+// line's loads, and the matching user words, are issued before any flag is looked at, and only
+// lines whose flags are not there yet are read again. False when aborted.
+// (RUSTCCL_LL_UNROLL in LL's own entry point, RUSTCCL_LL_UNROLL_MIXED in the entry point of every
+// protocol, which has fewer registers to spare: the depths where ptxas reports no spills.)
 #ifndef RUSTCCL_LL_UNROLL
 #define RUSTCCL_LL_UNROLL 4
 #endif
-template <int NR, int NS>
-RUSTCCL_DEVICE bool run_ll(const StepView& v) {
-  const int U = RUSTCCL_LL_UNROLL;
-  const u64 words = ((u64)v.bytes + 7) / 8, nt = blockDim.x;
-  for (u64 base = threadIdx.x; base < words; base += U * nt) {
-    u32 a[U][NR > 0 ? NR : 1], b[U][NR > 0 ? NR : 1], c[U][NR > 0 ? NR : 1], d[U][NR > 0 ? NR : 1];
+#ifndef RUSTCCL_LL_UNROLL_MIXED
+#define RUSTCCL_LL_UNROLL_MIXED 1
+#endif
+template <int NR, int NS, bool MIXED>
+RUSTCCL_DEVICE bool run_ll(const StepView& shared_view) {
+  const StepView v = shared_view;
+  const int U = MIXED ? RUSTCCL_LL_UNROLL_MIXED : RUSTCCL_LL_UNROLL;
+  const u32 words = (v.bytes + 7) / 8, nt = blockDim.x;
+  for (u32 base = threadIdx.x; base < words; base += U * nt) {
+    // A line as two words: {data lo, flag} and {data hi, flag ^ h}.
+    u64 lo[U][NR > 0 ? NR : 1], hi[U][NR > 0 ? NR : 1];
+    u64 s[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u64 w = base + u * nt;
+      const u32 w = base + u * nt;
+      s[u] = 0;
+      if (w >= words) continue;
 #pragma unroll
-      for (int k = 0; k < NR; ++k) {
-        if (w < words) ld_volatile_v4(v.recv[k] + w * 16, a[u][k], b[u][k], c[u][k], d[u][k]);
-      }
+      for (int k = 0; k < NR; ++k) ld_volatile_v2(v.recv[k] + (u64)w * 16, lo[u][k], hi[u][k]);
+      if (v.src) s[u] = load_user(v.src + (u64)w * 8, min(8u, v.bytes - w * 8));
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u64 w = base + u * nt;
-      if (w >= words) break;
+      const u32 w = base + u * nt;
+      if (w >= words) continue;
       u64 in[NR > 0 ? NR : 1];
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
-        const u32 f = (u32)v.rflag[k];
-        for (u32 spins = 0; b[u][k] != f || d[u][k] != (f ^ v.h); ++spins) {
-          if ((spins & 4095) == 4095 && *v.abort) return false;
-          ld_volatile_v4(v.recv[k] + w * 16, a[u][k], b[u][k], c[u][k], d[u][k]);
+        u64 x = lo[u][k], y = hi[u][k];
+        if (!ll_line_ready(x, y, (u32)v.rflag[k], v.h)) {
+          const ulonglong2 l = wait_ll_line(v.recv[k] + (u64)w * 16, (u32)v.rflag[k], v.h, v.abort);
+          if (!ll_line_ready(l.x, l.y, (u32)v.rflag[k], v.h)) return false;
+          x = l.x;
+          y = l.y;
         }
-        in[k] = (u64)a[u][k] | ((u64)c[u][k] << 32);
+        in[k] = (x & 0xffffffffull) | (y << 32);
       }
-      const u64 off = w * 8;
-      const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
-      const u64 s = v.src ? load_user(v.src + off, valid) : 0;
-      const u64 r = compute<NR>(v, in, s);
-      if (v.dst) store_user(v.dst + off, r, valid);
+      const u64 r = compute<NR>(v, in, s[u]);
+      if (v.dst) store_user(v.dst + (u64)w * 8, r, min(8u, v.bytes - w * 8));
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
-        const u32 f = (u32)v.sflag[k];
-        st_volatile_v4(v.send[k] + w * 16, (u32)r, f, (u32)(r >> 32), f ^ v.h);
+        const u64 f = (u32)v.sflag[k];
+        st_volatile_v2(v.send[k] + (u64)w * 16, (r & 0xffffffffull) | (f << 32), (r >> 32) | ((f ^ v.h) << 32));
       }
     }
   }
@@ -250,7 +279,8 @@ RUSTCCL_DEVICE bool run_ll(const StepView& v) {
 #define RUSTCCL_SIMPLE_UNROLL 4
 #endif
 template <int NR, int NS>
-RUSTCCL_DEVICE bool run_simple(const StepView& v) {
+RUSTCCL_DEVICE bool run_simple(const StepView& shared_view) {
+  const StepView v = shared_view;
   const bool aligned = (((u64)v.src | (u64)v.dst) & 15) == 0;
   const u64 units = aligned ? v.bytes / 16 : 0;
   const int U = RUSTCCL_SIMPLE_UNROLL;
@@ -300,34 +330,56 @@ RUSTCCL_DEVICE bool run_simple(const StepView& v) {
 
 // LL128: each warp takes RUSTCCL_LL128_UNROLL groups of four lines at a time, eight lanes a
 // line, 16 bytes a lane; lane 7 of a line carries its last payload word and the flag. A line's
-// eight loads (and stores) are one 128-byte transaction. Every group's loads are issued before
-// the first flag is looked at; a group whose flags are not all there is read again whole.
+// eight loads (and stores) are one 128-byte transaction. Every group's loads, and the user
+// words they combine with, are issued before the first flag is looked at; a group whose flags
+// are not all there is read again whole. Lines whose 120 payload bytes all lie in the step, in
+// user buffers aligned to 8 bytes, take whole-word loads and stores without size checks.
+// (RUSTCCL_LL128_UNROLL in LL128's own entry point, RUSTCCL_LL128_UNROLL_MIXED in the entry
+// point of every protocol: the depths where ptxas reports no spills.)
 #ifndef RUSTCCL_LL128_UNROLL
-#define RUSTCCL_LL128_UNROLL 4
+#define RUSTCCL_LL128_UNROLL 3
 #endif
-template <int NR, int NS>
-RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
-  const int U = RUSTCCL_LL128_UNROLL;
-  const u64 words = ((u64)v.bytes + 7) / 8;
-  const u64 lines = (words + 14) / 15;
+#ifndef RUSTCCL_LL128_UNROLL_MIXED
+#define RUSTCCL_LL128_UNROLL_MIXED 2
+#endif
+template <int NR, int NS, bool MIXED>
+RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
+  const StepView v = shared_view;
+  const int U = MIXED ? RUSTCCL_LL128_UNROLL_MIXED : RUSTCCL_LL128_UNROLL;
+  const u32 bytes = v.bytes;
+  const u32 lines = ((bytes + 7) / 8 + 14) / 15;
+  const u32 full_lines = bytes / 120;
+  const bool aligned = (((u64)v.src | (u64)v.dst) & 7) == 0;
   const u32 lane = threadIdx.x % 32, t = lane % 8;
-  const u64 warps = blockDim.x / 32, warp = threadIdx.x / 32;
+  const u32 warps = blockDim.x / 32, warp = threadIdx.x / 32;
   // Round r gives warp w the line groups r * U * warps + u * warps + w: a short step spreads
   // over every warp before any warp takes a second group.
-  for (u64 base = warp * 4; base < lines; base += warps * 4 * U) {
+  for (u32 base = warp * 4; base < lines; base += warps * 4 * U) {
     u64 in0[U][NR > 0 ? NR : 1], in1[U][NR > 0 ? NR : 1];
+    u64 s0[U], s1[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u64 line = base + u * warps * 4 + lane / 8;
+      const u32 line = base + u * warps * 4 + lane / 8;
+      const u32 off = line * 120 + t * 16;
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
         in0[u][k] = in1[u][k] = 0;
-        if (line < lines) ld_volatile_v2(v.recv[k] + line * 128 + t * 16, in0[u][k], in1[u][k]);
+        if (line < lines) ld_volatile_v2(v.recv[k] + (u64)line * 128 + t * 16, in0[u][k], in1[u][k]);
+      }
+      s0[u] = s1[u] = 0;
+      if (v.src && line < lines) {
+        if (aligned && line < full_lines) {
+          s0[u] = *(const u64*)(v.src + off);
+          if (t != 7) s1[u] = *(const u64*)(v.src + off + 8);
+        } else {
+          if (off < bytes) s0[u] = load_user(v.src + off, min(8u, bytes - off));
+          if (t != 7 && off + 8 < bytes) s1[u] = load_user(v.src + off + 8, min(8u, bytes - off - 8));
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u64 line = base + u * warps * 4 + lane / 8;
+      const u32 line = base + u * warps * 4 + lane / 8;
       const bool active = line < lines;
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
@@ -335,52 +387,61 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& v, bool lines_whole) {
           const bool ok = !active || !lines_whole || t != 7 || in1[u][k] == v.rflag[k];
           if (__all_sync(0xffffffffu, ok)) break;
           if ((spins & 4095) == 4095 && *v.abort) return false;
-          if (active) ld_volatile_v2(v.recv[k] + line * 128 + t * 16, in0[u][k], in1[u][k]);
+          if (active) ld_volatile_v2(v.recv[k] + (u64)line * 128 + t * 16, in0[u][k], in1[u][k]);
         }
       }
       if (!active) continue;
-      const u64 w0 = line * 15 + 2 * t;
-      u64 r[2] = {0, 0};
-      const int nw = t == 7 ? 1 : 2;
+      const u32 off = line * 120 + t * 16;
+      u64 x0[NR > 0 ? NR : 1], x1[NR > 0 ? NR : 1];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u64 w = w0 + h;
-        if (h >= nw || w >= words) break;
-        const u64 off = w * 8;
-        const u32 valid = (u32)min((u64)8, (u64)v.bytes - off);
-        const u64 s = v.src ? load_user(v.src + off, valid) : 0;
-        u64 x[NR > 0 ? NR : 1];
-#pragma unroll
-        for (int k = 0; k < NR; ++k) x[k] = h == 0 ? in0[u][k] : in1[u][k];
-        r[h] = compute<NR>(v, x, s);
-        if (v.dst) store_user(v.dst + off, r[h], valid);
+      for (int k = 0; k < NR; ++k) {
+        x0[k] = in0[u][k];
+        x1[k] = in1[u][k];
+      }
+      const u64 r0 = off < bytes ? compute<NR>(v, x0, s0[u]) : 0;
+      const u64 r1 = t != 7 && off + 8 < bytes ? compute<NR>(v, x1, s1[u]) : 0;
+      if (v.dst) {
+        if (aligned && line < full_lines) {
+          *(u64*)(v.dst + off) = r0;
+          if (t != 7) *(u64*)(v.dst + off + 8) = r1;
+        } else {
+          if (off < bytes) store_user(v.dst + off, r0, min(8u, bytes - off));
+          if (t != 7 && off + 8 < bytes) store_user(v.dst + off + 8, r1, min(8u, bytes - off - 8));
+        }
       }
 #pragma unroll
-      for (int k = 0; k < NS; ++k) st_volatile_v2(v.send[k] + line * 128 + t * 16, r[0], t == 7 ? v.sflag[k] : r[1]);
+      for (int k = 0; k < NS; ++k) st_volatile_v2(v.send[k] + (u64)line * 128 + t * 16, r0, t == 7 ? v.sflag[k] : r1);
     }
   }
   return true;
 }
 
-// The step's data movement, for a protocol and compile-time peer counts.
-template <int NR, int NS>
-RUSTCCL_DEVICE bool run_proto(const StepView& v, int proto, bool lines_whole) {
-  if (proto == RUSTCCL_PROTO_LL) return run_ll<NR, NS>(v);
-  if (proto == RUSTCCL_PROTO_LL128) return run_ll128<NR, NS>(v, lines_whole);
-  return run_simple<NR, NS>(v);
+// The step's data movement, for a protocol and compile-time peer counts, in an entry point
+// built for the protocols in PROTOS (a bit per protocol, 1 << its number). -1: a protocol the entry
+// was not built for (the host never launches one so; reported, not run).
+#define RUSTCCL_HAS(PROTOS, P) (((PROTOS) >> (P)) & 1u)
+template <u32 PROTOS, int NR, int NS>
+RUSTCCL_DEVICE int run_proto(const StepView& v, int proto, bool lines_whole) {
+  constexpr bool MIXED = (PROTOS & (PROTOS - 1)) != 0;
+  if (RUSTCCL_HAS(PROTOS, RUSTCCL_PROTO_LL) && proto == RUSTCCL_PROTO_LL) return run_ll<NR, NS, MIXED>(v);
+  if (RUSTCCL_HAS(PROTOS, RUSTCCL_PROTO_LL128) && proto == RUSTCCL_PROTO_LL128) return run_ll128<NR, NS, MIXED>(v, lines_whole);
+  if (RUSTCCL_HAS(PROTOS, RUSTCCL_PROTO_SIMPLE) && proto == RUSTCCL_PROTO_SIMPLE) return run_simple<NR, NS>(v);
+  return -1;
 }
 
-RUSTCCL_DEVICE bool run_step(const StepView& v, int proto, bool lines_whole) {
+// 1 done, 0 aborted, -1 a protocol the entry point lacks.
+template <u32 PROTOS>
+RUSTCCL_DEVICE int run_step(const StepView& v, int proto, bool lines_whole) {
   switch (v.nrecv * 3 + v.nsend) {
-    case 0: return run_proto<0, 0>(v, proto, lines_whole);
-    case 1: return run_proto<0, 1>(v, proto, lines_whole);
-    case 2: return run_proto<0, 2>(v, proto, lines_whole);
-    case 3: return run_proto<1, 0>(v, proto, lines_whole);
-    case 4: return run_proto<1, 1>(v, proto, lines_whole);
-    case 5: return run_proto<1, 2>(v, proto, lines_whole);
-    case 6: return run_proto<2, 0>(v, proto, lines_whole);
-    case 7: return run_proto<2, 1>(v, proto, lines_whole);
-    default: return run_proto<2, 2>(v, proto, lines_whole);
+    case 0: return run_proto<PROTOS, 0, 0>(v, proto, lines_whole);
+    case 1: return run_proto<PROTOS, 0, 1>(v, proto, lines_whole);
+    case 2: return run_proto<PROTOS, 0, 2>(v, proto, lines_whole);
+    case 3: return run_proto<PROTOS, 1, 0>(v, proto, lines_whole);
+    case 4: return run_proto<PROTOS, 1, 1>(v, proto, lines_whole);
+    case 5: return run_proto<PROTOS, 1, 2>(v, proto, lines_whole);
+    case 6: return run_proto<PROTOS, 2, 0>(v, proto, lines_whole);
+    case 7: return run_proto<PROTOS, 2, 1>(v, proto, lines_whole);
+    default: return run_proto<PROTOS, 2, 2>(v, proto, lines_whole);
   }
 }
 
@@ -530,6 +591,7 @@ struct BlockState {
   RustcclExecItem items[RUSTCCL_EXEC_MAX_ITEMS];
   RustcclExecConn conn[CONN_CACHE];  // the launch's first connections
   RustcclExecStep step;  // the step in `view`
+  RustcclExecStep pf;    // thread 0's: the item's next step, loaded ahead
   u32 item;              // its work item (index among the block's)
   int ready[2];          // per round (parity): 1 run `view`, 0 all done, -1 stop
   int stop;              // set by any thread whose data movement was aborted
@@ -613,7 +675,9 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
       const u32 j = (turn + n) % mine;
       if (b.pc[j] >= b.items[j].count) continue;
       left = true;
-      const RustcclExecStep st = (j == pf_j && b.pc[j] == pf_pc) ? pf : steps[b.items[j].first + b.pc[j]];
+      // By reference: step_ready indexes its peers at run time, which a copy would put in
+      // local memory.
+      const RustcclExecStep& st = (j == pf_j && b.pc[j] == pf_pc) ? pf : steps[b.items[j].first + b.pc[j]];
       const int r = step_ready(st, conns, b.pos, b.seen, control, idle, exec_ctx(args, st.ctx).sig);
       if (r < 0) return -1;
       if (r == 0) continue;
@@ -627,12 +691,36 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
   }
 }
 
-extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
-    rustccl_exec(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {
+// Where a block's time goes, for kernel work (-DRUSTCCL_KERNEL_TIMING=1 through
+// RUSTCCL_KERNEL_DEFINES; never in a normal build): thread 0 counts clock cycles spent waiting
+// for a ready step, building its view, between the two block barriers (the block's data
+// movement) and posting, and prints them when the block ends.
+#ifdef RUSTCCL_KERNEL_TIMING
+#define RUSTCCL_TIMED(...) __VA_ARGS__
+struct StepTiming {
+  long long wait, view, data, post;
+  unsigned long long steps, bytes, start_ns;
+};
+RUSTCCL_DEVICE unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+RUSTCCL_DEVICE void print_timing(const StepTiming& t) {
+  printf("RUSTCCL_KERNEL_TIMING block %u steps %llu bytes %llu ns %llu cycles wait %lld view %lld data %lld post %lld\n", blockIdx.x,
+         t.steps, t.bytes, global_ns() - t.start_ns, t.wait, t.view, t.data, t.post);
+}
+#else
+#define RUSTCCL_TIMED(...)
+#endif
+
+template <u32 PROTOS>
+RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
   __shared__ BlockState b;
   const RustcclExecConn* image_conns = (const RustcclExecConn*)args.conns;
   const RustcclExecConn* conns = args.nconns <= CONN_CACHE ? b.conn : image_conns;
   const u32 tid = threadIdx.x;
+  RUSTCCL_TIMED(StepTiming timing = {0, 0, 0, 0, 0, 0, global_ns()}; long long clk = 0;)
 
   for (u32 i = tid; i < args.nconns; i += blockDim.x) {
     const RustcclExecConn c = image_conns[i];
@@ -654,10 +742,12 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
   // all run its data; after a second barrier thread 0 publishes it and looks for the next.
   // Two block barriers per step, one system fence (thread 0's) where the consumer needs it.
   u32 turn = 0, pf_j = ~0u, pf_pc = 0;
-  RustcclExecStep pf;
+  RustcclExecStep& pf = b.pf;
   for (u32 round = 0;; ++round) {
     if (tid == 0) {
+      RUSTCCL_TIMED(clk = clock64();)
       const int r = next_ready(b, args, mine, turn, pf, pf_j, pf_pc, conns);
+      RUSTCCL_TIMED(timing.wait += clock64() - clk; clk = clock64();)
       if (r > 0) {
         build_view(b.view, b.step, args, conns, b.pos);
         // The item's next step, loaded now: used after this one, its load is hidden.
@@ -670,28 +760,47 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)
         }
       }
       b.ready[round & 1] = r;
+      RUSTCCL_TIMED(timing.view += clock64() - clk;)
     }
     __syncthreads();
+    RUSTCCL_TIMED(if (tid == 0) clk = clock64();)
     const int ready = b.ready[round & 1];
-    if (ready <= 0) return;
-    const StepView v = b.view;
+    if (ready <= 0) {
+      RUSTCCL_TIMED(if (tid == 0) print_timing(timing);)
+      return;
+    }
+    const StepView& v = b.view;  // shared: the data loops take their own copies
     const bool local = v.nrecv == 0 && v.nsend == 0;
     const bool overlap = v.src && v.dst && v.src != v.dst && v.src < v.dst + v.bytes && v.dst < v.src + v.bytes;
     const int proto = b.step.proto;
-    bool ok = true;
+    int done = 1;
     if (local && !(v.flags & RUSTCCL_STEP_REDUCE) && (v.src == v.dst || overlap)) {
       if (overlap) run_memmove(v);
     } else {
       bool trusted = true;
       for (int k = 0; k < v.nrecv; ++k) trusted = trusted && flags_trusted(conns[b.step.recv[k]], proto);
-      ok = run_step(v, proto, trusted);
+      done = run_step<PROTOS>(v, proto, trusted);
     }
-    if (!ok) b.stop = 1;
+    if (done < 0 && tid == 0) report((RustcclExecControl*)args.control, RUSTCCL_EXEC_ERR_PROTO, 0, PROTOS, proto);
+    if (done <= 0) b.stop = 1;
     __syncthreads();
     if (b.stop) return;
     if (tid == 0) {
+      RUSTCCL_TIMED(timing.data += clock64() - clk; timing.steps += 1; timing.bytes += v.bytes; clk = clock64();)
       post_step(b.step, conns, exec_ctx(args, b.step.ctx).sig, b.pos);
       b.pc[b.item] += 1;
+      RUSTCCL_TIMED(timing.post += clock64() - clk;)
     }
   }
 }
+
+// The entry points (rustccl_kernels::exec::ExecEntry): every protocol, and one per protocol.
+#define RUSTCCL_ENTRY(NAME, PROTOS)                                                     \
+  extern "C" __global__ void __launch_bounds__(RUSTCCL_EXEC_THREADS)                    \
+      NAME(RUSTCCL_GRID_CONSTANT const RustcclExecArgs args) {                          \
+    exec_block<PROTOS>(args);                                                           \
+  }
+RUSTCCL_ENTRY(rustccl_exec, (1u << RUSTCCL_PROTO_SIMPLE) | (1u << RUSTCCL_PROTO_LL) | (1u << RUSTCCL_PROTO_LL128))
+RUSTCCL_ENTRY(rustccl_exec_simple, 1u << RUSTCCL_PROTO_SIMPLE)
+RUSTCCL_ENTRY(rustccl_exec_ll, 1u << RUSTCCL_PROTO_LL)
+RUSTCCL_ENTRY(rustccl_exec_ll128, 1u << RUSTCCL_PROTO_LL128)

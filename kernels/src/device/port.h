@@ -73,6 +73,9 @@ typedef __nv_fp8_e5m2 rustccl_f8e5m2;
 
 // ---- Function qualifiers ---------------------------------------------------
 #define RUSTCCL_DEVICE __device__ __forceinline__
+// A device function called, not inlined: for slow paths whose inlined copies would take
+// registers from the loops around them.
+#define RUSTCCL_DEVICE_CALL __device__ __noinline__
 #define RUSTCCL_KERNEL extern "C" __global__
 
 // ---- Warp size and shuffles --------------------------------------------------

@@ -193,6 +193,7 @@ mod tests {
             ("RUSTCCL_FIFO_SIGS", FIFO_SIGS as u64, ""),
             ("RUSTCCL_EXEC_ERR_SIZE", EXEC_ERR_SIZE as u64, "u"),
             ("RUSTCCL_EXEC_ERR_SIG", EXEC_ERR_SIG as u64, "u"),
+            ("RUSTCCL_EXEC_ERR_PROTO", EXEC_ERR_PROTO as u64, "u"),
         ];
         let found = defines(&abi_header());
         let found: Vec<(&str, &str)> = found.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();

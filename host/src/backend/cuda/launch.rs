@@ -10,7 +10,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use rustccl_kernels::DeviceOp;
 
-use rustccl_kernels::exec::ExecArgs;
+use rustccl_kernels::exec::{ExecArgs, ExecEntry};
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::streams::raw_stream;
@@ -84,14 +84,14 @@ impl CudaBackend {
 }
 
 /// The interpreter for `op` on `dtype` in `ctx` (the context of `device` it is launched in).
-fn kernel_in(b: &CudaBackend, ctx: Ctx, device: usize, op: DeviceOp, dtype: DataType) -> Result<ExecKernel> {
+fn kernel_in(b: &CudaBackend, ctx: Ctx, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
     let cc = b.devices[device].cc;
     let f = b.kernels.exec(ctx, cc, b.driver_version, op, dtype)?;
-    Ok(ExecKernel { device, op, dtype, handle: f.func.0 as usize as u64, context: ctx.key() as u64 })
+    Ok(ExecKernel { device, op, dtype, entry, handle: f.funcs[entry.index()].0 as usize as u64, context: ctx.key() as u64 })
 }
 
-pub(super) fn exec_kernel(b: &CudaBackend, device: usize, op: DeviceOp, dtype: DataType) -> Result<ExecKernel> {
-    kernel_in(b, b.primary(device)?, device, op, dtype)
+pub(super) fn exec_kernel(b: &CudaBackend, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
+    kernel_in(b, b.primary(device)?, device, op, dtype, entry)
 }
 
 pub(super) fn reach_exec_memory(b: &CudaBackend, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
@@ -133,7 +133,7 @@ fn launch_in(b: &CudaBackend, place: Place, kernel: &ExecKernel, args: &ExecArgs
     let kernel = if place.ctx.key() as u64 == kernel.context {
         kernel
     } else {
-        other = kernel_in(b, place.ctx, place.device, kernel.op, kernel.dtype)?;
+        other = kernel_in(b, place.ctx, place.device, kernel.op, kernel.dtype, kernel.entry)?;
         &other
     };
     // Switches (and later restores) the current context only when it is another one.
@@ -160,7 +160,7 @@ fn launch_in(b: &CudaBackend, place: Place, kernel: &ExecKernel, args: &ExecArgs
                 std::ptr::null_mut(),
             )
         },
-        "cuLaunchKernel(rustccl_exec)",
+        kernel.entry.name(),
     )
 }
 
@@ -170,7 +170,7 @@ pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, 
         check_exec_buffer(b, place.device, ptr, bytes)?;
     }
     reach_exec_memory(b, place.device, &launch.slots)?;
-    let kernel = kernel_in(b, place.ctx, place.device, launch.op, launch.dtype)?;
+    let kernel = kernel_in(b, place.ctx, place.device, launch.op, launch.dtype, launch.entry)?;
     launch_in(b, place, &kernel, &launch.args, launch.blocks, stream)
 }
 

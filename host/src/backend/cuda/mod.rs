@@ -355,9 +355,15 @@ impl DeviceBackend for CudaBackend {
         launch::launch_exec(self, launch, stream)
     }
 
-    fn exec_kernel(&self, device: usize, op: rustccl_kernels::DeviceOp, dtype: crate::types::DataType) -> Result<super::ExecKernel> {
+    fn exec_kernel(
+        &self,
+        device: usize,
+        op: rustccl_kernels::DeviceOp,
+        dtype: crate::types::DataType,
+        entry: rustccl_kernels::exec::ExecEntry,
+    ) -> Result<super::ExecKernel> {
         self.device(device, "exec_kernel")?;
-        launch::exec_kernel(self, device, op, dtype)
+        launch::exec_kernel(self, device, op, dtype, entry)
     }
 
     fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {

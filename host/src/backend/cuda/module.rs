@@ -18,6 +18,7 @@ use rustccl_kernels::{CacheKey, DeviceOp, KernelCache, Lookup};
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::nvrtc::{self, Nvrtc};
+use rustccl_kernels::exec::ExecEntry;
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -39,12 +40,14 @@ pub(crate) struct Kernels {
     exec: RwLock<HashMap<(usize, DeviceOp, DataType), ExecFunc>>,
 }
 
-/// The interpreter of one (operator, type) in one context (its module stays loaded).
+/// The interpreter of one (operator, type) in one context (its module stays loaded): a
+/// function per entry point (`rustccl_kernels::exec::ExecEntry`, in `ExecEntry::ALL`'s order).
 #[derive(Clone, Copy)]
 pub(crate) struct ExecFunc {
-    pub func: Func,
-    /// Registers per thread and local memory per thread in bytes (spills and local arrays;
-    /// the interpreter is written to need none), as the driver reports them.
+    pub funcs: [Func; 4],
+    /// The most registers per thread and local memory per thread in bytes (spills and local
+    /// arrays; the interpreter is written to need none) of its entry points, as the driver
+    /// reports them.
     pub regs: i32,
     pub local_bytes: i32,
 }
@@ -94,24 +97,31 @@ impl Kernels {
             unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void) },
             &format!("cuModuleLoadData({what})"),
         )?;
-        let name = CString::new(rustccl_kernels::exec::EXEC_KERNEL).expect("no NUL");
-        let mut f: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: the module was just loaded and is never unloaded; writes one handle.
-        check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction(rustccl_exec)")?;
-        let attr = |a: sys::CUfunction_attribute| -> Result<i32> {
-            let mut v = 0;
-            // SAFETY: `f` is the function just loaded; writes one int.
-            check(unsafe { sys::cuFuncGetAttribute(&mut v, a, f) }, "cuFuncGetAttribute(rustccl_exec)")?;
-            Ok(v)
-        };
-        let regs = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?;
-        let local_bytes = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?;
-        if local_bytes > 0 {
-            tracing::warn!(target: "INIT", "{what}: {local_bytes} bytes of local memory per thread (register spills or local arrays); the interpreter is meant to need none");
-        } else {
-            tracing::info!(target: "INIT", "{what}: {regs} registers per thread, no local memory");
+        let mut funcs = [Func(std::ptr::null_mut()); 4];
+        let (mut regs, mut local_bytes) = (0, 0);
+        for entry in ExecEntry::ALL {
+            let name = CString::new(entry.name()).expect("no NUL");
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: the module was just loaded and is never unloaded; writes one handle.
+            check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, &format!("cuModuleGetFunction({})", entry.name()))?;
+            let attr = |a: sys::CUfunction_attribute| -> Result<i32> {
+                let mut v = 0;
+                // SAFETY: `f` is the function just loaded; writes one int.
+                check(unsafe { sys::cuFuncGetAttribute(&mut v, a, f) }, &format!("cuFuncGetAttribute({})", entry.name()))?;
+                Ok(v)
+            };
+            let r = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?;
+            let local = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?;
+            if local > 0 {
+                tracing::warn!(target: "INIT", "{what} ({}): {local} bytes of local memory per thread (register spills or local arrays); the interpreter is meant to need none", entry.name());
+            } else {
+                tracing::info!(target: "INIT", "{what} ({}): {r} registers per thread, no local memory", entry.name());
+            }
+            funcs[entry.index()] = Func(f);
+            regs = regs.max(r);
+            local_bytes = local_bytes.max(local);
         }
-        let e = ExecFunc { func: Func(f), regs, local_bytes };
+        let e = ExecFunc { funcs, regs, local_bytes };
         Ok(*self.exec.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
     }
 }

@@ -61,7 +61,7 @@ impl CachedLaunch {
         if !fits_arena(enc.bytes.len()) {
             return Ok(None);
         }
-        let kernel = backend.exec_kernel(device, seg.op, seg.dtype)?;
+        let kernel = backend.exec_kernel(device, seg.op, seg.dtype, enc.entry)?;
         backend.reach_exec_memory(device, &enc.slots)?;
         Ok(Some(CachedLaunch { enc, image: None, kernel, _links: links.clone() }))
     }

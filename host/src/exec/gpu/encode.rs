@@ -79,6 +79,8 @@ pub(crate) struct Encoded {
     pub nconns: u32,
     pub blocks: u32,
     pub slots: Vec<DevicePtr>,
+    /// The kernel entry point for the protocols of its steps.
+    pub entry: k::ExecEntry,
 }
 
 impl Encoded {
@@ -166,6 +168,7 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
     };
     let mut items: Vec<ExecItem> = Vec::new();
     let mut steps: Vec<ExecStep> = Vec::new();
+    let mut protocols = 0u8;
     for item in &run.items {
         let first = steps.len();
         for (ci, s) in item.steps.iter().filter(|(ci, _)| ctxs.contains(ci)) {
@@ -201,6 +204,7 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
             for (j, l) in s.send.iter().enumerate() {
                 e.send[j] = conn_of(*l, Dir::Send)?;
             }
+            protocols |= 1 << e.proto;
             steps.push(e);
         }
         if steps.len() > first {
@@ -240,6 +244,7 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
         nconns: conns.len() as u32,
         blocks: items.len().min(k::EXEC_MAX_BLOCKS) as u32,
         slots,
+        entry: k::ExecEntry::for_protocols(protocols),
     }))
 }
 

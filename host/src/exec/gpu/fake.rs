@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use rustccl_kernels::exec::ExecArgs;
+use rustccl_kernels::exec::{ExecArgs, ExecEntry};
 use rustccl_kernels::DeviceOp;
 
 use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostMapped, ShareHandle, Stream};
@@ -16,6 +16,7 @@ use crate::types::DataType;
 pub(crate) struct Launched {
     pub op: DeviceOp,
     pub dtype: DataType,
+    pub entry: ExecEntry,
     pub args: ExecArgs,
     pub blocks: u32,
     pub stream: Stream,
@@ -155,12 +156,12 @@ impl DeviceBackend for FakeDevice {
         log.checked.extend(launch.buffers.iter().copied());
         log.kernel_lookups += 1;
         log.reach_calls += 1;
-        log.launches.push(Launched { op: launch.op, dtype: launch.dtype, args: launch.args, blocks: launch.blocks, stream });
+        log.launches.push(Launched { op: launch.op, dtype: launch.dtype, entry: launch.entry, args: launch.args, blocks: launch.blocks, stream });
         Ok(())
     }
-    fn exec_kernel(&self, device: usize, op: DeviceOp, dtype: DataType) -> Result<ExecKernel> {
+    fn exec_kernel(&self, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
         self.log().kernel_lookups += 1;
-        Ok(ExecKernel { device, op, dtype, handle: 0xf00, context: 1 })
+        Ok(ExecKernel { device, op, dtype, entry, handle: 0xf00, context: 1 })
     }
     fn reach_exec_memory(&self, _device: usize, _ptrs: &[DevicePtr]) -> Result<()> {
         self.log().reach_calls += 1;
@@ -171,7 +172,7 @@ impl DeviceBackend for FakeDevice {
         Ok(())
     }
     fn launch_exec_kernel(&self, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-        self.log().launches.push(Launched { op: kernel.op, dtype: kernel.dtype, args: *args, blocks, stream });
+        self.log().launches.push(Launched { op: kernel.op, dtype: kernel.dtype, entry: kernel.entry, args: *args, blocks, stream });
         Ok(())
     }
     fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

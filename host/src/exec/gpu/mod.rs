@@ -76,6 +76,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
             device,
             op: seg.op,
             dtype: seg.dtype,
+            entry: enc.entry,
             args,
             blocks: enc.blocks,
             buffers: buffers.clone(),
@@ -109,6 +110,10 @@ pub(crate) fn control_error(host: usize, rank: u32) -> Option<Error> {
             c.conn,
             crate::work::OpSig(c.got),
             crate::work::OpSig(c.expected)
+        ))),
+        k::EXEC_ERR_PROTO => Some(Error::internal(format!(
+            "rank {rank}: a step of protocol {} was launched with a kernel entry point built for the protocols {:#x} (a bug in rustccl: please report it)",
+            c.got, c.expected
         ))),
         code => Some(Error::internal(format!("rank {rank}: the collective kernel stopped with error {code}"))),
     }
@@ -159,6 +164,31 @@ mod tests {
                 v
             })
             .collect()
+    }
+
+    /// A launch whose steps all use one protocol takes that protocol's kernel entry point; one
+    /// that mixes protocols (here an LL ring and a Simple one in one group) takes the entry of
+    /// every protocol.
+    #[test]
+    fn the_kernel_entry_point_follows_the_protocols_of_the_steps() {
+        let ring = Ring { rank: 0, nranks: 2, channel: 0 };
+        let prog = program::ring_all_reduce(ring, (0, 10), 4, 4);
+        let link = Link { peer: 1, purpose: Purpose::Ring(0) };
+        let mut links = Links::new();
+        links.insert((link, Dir::Send), conn(link, Dir::Send, Kind::P2p, 0x10_0000_0000));
+        links.insert((link, Dir::Recv), conn(link, Dir::Recv, Kind::P2p, 0x20_0000_0000));
+        let entry_of = |protos: &[Protocol]| {
+            let r = run(
+                protos.iter().map(|&p| ctx(DataType::Float32, DevOp::Sum, p)).collect(),
+                protos.iter().enumerate().map(|(ci, _)| prog.iter().cloned().map(|s| (ci, s)).collect()).collect(),
+            );
+            encode(&r, &links, 0..protos.len()).unwrap().expect("steps").entry
+        };
+        assert_eq!(entry_of(&[Protocol::Simple]), k::ExecEntry::Simple);
+        assert_eq!(entry_of(&[Protocol::Ll]), k::ExecEntry::Ll);
+        assert_eq!(entry_of(&[Protocol::Ll128]), k::ExecEntry::Ll128);
+        assert_eq!(entry_of(&[Protocol::Ll, Protocol::Ll]), k::ExecEntry::Ll);
+        assert_eq!(entry_of(&[Protocol::Ll, Protocol::Simple]), k::ExecEntry::Mixed);
     }
 
     #[test]
