@@ -9,7 +9,10 @@
 #     libnccl.so.2 preloaded;
 #  4. the kernel before and after (the directory $1 holds the old exec.cu, same ABI): one
 #     channel per protocol, and the default choices for the collectives in $COLLS (all_reduce
-#     and all_gather unless set), 2 ranks.
+#     and all_gather unless set), 2 ranks;
+#  5. where a block's time goes per protocol (kernels built with -DRUSTCCL_KERNEL_TIMING=1);
+#  0. (first, before MPS) the README's main job: ranks by default, and 2 ranks on one GPU
+#     without MPS (one line saying so) and with --start-mps.
 # Only summary.txt, logs.tgz and kcache.tgz come back ($OUT); logs are written in /tmp first.
 #   tests/gpu/device_path.sh target/gpu/old-src
 set -u
@@ -22,6 +25,14 @@ results device_path
 nvidia-smi -L >> $S
 timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
 note "kernels: $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-1500 | tr '\n' ' ')"
+# 0. The README's main job on this machine.
+timeout 60 $G/rustccl-bench all_reduce -b 8 -e 1M -f 32 -c 1 -n 10 -w 2 > $OUT/layout_default.txt 2>&1
+note "layout, default ranks: rc $? $(grep -h -i -E 'ranks|mps|time-slice' $OUT/layout_default.txt | head -3 | tr '\n' ' ' | cut -c1-300) $(wrong $OUT/layout_default.txt)"
+timeout 60 $G/rustccl-bench all_reduce -N 2 -b 8 -e 64K -f 64 -c 1 -n 3 -w 1 > $OUT/layout_nomps.txt 2>&1
+note "layout, -N 2 without MPS: rc $? $(grep -h -i -E 'mps|time-slice' $OUT/layout_nomps.txt | head -2 | tr '\n' ' ' | cut -c1-400)"
+timeout 90 $G/rustccl-bench all_reduce -N 2 --start-mps -b 8 -e 1M -f 32 -c 1 -n 10 -w 2 > $OUT/layout_mps.txt 2>&1
+note "layout, -N 2 --start-mps: rc $? $(grep -h -i -E 'mps' $OUT/layout_mps.txt | head -2 | tr '\n' ' ' | cut -c1-300) $(wrong $OUT/layout_mps.txt); MPS still running after: $(pgrep -c nvidia-cuda-mps || true)"
+grep -E "^ +[0-9]" $OUT/layout_mps.txt | awk '{print "  ", $1, $6, $8}' | tee -a $S
 started_mps=0
 nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
 note "MPS started: $started_mps"
@@ -79,11 +90,14 @@ for c in ${COLLS:-all_reduce all_gather}; do
     paste <(grep -E "^ +[0-9]" $OUT/def_${c}_new.txt | awk '{print $1, $6, $8}') \
           <(grep -E "^ +[0-9]" $OUT/def_${c}_old.txt | awk '{print $6, $8}') | tee -a $S
 done
-# NCCL's channel rule (default) against one Simple channel per 128 KiB as before
-# (NCCL_THREAD_THRESHOLDS Simple = 256 bytes x 512 threads), new kernel.
-NCCL_THREAD_THRESHOLDS="-1 -1 256" bench new $OUT/rule_old.txt all_reduce -N 2 -b 8 -e 1G -f 8 -c 1 -n 20 -w 5
-note "== all_reduce 2 ranks: size | us, busbw: NCCL's channel rule (def new above), one channel per 128 KiB"
-paste <(grep -E "^ +[0-9]" $OUT/def_all_reduce_new.txt | awk '{print $1, $6, $8}') <(grep -E "^ +[0-9]" $OUT/rule_old.txt | awk '{print $6, $8}') | tee -a $S
+# 5. Where a block's time goes (thread 0's clock: waiting for a ready step, building its view,
+# the data between the two barriers, posting), one channel, per protocol.
+for p in Simple:128M LL128:16M LL:1M; do
+    proto=${p%%:*} size=${p##*:}
+    NCCL_PROTO=$proto NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 RUSTCCL_KERNEL_DEFINES=-DRUSTCCL_KERNEL_TIMING=1 RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.timing \
+        timeout 100 $G/rustccl-bench all_reduce -N 2 -b $size -e $size -c 1 -n 3 -w 1 > $OUT/timing_$proto.txt 2>&1
+    note "timing $proto $size ($(wrong $OUT/timing_$proto.txt)): $(grep -h RUSTCCL_KERNEL_TIMING $OUT/timing_$proto.txt | tail -2 | tr '\n' ' ' | cut -c1-500)"
+done
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
 for d in $RUSTCCL_KERNEL_CACHE_DIR; do
     f=$(ls -S $d 2>/dev/null | head -1)

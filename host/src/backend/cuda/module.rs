@@ -103,7 +103,15 @@ impl Kernels {
             let name = CString::new(entry.name()).expect("no NUL");
             let mut f: sys::CUfunction = std::ptr::null_mut();
             // SAFETY: the module was just loaded and is never unloaded; writes one handle.
-            check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, &format!("cuModuleGetFunction({})", entry.name()))?;
+            let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+            if r == sys::CUresult::CUDA_ERROR_NOT_FOUND && entry != ExecEntry::Mixed && std::env::var_os("RUSTCCL_KERNEL_SOURCE_DIR").is_some() {
+                // An older exec.cu given for an A/B run (RUSTCCL_KERNEL_SOURCE_DIR), from
+                // before the per-protocol entry points: every launch takes its one entry.
+                tracing::warn!(target: "INIT", "{what}: no {} in the kernel sources of RUSTCCL_KERNEL_SOURCE_DIR; launches take {}", entry.name(), ExecEntry::Mixed.name());
+                funcs[entry.index()] = funcs[ExecEntry::Mixed.index()];
+                continue;
+            }
+            check(r, &format!("cuModuleGetFunction({})", entry.name()))?;
             let attr = |a: sys::CUfunction_attribute| -> Result<i32> {
                 let mut v = 0;
                 // SAFETY: `f` is the function just loaded; writes one int.
