@@ -513,6 +513,12 @@ RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u
   return false;
 }
 
+// LL128 consumers start on a slot when its first line is there, and chase the sender through
+// the rest; -DRUSTCCL_LL128_WAIT_TAIL=1 (for experiments) makes them wait for the whole slot.
+#ifndef RUSTCCL_LL128_WAIT_TAIL
+#define RUSTCCL_LL128_WAIT_TAIL 0
+#endif
+
 // Thread 0: whether every input of the step has arrived and every output slot is free.
 // 1 ready, 0 not yet, -1 stop (error reported).
 RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* conns, u64* pos, u64* seen,
@@ -523,7 +529,7 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
     const int ci = st.recv[k];
     const RustcclExecConn& c = conns[ci];
     const u64 p = pos[ci];
-    if (wire > 0 && flags_trusted(c, st.proto)) {
+    if (wire > 0 && flags_trusted(c, st.proto) && !(RUSTCCL_LL128_WAIT_TAIL && st.proto == RUSTCCL_PROTO_LL128)) {
       // The sender has started this slot (its first line is there): it finishes it without
       // waiting for anything else, so the lines can be waited for.
       const u64 slot = slot_addr(c, p, st.proto);
@@ -578,6 +584,17 @@ RUSTCCL_DEVICE RustcclExecCtx exec_ctx(const RustcclExecArgs& args, u32 i) {
   return c;
 }
 
+// What a step publishes when its data is done (see post_step): recorded by thread 0 when it
+// builds the step's view, carried out by the posting thread after the block barrier while
+// thread 0 looks for the next step.
+struct PostRecord {
+  u64 send_header[RUSTCCL_EXEC_MAX_PEERS], send_pos[RUSTCCL_EXEC_MAX_PEERS];
+  u64 recv_header[RUSTCCL_EXEC_MAX_PEERS], recv_pos[RUSTCCL_EXEC_MAX_PEERS];
+  u64 sig, wire;
+  int nsend, nrecv;
+  int fence;
+};
+
 // Connections kept in shared memory (launches with more read the rest from the image).
 constexpr u32 CONN_CACHE = 32;
 
@@ -592,15 +609,17 @@ struct BlockState {
   RustcclExecConn conn[CONN_CACHE];  // the launch's first connections
   RustcclExecStep step;  // the step in `view`
   RustcclExecStep pf;    // thread 0's: the item's next step, loaded ahead
+  PostRecord posts[2];   // per round (parity): what the step publishes when done
+  RustcclExecCtx ctx;    // thread 0's: the operation context read last
+  u32 ctx_index;         // its index (~0: none yet)
   u32 item;              // its work item (index among the block's)
   int ready[2];          // per round (parity): 1 run `view`, 0 all done, -1 stop
   int stop;              // set by any thread whose data movement was aborted
 };
 
 // Thread 0: the step's view (slot addresses, flags, buffers) for every thread.
-RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const RustcclExecArgs& args, const RustcclExecConn* conns,
-                               const u64* pos) {
-  const RustcclExecCtx cx = exec_ctx(args, st.ctx);
+RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const RustcclExecCtx& cx, const RustcclExecArgs& args,
+                               const RustcclExecConn* conns, const u64* pos) {
   v.src = (st.flags & RUSTCCL_STEP_SRC)
               ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
               : 0;
@@ -631,32 +650,49 @@ RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const Rus
   v.abort = &((RustcclExecControl*)args.control)->abort;
 }
 
-// Thread 0, after every thread finished the step's data: publishes it. Sends get the
-// signature, wire size and `tail`; where the consumer reads the data because of `tail` (a
-// Simple slot, an LL128 slot whose lines may arrive split, the network proxy) one system
-// fence first orders the whole block's stores (they happened before the block barrier)
-// before it. Receives give their slot back through `head`.
-RUSTCCL_DEVICE void post_step(const RustcclExecStep& st, const RustcclExecConn* conns, u64 sig, u64* pos) {
-  const u64 wire = wire_bytes(st.proto, st.bytes);
-  bool fence = false;
+// Thread 0, when it builds a step's view: what the step publishes when its data is done
+// (`rec`), and the connections' positions after it. Sends get the signature, wire size and
+// `tail`; where the consumer reads the data because of `tail` (a Simple slot, an LL128 slot
+// whose lines may arrive split, the network proxy) one system fence first orders the whole
+// block's stores before it. Receives give their slot back through `head`.
+RUSTCCL_DEVICE void record_post(PostRecord& rec, const RustcclExecStep& st, const RustcclExecConn* conns, u64 sig, u64* pos) {
+  rec.sig = sig;
+  rec.wire = wire_bytes(st.proto, st.bytes);
+  rec.nsend = st.nsend;
+  rec.nrecv = st.nrecv;
+  rec.fence = 0;
   for (int k = 0; k < st.nsend; ++k) {
     const RustcclExecConn& c = conns[st.send[k]];
-    const u64 p = pos[st.send[k]];
-    fence = fence || !flags_trusted(c, st.proto);
-    st_volatile_u64(c.header + RUSTCCL_FIFO_SIGS + (p % RUSTCCL_EXEC_STEPS) * 8, sig);
-    st_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8, wire);
-  }
-  if (fence) __threadfence_system();
-  for (int k = 0; k < st.nsend; ++k) {
-    const int ci = st.send[k];
-    st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_TAIL, pos[ci] + 1);
-    pos[ci] += 1;
+    rec.fence |= !flags_trusted(c, st.proto);
+    rec.send_header[k] = c.header;
+    rec.send_pos[k] = pos[st.send[k]]++;
   }
   for (int k = 0; k < st.nrecv; ++k) {
-    const int ci = st.recv[k];
-    st_volatile_u64(conns[ci].header + RUSTCCL_FIFO_HEAD, pos[ci] + 1);
-    pos[ci] += 1;
+    rec.recv_header[k] = conns[st.recv[k]].header;
+    rec.recv_pos[k] = pos[st.recv[k]]++;
   }
+}
+
+// The posting thread, after every thread finished the step's data (a block barrier since):
+// publishes it as `rec` says.
+RUSTCCL_DEVICE void post_step(const PostRecord& rec) {
+  for (int k = 0; k < rec.nsend; ++k) {
+    const u64 slot = rec.send_pos[k] % RUSTCCL_EXEC_STEPS;
+    st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIGS + slot * 8, rec.sig);
+    st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIZES + slot * 8, rec.wire);
+  }
+  if (rec.fence) __threadfence_system();
+  for (int k = 0; k < rec.nsend; ++k) st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_TAIL, rec.send_pos[k] + 1);
+  for (int k = 0; k < rec.nrecv; ++k) st_volatile_u64(rec.recv_header[k] + RUSTCCL_FIFO_HEAD, rec.recv_pos[k] + 1);
+}
+
+// Thread 0: operation context `i`, read from the launch only when it differs from the last.
+RUSTCCL_DEVICE const RustcclExecCtx& block_ctx(BlockState& b, const RustcclExecArgs& args, u32 i) {
+  if (b.ctx_index != i) {
+    b.ctx = exec_ctx(args, i);
+    b.ctx_index = i;
+  }
+  return b.ctx;
 }
 
 // Thread 0: the next step of the block's work items that can run, in turn (a block with
@@ -678,7 +714,7 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
       // By reference: step_ready indexes its peers at run time, which a copy would put in
       // local memory.
       const RustcclExecStep& st = (j == pf_j && b.pc[j] == pf_pc) ? pf : steps[b.items[j].first + b.pc[j]];
-      const int r = step_ready(st, conns, b.pos, b.seen, control, idle, exec_ctx(args, st.ctx).sig);
+      const int r = step_ready(st, conns, b.pos, b.seen, control, idle, block_ctx(b, args, st.ctx).sig);
       if (r < 0) return -1;
       if (r == 0) continue;
       b.step = st;
@@ -735,7 +771,12 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
     b.items[tid] = ((const RustcclExecItem*)args.items)[blockIdx.x + tid * gridDim.x];
     b.pc[tid] = 0;
   }
-  if (tid == 0) b.stop = 0;
+  if (tid == 0) {
+    b.stop = 0;
+    b.ctx_index = ~0u;
+  }
+  // The thread that publishes finished steps, while thread 0 looks for the next.
+  const u32 poster = blockDim.x > 32 ? 32 : 0;
   __syncthreads();
 
   // Thread 0 finds a ready step and builds its view while the others wait at the barrier;
@@ -749,7 +790,9 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
       const int r = next_ready(b, args, mine, turn, pf, pf_j, pf_pc, conns);
       RUSTCCL_TIMED(timing.wait += clock64() - clk; clk = clock64();)
       if (r > 0) {
-        build_view(b.view, b.step, args, conns, b.pos);
+        const RustcclExecCtx& cx = block_ctx(b, args, b.step.ctx);
+        build_view(b.view, b.step, cx, args, conns, b.pos);
+        record_post(b.posts[round & 1], b.step, conns, cx.sig, b.pos);
         // The item's next step, loaded now: used after this one, its load is hidden.
         const u32 j = b.item, next = b.pc[j] + 1;
         pf_j = ~0u;
@@ -785,9 +828,9 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
     if (done <= 0) b.stop = 1;
     __syncthreads();
     if (b.stop) return;
+    if (tid == poster) post_step(b.posts[round & 1]);
     if (tid == 0) {
       RUSTCCL_TIMED(timing.data += clock64() - clk; timing.steps += 1; timing.bytes += v.bytes; clk = clock64();)
-      post_step(b.step, conns, exec_ctx(args, b.step.ctx).sig, b.pos);
       b.pc[b.item] += 1;
       RUSTCCL_TIMED(timing.post += clock64() - clk;)
     }
