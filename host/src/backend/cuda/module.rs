@@ -259,9 +259,9 @@ pub struct ExecCompile {
 }
 
 impl ExecCompile {
-    /// The report of the interpreter kernel itself.
-    pub fn kernel(&self) -> Option<&ptxas::FunctionReport> {
-        self.functions.iter().find(|f| f.entry && f.name == rustccl_kernels::exec::EXEC_KERNEL)
+    /// The report of the interpreter's entry point `entry`.
+    pub fn entry(&self, entry: ExecEntry) -> Option<&ptxas::FunctionReport> {
+        self.functions.iter().find(|f| f.entry && f.name == entry.name())
     }
 }
 
