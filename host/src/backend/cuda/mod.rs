@@ -45,6 +45,7 @@ mod launch;
 mod memory;
 pub mod module;
 pub mod nvrtc;
+pub mod ptxas;
 mod streams;
 
 use std::collections::{HashMap, HashSet};

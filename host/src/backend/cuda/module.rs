@@ -18,6 +18,7 @@ use rustccl_kernels::{CacheKey, DeviceOp, KernelCache, Lookup};
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::nvrtc::{self, Nvrtc};
+use super::ptxas;
 use rustccl_kernels::exec::ExecEntry;
 use crate::error::{Error, Result};
 use crate::types::DataType;
@@ -254,22 +255,41 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Vec
     Ok(image)
 }
 
-/// Compiles the collective interpreter for `op` on `dtype` (no device, no cache): the compile
-/// check of `exec.cu`.
-pub fn compile_exec_only(cc: i32, op: DeviceOp, dtype: DataType) -> Result<usize> {
-    let defines = exec_defines(op, dtype)?;
-    let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
-    Ok(compile_unit_only(cc, &unit)?.1)
+/// What compiling one interpreter made: the target, the image's size and ptxas' report.
+pub struct ExecCompile {
+    /// `sm_XY` (CUBIN) or `compute_XY` (PTX, no ptxas report).
+    pub arch: String,
+    pub image_bytes: usize,
+    /// NVRTC's program log (ptxas' report in it).
+    pub log: String,
+    /// ptxas' report, read from the log.
+    pub functions: Vec<ptxas::FunctionReport>,
 }
 
-/// Compiles `unit` for `cc` without the cache; returns the target and the image's size.
-fn compile_unit_only(cc: i32, unit: &Unit) -> Result<(String, usize)> {
+impl ExecCompile {
+    /// The report of the interpreter's entry point `entry`.
+    pub fn entry(&self, entry: ExecEntry) -> Option<&ptxas::FunctionReport> {
+        self.functions.iter().find(|f| f.entry && f.name == entry.name())
+    }
+}
+
+/// Compiles the collective interpreter for `op` on `dtype` with ptxas' verbose report (no
+/// device, no cache): the compile check of `exec.cu` and its register and local memory use.
+pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType) -> Result<ExecCompile> {
+    let defines = exec_defines(op, dtype)?;
+    let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
     let nvrtc = Nvrtc::get()?;
-    let (target, options) = target_and_options(nvrtc, cc, unit)?;
+    let (target, mut options) = target_and_options(nvrtc, cc, &unit)?;
+    options.push(ptxas::VERBOSE_OPTION.to_string());
     let text = rustccl_kernels::source(unit.name).expect("every unit is embedded");
     let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
-    let image = nvrtc.compile((unit.name, text), &headers, &options, target.cubin)?;
-    Ok((target.arch, image.len()))
+    let out = nvrtc.compile_with_log((unit.name, text), &headers, &options, target.cubin)?;
+    Ok(ExecCompile {
+        arch: target.arch,
+        image_bytes: out.image.len(),
+        functions: ptxas::parse(&out.log),
+        log: out.log,
+    })
 }
 
 /// Compiles the collective interpreter for `op` on `dtype` with `headers` in place of the

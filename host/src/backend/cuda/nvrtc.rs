@@ -63,6 +63,15 @@ pub struct Nvrtc {
     /// The real architectures it compiles for (`sm_XY` as `XY`), ascending.
     pub archs: Vec<i32>,
     _lib: libloading::Library,
+    /// `libnvrtc-builtins`, opened before NVRTC from the same directory (kept loaded).
+    _builtins: Option<libloading::Library>,
+}
+
+/// The compile's output: the image and NVRTC's program log (warnings; ptxas' report when
+/// asked for with [`super::ptxas::VERBOSE_OPTION`]).
+pub struct Compiled {
+    pub image: Vec<u8>,
+    pub log: String,
 }
 
 /// The directories searched for the library, in order.
@@ -166,6 +175,7 @@ impl Nvrtc {
     }
 
     fn open(file: &std::ffi::OsStr, path: PathBuf) -> Result<Nvrtc> {
+        let builtins = preload_builtins(&path);
         // SAFETY: loading NVRTC runs its initialisers, which are sound to run.
         let lib = unsafe { libloading::Library::new(file) }
             .map_err(|e| Error::cuda(format!("loading {}: {e}", path.display())))?;
@@ -191,7 +201,7 @@ impl Nvrtc {
             num_archs: sym!("nvrtcGetNumSupportedArchs"),
             archs: sym!("nvrtcGetSupportedArchs"),
         };
-        let mut n = Nvrtc { api, path, version: (0, 0), archs: Vec::new(), _lib: lib };
+        let mut n = Nvrtc { api, path, version: (0, 0), archs: Vec::new(), _lib: lib, _builtins: builtins };
         let (mut major, mut minor) = (0, 0);
         // SAFETY: writes two ints.
         n.check(unsafe { (n.api.version)(&mut major, &mut minor) }, "nvrtcVersion")?;
@@ -241,6 +251,17 @@ impl Nvrtc {
         options: &[String],
         cubin: bool,
     ) -> Result<Vec<u8>> {
+        Ok(self.compile_with_log(unit, headers, options, cubin)?.image)
+    }
+
+    /// [`Nvrtc::compile`], also returning the program log of the successful compile.
+    pub fn compile_with_log(
+        &self,
+        unit: (&str, &str),
+        headers: &[(&str, &str)],
+        options: &[String],
+        cubin: bool,
+    ) -> Result<Compiled> {
         let cstr = |s: &str| CString::new(s).map_err(|_| Error::internal(format!("NUL byte in {s:?}")));
         let src = cstr(unit.1)?;
         let name = cstr(unit.0)?;
@@ -299,7 +320,7 @@ impl Nvrtc {
         if !cubin && out.last() != Some(&0) {
             out.push(0);
         }
-        Ok(out)
+        Ok(Compiled { image: out, log: self.log(prog) })
     }
 
     fn log(&self, prog: Program) -> String {
@@ -315,6 +336,44 @@ impl Nvrtc {
         }
         String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string()
     }
+}
+
+/// Opens NVRTC's builtins library (`libnvrtc-builtins.so.M.m`) from the directory of
+/// `nvrtc` (a path to `libnvrtc.so.M` or `libnvrtc.so`), globally, so that NVRTC, which opens
+/// it by name when it compiles, finds it there even when that directory is not on the
+/// loader's path (pip's wheels have no RUNPATH). `None` when there is none or it does not
+/// load: NVRTC then looks for it itself (and says so when it cannot find it).
+fn preload_builtins(nvrtc: &Path) -> Option<libloading::Library> {
+    let file = builtins_next_to(nvrtc)?;
+    // SAFETY: loading NVRTC's builtins runs their initialisers, which are sound to run.
+    match unsafe { libloading::os::unix::Library::open(Some(&file), libc::RTLD_NOW | libc::RTLD_GLOBAL) } {
+        Ok(lib) => Some(lib.into()),
+        Err(e) => {
+            tracing::debug!(target: "INIT", "could not preload {}: {e}", file.display());
+            None
+        }
+    }
+}
+
+/// The builtins library in `nvrtc`'s directory that goes with it: for `libnvrtc.so.13`, the
+/// newest `libnvrtc-builtins.so.13.*`; for `libnvrtc.so`, the newest of any version.
+fn builtins_next_to(nvrtc: &Path) -> Option<PathBuf> {
+    let dir = nvrtc.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let major = nvrtc.file_name()?.to_str()?.strip_prefix("libnvrtc.so")?.trim_start_matches('.').to_string();
+    let prefix = if major.is_empty() { "libnvrtc-builtins.so.".to_string() } else { format!("libnvrtc-builtins.so.{major}.") };
+    let mut found: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let version = name.strip_prefix("libnvrtc-builtins.so.")?;
+            name.starts_with(&prefix).then_some(())?;
+            let key = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
+            Some((key, e.path()))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p)
 }
 
 /// What NVRTC compiles for one device.
@@ -385,6 +444,28 @@ mod tests {
         assert_eq!(dirs[1], PathBuf::from("/b"));
         assert_eq!(dirs[2], PathBuf::from("/opt/cuda/lib64"));
         assert!(dirs.contains(&PathBuf::from("/usr/local/cuda/lib64")));
+    }
+
+    #[test]
+    fn builtins_are_the_ones_of_the_library_version() {
+        let dir = std::env::temp_dir().join(format!("rustccl-nvrtc-builtins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in [
+            "libnvrtc.so.13",
+            "libnvrtc-builtins.so.12.9",
+            "libnvrtc-builtins.so.13.0",
+            "libnvrtc-builtins.so.13.2",
+            "libnvrtc-builtins.alt.so.13.9",
+        ] {
+            std::fs::write(dir.join(name), "").unwrap();
+        }
+        assert_eq!(builtins_next_to(&dir.join("libnvrtc.so.13")), Some(dir.join("libnvrtc-builtins.so.13.2")));
+        assert_eq!(builtins_next_to(&dir.join("libnvrtc.so.12")), Some(dir.join("libnvrtc-builtins.so.12.9")));
+        assert_eq!(builtins_next_to(&dir.join("libnvrtc.so")), Some(dir.join("libnvrtc-builtins.so.13.2")));
+        assert_eq!(builtins_next_to(&dir.join("libnvrtc.so.11")), None);
+        // A name resolved by the loader (no directory): nothing to preload.
+        assert_eq!(builtins_next_to(Path::new("libnvrtc.so.13")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
