@@ -13,6 +13,10 @@
 #  5. where a block's time goes per protocol (kernels built with -DRUSTCCL_KERNEL_TIMING=1);
 #  0. (first, before MPS) the README's main job: ranks by default, and 2 ranks on one GPU
 #     without MPS (one line saying so) and with --start-mps.
+# SKIP lists sections to leave out: layout matrix one_rank latency torch ab defaults timing
+# (e.g. SKIP="layout one_rank torch" for a kernel round). VARIANTS, when set, is a list of
+# PROTOCOL:DEFINES (RUSTCCL_KERNEL_DEFINES, commas for spaces) to run the one-channel
+# all_reduce of that protocol with too, e.g. VARIANTS="LL128:-DRUSTCCL_LL128_WAIT_TAIL=1".
 # Only summary.txt, logs.tgz and kcache.tgz come back ($OUT); logs are written in /tmp first.
 #   tests/gpu/device_path.sh target/gpu/old-src
 set -u
@@ -21,11 +25,13 @@ k=0
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
 results device_path
+want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
 [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
 nvidia-smi -L >> $S
 timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
 note "kernels: $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-1500 | tr '\n' ' ')"
 # 0. The README's main job on this machine.
+if want layout; then
 timeout 60 $G/rustccl-bench all_reduce -b 8 -e 1M -f 32 -c 1 -n 10 -w 2 > $OUT/layout_default.txt 2>&1
 note "layout, default ranks: rc $? $(grep -h -i -E 'ranks|mps|time-slice' $OUT/layout_default.txt | head -3 | tr '\n' ' ' | cut -c1-300) $(wrong $OUT/layout_default.txt)"
 timeout 60 $G/rustccl-bench all_reduce -N 2 -b 8 -e 64K -f 64 -c 1 -n 3 -w 1 > $OUT/layout_nomps.txt 2>&1
@@ -33,11 +39,13 @@ note "layout, -N 2 without MPS: rc $? $(grep -h -i -E 'mps|time-slice' $OUT/layo
 timeout 90 $G/rustccl-bench all_reduce -N 2 --start-mps -b 8 -e 1M -f 32 -c 1 -n 10 -w 2 > $OUT/layout_mps.txt 2>&1
 note "layout, -N 2 --start-mps: rc $? $(grep -h -i -E 'mps' $OUT/layout_mps.txt | head -2 | tr '\n' ' ' | cut -c1-300) $(wrong $OUT/layout_mps.txt); MPS still running after: $(pgrep -c nvidia-cuda-mps || true)"
 grep -E "^ +[0-9]" $OUT/layout_mps.txt | awk '{print "  ", $1, $6, $8}' | tee -a $S
+fi
 started_mps=0
 nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
 note "MPS started: $started_mps"
 
 # 1. Correctness.
+if want matrix; then
 matrix p2p 150 | tee -a $S
 for p in LL LL128; do matrix proto_$p 150 NCCL_PROTO=$p | tee -a $S; done
 matrix shm 150 NCCL_P2P_DISABLE=1 | tee -a $S
@@ -45,9 +53,10 @@ for p in LL LL128 Simple; do
     NCCL_PROTO=$p timeout 120 $G/rustccl-bench all_reduce -N 2 -b 4 -e 256M -f 16 -c 1 -n 3 -w 1 > $OUT/sweep_$p.txt 2>&1
     note "sweep $p all_reduce 4 B..256 MiB: $(wrong $OUT/sweep_$p.txt) $(grep -h -E 'rror' $OUT/sweep_$p.txt | head -2 | tr '\n' ' ')"
 done
+fi
 
 # 2. One rank against NCCL; host cost per call.
-for c in all_reduce broadcast all_gather reduce_scatter; do
+want one_rank && for c in all_reduce broadcast all_gather reduce_scatter; do
     A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n 50 -w 5"
     timeout 90 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1
     timeout 90 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/one_${c}_capi.txt 2>&1
@@ -57,13 +66,13 @@ for c in all_reduce broadcast all_gather reduce_scatter; do
           <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
           <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}') | tee -a $S
 done
-enqueue_latency ", under MPS"
+want latency && enqueue_latency ", under MPS"
 
 # 3. cudarc example and PyTorch.
-timeout 120 $G/cudarc_all_reduce > $OUT/cudarc.log 2>&1
+[ -x $G/cudarc_all_reduce ] && timeout 120 $G/cudarc_all_reduce > $OUT/cudarc.log 2>&1 &&
 note "cudarc example (2 ranks, one GPU): rc $? $(tail -3 $OUT/cudarc.log | tr '\n' ' ' | cut -c1-400)"
-LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 150 python3 tests/torch/torch_dist.py --out $OUT/torch_rustccl.json --sizes --graph --one-gpu --port 29544 > $OUT/torch_rustccl.log 2>&1
-note "torch (rustccl preloaded): rc $? $(grep -h -E 'failures|version|Error' $OUT/torch_rustccl.log | head -4 | tr '\n' ' ' | cut -c1-400)"
+want torch && LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 150 python3 tests/torch/torch_dist.py --out $OUT/torch_rustccl.json --sizes --graph --one-gpu --port 29544 > $OUT/torch_rustccl.log 2>&1
+want torch && note "torch (rustccl preloaded): rc $? $(grep -h -E 'failures|version|Error' $OUT/torch_rustccl.log | head -4 | tr '\n' ' ' | cut -c1-400)"
 
 # 4. Kernel before and after.
 OLDKC=$RUSTCCL_KERNEL_CACHE_DIR.old
@@ -72,7 +81,7 @@ bench() {  # bench <new|old> <file> <args...>
     if [ $which = new ]; then timeout 100 $G/rustccl-bench "$@" > $f 2>&1
     else RUSTCCL_KERNEL_SOURCE_DIR=$PWD/$OLD RUSTCCL_KERNEL_CACHE_DIR=$OLDKC timeout 100 $G/rustccl-bench "$@" > $f 2>&1; fi
 }
-for p in Simple LL128 LL; do
+want ab && for p in Simple LL128 LL; do
     case $p in Simple) e=256M;; LL128) e=32M;; LL) e=4M;; esac
     for which in new old new old; do
         NCCL_PROTO=$p NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 bench $which $OUT/ch1_${p}_${which}_$((++k)).txt all_reduce -N 2 -b 8 -e $e -f 8 -c 1 -n 20 -w 5
@@ -84,7 +93,7 @@ for p in Simple LL128 LL; do
           <(grep -E "^ +[0-9]" $(ls $OUT/ch1_${p}_old_* | tail -1) | awk '{print $6, $8}') | tee -a $S
     note "  checked: $(wrong $OUT/ch1_${p}_*)"
 done
-for c in ${COLLS:-all_reduce all_gather}; do
+want defaults && for c in ${COLLS:-all_reduce all_gather}; do
     for which in new old; do bench $which $OUT/def_${c}_$which.txt $c -N 2 -b 8 -e 1G -f 8 -c 1 -n 20 -w 5; done
     note "== $c 2 ranks, default choices: size | us, busbw: new, old ($(wrong $OUT/def_${c}_*))"
     paste <(grep -E "^ +[0-9]" $OUT/def_${c}_new.txt | awk '{print $1, $6, $8}') \
@@ -92,7 +101,15 @@ for c in ${COLLS:-all_reduce all_gather}; do
 done
 # 5. Where a block's time goes (thread 0's clock: waiting for a ready step, building its view,
 # the data between the two barriers, posting), one channel, per protocol.
-for p in Simple:128M LL128:16M LL:1M; do
+for v in ${VARIANTS:-}; do
+    proto=${v%%:*} defs=${v#*:}
+    case $proto in Simple) e=256M;; LL128) e=32M;; *) e=4M;; esac
+    NCCL_PROTO=$proto NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 RUSTCCL_KERNEL_DEFINES="${defs//,/ }" RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.v$((++k)) \
+        timeout 100 $G/rustccl-bench all_reduce -N 2 -b 2M -e $e -f 4 -c 1 -n 20 -w 5 > $OUT/variant_${proto}_$k.txt 2>&1
+    note "== variant ${defs//,/ }, 1 channel, $proto: size | us, busbw ($(wrong $OUT/variant_${proto}_$k.txt))"
+    grep -E "^ +[0-9]" $OUT/variant_${proto}_$k.txt | awk '{print "  ", $1, $6, $8}' | tee -a $S
+done
+want timing && for p in Simple:128M LL128:16M LL:1M; do
     proto=${p%%:*} size=${p##*:}
     NCCL_PROTO=$proto NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 RUSTCCL_KERNEL_DEFINES=-DRUSTCCL_KERNEL_TIMING=1 RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.timing \
         timeout 100 $G/rustccl-bench all_reduce -N 2 -b $size -e $size -c 1 -n 3 -w 1 > $OUT/timing_$proto.txt 2>&1
