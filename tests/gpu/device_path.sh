@@ -13,7 +13,7 @@
 #  5. where a block's time goes per protocol (kernels built with -DRUSTCCL_KERNEL_TIMING=1);
 #  0. (first, before MPS) the README's main job: ranks by default, and 2 ranks on one GPU
 #     without MPS (one line saying so) and with --start-mps.
-# SKIP lists sections to leave out: layout matrix one_rank latency torch ab defaults timing
+# SKIP lists sections to leave out: compile layout matrix one_rank latency torch ab defaults timing
 # (e.g. SKIP="layout one_rank torch" for a kernel round). VARIANTS, when set, is a list of
 # PROTOCOL:DEFINES (RUSTCCL_KERNEL_DEFINES, commas for spaces) to run the one-channel
 # all_reduce of that protocol with too, e.g. VARIANTS="LL128:-DRUSTCCL_LL128_WAIT_TAIL=1".
@@ -28,8 +28,10 @@ results device_path
 want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
 [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
 nvidia-smi -L >> $S
-timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
-note "kernels: $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-1500 | tr '\n' ' ')"
+if want compile; then
+    timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
+    note "kernels: $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-1500 | tr '\n' ' ')"
+fi
 # 0. The README's main job on this machine.
 if want layout; then
 timeout 60 $G/rustccl-bench all_reduce -b 8 -e 1M -f 32 -c 1 -n 10 -w 2 > $OUT/layout_default.txt 2>&1
