@@ -608,7 +608,7 @@ struct BlockState {
   RustcclExecItem items[RUSTCCL_EXEC_MAX_ITEMS];
   RustcclExecConn conn[CONN_CACHE];  // the launch's first connections
   RustcclExecStep step;  // the step in `view`
-  RustcclExecStep pf;    // thread 0's: the item's next step, loaded ahead
+  alignas(16) RustcclExecStep pf;  // thread 0's: the item's next step, loaded ahead
   PostRecord posts[2];   // per round (parity): what the step publishes when done
   RustcclExecCtx ctx;    // thread 0's: the operation context read last
   u32 ctx_index;         // its index (~0: none yet)
@@ -681,7 +681,7 @@ RUSTCCL_DEVICE void post_step(const PostRecord& rec) {
     st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIGS + slot * 8, rec.sig);
     st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIZES + slot * 8, rec.wire);
   }
-  if (rec.fence) __threadfence_system();
+  if (rec.fence) rustccl_fence_release_sys();
   for (int k = 0; k < rec.nsend; ++k) st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_TAIL, rec.send_pos[k] + 1);
   for (int k = 0; k < rec.nrecv; ++k) st_volatile_u64(rec.recv_header[k] + RUSTCCL_FIFO_HEAD, rec.recv_pos[k] + 1);
 }
@@ -705,6 +705,7 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
                               u32 pf_j, u32 pf_pc, const RustcclExecConn* conns) {
   const RustcclExecStep* steps = (const RustcclExecStep*)args.steps;
   RustcclExecControl* control = (RustcclExecControl*)args.control;
+  rustccl_copy_wait();  // `pf`, copied in the background since the last step was found
   for (u32 idle = 0;; ++idle) {
     bool left = false;
     for (u32 n = 0; n < mine; ++n) {
@@ -797,7 +798,8 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
         const u32 j = b.item, next = b.pc[j] + 1;
         pf_j = ~0u;
         if (next < b.items[j].count) {
-          pf = ((const RustcclExecStep*)args.steps)[b.items[j].first + next];
+          // In the background: thread 0 goes on to the barrier without waiting for it.
+          rustccl_copy32_async(&b.pf, (const RustcclExecStep*)args.steps + b.items[j].first + next);
           pf_j = j;
           pf_pc = next;
         }
@@ -827,7 +829,10 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
     if (done < 0 && tid == 0) report((RustcclExecControl*)args.control, RUSTCCL_EXEC_ERR_PROTO, 0, PROTOS, proto);
     if (done <= 0) b.stop = 1;
     __syncthreads();
-    if (b.stop) return;
+    if (b.stop) {
+      if (tid == 0) rustccl_copy_wait();
+      return;
+    }
     if (tid == poster) post_step(b.posts[round & 1]);
     if (tid == 0) {
       RUSTCCL_TIMED(timing.data += clock64() - clk; timing.steps += 1; timing.bytes += v.bytes; clk = clock64();)

@@ -126,4 +126,36 @@ RUSTCCL_DEVICE void rustccl_store_volatile(T* ptr, T value) {
 #define RUSTCCL_GRID_CONSTANT
 #endif
 
+// Publishing data to a consumer that polls a counter (on this GPU, a peer over NVLink, the
+// host): a release fence at system scope before the counter's store.
+RUSTCCL_DEVICE void rustccl_fence_release_sys() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 700) && !RUSTCCL_HIP
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+  __threadfence_system();
+#endif
+}
+
+// A 32-byte copy from global to shared memory that completes in the background where the
+// architecture has asynchronous copies (sm_80+), waited for with rustccl_copy_wait; both
+// addresses 16-byte aligned. Elsewhere a plain copy.
+RUSTCCL_DEVICE void rustccl_copy32_async(void* shared_dst, const void* global_src) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !RUSTCCL_HIP
+  const unsigned s = (unsigned)__cvta_generic_to_shared(shared_dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global_src) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(s + 16), "l"((const char*)global_src + 16) : "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+  const uint4* src = (const uint4*)global_src;
+  uint4* dst = (uint4*)shared_dst;
+  dst[0] = src[0];
+  dst[1] = src[1];
+#endif
+}
+RUSTCCL_DEVICE void rustccl_copy_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !RUSTCCL_HIP
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 #endif  // RUSTCCL_PORT_H
