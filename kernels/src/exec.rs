@@ -336,7 +336,14 @@ pub fn exec_defines(op: crate::DeviceOp, dtype: i32) -> Option<Vec<String>> {
 mod tests {
     use super::*;
 
-    const EXEC_CU: &str = include_str!("device/exec.cu");
+    /// `exec.cu` and the headers of its own that it includes (its protocols, memory access).
+    const EXEC_CU: &str = concat!(
+        include_str!("device/exec.cu"),
+        include_str!("device/memory.h"),
+        include_str!("device/proto_simple.h"),
+        include_str!("device/proto_ll.h"),
+        include_str!("device/proto_ll128.h"),
+    );
 
     /// The prefixes of the ABI's macros: only the generated header defines them.
     const ABI_PREFIXES: [&str; 5] =

@@ -55,6 +55,10 @@ pub fn sources() -> &'static [(&'static str, &'static str)] {
             ("port.h", include_str!("device/port.h")),
             ("elem.h", include_str!("device/elem.h")),
             (exec::ABI_HEADER, ABI_HEADER.get_or_init(exec::abi_header).as_str()),
+            ("memory.h", include_str!("device/memory.h")),
+            ("proto_simple.h", include_str!("device/proto_simple.h")),
+            ("proto_ll.h", include_str!("device/proto_ll.h")),
+            ("proto_ll128.h", include_str!("device/proto_ll128.h")),
             (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
         ];
         let dir = std::env::var_os(SOURCE_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from);
@@ -374,9 +378,16 @@ mod tests {
     #[test]
     fn sources_are_embedded() {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["port.h", "elem.h", "rustccl_exec_abi.h", "exec.cu"]);
+        let own_headers = ["memory.h", "proto_simple.h", "proto_ll.h", "proto_ll128.h"];
+        let mut want = vec!["port.h", "elem.h", "rustccl_exec_abi.h"];
+        want.extend(own_headers);
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
-        assert_eq!(headers, ["port.h", "elem.h", "rustccl_exec_abi.h"]);
+        assert_eq!(headers, want);
+        want.push("exec.cu");
+        assert_eq!(names, want);
+        for h in own_headers {
+            assert!(text_of("exec.cu").contains(&format!("#include \"{h}\"")), "{h}");
+        }
         assert!(text_of("exec.cu").contains("#include \"elem.h\""));
         assert!(text_of("elem.h").contains("#include \"port.h\""));
         assert!(text_of("exec.cu").contains("#include \"rustccl_exec_abi.h\""));
