@@ -446,7 +446,8 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
 // Where a block's time goes, for kernel work (-DRUSTCCL_KERNEL_TIMING=1 through
 // RUSTCCL_KERNEL_DEFINES; never in a normal build): thread 0 counts clock cycles spent waiting
 // for a ready step, building its view, between the two block barriers (the block's data
-// movement) and posting, and prints them when the block ends.
+// movement) and on its bookkeeping after them ("post": the posting thread publishes the step
+// meanwhile), and prints them when the block ends.
 #ifdef RUSTCCL_KERNEL_TIMING
 #define RUSTCCL_TIMED(...) __VA_ARGS__
 struct StepTiming {
