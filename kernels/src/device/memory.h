@@ -16,6 +16,12 @@ RUSTCCL_DEVICE u32 ld_volatile_u32(u64 addr) {
 RUSTCCL_DEVICE void st_volatile_u64(u64 addr, u64 v) {
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
 }
+// 16 bytes of user memory, aligned to 16, as two words.
+RUSTCCL_DEVICE void ld_global_v2(const unsigned char* p, u64& x, u64& y) {
+  const ulonglong2 c = *(const ulonglong2*)p;
+  x = c.x;
+  y = c.y;
+}
 RUSTCCL_DEVICE void ld_volatile_v2(u64 addr, u64& x, u64& y) {
   asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(x), "=l"(y) : "l"(addr) : "memory");
 }

@@ -274,9 +274,11 @@ impl ExecCompile {
 }
 
 /// Compiles the collective interpreter for `op` on `dtype` with ptxas' verbose report (no
-/// device, no cache): the compile check of `exec.cu` and its register and local memory use.
-pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType) -> Result<ExecCompile> {
-    let defines = exec_defines(op, dtype)?;
+/// device, no cache), with `extra` `-D` options (kernel knobs) besides the usual ones: the
+/// compile check of `exec.cu` and its register and local memory use.
+pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str]) -> Result<ExecCompile> {
+    let mut defines = exec_defines(op, dtype)?;
+    defines.extend(extra.iter().map(|d| d.to_string()));
     let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
     let nvrtc = Nvrtc::get()?;
     let (target, mut options) = target_and_options(nvrtc, cc, &unit)?;

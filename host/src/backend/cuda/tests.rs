@@ -55,14 +55,17 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
         return;
     }
     use rustccl_kernels::DeviceOp::*;
-    let pairs = [
-        (Sum, DataType::Uint8),
-        (Sum, DataType::Float32),
-        (Prod, DataType::Float64),
-        (Min, DataType::Float16),
-        (Max, DataType::Float8e4m3),
-        (PreMulSum, DataType::Bfloat16),
-        (SumPostDiv, DataType::Int32),
+    // (operator, type, kernel knobs): the last keeps the LL128 staging experiment compiling
+    // without spills too.
+    let pairs: [(_, _, &[&str]); 8] = [
+        (Sum, DataType::Uint8, &[]),
+        (Sum, DataType::Float32, &[]),
+        (Prod, DataType::Float64, &[]),
+        (Min, DataType::Float16, &[]),
+        (Max, DataType::Float8e4m3, &[]),
+        (PreMulSum, DataType::Bfloat16, &[]),
+        (SumPostDiv, DataType::Int32, &[]),
+        (Sum, DataType::Float32, &["-DRUSTCCL_LL128_STAGED=1"]),
     ];
     for op in rustccl_kernels::DeviceOp::ALL {
         assert!(pairs.iter().any(|p| p.0 == op), "{op:?} is not compiled here");
@@ -77,9 +80,9 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
                     let mut done = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(op, dtype)) = pairs.get(i) else { break };
+                        let Some(&(op, dtype, extra)) = pairs.get(i) else { break };
                         let start = std::time::Instant::now();
-                        done.push((i, module::compile_exec_report(90, op, dtype), start.elapsed()));
+                        done.push((i, module::compile_exec_report(90, op, dtype, extra), start.elapsed()));
                     }
                     done
                 })
@@ -91,8 +94,8 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
     });
     let mut failures = Vec::new();
     for (i, result, time) in results {
-        let (op, dtype) = pairs[i];
-        let what = format!("{}/{dtype}", op.suffix());
+        let (op, dtype, extra) = pairs[i];
+        let what = format!("{}/{dtype}{}", op.suffix(), extra.iter().map(|d| format!(" {d}")).collect::<String>());
         let c = match result {
             Ok(c) => c,
             Err(e) => {
