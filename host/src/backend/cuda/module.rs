@@ -105,7 +105,7 @@ impl Kernels {
             let mut f: sys::CUfunction = std::ptr::null_mut();
             // SAFETY: the module was just loaded and is never unloaded; writes one handle.
             let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
-            if r == sys::CUresult::CUDA_ERROR_NOT_FOUND && entry != ExecEntry::Mixed && std::env::var_os("RUSTCCL_KERNEL_SOURCE_DIR").is_some() {
+            if r == sys::CUresult::CUDA_ERROR_NOT_FOUND && entry != ExecEntry::Mixed && std::env::var_os(rustccl_kernels::SOURCE_DIR_ENV).is_some() {
                 // An older exec.cu given for an A/B run (RUSTCCL_KERNEL_SOURCE_DIR), from
                 // before the per-protocol entry points: every launch takes its one entry.
                 tracing::warn!(target: "INIT", "{what}: no {} in the kernel sources of RUSTCCL_KERNEL_SOURCE_DIR; launches take {}", entry.name(), ExecEntry::Mixed.name());
