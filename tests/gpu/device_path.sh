@@ -13,8 +13,9 @@
 #  5. where a block's time goes per protocol (kernels built with -DRUSTCCL_KERNEL_TIMING=1);
 #  0. (first, before MPS) the README's main job: ranks by default, and 2 ranks on one GPU
 #     without MPS (one line saying so) and with --start-mps.
-# SKIP lists sections to leave out: compile layout matrix one_rank latency torch ab defaults timing
-# (e.g. SKIP="layout one_rank torch" for a kernel round). VARIANTS, when set, is a list of
+# SKIP lists sections to leave out: compile layout matrix sweeps one_rank latency torch ab
+# defaults timing; PROTOS the protocols of ab and timing (Simple LL128 LL unless set). A short
+# kernel round: SKIP="compile layout matrix one_rank latency torch defaults" PROTOS=Simple. VARIANTS, when set, is a list of
 # PROTOCOL:DEFINES (RUSTCCL_KERNEL_DEFINES, commas for spaces) to run the one-channel
 # all_reduce of that protocol with too, e.g. VARIANTS="LL128:-DRUSTCCL_LL128_WAIT_TAIL=1".
 # Only summary.txt, logs.tgz and kcache.tgz come back ($OUT); logs are written in /tmp first.
@@ -26,7 +27,7 @@ k=0
 export RUSTCCL_BACKEND=cuda
 results device_path
 want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
-[ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
+restore_kcache
 nvidia-smi -L >> $S
 if want compile; then
     timeout 300 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
@@ -51,11 +52,11 @@ if want matrix; then
 matrix p2p 150 | tee -a $S
 for p in LL LL128; do matrix proto_$p 150 NCCL_PROTO=$p | tee -a $S; done
 matrix shm 150 NCCL_P2P_DISABLE=1 | tee -a $S
-for p in LL LL128 Simple; do
+fi
+want sweeps && for p in LL LL128 Simple; do
     NCCL_PROTO=$p timeout 120 $G/rustccl-bench all_reduce -N 2 -b 4 -e 256M -f 16 -c 1 -n 3 -w 1 > $OUT/sweep_$p.txt 2>&1
     note "sweep $p all_reduce 4 B..256 MiB: $(wrong $OUT/sweep_$p.txt) $(grep -h -E 'rror' $OUT/sweep_$p.txt | head -2 | tr '\n' ' ')"
 done
-fi
 
 # 2. One rank against NCCL; host cost per call.
 want one_rank && for c in all_reduce broadcast all_gather reduce_scatter; do
@@ -83,7 +84,8 @@ bench() {  # bench <new|old> <file> <args...>
     if [ $which = new ]; then timeout 100 $G/rustccl-bench "$@" > $f 2>&1
     else RUSTCCL_KERNEL_SOURCE_DIR=$PWD/$OLD RUSTCCL_KERNEL_CACHE_DIR=$OLDKC timeout 100 $G/rustccl-bench "$@" > $f 2>&1; fi
 }
-want ab && for p in Simple LL128 LL; do
+PROTOS=${PROTOS:-Simple LL128 LL}
+want ab && for p in $PROTOS; do
     case $p in Simple) e=256M;; LL128) e=32M;; LL) e=4M;; esac
     for which in new old new old; do
         NCCL_PROTO=$p NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 bench $which $OUT/ch1_${p}_${which}_$((++k)).txt all_reduce -N 2 -b 8 -e $e -f 8 -c 1 -n 20 -w 5
@@ -111,8 +113,8 @@ for v in ${VARIANTS:-}; do
     note "== variant ${defs//,/ }, 1 channel, $proto: size | us, busbw ($(wrong $OUT/variant_${proto}_$k.txt))"
     grep -E "^ +[0-9]" $OUT/variant_${proto}_$k.txt | awk '{print "  ", $1, $6, $8}' | tee -a $S
 done
-want timing && for p in Simple:128M LL128:16M LL:1M; do
-    proto=${p%%:*} size=${p##*:}
+want timing && for proto in $PROTOS; do
+    case $proto in Simple) size=128M;; LL128) size=16M;; *) size=1M;; esac
     NCCL_PROTO=$proto NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 RUSTCCL_KERNEL_DEFINES=-DRUSTCCL_KERNEL_TIMING=1 RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.timing \
         timeout 100 $G/rustccl-bench all_reduce -N 2 -b $size -e $size -c 1 -n 3 -w 1 > $OUT/timing_$proto.txt 2>&1
     note "timing $proto $size ($(wrong $OUT/timing_$proto.txt)): $(grep -h RUSTCCL_KERNEL_TIMING $OUT/timing_$proto.txt | tail -2 | tr '\n' ' ' | cut -c1-500)"

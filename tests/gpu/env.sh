@@ -43,3 +43,10 @@ enqueue_latency() {
     wait
     note "latency (rank 0$1): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
 }
+
+# restore_kcache: the kernel cache a previous run brought back (target/gpu/kcache.tgz), if any.
+restore_kcache() { [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target; }
+
+# copy_roofline: the plain copy kernel's bandwidth per block count, cudaMemcpy, and the launch
+# floor (tests/gpu/copy_roofline.cu), into the summary.
+copy_roofline() { nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S; }

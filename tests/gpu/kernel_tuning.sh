@@ -8,8 +8,8 @@ set -u
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
 results kernel_tuning
-[ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
-nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S
+restore_kcache
+copy_roofline
 # Kernel cache entries: "RCCLKRN1", the 32-byte key, the length (u64), the CUBIN.
 for f in $(ls -S $RUSTCCL_KERNEL_CACHE_DIR | head -2); do
     python3 - "$RUSTCCL_KERNEL_CACHE_DIR/$f" <<'PY'

@@ -9,8 +9,8 @@ set -u
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
 results one_rank
-[ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target
-nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S
+restore_kcache
+copy_roofline
 cols() { grep -hE "^ +[0-9]" "$1" | awk '{print $6, $10}'; }
 for c in all_reduce broadcast all_gather reduce_scatter; do
     for g in 0 10; do
