@@ -256,6 +256,7 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Vec
 }
 
 /// What compiling one interpreter made: the target, the image's size and ptxas' report.
+#[derive(Debug)]
 pub struct ExecCompile {
     /// `sm_XY` (CUBIN) or `compute_XY` (PTX, no ptxas report).
     pub arch: String,
@@ -277,6 +278,19 @@ impl ExecCompile {
 /// device, no cache), with `extra` `-D` options (kernel knobs) besides the usual ones: the
 /// compile check of `exec.cu` and its register and local memory use.
 pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str]) -> Result<ExecCompile> {
+    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
+    compile_exec_in(cc, op, dtype, extra, &headers)
+}
+
+/// Compiles the collective interpreter for `op` on `dtype` with `headers` in place of the
+/// kernel headers (no device, no cache): for tests of what NVRTC makes of a header.
+#[cfg(test)]
+pub(crate) fn compile_exec_with_headers(cc: i32, op: DeviceOp, dtype: DataType, headers: &[(&str, &str)]) -> Result<ExecCompile> {
+    compile_exec_in(cc, op, dtype, &[], headers)
+}
+
+/// [`compile_exec_report`] with the named `headers`.
+fn compile_exec_in(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], headers: &[(&str, &str)]) -> Result<ExecCompile> {
     let mut defines = exec_defines(op, dtype)?;
     defines.extend(extra.iter().map(|d| d.to_string()));
     let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
@@ -284,24 +298,11 @@ pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str
     let (target, mut options) = target_and_options(nvrtc, cc, &unit)?;
     options.push(ptxas::VERBOSE_OPTION.to_string());
     let text = rustccl_kernels::source(unit.name).expect("every unit is embedded");
-    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
-    let out = nvrtc.compile_with_log((unit.name, text), &headers, &options, target.cubin)?;
+    let out = nvrtc.compile_with_log((unit.name, text), headers, &options, target.cubin)?;
     Ok(ExecCompile {
         arch: target.arch,
         image_bytes: out.image.len(),
         functions: ptxas::parse(&out.log),
         log: out.log,
     })
-}
-
-/// Compiles the collective interpreter for `op` on `dtype` with `headers` in place of the
-/// kernel headers (no device, no cache): for tests of what NVRTC makes of a header.
-#[cfg(test)]
-pub(crate) fn compile_exec_with_headers(cc: i32, op: DeviceOp, dtype: DataType, headers: &[(&str, &str)]) -> Result<usize> {
-    let defines = exec_defines(op, dtype)?;
-    let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
-    let nvrtc = Nvrtc::get()?;
-    let (target, options) = target_and_options(nvrtc, cc, &unit)?;
-    let text = rustccl_kernels::source(unit.name).expect("every unit is embedded");
-    Ok(nvrtc.compile((unit.name, text), headers, &options, target.cubin)?.len())
 }
