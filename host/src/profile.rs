@@ -13,13 +13,17 @@ pub enum Stage {
     Encode,
     Image,
     Kernel,
+    /// Device copies enqueued besides kernels (a one-rank operation's copy).
+    Copy,
+    /// Recording the event that marks the communicator's last launch.
+    Event,
     Total,
 }
 
-const STAGES: [&str; 7] = ["plan", "connect", "capture-check", "encode", "image", "kernel-launch", "total"];
+const STAGES: [&str; 9] = ["plan", "connect", "capture-check", "encode", "image", "kernel-launch", "copy", "event", "total"];
 
-static NS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
-static COUNT: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+static COUNT: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 /// 0 unknown, 1 off, 2 on.
 static STATE: AtomicU8 = AtomicU8::new(0);
 

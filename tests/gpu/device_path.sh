@@ -13,11 +13,16 @@
 #  5. where a block's time goes per protocol (kernels built with -DRUSTCCL_KERNEL_TIMING=1);
 #  0. (first, before MPS) the README's main job: ranks by default, and 2 ranks on one GPU
 #     without MPS (one line saying so) and with --start-mps.
+#  4b. (P2P_CHANNELS="8 32", when set) alltoall and sendrecv with those NCCL_MAX_P2P_NCHANNELS;
+#  6. (trace) the driver calls per operation and their host time, where nsys is installed:
+#     one rank out of place (Rust API, C ABI, NCCL) and 2 ranks, 8 B all_reduce.
 # SKIP lists sections to leave out: compile layout matrix sweeps one_rank latency torch ab
-# defaults timing; PROTOS the protocols of ab and timing (Simple LL128 LL unless set). A short
-# kernel round: SKIP="compile layout matrix one_rank latency torch defaults" PROTOS=Simple. VARIANTS, when set, is a list of
-# PROTOCOL:DEFINES (RUSTCCL_KERNEL_DEFINES, commas for spaces) to run the one-channel
-# all_reduce of that protocol with too, e.g. VARIANTS="LL128:-DRUSTCCL_LL128_WAIT_TAIL=1".
+# defaults timing trace; PROTOS the protocols of ab and timing (Simple LL128 LL unless set). A
+# short kernel round: SKIP="compile layout matrix one_rank latency torch defaults trace"
+# PROTOS=Simple. VARIANTS, when set, is a list of PROTOCOL:DEFINES[:ENV] (DEFINES for
+# RUSTCCL_KERNEL_DEFINES, ENV variable assignments; commas for spaces in both) to run the
+# one-channel all_reduce of that protocol with too, and to check it from 4 B, e.g.
+# VARIANTS="LL128:-DRUSTCCL_LL128_WAIT_TAIL=1 Simple::NCCL_BUFFSIZE=8388608".
 # Only summary.txt, logs.tgz and kcache.tgz come back ($OUT); logs are written in /tmp first.
 #   tests/gpu/device_path.sh target/gpu/old-src
 set -u
@@ -60,7 +65,7 @@ done
 
 # 2. One rank against NCCL; host cost per call.
 want one_rank && for c in all_reduce broadcast all_gather reduce_scatter; do
-    A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n 50 -w 5"
+    A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n ${ONE_N:-50} -w 5"
     timeout 90 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1
     timeout 90 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/one_${c}_capi.txt 2>&1
     [ -n "$NV" ] && timeout 90 $G/rustccl-bench $A --lib "$NV" > $OUT/one_${c}_nccl.txt 2>&1
@@ -69,7 +74,7 @@ want one_rank && for c in all_reduce broadcast all_gather reduce_scatter; do
           <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
           <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}') | tee -a $S
 done
-want latency && enqueue_latency ", under MPS"
+want latency && enqueue_latency ", under MPS" && enqueue_latency ", under MPS" 1
 
 # 3. cudarc example and PyTorch.
 [ -x $G/cudarc_all_reduce ] && timeout 120 $G/cudarc_all_reduce > $OUT/cudarc.log 2>&1 &&
@@ -82,7 +87,8 @@ OLDKC=$RUSTCCL_KERNEL_CACHE_DIR.old
 bench() {  # bench <new|old> <file> <args...>
     local which=$1 f=$2; shift 2
     if [ $which = new ]; then timeout 100 $G/rustccl-bench "$@" > $f 2>&1
-    else RUSTCCL_KERNEL_SOURCE_DIR=$PWD/$OLD RUSTCCL_KERNEL_CACHE_DIR=$OLDKC timeout 100 $G/rustccl-bench "$@" > $f 2>&1; fi
+    # (old kernels know only 8 Simple slots per connection)
+    else RUSTCCL_SIMPLE_STEPS=8 RUSTCCL_KERNEL_SOURCE_DIR=$PWD/$OLD RUSTCCL_KERNEL_CACHE_DIR=$OLDKC timeout 100 $G/rustccl-bench "$@" > $f 2>&1; fi
 }
 PROTOS=${PROTOS:-Simple LL128 LL}
 want ab && for p in $PROTOS; do
@@ -103,14 +109,31 @@ want defaults && for c in ${COLLS:-all_reduce all_gather}; do
     paste <(grep -E "^ +[0-9]" $OUT/def_${c}_new.txt | awk '{print $1, $6, $8}') \
           <(grep -E "^ +[0-9]" $OUT/def_${c}_old.txt | awk '{print $6, $8}') | tee -a $S
 done
+# 4b. Point-to-point channels: alltoall and sendrecv, 2 ranks, with NCCL_MAX_P2P_NCHANNELS
+# from $P2P_CHANNELS (a list; unset: this section does not run).
+for ch in ${P2P_CHANNELS:-}; do
+    for c in alltoall sendrecv; do
+        NCCL_MAX_P2P_NCHANNELS=$ch timeout 100 $G/rustccl-bench $c -N 2 -b 8 -e 1G -f 8 -c 1 -n 20 -w 5 > $OUT/p2p_${c}_$ch.txt 2>&1
+    done
+done
+for c in alltoall sendrecv; do
+    [ -n "${P2P_CHANNELS:-}" ] || break
+    note "== $c 2 ranks: size | us, busbw with NCCL_MAX_P2P_NCHANNELS = ${P2P_CHANNELS} ($(wrong $OUT/p2p_${c}_*))"
+    for ch in $P2P_CHANNELS; do grep -E "^ +[0-9]" $OUT/p2p_${c}_$ch.txt | awk '{print $1, $6, $8}' > /tmp/p2p_${c}_$ch.col; done
+    paste $(for ch in $P2P_CHANNELS; do echo /tmp/p2p_${c}_$ch.col; done) | tee -a $S
+done
 # 5. Where a block's time goes (thread 0's clock: waiting for a ready step, building its view,
 # the data between the two barriers, posting), one channel, per protocol.
 for v in ${VARIANTS:-}; do
-    proto=${v%%:*} defs=${v#*:}
+    proto=${v%%:*} rest=${v#*:}
+    defs=${rest%%:*} envs=
+    [ "$rest" != "$defs" ] && envs=${rest#*:}
     case $proto in Simple) e=256M;; LL128) e=32M;; *) e=4M;; esac
-    NCCL_PROTO=$proto NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 RUSTCCL_KERNEL_DEFINES="${defs//,/ }" RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.v$((++k)) \
-        timeout 100 $G/rustccl-bench all_reduce -N 2 -b 2M -e $e -f 4 -c 1 -n 20 -w 5 > $OUT/variant_${proto}_$k.txt 2>&1
-    note "== variant ${defs//,/ }, 1 channel, $proto: size | us, busbw ($(wrong $OUT/variant_${proto}_$k.txt))"
+    vrun() { env ${envs//,/ } NCCL_PROTO=$proto RUSTCCL_KERNEL_DEFINES="${defs//,/ }" RUSTCCL_KERNEL_CACHE_DIR=$RUSTCCL_KERNEL_CACHE_DIR.v$k "$@"; }
+    k=$((k + 1))
+    NCCL_MIN_CTAS=1 NCCL_MAX_CTAS=1 vrun timeout 100 $G/rustccl-bench all_reduce -N 2 -b 2M -e $e -f 4 -c 1 -n 20 -w 5 > $OUT/variant_${proto}_$k.txt 2>&1
+    vrun timeout 100 $G/rustccl-bench all_reduce -N 2 -b 4 -e $e -f 16 -c 1 -n 3 -w 1 > $OUT/variant_check_${proto}_$k.txt 2>&1
+    note "== variant ${defs//,/ } ${envs//,/ }, 1 channel, $proto: size | us, busbw ($(wrong $OUT/variant_${proto}_$k.txt); default channels 4 B..$e: $(wrong $OUT/variant_check_${proto}_$k.txt))"
     grep -E "^ +[0-9]" $OUT/variant_${proto}_$k.txt | awk '{print "  ", $1, $6, $8}' | tee -a $S
 done
 want timing && for proto in $PROTOS; do
@@ -119,6 +142,24 @@ want timing && for proto in $PROTOS; do
         timeout 100 $G/rustccl-bench all_reduce -N 2 -b $size -e $size -c 1 -n 3 -w 1 > $OUT/timing_$proto.txt 2>&1
     note "timing $proto $size ($(wrong $OUT/timing_$proto.txt)): $(grep -h RUSTCCL_KERNEL_TIMING $OUT/timing_$proto.txt | tail -2 | tr '\n' ' ' | cut -c1-500)"
 done
+# 6. Driver calls per operation (nsys, where installed).
+if want trace; then
+    note "tools: $(command -v nsys ncu perf ltrace 2>/dev/null | tr '\n' ' ')"
+    if command -v nsys > /dev/null; then
+        trace() {  # trace <name> <bench args...>
+            local name=$1; shift
+            timeout 120 nsys profile -t cuda -o /tmp/trace_$name --force-overwrite true $G/rustccl-bench "$@" > $OUT/trace_${name}_run.txt 2>&1
+            timeout 60 nsys stats -q -r cuda_api_sum -f csv /tmp/trace_$name.nsys-rep > $OUT/trace_$name.csv 2>&1
+            note "trace $name ($*): calls, total ns, name (top 12 by time)"
+            awk -F, 'NR > 1 && NF > 8 {gsub(/"/, ""); printf "   %s %s %s\n", $3, $2, $NF}' $OUT/trace_$name.csv | head -12 | tee -a $S
+        }
+        A="all_reduce -N 1 -b 8 -e 8 -c 0 -n 2000 -w 100"
+        trace one_rust $A
+        trace one_capi $A --lib $PWD/$G/libnccl.so.2
+        [ -n "$NV" ] && trace one_nccl $A --lib "$NV"
+        trace two_rust all_reduce -N 2 -b 8 -e 8 -c 0 -n 2000 -w 100
+    fi
+fi
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
 for d in $RUSTCCL_KERNEL_CACHE_DIR; do
     f=$(ls -S $d 2>/dev/null | head -1)

@@ -33,15 +33,16 @@ note() { echo "$*" | tee -a $S; }
 # wrong <files>: how many bench rows and the sum of their #wrong columns.
 wrong() { grep -hE "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w+0 " wrong"}'; }
 
-# enqueue_latency <label>: the host cost of a 2-rank all_reduce (rank-worker latency with
-# RUSTCCL_PROFILE_ENQUEUE=1), rank 0's result as a note.
+# enqueue_latency <label> [ranks]: the host cost of a small all_reduce, in place and out of
+# place (rank-worker latency with RUSTCCL_PROFILE_ENQUEUE=1; 2 ranks unless given), rank 0's
+# results as a note.
 enqueue_latency() {
-    local port=$((29600 + RANDOM % 300)) r
-    for r in 0 1; do
-        RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$port timeout 60 $G/rank-worker latency 2 $r env > $OUT/latency.$r.log 2>&1 &
+    local port=$((29600 + RANDOM % 300)) n=${2:-2} r
+    for r in $(seq 0 $((n - 1))); do
+        RUSTCCL_PROFILE_ENQUEUE=1 NCCL_COMM_ID=127.0.0.1:$port timeout 60 $G/rank-worker latency $n $r env > $OUT/latency$n.$r.log 2>&1 &
     done
     wait
-    note "latency (rank 0$1): $(grep -E '^(RESULT|ERROR)' $OUT/latency.0.log | cut -c1-700 | tr '\n' ' ')"
+    note "latency ($n ranks, rank 0$1): $(grep -E '^(RESULT|ERROR)' $OUT/latency$n.0.log | cut -c1-400 | tr '\n' ' ')"
 }
 
 # restore_kcache: the kernel cache a previous run brought back (target/gpu/kcache.tgz), if any.

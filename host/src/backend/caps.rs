@@ -164,12 +164,13 @@ impl Capabilities {
             channel_bytes: 128 << 10,
             size_channels: 32,
             max_channels: 32,
-            // One per MiB, up to 8 per peer, 16 shared among the peers.
+            // One per MiB, up to 8 per peer, 16 shared among the peers; NCCL_MAX_P2P_NCHANNELS
+            // (1 to 32) sets both limits.
             p2p_channel_bytes: 1 << 20,
-            p2p_max_channels: 8,
-            p2p_channel_budget: 16,
-            // As NCCL's Simple buffer: 4 MiB over 8 steps.
-            slot_bytes: 512 << 10,
+            p2p_max_channels: max_p2p_channels().unwrap_or(8),
+            p2p_channel_budget: max_p2p_channels().unwrap_or(16),
+            // NCCL_BUFFSIZE over RUSTCCL_SIMPLE_STEPS (4 MiB in 1 MiB slots unless set).
+            slot_bytes: gpu_slot_bytes(),
             ll_slot_bytes: 64 << 10,
             ll128_slot_bytes: 256 << 10,
             ring_simple_fallback: true,
@@ -182,6 +183,16 @@ impl Capabilities {
             p2p_ll_bytes: crate::params::env_int_or("NCCL_P2P_LL_THRESHOLD", 16384).max(0) as usize,
         }
     }
+}
+
+/// `NCCL_MAX_P2P_NCHANNELS`: the channels point-to-point messages may use, per peer and in
+/// all (1 to 32; out of range: the nearest limit), if set.
+fn max_p2p_channels() -> Option<u32> {
+    let v = crate::params::env_int("NCCL_MAX_P2P_NCHANNELS").unwrap_or_else(|e| {
+        tracing::warn!(target: "ENV", "{}; using the default", e.message);
+        None
+    })?;
+    Some(v.clamp(1, 32) as u32)
 }
 
 /// `NCCL_THREAD_THRESHOLDS` (LL LL128 Simple; negative or missing: the default), read once.
@@ -210,9 +221,147 @@ pub fn gpu_static() -> &'static Capabilities {
     C.get_or_init(Capabilities::gpu)
 }
 
+/// The Simple FIFO of device connections (P2P and SHM between GPUs; network FIFOs keep all
+/// `FIFO_STEPS` slots, of the same size): how many slots, of how many bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimpleFifo {
+    pub slot_bytes: usize,
+    pub steps: usize,
+}
+
+impl SimpleFifo {
+    /// NCCL's Simple buffer: 4 MiB per connection.
+    pub const DEFAULT_BUFFER: usize = 4 << 20;
+    /// Slots the buffer is cut into unless `RUSTCCL_SIMPLE_STEPS` says otherwise: 1 MiB steps
+    /// (NCCL keeps 512 KiB steps but posts every second one; a step is what we post).
+    pub const DEFAULT_STEPS: usize = 4;
+
+    /// From `NCCL_BUFFSIZE` (bytes per connection) and `RUSTCCL_SIMPLE_STEPS` (2, 4 or 8
+    /// slots): slots in whole 4 KiB pages of 64 KiB to 8 MiB; a value out of range is reported
+    /// and its default used.
+    pub fn from_settings(
+        buffer: crate::error::Result<Option<i64>>,
+        steps: crate::error::Result<Option<i64>>,
+    ) -> SimpleFifo {
+        let steps = match steps {
+            Ok(None) => Self::DEFAULT_STEPS,
+            Ok(Some(n)) if matches!(n, 2 | 4 | 8) => n as usize,
+            Ok(Some(n)) => {
+                tracing::warn!(target: "ENV", "RUSTCCL_SIMPLE_STEPS={n} is not 2, 4 or 8; using {}", Self::DEFAULT_STEPS);
+                Self::DEFAULT_STEPS
+            }
+            Err(e) => {
+                tracing::warn!(target: "ENV", "{}; using {}", e.message, Self::DEFAULT_STEPS);
+                Self::DEFAULT_STEPS
+            }
+        };
+        const PAGE: usize = 4096;
+        let (min, max) = (64 << 10, 8 << 20);
+        let buffer = match buffer {
+            Ok(None) => Self::DEFAULT_BUFFER,
+            Ok(Some(b)) if b > 0 && (min..=max).contains(&(b as usize / steps)) => b as usize,
+            Ok(Some(b)) => {
+                tracing::warn!(
+                    target: "ENV",
+                    "NCCL_BUFFSIZE={b} is outside {} to {} bytes ({steps} slots of 64 KiB to 8 MiB); using {}",
+                    min * steps,
+                    max * steps,
+                    Self::DEFAULT_BUFFER
+                );
+                Self::DEFAULT_BUFFER
+            }
+            Err(e) => {
+                tracing::warn!(target: "ENV", "{}; using {}", e.message, Self::DEFAULT_BUFFER);
+                Self::DEFAULT_BUFFER
+            }
+        };
+        SimpleFifo {
+            slot_bytes: buffer / steps / PAGE * PAGE,
+            steps,
+        }
+    }
+}
+
+/// The Simple FIFO of device connections, from the environment, read once per process. Every
+/// rank must use the same settings (a step of another size is reported as mismatched calls).
+pub fn gpu_simple_fifo() -> SimpleFifo {
+    static F: std::sync::OnceLock<SimpleFifo> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        SimpleFifo::from_settings(
+            crate::params::env_int("NCCL_BUFFSIZE"),
+            crate::params::env_int("RUSTCCL_SIMPLE_STEPS"),
+        )
+    })
+}
+
+/// Bytes of each Simple FIFO slot of device connections (the planner's Simple chunk).
+pub fn gpu_slot_bytes() -> usize {
+    gpu_simple_fifo().slot_bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffsize_and_steps_set_the_simple_fifo_within_limits() {
+        let f = |b: Option<i64>, n: Option<i64>| SimpleFifo::from_settings(Ok(b), Ok(n));
+        let d = SimpleFifo::DEFAULT_BUFFER;
+        assert_eq!(
+            f(None, None),
+            SimpleFifo {
+                slot_bytes: d / SimpleFifo::DEFAULT_STEPS,
+                steps: SimpleFifo::DEFAULT_STEPS
+            }
+        );
+        assert_eq!(
+            f(Some(8 << 20), Some(8)),
+            SimpleFifo {
+                slot_bytes: 1 << 20,
+                steps: 8
+            }
+        );
+        assert_eq!(
+            f(None, Some(2)),
+            SimpleFifo {
+                slot_bytes: 2 << 20,
+                steps: 2
+            }
+        );
+        // Rounded down to whole pages.
+        assert_eq!(f(Some((1 << 20) * 4 + 100), Some(4)).slot_bytes, 1 << 20);
+        assert_eq!(
+            f(Some(((64 << 10) + 5000) * 8), Some(8)).slot_bytes,
+            (64 << 10) + 4096
+        );
+        // Out of range: the default buffer (over the steps asked for), or the default steps.
+        for bad in [0, -1, (64 << 10) * 8 - 1, (8 << 20) * 8 + 8 * 4096] {
+            assert_eq!(
+                f(Some(bad), Some(8)),
+                SimpleFifo {
+                    slot_bytes: d / 8,
+                    steps: 8
+                },
+                "{bad}"
+            );
+        }
+        for bad in [0, 1, 3, 16, -4] {
+            assert_eq!(f(None, Some(bad)).steps, SimpleFifo::DEFAULT_STEPS, "{bad}");
+        }
+        let unparsed = || {
+            Err(crate::error::Error::invalid_argument(
+                "NCCL_BUFFSIZE=\"x\" is not an integer",
+            ))
+        };
+        assert_eq!(
+            SimpleFifo::from_settings(unparsed(), Ok(None)),
+            f(None, None)
+        );
+        assert_eq!(
+            SimpleFifo::from_settings(Ok(None), unparsed()),
+            f(None, None)
+        );
+    }
 
     #[test]
     fn channel_rules_are_the_ones_the_planner_used() {

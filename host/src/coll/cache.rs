@@ -176,6 +176,13 @@ pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()
 }
 
 fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
+    let start = crate::profile::start();
+    let r = run_one_rank_untimed(comm, task);
+    crate::profile::stage(crate::profile::Stage::Total, start);
+    r
+}
+
+fn run_one_rank_untimed(comm: &Communicator, task: &Task) -> Result<()> {
     // The buffers resolved and checked as the planner does it.
     let ctx = plan::PlanEnv::with(comm, |env| plan::op_ctx(env, task)).map_err(|e| comm.record_error(e))?;
     if ctx.src == ctx.dst {

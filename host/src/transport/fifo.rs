@@ -53,6 +53,9 @@ pub struct Fifo {
     /// Device address of the header (0 when no device maps it).
     device_header: u64,
     slot_bytes: usize,
+    /// Slots in use, at most `STEPS` (fewer, larger slots for device-only FIFOs); `sizes` and
+    /// `sigs` are indexed modulo `STEPS` whatever it is.
+    steps: usize,
 }
 
 // SAFETY: the header is atomics; slot contents are handed over through the head/tail protocol
@@ -70,7 +73,7 @@ impl Fifo {
     pub unsafe fn new(base: *mut u8, slot_bytes: usize) -> Fifo {
         // SAFETY: within the region (see above).
         let slots = unsafe { base.add(header_bytes()) } as u64;
-        Fifo { base, slots, host_slots: slots, device_header: 0, slot_bytes }
+        Fifo { base, slots, host_slots: slots, device_header: 0, slot_bytes, steps: STEPS }
     }
 
     /// A FIFO in host memory (`fifo_bytes(slot_bytes)` at `base`) that a device reaches at
@@ -82,19 +85,21 @@ impl Fifo {
         // SAFETY: within the region (see above).
         let host_slots = unsafe { base.add(header_bytes()) } as u64;
         let slots = device_base + header_bytes() as u64;
-        Fifo { base, slots, host_slots, device_header: device_base, slot_bytes }
+        Fifo { base, slots, host_slots, device_header: device_base, slot_bytes, steps: STEPS }
     }
 
     /// A FIFO whose header is at `header` (host memory both sides map; devices reach it at
-    /// `device_header`) and whose `STEPS` slots are at `slots` in device memory. The CPU cannot
-    /// touch the slots: only the counters and `slot_addr` may be used on this side.
+    /// `device_header`) and whose `steps` slots (at most `STEPS`) are at `slots` in device
+    /// memory. The CPU cannot touch the slots: only the counters and `slot_addr` may be used on
+    /// this side.
     ///
     /// # Safety
     /// As for [`Fifo::new`], for `header_bytes()` bytes at `header`; `slots` must hold
-    /// `STEPS * slot_bytes` bytes of device memory, and `device_header` map the header, while
+    /// `steps * slot_bytes` bytes of device memory, and `device_header` map the header, while
     /// the `Fifo` exists.
-    pub unsafe fn with_device_slots(header: *mut u8, device_header: u64, slots: u64, slot_bytes: usize) -> Fifo {
-        Fifo { base: header, slots, host_slots: 0, device_header, slot_bytes }
+    pub unsafe fn with_device_slots(header: *mut u8, device_header: u64, slots: u64, slot_bytes: usize, steps: usize) -> Fifo {
+        assert!((1..=STEPS).contains(&steps), "a FIFO has 1 to {STEPS} slots, not {steps}");
+        Fifo { base: header, slots, host_slots: 0, device_header, slot_bytes, steps }
     }
 
     /// Device address of the header (0 for FIFOs no device maps).
@@ -104,7 +109,7 @@ impl Fifo {
 
     /// Address of slot `index` (host or device).
     pub fn slot_addr(&self, index: u64) -> u64 {
-        self.slots + (index % STEPS as u64) * self.slot_bytes as u64
+        self.slots + (index % self.steps as u64) * self.slot_bytes as u64
     }
 
     fn header(&self) -> &FifoHeader {
@@ -114,6 +119,11 @@ impl Fifo {
 
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
+    }
+
+    /// Slots in use (the producer may run this many ahead of the consumer).
+    pub fn steps(&self) -> usize {
+        self.steps
     }
 
     fn slot_ptr(&self, index: u64) -> *mut u8 {
@@ -127,7 +137,7 @@ impl Fifo {
     pub fn free_slot(&self) -> Option<(u64, &mut [u8])> {
         let h = self.header();
         let tail = h.tail.load(Ordering::Relaxed);
-        if tail - h.head.load(Ordering::Acquire) >= STEPS as u64 {
+        if tail - h.head.load(Ordering::Acquire) >= self.steps as u64 {
             return None;
         }
         // SAFETY: the slot is the producer's until it advances tail (see the type's SAFETY).
@@ -180,13 +190,13 @@ impl Fifo {
     /// Host address and capacity of slot `index` (for the proxy, which hands slots to the
     /// network).
     pub fn slot_raw(&self, index: u64) -> (*mut u8, usize) {
-        let i = index % STEPS as u64;
+        let i = index % self.steps as u64;
         ((self.host_slots + i * self.slot_bytes as u64) as *mut u8, self.slot_bytes)
     }
 
     /// Host address and length of the slot area (registered with the network once).
     pub fn slots_region(&self) -> (*mut u8, usize) {
-        (self.host_slots as *mut u8, STEPS * self.slot_bytes)
+        (self.host_slots as *mut u8, self.steps * self.slot_bytes)
     }
 
     /// Producer side for the proxy: the slot count filled so far.

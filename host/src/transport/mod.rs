@@ -129,8 +129,9 @@ impl Connection {
 
 /// Bytes of each FIFO slot of the host backend (its `Capabilities::slot_bytes`).
 pub const SLOT_BYTES: usize = 512 * 1024;
-/// Bytes of each FIFO slot of device connections (as NCCL's Simple buffer: 4 MiB over 8 steps).
-pub const GPU_SLOT_BYTES: usize = 512 << 10;
+/// The Simple FIFO of device connections and its slot size (`NCCL_BUFFSIZE` over
+/// `RUSTCCL_SIMPLE_STEPS` slots).
+pub use crate::backend::caps::{gpu_simple_fifo, gpu_slot_bytes};
 /// P2P connections also have slots for LL and LL128 steps (see `kernels/src/device/exec.cu`),
 /// after the Simple ones: 8 of each size.
 pub const GPU_LL_SLOT_BYTES: usize = 64 << 10;
@@ -319,7 +320,7 @@ mod tests {
     fn slot_constants_are_the_backends_capabilities() {
         let (h, g) = (crate::backend::Capabilities::host(), crate::backend::Capabilities::gpu());
         assert_eq!(h.slot_bytes, SLOT_BYTES);
-        assert_eq!((g.slot_bytes, g.ll_slot_bytes, g.ll128_slot_bytes), (GPU_SLOT_BYTES, GPU_LL_SLOT_BYTES, GPU_LL128_SLOT_BYTES));
+        assert_eq!((g.slot_bytes, g.ll_slot_bytes, g.ll128_slot_bytes), (gpu_slot_bytes(), GPU_LL_SLOT_BYTES, GPU_LL128_SLOT_BYTES));
     }
 
     fn kind(device: bool, same_host: bool, shm_disabled: bool, p2p_disabled: bool) -> Kind {

@@ -7,19 +7,25 @@ use std::sync::Arc;
 
 use super::fifo::{self, Fifo, LocalMemory};
 use super::{Connection, Context, Dir, Kind, Memory, Progress, Reach, Transport};
-use super::{GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES, GPU_SLOT_BYTES};
+use super::{gpu_simple_fifo, GPU_LL128_SLOT_BYTES, GPU_LL_SLOT_BYTES};
 use crate::backend::{DevicePtr, ShareHandle};
 use crate::error::Result;
 use crate::program::Link;
 
+/// Device memory of a P2P connection's Simple slots.
+fn simple_bytes() -> usize {
+    let f = gpu_simple_fifo();
+    f.steps * f.slot_bytes
+}
+
 /// Device memory of a P2P connection's slots.
 pub fn p2p_slots_bytes() -> usize {
-    fifo::STEPS * (GPU_SLOT_BYTES + GPU_LL_SLOT_BYTES + GPU_LL128_SLOT_BYTES)
+    simple_bytes() + fifo::STEPS * (GPU_LL_SLOT_BYTES + GPU_LL128_SLOT_BYTES)
 }
 
 /// Where a P2P connection's LL and LL128 slots start, given its first (Simple) slot.
 pub fn p2p_protocol_slots(slots: u64) -> (u64, u64) {
-    let ll = slots + (fifo::STEPS * GPU_SLOT_BYTES) as u64;
+    let ll = slots + simple_bytes() as u64;
     (ll, ll + (fifo::STEPS * GPU_LL_SLOT_BYTES) as u64)
 }
 
@@ -71,10 +77,10 @@ impl Transport for P2p {
 /// owned with the memory.
 fn p2p_fifo(dptr: DevicePtr, mut mem: Vec<Memory>) -> (Fifo, Vec<Memory>) {
     let stand_in = LocalMemory::new(fifo::header_bytes());
-    let hb = fifo::header_bytes() as u64;
+    let (hb, f) = (fifo::header_bytes() as u64, gpu_simple_fifo());
     // SAFETY: `stand_in` is a zeroed header the Fifo may read, kept with the connection; the
     // device header and slots are the `mem` mapping, released with the connection.
-    let fifo = unsafe { Fifo::with_device_slots(stand_in.ptr(), dptr.0, dptr.0 + hb, GPU_SLOT_BYTES) };
+    let fifo = unsafe { Fifo::with_device_slots(stand_in.ptr(), dptr.0, dptr.0 + hb, f.slot_bytes, f.steps) };
     mem.push(Memory::Local(stand_in));
     (fifo, mem)
 }

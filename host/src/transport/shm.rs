@@ -12,7 +12,8 @@
 use std::sync::Arc;
 
 use super::fifo::{self, fifo_bytes, Fifo};
-use super::{Connection, Context, Dir, Kind, Memory, Progress, Reach, Transport, GPU_SLOT_BYTES, SLOT_BYTES};
+use super::{Connection, Context, Dir, Kind, Memory, Progress, Reach, Transport, SLOT_BYTES};
+use super::gpu_simple_fifo;
 use crate::backend::ShareHandle;
 use crate::error::{Error, Result};
 use crate::program::Link;
@@ -96,7 +97,8 @@ impl Transport for PinnedShm {
 
 /// Bytes of a pinned FIFO: the header and the Simple slots.
 fn pinned_bytes() -> usize {
-    fifo::header_bytes() + fifo::STEPS * GPU_SLOT_BYTES
+    let f = gpu_simple_fifo();
+    fifo::header_bytes() + f.steps * f.slot_bytes
 }
 
 /// A pinned FIFO over shared host memory `host_mem` (exported here or imported), registered
@@ -107,12 +109,12 @@ fn pinned_fifo(cx: &Context, host_mem: Memory) -> Result<(Fifo, Vec<Memory>)> {
         Memory::Exported { backend, ptr, .. } | Memory::Imported { backend, ptr } => (backend, *ptr),
         _ => return Err(Error::internal("a pinned FIFO needs shared host memory")),
     };
-    let (hb, bytes) = (fifo::header_bytes(), pinned_bytes());
+    let (hb, bytes, f) = (fifo::header_bytes(), pinned_bytes(), gpu_simple_fifo());
     let haddr = host.host_address(hptr, bytes)?;
     // SAFETY: the shared mapping outlives the registration (`host_mem` is released after it).
     let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, bytes)? };
     let mem = vec![Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr }, host_mem];
     // SAFETY: as above; the slots follow the header in the registered mapping.
-    let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, GPU_SLOT_BYTES) };
+    let fifo = unsafe { Fifo::with_device_slots(haddr as *mut u8, dptr.0, dptr.0 + hb as u64, f.slot_bytes, f.steps) };
     Ok((fifo, mem))
 }

@@ -189,12 +189,17 @@ RUSTCCL_DEVICE bool flags_trusted(const RustcclExecConn& c, int proto) {
   return proto != RUSTCCL_PROTO_SIMPLE && (c.flags & RUSTCCL_CONN_LINES_WHOLE);
 }
 
+// Slots of this protocol's kind on the connection: the producer may run this many ahead.
+RUSTCCL_DEVICE u64 proto_steps(const RustcclExecConn& c, int proto) {
+  return flags_trusted(c, proto) ? RUSTCCL_EXEC_STEPS : (u64)c.simple_steps;
+}
+
 RUSTCCL_DEVICE u64 slot_addr(const RustcclExecConn& c, u64 pos, int proto) {
-  const u64 i = pos % RUSTCCL_EXEC_STEPS;
   if (flags_trusted(c, proto)) {
+    const u64 i = pos % RUSTCCL_EXEC_STEPS;
     return proto == RUSTCCL_PROTO_LL ? c.ll_slots + i * c.ll_slot_bytes : c.ll128_slots + i * c.ll128_slot_bytes;
   }
-  return c.slots + i * c.slot_bytes;
+  return c.slots + (pos % c.simple_steps) * c.slot_bytes;
 }
 
 RUSTCCL_DEVICE u64 slot_capacity(const RustcclExecConn& c, int proto) {
@@ -277,9 +282,10 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
       report(control, RUSTCCL_EXEC_ERR_SIZE, ci, slot_capacity(c, st.proto), wire);
       return -1;
     }
-    if (pos[ci] - seen[ci] >= RUSTCCL_EXEC_STEPS) {
+    const u64 window = proto_steps(c, st.proto);
+    if (pos[ci] - seen[ci] >= window) {
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_HEAD);
-      if (pos[ci] - seen[ci] >= RUSTCCL_EXEC_STEPS) return 0;
+      if (pos[ci] - seen[ci] >= window) return 0;
     }
   }
   return 1;

@@ -9,28 +9,15 @@
 // words they combine with, are issued before the first flag is looked at; a group whose flags
 // are not all there is read again whole. Lines whose 120 payload bytes all lie in the step, in
 // user buffers aligned to 8 bytes, take whole-word loads and stores without size checks.
-// Experiment (-DRUSTCCL_LL128_STAGED=1, not yet measured): user memory moved in whole 16-byte
-// units through a warp's staging area in shared memory, as NCCL does, instead of two 8-byte
-// words a lane (a group of four lines is 480 contiguous user bytes, 30 units; lanes 0-29 load
-// or store one each, and the lanes read or write their words in shared memory). Only for
-// groups whose four lines are whole, with user buffers aligned to 16 bytes; the wire format
-// is the same either way.
-#ifndef RUSTCCL_LL128_STAGED
-#define RUSTCCL_LL128_STAGED 0
-#endif
+// (Staging user data through shared memory in 16-byte units, as NCCL does, was measured
+// slower here: 8.2 against 9.7 GB/s per channel, session 7.)
 // (RUSTCCL_LL128_UNROLL in LL128's own entry point, RUSTCCL_LL128_UNROLL_MIXED in the entry
 // point of every protocol: the depths where ptxas reports no spills.)
 #ifndef RUSTCCL_LL128_UNROLL
-#define RUSTCCL_LL128_UNROLL (RUSTCCL_LL128_STAGED ? 2 : 3)
+#define RUSTCCL_LL128_UNROLL 3
 #endif
 #ifndef RUSTCCL_LL128_UNROLL_MIXED
 #define RUSTCCL_LL128_UNROLL_MIXED 2
-#endif
-#if RUSTCCL_LL128_STAGED
-// One staging area per block, shared by every instantiation of the loop (declared in the
-// function, each would get its own): 30 units of 16 bytes per group of lines and warp.
-constexpr int LL128_STAGE_GROUPS = RUSTCCL_LL128_UNROLL > RUSTCCL_LL128_UNROLL_MIXED ? RUSTCCL_LL128_UNROLL : RUSTCCL_LL128_UNROLL_MIXED;
-__shared__ ulonglong2 ll128_staging[RUSTCCL_EXEC_THREADS / 32][LL128_STAGE_GROUPS][30];
 #endif
 template <int NR, int NS, bool MIXED>
 RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
@@ -42,14 +29,6 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
   const bool aligned = (((u64)v.src | (u64)v.dst) & 7) == 0;
   const u32 lane = threadIdx.x % 32, t = lane % 8;
   const u32 warps = blockDim.x / 32, warp = threadIdx.x / 32;
-#if RUSTCCL_LL128_STAGED
-  ulonglong2(&stage)[LL128_STAGE_GROUPS][30] = ll128_staging[warp];
-  const bool stage_ok = (((u64)v.src | (u64)v.dst) & 15) == 0;
-  // Whether group `u` of this round goes through the staging area (the same for the warp).
-  auto staged = [&](u32 base, int u) { return stage_ok && (base + u * warps * 4 + 4) * 120 <= bytes; };
-  // A lane's first payload word in its group (its line's 15 words, two a lane, one on lane 7).
-  const u32 word_in_group = (lane / 8) * 15 + 2 * t;
-#endif
   // Round r gives warp w the line groups r * U * warps + u * warps + w: a short step spreads
   // over every warp before any warp takes a second group.
   for (u32 base = warp * 4; base < lines; base += warps * 4 * U) {
@@ -65,13 +44,6 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
         if (line < lines) ld_volatile_v2(v.recv[k] + (u64)line * 128 + t * 16, in0[u][k], in1[u][k]);
       }
       s0[u] = s1[u] = 0;
-#if RUSTCCL_LL128_STAGED
-      if (staged(base, u)) {
-        // The group's 16-byte unit `lane` (in s0, s1 until it is put in the staging area).
-        if (v.src && lane < 30) ld_global_v2(v.src + (u64)(base + u * warps * 4) * 120 + lane * 16, s0[u], s1[u]);
-        continue;
-      }
-#endif
       if (v.src && line < lines) {
         if (aligned && line < full_lines) {
           s0[u] = *(const u64*)(v.src + off);
@@ -82,22 +54,6 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
         }
       }
     }
-#if RUSTCCL_LL128_STAGED
-    // The staged groups' units into shared memory, then each lane's words out of it.
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (staged(base, u) && v.src && lane < 30) stage[u][lane] = make_ulonglong2(s0[u], s1[u]);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (!staged(base, u) || !v.src) continue;
-      const u64* words = (const u64*)stage[u];
-      s0[u] = words[word_in_group];
-      s1[u] = t != 7 ? words[word_in_group + 1] : 0;
-    }
-#endif
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const u32 line = base + u * warps * 4 + lane / 8;
@@ -121,16 +77,6 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
       }
       const u64 r0 = off < bytes ? compute<NR>(v, x0, s0[u]) : 0;
       const u64 r1 = t != 7 && off + 8 < bytes ? compute<NR>(v, x1, s1[u]) : 0;
-#if RUSTCCL_LL128_STAGED
-      if (staged(base, u) && v.dst) {
-        // The lanes' words into the staging area, then one 16-byte store per unit.
-        u64* words = (u64*)stage[u];
-        words[word_in_group] = r0;
-        if (t != 7) words[word_in_group + 1] = r1;
-        __syncwarp();
-        if (lane < 30) *(ulonglong2*)(v.dst + (u64)(base + u * warps * 4) * 120 + lane * 16) = stage[u][lane];
-      } else
-#endif
       if (v.dst) {
         if (aligned && line < full_lines) {
           *(u64*)(v.dst + off) = r0;

@@ -370,8 +370,9 @@ fn compile_kernels() -> Result<(), Error> {
     Ok(())
 }
 
-/// Where the time of a small all-reduce goes: the host's enqueue alone (calls without waiting),
-/// and calls followed by a stream synchronize. Prints `RESULT latency ...`.
+/// Where the time of a small all-reduce goes, in place and out of place: the host's enqueue
+/// alone (calls without waiting), and calls followed by a stream synchronize. Prints `RESULT
+/// latency ...` lines.
 fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     use rustccl::types::DataType;
     use rustccl::ReduceOp;
@@ -380,15 +381,17 @@ fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let device = comm.device()? as usize;
     let stream = backend.create_stream(device)?;
     let buf = backend.alloc(device, 1 << 20)?;
-    for bytes in [8usize, 4096, 65536] {
+    let out = backend.alloc(device, 1 << 20)?;
+    for (bytes, place) in [(8usize, "in place"), (4096, "in place"), (65536, "in place"), (8, "out of place"), (65536, "out of place")] {
         let count = bytes / 4;
+        let dst = if place == "in place" { buf } else { out };
         let run = |n: usize, sync_each: bool| -> Result<(f64, f64), Error> {
             comm.barrier()?;
             let t = Instant::now();
             let mut enqueue = Duration::ZERO;
             for _ in 0..n {
                 let e = Instant::now();
-                comm.all_reduce(buf, buf, count, DataType::Float32, ReduceOp::Sum, stream)?;
+                comm.all_reduce(buf, dst, count, DataType::Float32, ReduceOp::Sum, stream)?;
                 enqueue += e.elapsed();
                 if sync_each {
                     backend.synchronize(stream)?;
@@ -402,7 +405,7 @@ fn latency(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         let (pipelined, enq) = run(500, false)?;
         let (synced, enq_synced) = run(200, true)?;
         println!(
-            "RESULT latency {bytes} B: pipelined {pipelined:.1} us/call (enqueue {enq:.1}), synchronized {synced:.1} us/call (enqueue {enq_synced:.1}); stages: {}",
+            "RESULT latency {bytes} B {place}: pipelined {pipelined:.1} us/call (enqueue {enq:.1}), synchronized {synced:.1} us/call (enqueue {enq_synced:.1}); stages: {}",
             rustccl::profile::report()
         );
     }

@@ -33,10 +33,17 @@ pub(super) fn copy(b: &CudaBackend, dst: DevicePtr, src: DevicePtr, bytes: usize
     }
     let place = b.place_for(stream, &[dst, src])?;
     let _g = CtxGuard::enter(place.ctx)?;
-    b.check_range(dst, bytes, "destination").map_err(in_op)?;
-    b.check_range(src, bytes, "source").map_err(in_op)?;
+    let to = b.check_range(dst, bytes, "destination").map_err(in_op)?;
+    let from = b.check_range(src, bytes, "source").map_err(in_op)?;
     if bytes == 0 || dst == src {
         return Ok(());
+    }
+    if to.is_some() && from.is_some() {
+        // Device to device: the driver need not work out what the pointers are, as the
+        // unified copy does (measured ~1.5 us more host time per call on the H200 machine).
+        // SAFETY: both ranges were checked above and are device memory.
+        let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, raw_stream(stream)) };
+        return check(r, "cuMemcpyDtoDAsync").map_err(in_op);
     }
     // SAFETY: both ranges were checked above.
     check(unsafe { sys::cuMemcpyAsync(dst.0, src.0, bytes, raw_stream(stream)) }, "cuMemcpyAsync").map_err(in_op)

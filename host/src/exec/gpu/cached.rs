@@ -120,7 +120,9 @@ impl CachedLaunch {
         backend.launch_exec_kernel(&self.kernel, &args, self.enc.blocks, stream)?;
         profile::stage(Stage::Kernel, t);
         if !capturing {
+            let t = profile::start();
             state.launched(backend, device, stream)?;
+            profile::stage(Stage::Event, t);
         }
         Ok(())
     }

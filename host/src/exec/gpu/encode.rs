@@ -148,6 +148,7 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
             slots: c.fifo.slot_addr(0),
             header: c.fifo.device_header(),
             slot_bytes: c.fifo.slot_bytes() as u32,
+            simple_steps: c.fifo.steps() as u32,
             flags: if dir == Dir::Send { k::CONN_SEND } else { 0 },
             ..ExecConn::default()
         };

@@ -197,7 +197,7 @@ impl DeviceBackend for FakeDevice {
 /// made-up device addresses.
 pub(crate) fn links_for(run: &crate::work::Work) -> crate::exec::Links {
     use crate::transport::fifo::{header_bytes, Fifo, LocalMemory};
-    use crate::transport::{Connection, Dir, Kind, GPU_SLOT_BYTES};
+    use crate::transport::{gpu_simple_fifo, gpu_slot_bytes, Connection, Dir, Kind};
     let mut wanted = Vec::new();
     for item in &run.items {
         for (_, s) in &item.steps {
@@ -213,7 +213,7 @@ pub(crate) fn links_for(run: &crate::work::Work) -> crate::exec::Links {
         let header = LocalMemory::new(header_bytes());
         // SAFETY: the header stand-in is zeroed and lives with the connection; the device
         // addresses are only encoded, never touched.
-        let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, GPU_SLOT_BYTES) };
+        let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, gpu_slot_bytes(), gpu_simple_fifo().steps) };
         links.insert((link, dir), std::sync::Arc::new(Connection::for_test(link, dir, Kind::P2p, fifo, header)));
     }
     links

@@ -54,8 +54,12 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
             backend.stream_wait_event(stream, e)?;
         }
     }
+    let t = std::time::Instant::now();
     for c in &run.copies {
         backend.copy(DevicePtr(c.dst as u64), DevicePtr(c.src as u64), c.bytes, stream)?;
+    }
+    if !run.copies.is_empty() {
+        profile::record(Stage::Copy, t);
     }
     let buffers: Vec<(DevicePtr, usize)> = run
         .ctxs
@@ -87,7 +91,9 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         profile::record(Stage::Kernel, t);
     }
     if !capturing {
+        let t = std::time::Instant::now();
         state.launched(backend, device, stream)?;
+        profile::record(Stage::Event, t);
     }
     Ok(())
 }
@@ -134,14 +140,14 @@ mod tests {
     use crate::program::{self, Purpose, Ring, Step};
     use crate::reduce::{DevOp, Reducer};
     use crate::transport::fifo::{header_bytes, Fifo, LocalMemory, STEPS};
-    use crate::transport::{GPU_LL_SLOT_BYTES, GPU_SLOT_BYTES};
+    use crate::transport::{gpu_simple_fifo, gpu_slot_bytes, GPU_LL_SLOT_BYTES};
 
     /// A connection whose slots and header sit at made-up device addresses from `base`.
     fn conn(link: Link, dir: Dir, kind: Kind, base: u64) -> Arc<Connection> {
         let header = LocalMemory::new(header_bytes());
         // SAFETY: the header stand-in is zeroed and lives with the connection; the device
         // addresses are only encoded, never touched.
-        let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, GPU_SLOT_BYTES) };
+        let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, gpu_slot_bytes(), gpu_simple_fifo().steps) };
         Arc::new(Connection::for_test(link, dir, kind, fifo, header))
     }
 
@@ -224,14 +230,15 @@ mod tests {
                 let c = conns[e.send[0] as usize];
                 assert_eq!(c.flags, k::CONN_SEND | k::CONN_LINES_WHOLE, "the P2P send end");
                 assert_eq!(c.header, 0x10_0000_0000);
-                assert_eq!(c.ll_slots, c.slots + (STEPS * GPU_SLOT_BYTES) as u64);
+                assert_eq!(c.ll_slots, c.slots + (gpu_simple_fifo().steps * gpu_slot_bytes()) as u64);
+                assert_eq!(c.simple_steps as usize, gpu_simple_fifo().steps);
                 assert_eq!(c.ll128_slots, c.ll_slots + (STEPS * GPU_LL_SLOT_BYTES) as u64);
             }
             if s.recv.len() == 1 {
                 let c = conns[e.recv[0] as usize];
                 assert_eq!(c.flags, 0, "a network receive end waits on tail, one slot region");
                 assert_eq!((c.ll_slots, c.ll128_slots), (0, 0));
-                assert_eq!(c.slot_bytes as usize, GPU_SLOT_BYTES);
+                assert_eq!(c.slot_bytes as usize, gpu_slot_bytes());
             }
         }
         // The buffers are call values (the kernel parameter), not part of the image.
