@@ -253,7 +253,7 @@ abi_structs! {
         pub ll128_slots: u64,
         pub ll_slot_bytes: u32,
         pub ll128_slot_bytes: u32,
-        /// Simple slots in use (2 to FIFO_STEPS): a Simple step at position `p` uses slot
+        /// Simple slots in use (a power of two up to FIFO_STEPS): a Simple step at position `p` uses slot
         /// `p % simple_steps` and may start once the consumer is fewer than that many behind;
         /// LL and LL128 use all FIFO_STEPS of theirs. The header's sizes stay per FIFO_STEPS.
         pub simple_steps: u32,

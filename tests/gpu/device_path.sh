@@ -48,6 +48,17 @@ timeout 90 $G/rustccl-bench all_reduce -N 2 --start-mps -b 8 -e 1M -f 32 -c 1 -n
 note "layout, -N 2 --start-mps: rc $? $(grep -h -i -E 'mps' $OUT/layout_mps.txt | head -2 | tr '\n' ' ' | cut -c1-300) $(wrong $OUT/layout_mps.txt); MPS still running after: $(pgrep -c nvidia-cuda-mps || true)"
 grep -E "^ +[0-9]" $OUT/layout_mps.txt | awk '{print "  ", $1, $6, $8}' | tee -a $S
 fi
+# 2. One rank against NCCL, without MPS (as NCCL runs one rank).
+want one_rank && for c in all_reduce broadcast all_gather reduce_scatter; do
+    A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n ${ONE_N:-50} -w 5"
+    timeout 90 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1
+    timeout 90 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/one_${c}_capi.txt 2>&1
+    [ -n "$NV" ] && timeout 90 $G/rustccl-bench $A --lib "$NV" > $OUT/one_${c}_nccl.txt 2>&1
+    note "== $c, 1 rank: size | us out of place, in place: rustccl Rust API | rustccl C ABI | NCCL ($(wrong $OUT/one_${c}_rust.txt $OUT/one_${c}_capi.txt))"
+    paste <(grep -E "^ +[0-9]" $OUT/one_${c}_rust.txt | awk '{print $1, $6, $10}') \
+          <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
+          <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}') | tee -a $S
+done
 started_mps=0
 nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
 note "MPS started: $started_mps"
@@ -63,17 +74,7 @@ want sweeps && for p in LL LL128 Simple; do
     note "sweep $p all_reduce 4 B..256 MiB: $(wrong $OUT/sweep_$p.txt) $(grep -h -E 'rror' $OUT/sweep_$p.txt | head -2 | tr '\n' ' ')"
 done
 
-# 2. One rank against NCCL; host cost per call.
-want one_rank && for c in all_reduce broadcast all_gather reduce_scatter; do
-    A="$c -N 1 -b 8 -e 1G -f 8 -c 1 -n ${ONE_N:-50} -w 5"
-    timeout 90 $G/rustccl-bench $A > $OUT/one_${c}_rust.txt 2>&1
-    timeout 90 $G/rustccl-bench $A --lib $PWD/$G/libnccl.so.2 > $OUT/one_${c}_capi.txt 2>&1
-    [ -n "$NV" ] && timeout 90 $G/rustccl-bench $A --lib "$NV" > $OUT/one_${c}_nccl.txt 2>&1
-    note "== $c, 1 rank: size | us out of place, in place: rustccl Rust API | rustccl C ABI | NCCL ($(wrong $OUT/one_${c}_rust.txt $OUT/one_${c}_capi.txt))"
-    paste <(grep -E "^ +[0-9]" $OUT/one_${c}_rust.txt | awk '{print $1, $6, $10}') \
-          <(grep -E "^ +[0-9]" $OUT/one_${c}_capi.txt | awk '{print $6, $10}') \
-          <(grep -E "^ +[0-9]" $OUT/one_${c}_nccl.txt | awk '{print $6, $10}') | tee -a $S
-done
+# 2b. Host cost per call (the one-rank runs are before MPS starts).
 want latency && enqueue_latency ", under MPS" && enqueue_latency ", under MPS" 1
 
 # 3. cudarc example and PyTorch.

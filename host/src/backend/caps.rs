@@ -164,11 +164,12 @@ impl Capabilities {
             channel_bytes: 128 << 10,
             size_channels: 32,
             max_channels: 32,
-            // One per MiB, up to 8 per peer, 16 shared among the peers; NCCL_MAX_P2P_NCHANNELS
-            // (1 to 32) sets both limits.
+            // One per MiB, up to 32 shared among the peers, as NCCL's p2p channels over NVLink
+            // (measured on one H200, 2 ranks, session 7: sendrecv 1 GiB 254 / 393 / 487 GB/s
+            // with 8 / 16 / 32); NCCL_MAX_P2P_NCHANNELS (1 to 32) sets both limits.
             p2p_channel_bytes: 1 << 20,
-            p2p_max_channels: max_p2p_channels().unwrap_or(8),
-            p2p_channel_budget: max_p2p_channels().unwrap_or(16),
+            p2p_max_channels: max_p2p_channels().unwrap_or(32),
+            p2p_channel_budget: max_p2p_channels().unwrap_or(32),
             // NCCL_BUFFSIZE over RUSTCCL_SIMPLE_STEPS (4 MiB in 1 MiB slots unless set).
             slot_bytes: gpu_slot_bytes(),
             ll_slot_bytes: 64 << 10,
@@ -371,8 +372,8 @@ mod tests {
         }
         assert_eq!(h.p2p_channels(1 << 30, 2), 1);
         assert_eq!(g.p2p_channels(3 << 20, 2), 3);
-        assert_eq!(g.p2p_channels(1 << 30, 2), 8);
-        assert_eq!(g.p2p_channels(1 << 30, 5), 4);
+        assert_eq!(g.p2p_channels(1 << 30, 2), 32);
+        assert_eq!(g.p2p_channels(1 << 30, 5), 8);
         assert_eq!(g.p2p_channels(1 << 30, 64), 1);
     }
 

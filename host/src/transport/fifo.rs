@@ -98,7 +98,7 @@ impl Fifo {
     /// `steps * slot_bytes` bytes of device memory, and `device_header` map the header, while
     /// the `Fifo` exists.
     pub unsafe fn with_device_slots(header: *mut u8, device_header: u64, slots: u64, slot_bytes: usize, steps: usize) -> Fifo {
-        assert!((1..=STEPS).contains(&steps), "a FIFO has 1 to {STEPS} slots, not {steps}");
+        assert!(steps.is_power_of_two() && steps <= STEPS, "a FIFO has a power of two of slots up to {STEPS}, not {steps}");
         Fifo { base: header, slots, host_slots: 0, device_header, slot_bytes, steps }
     }
 

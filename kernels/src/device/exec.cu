@@ -199,7 +199,8 @@ RUSTCCL_DEVICE u64 slot_addr(const RustcclExecConn& c, u64 pos, int proto) {
     const u64 i = pos % RUSTCCL_EXEC_STEPS;
     return proto == RUSTCCL_PROTO_LL ? c.ll_slots + i * c.ll_slot_bytes : c.ll128_slots + i * c.ll128_slot_bytes;
   }
-  return c.slots + (pos % c.simple_steps) * c.slot_bytes;
+  // simple_steps is a power of two (the host checks it): a mask, not a 64-bit division.
+  return c.slots + (pos & (u64)(c.simple_steps - 1)) * c.slot_bytes;
 }
 
 RUSTCCL_DEVICE u64 slot_capacity(const RustcclExecConn& c, int proto) {
