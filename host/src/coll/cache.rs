@@ -188,22 +188,30 @@ fn run_one_rank_untimed(comm: &Communicator, task: &Task) -> Result<()> {
     if ctx.src == ctx.dst {
         return Ok(());
     }
-    let mut work = Work {
-        ctxs: Vec::new(),
-        items: Vec::new(),
-        copies: vec![crate::work::LocalCopy { src: ctx.src, dst: ctx.dst, bytes: ctx.dst_len }],
-        stream: task.stream,
-    };
-    let links = crate::exec::Links::new();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
-    let device = !comm.backend().capabilities().host_addressable;
-    let r = if device {
-        comm.launch_on_device(&work, &links).map_err(|e| comm.record_error(e.context("collective")))
+    let r = if !comm.backend().capabilities().host_addressable {
+        // One device copy in stream order, as NCCL's one-rank calls: it reads and writes only
+        // the caller's buffers and cannot hang, so it needs neither the executor's event (the
+        // watchdog's and teardown's view of running kernels) nor ordering after the
+        // communicator's work on other streams, nor a capture check (copies are captured as
+        // they are).
+        let (dst, src) = (crate::backend::DevicePtr(ctx.dst as u64), crate::backend::DevicePtr(ctx.src as u64));
+        let t = crate::profile::start();
+        let r = comm.backend().copy(dst, src, ctx.dst_len, task.stream);
+        crate::profile::stage(crate::profile::Stage::Copy, t);
+        r.map_err(|e| comm.record_error(e.context("collective")))
     } else {
+        let mut work = Work {
+            ctxs: Vec::new(),
+            items: Vec::new(),
+            copies: vec![crate::work::LocalCopy { src: ctx.src, dst: ctx.dst, bytes: ctx.dst_len }],
+            stream: task.stream,
+        };
+        let links = crate::exec::Links::new();
         let mut prep = Prepared::new(&work, &links);
         crate::exec::host::run(&mut [HostRun { work: &mut work, prep: &mut prep, comm }])
     };
-    finish(comm, &r, device);
+    finish(comm, &r, false);
     r
 }
 
