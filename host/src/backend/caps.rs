@@ -152,12 +152,13 @@ impl Capabilities {
         Capabilities {
             host_addressable: false,
             // Per channel: bus bandwidth measured with one channel on an H200 (session 6,
-            // docs/data/h200-1gpu-2ranks-2026-12-02, the large-size plateaus of the ch1 runs);
+            // docs/data/h200-1gpu-2ranks-2026-12-02, the large-size plateaus of the ch1 runs;
+            // Simple from session 7's 1 MiB slots, docs/data/h200-1gpu-2ranks-2026-12-02-s7);
             // latencies from the first two-GPU runs.
             protocols: [
                 ProtocolCost { latency_us: 2.0, gbps: 4.8, chunk_bytes: 0 },
                 ProtocolCost { latency_us: 3.0, gbps: 9.4, chunk_bytes: 0 },
-                ProtocolCost { latency_us: 6.0, gbps: 19.6, chunk_bytes: 0 },
+                ProtocolCost { latency_us: 6.0, gbps: 21.5, chunk_bytes: 0 },
             ],
             bandwidth_per_channel: true,
             // One channel (a block with its own connections) per 128 KiB, up to 32.
