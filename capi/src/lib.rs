@@ -16,6 +16,7 @@ mod handles;
 mod mem_api;
 mod param_api;
 mod types;
+mod windows;
 
 use rustccl::{Error, ResultCode};
 

@@ -1,7 +1,7 @@
 //! Memory (`ncclMemAlloc`, registration), symmetric windows, one-sided operations and the
-//! device API. Windows, one-sided operations and device communicators need symmetric memory,
-//! which a later issue brings: until then they are refused with `ncclInvalidUsage` and a
-//! message, never a crash.
+//! device API. Windows work where the backend has symmetric memory (the host backend; device
+//! backends refuse with `ncclInvalidUsage` and a message); one-sided operations and device
+//! communicators are refused the same way until they are written.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
@@ -10,6 +10,7 @@ use rustccl::backend::{DeviceBackend, DevicePtr};
 use rustccl::Error;
 
 use crate::handles::{self, CommHandle};
+use crate::windows;
 use crate::{guard, guard_comm, nccl_api, NcclResult, NcclTeam};
 
 /// Allocations made by `ncclMemAlloc`, with their backend, so `ncclMemFree` needs no comm.
@@ -22,7 +23,14 @@ struct Registration {
     owned: bool,
 }
 
-const NOT_YET: &str = "symmetric memory windows and device communicators are not supported by rustccl yet";
+/// Whether every rank of `comm` reaches every other's windows (the backend has symmetric
+/// memory, and its ranks share a host).
+fn lsa_is_world(comm: &rustccl::Communicator) -> bool {
+    let one_host = comm.host_hashes().is_ok_and(|h| h.iter().all(|x| *x == h[0]));
+    one_host && comm.backend().kind() == rustccl::backend::BackendKind::Host
+}
+
+const NOT_YET: &str = "device communicators are not supported by rustccl yet";
 const ONE_SIDED: &str =
     "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) need symmetric memory windows, which rustccl does not support yet";
 
@@ -37,7 +45,11 @@ nccl_api! {
             }
             let backend = rustccl::backend::select_backend()?;
             let device = std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-            let p = backend.alloc(device, size)?;
+            // Memory windows can be made of: shareable where the backend has windows.
+            let p = match backend.kind() {
+                rustccl::backend::BackendKind::Host => backend.alloc_shareable(device, size)?.0,
+                _ => backend.alloc(device, size)?,
+            };
             ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).push((p.0, backend));
             // SAFETY: checked non-null.
             unsafe { *out = p.0 as *mut c_void };
@@ -92,34 +104,53 @@ nccl_api! {
         })
     }
 
+    /// Collective (every rank, same order). As NCCL: a NULL buffer or a size of 0 succeeds
+    /// and leaves `*win` as it is. The buffer must lie in `ncclMemAlloc` memory, a multiple of
+    /// 4096 bytes into it. Runs at once, also inside a group (NCCL defers it to the group's
+    /// end).
     fn ncclCommWindowRegister / pncclCommWindowRegister(
-        comm: CommHandle, _buff: *mut c_void, _size: usize, win: *mut *mut c_void, _flags: c_int,
+        comm: CommHandle, buff: *mut c_void, size: usize, win: *mut *mut c_void, flags: c_int,
     ) -> NcclResult {
         guard_comm("ncclCommWindowRegister", comm, || {
-            handles::get(comm, "ncclCommWindowRegister")?;
-            if !win.is_null() {
-                // SAFETY: checked non-null.
-                unsafe { *win = std::ptr::null_mut() };
+            let c = handles::get(comm, "ncclCommWindowRegister")?;
+            if win.is_null() {
+                return Err(Error::invalid_argument("win is NULL"));
             }
-            Err(Error::invalid_usage(NOT_YET))
+            if buff.is_null() || size == 0 {
+                return Ok(());
+            }
+            let flags = u32::try_from(flags).map_err(|_| Error::invalid_argument(format!("window flags {flags}")))?;
+            let w = c.comm.window_register(DevicePtr(buff as u64), size, flags)?;
+            // SAFETY: checked non-null.
+            unsafe { *win = windows::publish(w) };
+            Ok(())
         })
     }
 
-    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: CommHandle, _win: *mut c_void) -> NcclResult {
+    /// Local, as NCCL. NULL succeeds.
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: CommHandle, win: *mut c_void) -> NcclResult {
         guard_comm("ncclCommWindowDeregister", comm, || {
-            handles::get(comm, "ncclCommWindowDeregister")?;
-            Err(Error::invalid_usage(NOT_YET))
+            let c = handles::get(comm, "ncclCommWindowDeregister")?;
+            if win.is_null() {
+                return Ok(());
+            }
+            let w = windows::take(win, "ncclCommWindowDeregister")?;
+            c.comm.window_deregister(&w)
         })
     }
 
-    fn ncclWinGetUserPtr / pncclWinGetUserPtr(comm: CommHandle, _win: *mut c_void, out: *mut *mut c_void) -> NcclResult {
+    fn ncclWinGetUserPtr / pncclWinGetUserPtr(comm: CommHandle, win: *mut c_void, out: *mut *mut c_void) -> NcclResult {
         guard_comm("ncclWinGetUserPtr", comm, || {
             handles::get(comm, "ncclWinGetUserPtr")?;
-            if !out.is_null() {
-                // SAFETY: checked non-null.
-                unsafe { *out = std::ptr::null_mut() };
+            if out.is_null() {
+                return Err(Error::invalid_argument("outUserPtr is NULL"));
             }
-            Err(Error::invalid_usage(NOT_YET))
+            // SAFETY: checked non-null.
+            unsafe { *out = std::ptr::null_mut() };
+            let user = windows::with(win, "ncclWinGetUserPtr", |w| w.user_ptr())?;
+            // SAFETY: checked non-null.
+            unsafe { *out = user.0 as *mut c_void };
+            Ok(())
         })
     }
 
@@ -192,19 +223,26 @@ nccl_api! {
         }
     }
 
-    /// The ranks that can address each other's memory directly: without symmetric memory,
-    /// each rank alone.
+    /// The ranks that can address each other's memory directly (through windows): every
+    /// rank where the backend has symmetric memory (the host backend: one host), else each
+    /// rank alone.
     fn ncclTeamLsa / pncclTeamLsa(comm: CommHandle) -> NcclTeam {
         match handles::get(comm, "ncclTeamLsa") {
+            Ok(c) if lsa_is_world(&c.comm) => NcclTeam { n_ranks: c.comm.count().unwrap_or(0), rank: c.comm.user_rank().unwrap_or(0), stride: 1 },
             Ok(_) => NcclTeam { n_ranks: 1, rank: 0, stride: 1 },
             Err(_) => NcclTeam::default(),
         }
     }
 
-    /// The ranks with the same LSA rank: with one-rank LSA teams, every rank.
+    /// The ranks with the same LSA rank: this rank alone when the LSA team is every rank,
+    /// every rank when LSA teams are single ranks.
     fn ncclTeamRail / pncclTeamRail(comm: CommHandle) -> NcclTeam {
-        // SAFETY: same contract.
-        unsafe { ncclTeamWorld(comm) }
+        match handles::get(comm, "ncclTeamRail") {
+            Ok(c) if lsa_is_world(&c.comm) => NcclTeam { n_ranks: 1, rank: 0, stride: c.comm.count().unwrap_or(1) },
+            // SAFETY: same contract.
+            Ok(_) => unsafe { ncclTeamWorld(comm) },
+            Err(_) => NcclTeam::default(),
+        }
     }
 
     fn ncclTeamRankToWorld / pncclTeamRankToWorld(comm: CommHandle, team: NcclTeam, rank: c_int) -> c_int {

@@ -85,6 +85,7 @@ pub mod transport;
 pub mod typed;
 pub mod types;
 pub mod version;
+pub mod window;
 pub mod work;
 
 pub use bootstrap::UniqueId;

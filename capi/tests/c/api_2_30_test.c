@@ -217,8 +217,9 @@ static void test_one_sided_refused(ncclComm_t comm) {
   SAYS("one-sided");
   USAGE(ncclSignal(0, 0, 0, 0, comm, NULL));
   USAGE(ncclWaitSignal(1, &d, comm, NULL));
+  /* Not a window. */
   void* p = &x;
-  USAGE(ncclWinGetUserPtr(comm, NULL, &p));
+  INVALID(ncclWinGetUserPtr(comm, NULL, &p));
   CHECK(p == NULL, "no user pointer");
 }
 

@@ -138,8 +138,28 @@ static void test_collectives(ncclComm_t comm) {
   OK(ncclCommRegister(comm, a, n * sizeof(float), &h));
   OK(ncclAllReduce(a, a, n, ncclFloat, ncclSum, comm, NULL));
   OK(ncclCommDeregister(comm, h));
-  ncclWindow_t w;
-  CHECK(ncclCommWindowRegister(comm, a, 4096, &w, NCCL_WIN_DEFAULT) == ncclInvalidUsage, "windows refused");
+  /* Windows: only of ncclMemAlloc memory; collectives run on window buffers. */
+  ncclWindow_t w = NULL;
+  CHECK(ncclCommWindowRegister(comm, a, 4096, &w, NCCL_WIN_DEFAULT) == ncclInvalidArgument, "window of malloc memory refused");
+  CHECK(w == NULL, "no window written after a refusal");
+  OK(ncclCommWindowRegister(comm, NULL, 4096, &w, NCCL_WIN_DEFAULT));
+  CHECK(w == NULL, "a NULL buffer registers nothing (as NCCL)");
+  float* sym = NULL;
+  OK(ncclMemAlloc((void**)&sym, 2 * 4096 + n * sizeof(float)));
+  OK(ncclCommWindowRegister(comm, sym, n * sizeof(float), &w, NCCL_WIN_COLL_SYMMETRIC));
+  CHECK(w != NULL, "a window");
+  void* user = NULL;
+  OK(ncclWinGetUserPtr(comm, w, &user));
+  CHECK(user == (void*)sym, "window user pointer %p, buffer %p", user, (void*)sym);
+  for (size_t i = 0; i < n; i++) sym[i] = (float)(rank + 1);
+  OK(ncclAllReduce(sym, sym, n, ncclFloat, ncclSum, comm, NULL));
+  CHECK(sym[0] == (float)(nranks * (nranks + 1) / 2) && sym[n - 1] == sym[0], "all-reduce in a window: %f", sym[0]);
+  CHECK(ncclCommWindowRegister(comm, (char*)sym + 100, 4096, &w, NCCL_WIN_DEFAULT) == ncclInvalidArgument, "misaligned window refused");
+  OK(ncclCommWindowDeregister(comm, w));
+  CHECK(ncclCommWindowDeregister(comm, w) == ncclInvalidArgument, "second deregistration refused");
+  CHECK(ncclWinGetUserPtr(comm, w, &user) == ncclInvalidArgument, "user pointer of a deregistered window refused");
+  OK(ncclCommWindowDeregister(comm, NULL));
+  OK(ncclMemFree(sym));
   free(a), free(b), free(ia), free(ib);
 }
 

@@ -20,6 +20,7 @@
 
 mod memory;
 mod shm;
+mod symmetric;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -48,6 +49,8 @@ pub struct HostBackend {
     events: Mutex<HashSet<u64>>,
     /// Stream and event handles; 0 is never handed out (it is the default stream).
     next_handle: AtomicU64,
+    /// Address space reserved for symmetric windows.
+    spaces: Mutex<symmetric::Spaces>,
 }
 
 impl std::fmt::Debug for HostBackend {
@@ -85,6 +88,7 @@ impl HostBackend {
             streams: Mutex::new(HashSet::new()),
             events: Mutex::new(HashSet::new()),
             next_handle: AtomicU64::new(1),
+            spaces: Mutex::new(symmetric::Spaces::new()),
         }
     }
 
@@ -333,6 +337,26 @@ impl DeviceBackend for HostBackend {
     fn close_import(&self, ptr: DevicePtr) -> Result<()> {
         self.write_memory().remove(ptr, "close_import", &[Kind::Imported])?;
         Ok(())
+    }
+
+    fn symmetric_memory(&self, ptr: DevicePtr) -> Result<super::SymmetricMemory> {
+        symmetric::symmetric_memory(self, ptr)
+    }
+
+    fn reserve_space(&self, bytes: usize) -> Result<DevicePtr> {
+        symmetric::reserve_space(self, bytes)
+    }
+
+    fn release_space(&self, base: DevicePtr, bytes: usize) -> Result<()> {
+        symmetric::release_space(self, base, bytes)
+    }
+
+    fn map_shared_at(&self, device: usize, handle: &ShareHandle, at: DevicePtr) -> Result<()> {
+        symmetric::map_shared_at(self, device, handle, at)
+    }
+
+    fn unmap_at(&self, at: DevicePtr) -> Result<()> {
+        symmetric::unmap_at(self, at)
     }
 
     fn launch_exec(&self, _launch: &super::ExecLaunch, _stream: Stream) -> Result<()> {

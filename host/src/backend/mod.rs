@@ -70,6 +70,22 @@ pub struct ExecKernel {
 use crate::error::{Error, Result};
 
 /// The error of the launch methods on a backend without device kernels.
+/// A shareable allocation a window can be made of.
+#[derive(Clone, Debug)]
+pub struct SymmetricMemory {
+    /// Where the allocation starts, and its size.
+    pub base: DevicePtr,
+    pub bytes: usize,
+    /// What peers map it with.
+    pub handle: ShareHandle,
+}
+
+fn no_symmetric_memory(kind: BackendKind) -> Error {
+    Error::invalid_usage(format!(
+        "symmetric memory windows are not supported on the {kind} backend yet (the host backend has them)"
+    ))
+}
+
 fn no_kernels(what: &str) -> Error {
     Error::invalid_usage(format!("{what}: this backend runs collectives on the CPU; it has no device kernels"))
 }
@@ -254,6 +270,42 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
 
     /// Unmaps memory from [`import`](DeviceBackend::import).
     fn close_import(&self, ptr: DevicePtr) -> Result<()>;
+
+    // ---- symmetric memory (windows, `crate::window`) ----
+
+    /// The shareable allocation (from [`alloc_shareable`](DeviceBackend::alloc_shareable),
+    /// which `ncclMemAlloc` uses) that holds `ptr`; other memory is `InvalidArgument`.
+    fn symmetric_memory(&self, ptr: DevicePtr) -> Result<SymmetricMemory> {
+        let _ = ptr;
+        Err(no_symmetric_memory(self.kind()))
+    }
+
+    /// Reserves `bytes` of address space (no memory behind it) for window mappings.
+    fn reserve_space(&self, bytes: usize) -> Result<DevicePtr> {
+        let _ = bytes;
+        Err(no_symmetric_memory(self.kind()))
+    }
+
+    /// Gives back a space from [`reserve_space`](DeviceBackend::reserve_space) (its mappings
+    /// unmapped first).
+    fn release_space(&self, base: DevicePtr, bytes: usize) -> Result<()> {
+        let _ = (base, bytes);
+        Err(no_symmetric_memory(self.kind()))
+    }
+
+    /// Maps the allocation `handle` names (this process's or a peer's) at `at`, inside a
+    /// reserved space, for `device`.
+    fn map_shared_at(&self, device: usize, handle: &ShareHandle, at: DevicePtr) -> Result<()> {
+        let _ = (device, handle, at);
+        Err(no_symmetric_memory(self.kind()))
+    }
+
+    /// Unmaps what [`map_shared_at`](DeviceBackend::map_shared_at) mapped at `at` (the space
+    /// stays reserved).
+    fn unmap_at(&self, at: DevicePtr) -> Result<()> {
+        let _ = at;
+        Err(no_symmetric_memory(self.kind()))
+    }
 
     // ---- collectives ----
 

@@ -176,6 +176,7 @@ impl Communicator {
             jobs: Default::default(),
             suspended: Mutex::new(None),
             grow_id: Mutex::new(None),
+            windows: Mutex::new(Default::default()),
         });
         super::health::register(&inner);
         let ids = ids.to_vec();

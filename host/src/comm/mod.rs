@@ -14,6 +14,7 @@ mod init;
 pub mod jobs;
 mod split;
 mod suspend;
+mod windows;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -102,6 +103,8 @@ struct Inner {
     suspended: Mutex<Option<Vec<(Link, Dir)>>>,
     /// The id `ncclCommGetUniqueId` made for the next grow, until a grow consumes it.
     grow_id: Mutex<Option<crate::bootstrap::UniqueId>>,
+    /// Symmetric memory windows (`crate::window`).
+    windows: Mutex<crate::window::Windows>,
 }
 
 /// One rank's communicator.
@@ -381,6 +384,7 @@ impl Communicator {
             bs.close(true);
         }
         self.release_plugins();
+        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).release();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
         Ok(())
     }

@@ -11,6 +11,7 @@ mod worker_nonblocking;
 mod worker_profiler;
 mod worker_streams;
 mod worker_typed;
+mod worker_windows;
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -59,6 +60,7 @@ fn main() {
         "typed-colls" => worker_typed::colls(nranks, rank, &ids),
         "typed-errors" => worker_typed::errors(nranks, rank, &ids),
         "typed-nonblocking" => worker_typed::nonblocking(nranks, rank, &ids),
+        "windows" => worker_windows::windows(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),

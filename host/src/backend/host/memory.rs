@@ -26,6 +26,9 @@ pub enum Kind {
     Imported,
     /// `register_host`: caller-owned memory.
     Registered,
+    /// `map_shared_at`: a shareable allocation (this process's or a peer's) mapped at a fixed
+    /// address of a reserved space, for a symmetric window.
+    Window,
 }
 
 impl Kind {
@@ -36,6 +39,7 @@ impl Kind {
             Kind::Exported => "shareable memory",
             Kind::Imported => "imported shared memory",
             Kind::Registered => "registered host memory",
+            Kind::Window => "window mapping",
         }
     }
 
@@ -46,6 +50,7 @@ impl Kind {
             Kind::HostMapped => "free_host_mapped",
             Kind::Imported => "close_import",
             Kind::Registered => "unregister_host",
+            Kind::Window => "unmap_at",
         }
     }
 }
@@ -95,6 +100,23 @@ impl Allocation {
     /// A shared mapping (exported or imported).
     pub fn shared(region: SharedRegion, kind: Kind, device: Option<usize>) -> Allocation {
         Allocation { base: region.ptr(), bytes: region.len(), kind, device, backing: Backing::Shared(region) }
+    }
+
+    /// A window mapping the caller made at `ptr` and unmaps itself (nothing to release here).
+    pub fn window(ptr: NonNull<u8>, bytes: usize, device: Option<usize>) -> Allocation {
+        Allocation { base: ptr, bytes, kind: Kind::Window, device, backing: Backing::Borrowed }
+    }
+
+    /// The file name of an exported allocation (what peers map), if it is one.
+    pub fn exported_name(&self) -> Option<&str> {
+        match (&self.kind, &self.backing) {
+            (Kind::Exported, Backing::Shared(region)) => Some(region.name()),
+            _ => None,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Caller-owned memory.
@@ -150,9 +172,14 @@ impl Table {
     }
 
     /// The entry whose range holds `addr`, if any.
-    fn containing(&self, addr: u64) -> Option<(u64, &Allocation)> {
+    pub fn containing(&self, addr: u64) -> Option<(u64, &Allocation)> {
         let (&base, a) = self.live.range(..=addr).next_back()?;
         ((addr - base) < a.bytes.max(1) as u64).then_some((base, a))
+    }
+
+    /// The first entry that overlaps `[start, end)`, if any.
+    pub fn first_in(&self, start: u64, end: u64) -> Option<(u64, &Allocation)> {
+        self.containing(start).or_else(|| self.live.range(start..end).next().map(|(&b, a)| (b, a)))
     }
 
     /// Adds an entry; refuses one that overlaps a live entry (only registration can).

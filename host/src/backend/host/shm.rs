@@ -115,6 +115,8 @@ pub struct SharedRegion {
     ptr: NonNull<u8>,
     /// Set for the creator: the file to unlink on drop.
     owned_path: Option<PathBuf>,
+    /// The file's name in its directory.
+    name: String,
 }
 
 impl std::fmt::Debug for SharedRegion {
@@ -170,7 +172,7 @@ impl SharedRegion {
                 ))
             });
         }
-        match map(&file, bytes, &path) {
+        match map(&file, bytes, &path, &name) {
             Ok(mut region) => {
                 region.owned_path = Some(path.clone());
                 tracing::debug!(target: "SHM", "created {} ({bytes} bytes)", path.display());
@@ -206,7 +208,7 @@ impl SharedRegion {
                 path.display()
             )));
         }
-        let region = map(&file, bytes, &path)?;
+        let region = map(&file, bytes, &path, name)?;
         tracing::debug!(target: "SHM", "imported {} ({bytes} bytes)", path.display());
         Ok(region)
     }
@@ -231,6 +233,10 @@ impl SharedRegion {
     pub fn len(&self) -> usize {
         self.map.len()
     }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 impl Drop for SharedRegion {
@@ -247,7 +253,7 @@ impl Drop for SharedRegion {
     }
 }
 
-fn map(file: &File, bytes: usize, path: &Path) -> Result<SharedRegion> {
+fn map(file: &File, bytes: usize, path: &Path, name: &str) -> Result<SharedRegion> {
     // SAFETY: the file is at least `bytes` long (fallocated by its creator, or its size
     // checked by the importer), so every mapped page is backed. Other mappings may change
     // the bytes at any time; the backend only reads and writes them through raw pointers,
@@ -255,7 +261,7 @@ fn map(file: &File, bytes: usize, path: &Path) -> Result<SharedRegion> {
     let mut map = unsafe { MmapOptions::new().len(bytes).map_mut(file) }
         .map_err(|e| Error::io(format!("mapping {bytes} bytes of {}", path.display()), &e))?;
     let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::internal("mmap returned null"))?;
-    Ok(SharedRegion { map, ptr, owned_path: None })
+    Ok(SharedRegion { map, ptr, owned_path: None, name: name.to_string() })
 }
 
 /// Checks that `name` is one [`SharedRegion::create`] makes: the prefix, then letters,

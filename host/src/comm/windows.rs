@@ -1,0 +1,38 @@
+//! The communicator's side of symmetric memory windows (`crate::window`): registration runs
+//! the window exchange over this communicator's bootstrap.
+
+use super::Communicator;
+use crate::backend::DevicePtr;
+use crate::error::Result;
+use crate::window::{Exchange, Window};
+
+impl Communicator {
+    /// `ncclCommWindowRegister`: registers `bytes` at `ptr` (in memory from
+    /// [`alloc_shareable`](crate::backend::DeviceBackend::alloc_shareable), as `ncclMemAlloc`
+    /// makes it, starting a multiple of 4096 bytes into its allocation) as a window every rank
+    /// reaches. Collective: every rank calls it, and every rank registers and deregisters its
+    /// windows in the same order. `flags`: [`crate::window::WIN_DEFAULT`] or
+    /// [`crate::window::WIN_COLL_SYMMETRIC`].
+    pub fn window_register(&self, ptr: DevicePtr, bytes: usize, flags: u32) -> Result<Window> {
+        let device = self.device()? as usize;
+        let (rank, nranks) = (self.inner.rank as usize, self.inner.nranks as usize);
+        self.run("window_register", |bs| {
+            let allgather = |m: &[u8]| bs.allgather(m);
+            let x = Exchange { rank, nranks, device, backend: self.backend(), allgather: &allgather };
+            self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).register(&x, ptr, bytes, flags)
+        })
+    }
+
+    /// `ncclCommWindowDeregister`: this rank stops using `window` (local, as NCCL; the memory
+    /// stays with its owner, and peers keep their own mappings until they deregister).
+    pub fn window_deregister(&self, window: &Window) -> Result<()> {
+        self.ready("window_deregister")?;
+        let r = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).deregister(window.id());
+        r.or_else(|e| self.fail(e.context("window_deregister")))
+    }
+
+    /// Windows registered with this communicator and not yet deregistered.
+    pub fn window_count(&self) -> usize {
+        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).count()
+    }
+}

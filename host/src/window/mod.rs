@@ -1,0 +1,361 @@
+//! Symmetric memory windows (NCCL's `ncclCommWindowRegister`, the dev_runtime seed): memory
+//! every rank of a communicator registers together, which every rank then reaches with plain
+//! loads and stores.
+//!
+//! Each communicator reserves one flat address range of `nranks × stride` bytes (no memory
+//! behind it) the first time a window is registered. A registration maps the allocation that
+//! holds each rank's buffer into slot `r` of that range, at the same offset for every rank
+//! ("big space"): rank r's window lies at `base + r × stride + offset` in every process, so a
+//! peer's address is arithmetic on the local one. Offsets come from [`space::Space`], which
+//! gives every rank the same offset as long as every rank registers and deregisters in the
+//! same order (as NCCL requires); each registration also exchanges what the ranks hold, so a
+//! rank that registered something else is an error on every rank, not a hang.
+//!
+//! Backends provide the memory side (`DeviceBackend::symmetric_memory`, `reserve_space`,
+//! `map_shared_at`, `unmap_at`): the host backend maps `/dev/shm` files; device backends do
+//! not have it yet and refuse with a message.
+
+pub mod space;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::backend::{DeviceBackend, DevicePtr, ShareHandle};
+use crate::error::{Error, Result};
+use space::Space;
+
+/// `NCCL_WIN_DEFAULT`.
+pub const WIN_DEFAULT: u32 = 0;
+/// `NCCL_WIN_COLL_SYMMETRIC`: collectives on buffers in this window may use its peers' copies.
+pub const WIN_COLL_SYMMETRIC: u32 = 1;
+/// `NCCL_WIN_REQUIRED_ALIGNMENT`: a window starts this far into its allocation, or a multiple.
+pub const WIN_ALIGNMENT: usize = 4096;
+/// Offsets in the space are multiples of this (NCCL's cuMem granularity, 2 MiB on GPUs).
+const SPACE_ALIGN: u64 = 2 << 20;
+/// Each rank's slot in the flat range, unless `NCCL_WIN_STRIDE` says otherwise (rounded up to
+/// a multiple of 4 GiB, as NCCL's device code needs).
+const DEFAULT_STRIDE: u64 = 16 << 30;
+
+/// A registered window as one rank sees it: its own buffer and where every rank's lies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    id: u64,
+    user: DevicePtr,
+    bytes: usize,
+    flags: u32,
+    /// Rank r's window: `base + r × stride + offset`.
+    base: u64,
+    stride: u64,
+    offset: u64,
+    rank: usize,
+    nranks: usize,
+}
+
+impl Window {
+    /// The buffer this rank registered (`ncclWinGetUserPtr`).
+    pub fn user_ptr(&self) -> DevicePtr {
+        self.user
+    }
+
+    /// Bytes this rank registered.
+    pub fn size(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// This window's number within its communicator.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Where `offset` bytes into rank `peer`'s window lie in this process (loads and stores
+    /// there reach the peer's memory; `ncclGetPeerDevicePointer`). Its own rank is a second
+    /// view of its own buffer.
+    pub fn peer_ptr(&self, peer: usize, offset: usize) -> Result<DevicePtr> {
+        if peer >= self.nranks {
+            return Err(Error::invalid_argument(format!(
+                "peer {peer} is not a rank of this window's communicator ({} ranks)",
+                self.nranks
+            )));
+        }
+        if offset > self.bytes {
+            return Err(Error::invalid_argument(format!(
+                "offset {offset} lies past the end of the window ({} bytes)",
+                self.bytes
+            )));
+        }
+        Ok(DevicePtr(self.base + peer as u64 * self.stride + self.offset + offset as u64))
+    }
+
+    /// Ranks whose windows this process reaches by loads and stores (the LSA team): on one
+    /// host, all of them.
+    pub fn lsa_ranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// This rank's place in the LSA team (its rank: the team is every rank).
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Bytes between consecutive ranks' windows (a multiple of 4 GiB).
+    pub fn stride(&self) -> u64 {
+        self.stride
+    }
+}
+
+/// What a registration needs from its communicator.
+pub struct Exchange<'a> {
+    pub rank: usize,
+    pub nranks: usize,
+    pub device: usize,
+    pub backend: &'a Arc<dyn DeviceBackend>,
+    /// Every rank's bytes, in rank order (the bootstrap's all-gather).
+    pub allgather: &'a dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>>,
+}
+
+/// One allocation mapped for every rank.
+struct Mem {
+    /// Where the allocation starts in this process (its own mapping).
+    local_base: u64,
+    offset: u64,
+    span: u64,
+    /// The mapping of each rank's allocation, in rank order.
+    mapped: Vec<DevicePtr>,
+    refs: usize,
+}
+
+/// The flat range of a communicator.
+struct Reserved {
+    backend: Arc<dyn DeviceBackend>,
+    base: u64,
+    bytes: usize,
+    stride: u64,
+    space: Space,
+}
+
+/// A communicator's windows.
+#[derive(Default)]
+pub struct Windows {
+    reserved: Option<Reserved>,
+    mems: Vec<Mem>,
+    windows: HashMap<u64, Window>,
+    next_id: u64,
+}
+
+/// The exchange message: whether the allocation is mapped already, its span, its handle.
+const MSG_BYTES: usize = 16 + ShareHandle::SIZE;
+
+impl Windows {
+    /// Windows registered and not yet deregistered.
+    pub fn count(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// Registers `bytes` at `ptr` as a window (collective: every rank calls it, in the same
+    /// order as its other registrations).
+    pub fn register(&mut self, x: &Exchange, ptr: DevicePtr, bytes: usize, flags: u32) -> Result<Window> {
+        if ptr.0 == 0 || bytes == 0 {
+            return Err(Error::invalid_argument(format!(
+                "a window needs a buffer and a size (got {ptr}, {bytes} bytes)"
+            )));
+        }
+        if flags & !WIN_COLL_SYMMETRIC != 0 {
+            return Err(Error::invalid_argument(format!(
+                "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0) and NCCL_WIN_COLL_SYMMETRIC (1) exist"
+            )));
+        }
+        // What this rank holds; its problems are reported to every rank through the exchange
+        // (so that none waits for a rank that gave up).
+        let local = self.local_part(x, ptr, bytes);
+        let mut msg = vec![0u8; MSG_BYTES];
+        match &local {
+            Ok((mem, known)) => {
+                msg[0] = if known.is_some() { 2 } else { 1 };
+                msg[8..16].copy_from_slice(&(mem.bytes as u64).to_le_bytes());
+                msg[16..].copy_from_slice(&mem.handle.to_bytes());
+            }
+            Err(_) => msg[0] = 0,
+        }
+        let all = (x.allgather)(&msg)?;
+        let (mem, known) = local?;
+        if let Some(r) = all.iter().position(|m| m.len() != MSG_BYTES || m[0] == 0) {
+            return Err(Error::remote(format!(
+                "rank {r} could not register its part of the window (its log says why)"
+            )));
+        }
+        if all.iter().any(|m| (m[0] == 2) != known.is_some()) {
+            return Err(Error::invalid_usage(
+                "the ranks registered windows in different orders (a buffer one rank registered before is new to another): \
+                 every rank must register and deregister its windows in the same order",
+            ));
+        }
+        let mem_off = ptr.0 - mem.base.0;
+        let i = match known {
+            Some(i) => {
+                self.mems[i].refs += 1;
+                i
+            }
+            None => {
+                let handles = all
+                    .iter()
+                    .map(|m| {
+                        let span = u64::from_le_bytes(m[8..16].try_into().expect("8 bytes"));
+                        ShareHandle::from_bytes(&m[16..]).map(|h| (span, h))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                // Every rank maps every rank's allocation; all of them keep it only if all
+                // succeeded.
+                let mapped = self.map_all(x, mem.base.0, &handles);
+                let oks = (x.allgather)(&[mapped.is_ok() as u8])?;
+                let mapped = mapped?;
+                if let Some(r) = oks.iter().position(|o| o.first() != Some(&1)) {
+                    if let Err(e) = self.unmap(&mapped) {
+                        tracing::warn!(target: "INIT", "undoing a window's mappings: {}", e.message);
+                    }
+                    return Err(Error::remote(format!(
+                        "rank {r} could not map the window's memory (its log says why)"
+                    )));
+                }
+                self.mems.push(mapped);
+                self.mems.len() - 1
+            }
+        };
+        let m = &self.mems[i];
+        let r = self.reserved.as_ref().expect("reserved when a memory is mapped");
+        let id = self.next_id;
+        self.next_id += 1;
+        let w = Window {
+            id,
+            user: ptr,
+            bytes,
+            flags,
+            base: r.base,
+            stride: r.stride,
+            offset: m.offset + mem_off,
+            rank: x.rank,
+            nranks: x.nranks,
+        };
+        self.windows.insert(id, w.clone());
+        Ok(w)
+    }
+
+    /// This rank's allocation for a window at `ptr`, and whether it is mapped already.
+    fn local_part(&self, x: &Exchange, ptr: DevicePtr, bytes: usize) -> Result<(crate::backend::SymmetricMemory, Option<usize>)> {
+        let mem = x.backend.symmetric_memory(ptr)?;
+        let off = (ptr.0 - mem.base.0) as usize;
+        if !off.is_multiple_of(WIN_ALIGNMENT) {
+            return Err(Error::invalid_argument(format!(
+                "a window must start a multiple of {WIN_ALIGNMENT} bytes into its allocation ({ptr} is {off} bytes into the one at {})",
+                mem.base
+            )));
+        }
+        if off + bytes > mem.bytes {
+            return Err(Error::invalid_argument(format!(
+                "the window {ptr} + {bytes} bytes runs past the end of its allocation ({} bytes at {})",
+                mem.bytes, mem.base
+            )));
+        }
+        let known = self.mems.iter().position(|m| m.local_base == mem.base.0);
+        Ok((mem, known))
+    }
+
+    /// Reserves the flat range if needed, takes an offset and maps every rank's allocation.
+    fn map_all(&mut self, x: &Exchange, local_base: u64, handles: &[(u64, ShareHandle)]) -> Result<Mem> {
+        if self.reserved.is_none() {
+            let stride = stride_setting();
+            let bytes = usize::try_from(stride as u128 * x.nranks as u128)
+                .map_err(|_| Error::invalid_argument(format!("{} ranks × a {stride}-byte stride is too large", x.nranks)))?;
+            let base = x.backend.reserve_space(bytes)?;
+            tracing::info!(target: "INIT", "symmetric windows: {bytes} bytes of address space reserved ({stride} per rank)");
+            self.reserved =
+                Some(Reserved { backend: Arc::clone(x.backend), base: base.0, bytes, stride, space: Space::new(stride) });
+        }
+        let r = self.reserved.as_mut().expect("reserved above");
+        let span = handles.iter().map(|(s, _)| *s).max().unwrap_or(0).div_ceil(SPACE_ALIGN) * SPACE_ALIGN;
+        let offset = r.space.alloc(span, SPACE_ALIGN).ok_or_else(|| {
+            Error::invalid_usage(format!(
+                "no room for a {span}-byte window in the {}-byte space per rank: deregister windows, or raise NCCL_WIN_STRIDE",
+                r.stride
+            ))
+        })?;
+        let mut mapped = Vec::with_capacity(handles.len());
+        for (peer, (_, h)) in handles.iter().enumerate() {
+            let at = DevicePtr(r.base + peer as u64 * r.stride + offset);
+            if let Err(e) = x.backend.map_shared_at(x.device, h, at) {
+                for m in &mapped {
+                    let _ = x.backend.unmap_at(*m);
+                }
+                r.space.free(offset, span);
+                return Err(e.context(format!("mapping rank {peer}'s window")));
+            }
+            mapped.push(at);
+        }
+        Ok(Mem { local_base, offset, span, mapped, refs: 1 })
+    }
+
+    /// Deregisters window `id` (local, as NCCL: no exchange); its mappings go with the last
+    /// window of their allocation.
+    pub fn deregister(&mut self, id: u64) -> Result<()> {
+        let w = self.windows.remove(&id).ok_or_else(|| {
+            Error::invalid_argument(format!("window {id} is not registered with this communicator (deregistered already?)"))
+        })?;
+        let i = self
+            .mems
+            .iter()
+            .position(|m| w.offset >= m.offset && w.offset < m.offset + m.span)
+            .expect("a window's memory is mapped");
+        self.mems[i].refs -= 1;
+        if self.mems[i].refs == 0 {
+            let m = self.mems.swap_remove(i);
+            return self.unmap(&m).map_err(|e| e.context("unmapping a window"));
+        }
+        Ok(())
+    }
+
+    /// Unmaps every rank's mapping of `m` and frees its offset.
+    fn unmap(&mut self, m: &Mem) -> Result<()> {
+        let r = self.reserved.as_mut().expect("a mapped memory has a space");
+        let mut first = None;
+        for at in &m.mapped {
+            if let Err(e) = r.backend.unmap_at(*at) {
+                first.get_or_insert(e);
+            }
+        }
+        r.space.free(m.offset, m.span);
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Unmaps everything and gives the range back (the communicator is going away).
+    pub fn release(&mut self) {
+        self.windows.clear();
+        let Some(r) = self.reserved.take() else { return };
+        for m in self.mems.drain(..) {
+            for at in m.mapped {
+                if let Err(e) = r.backend.unmap_at(at) {
+                    tracing::warn!(target: "INIT", "unmapping a window at {at}: {}", e.message);
+                }
+            }
+        }
+        if let Err(e) = r.backend.release_space(DevicePtr(r.base), r.bytes) {
+            tracing::warn!(target: "INIT", "releasing the windows' address space: {}", e.message);
+        }
+    }
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// `NCCL_WIN_STRIDE` (bytes per rank; unset, 0 or -1: the default), rounded up to 4 GiB.
+fn stride_setting() -> u64 {
+    const FOUR_G: u64 = 4 << 30;
+    let v = crate::params::env_int_or("NCCL_WIN_STRIDE", -1);
+    let s = if v <= 0 { DEFAULT_STRIDE } else { v as u64 };
+    s.div_ceil(FOUR_G) * FOUR_G
+}

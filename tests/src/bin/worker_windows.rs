@@ -1,0 +1,108 @@
+//! Symmetric memory windows (`rustccl::window`), one rank per process on the host backend.
+//!
+//! - `windows`: every rank allocates shareable memory (as `ncclMemAlloc`), registers two
+//!   windows in it (one 4096 bytes in), writes its rank into them, and after a barrier reads
+//!   every peer's values through the peers' pointers and writes into its right neighbour's
+//!   window; after a second barrier each rank finds its left neighbour's writes in its own
+//!   buffer. Then 300 register/deregister cycles must leave as many mappings as before, and
+//!   bad registrations (misaligned, not shareable, past the end, bad flags) are errors on
+//!   every rank with nothing left registered. `RESULT windows ok <cycles>`.
+
+use rustccl::backend::DevicePtr;
+use rustccl::window::{WIN_COLL_SYMMETRIC, WIN_DEFAULT};
+use rustccl::{CommConfig, Communicator, Error, ResultCode, UniqueId};
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
+    if cond {
+        Ok(())
+    } else {
+        Err(Error::internal(format!("check failed: {}", what())))
+    }
+}
+
+/// Lines of /proc/self/maps: what the cycles must not make grow.
+fn mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").map_or(0, |s| s.lines().count())
+}
+
+fn read_u64(p: DevicePtr) -> u64 {
+    // SAFETY: `p` lies in a live window mapping (checked by the caller's window bounds).
+    unsafe { std::ptr::read_volatile(p.0 as *const u64) }
+}
+
+fn write_u64(p: DevicePtr, v: u64) {
+    // SAFETY: as `read_u64`.
+    unsafe { std::ptr::write_volatile(p.0 as *mut u64, v) }
+}
+
+pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    let b = std::sync::Arc::clone(comm.backend());
+    let (n, me) = (nranks as usize, rank as usize);
+    let bytes = 3 << 20;
+    let (mem, _) = b.alloc_shareable(0, bytes)?;
+    let first = comm.window_register(mem, 4096, WIN_DEFAULT)?;
+    let second = comm.window_register(DevicePtr(mem.0 + 4096), 1 << 20, WIN_COLL_SYMMETRIC)?;
+    check(first.user_ptr() == mem && second.size() == 1 << 20, || format!("{first:?} {second:?}"))?;
+    write_u64(mem, 1000 + me as u64);
+    write_u64(second.user_ptr(), 2000 + me as u64);
+    comm.barrier()?;
+    for peer in 0..n {
+        let a = read_u64(first.peer_ptr(peer, 0)?);
+        let c = read_u64(second.peer_ptr(peer, 0)?);
+        check(a == 1000 + peer as u64 && c == 2000 + peer as u64, || format!("rank {peer}'s windows hold {a}, {c}"))?;
+    }
+    // A store through a peer's pointer lands in the peer's buffer.
+    let right = (me + 1) % n;
+    write_u64(second.peer_ptr(right, 8)?, 3000 + me as u64);
+    comm.barrier()?;
+    let left = (me + n - 1) % n;
+    let got = read_u64(DevicePtr(second.user_ptr().0 + 8));
+    check(got == 3000 + left as u64, || format!("rank {left}'s store arrived as {got}"))?;
+    check(second.peer_ptr(n, 0).is_err() && second.peer_ptr(0, (1 << 20) + 1).is_err(), || "bad peer pointers accepted".into())?;
+    comm.window_deregister(&second)?;
+    comm.window_deregister(&first)?;
+    check(comm.window_deregister(&first).is_err(), || "a second deregistration succeeded".into())?;
+
+    // Cycles: nothing left behind.
+    let before = mappings();
+    let cycles = 300;
+    for i in 0..cycles {
+        let w = comm.window_register(DevicePtr(mem.0 + 4096 * (i % 3)), 8192, WIN_DEFAULT)?;
+        write_u64(w.user_ptr(), i as u64);
+        comm.window_deregister(&w)?;
+    }
+    let after = mappings();
+    check(after <= before, || format!("{before} mappings before {cycles} cycles, {after} after"))?;
+    check(comm.window_count() == 0, || format!("{} windows left", comm.window_count()))?;
+
+    // Bad registrations fail on every rank (each learns it from the exchange), and the
+    // communicator goes on.
+    let plain = b.alloc(0, 8192)?;
+    let bad: [(DevicePtr, usize, u32, ResultCode); 4] = [
+        (DevicePtr(mem.0 + 100), 4096, 0, ResultCode::InvalidArgument),
+        (plain, 4096, 0, ResultCode::InvalidArgument),
+        (mem, bytes + 1, 0, ResultCode::InvalidArgument),
+        (mem, 4096, 2, ResultCode::InvalidArgument),
+    ];
+    for (i, (p, len, flags, kind)) in bad.into_iter().enumerate() {
+        // Rank 0 alone asks for the bad window; the others ask for a good one.
+        let (p, len, flags) = if rank == 0 || i == 3 { (p, len, flags) } else { (mem, 4096, 0) };
+        match comm.window_register(p, len, flags) {
+            Ok(w) => return Err(Error::internal(format!("bad window {i} registered: {w:?}"))),
+            Err(e) if rank == 0 || i == 3 => check(e.code == kind, || format!("bad window {i}: {e}"))?,
+            Err(e) => check(e.code == ResultCode::RemoteError, || format!("bad window {i} on a peer: {e}"))?,
+        }
+    }
+    check(comm.window_count() == 0, || format!("{} windows left after refusals", comm.window_count()))?;
+    let w = comm.window_register(mem, 4096, WIN_DEFAULT)?;
+    comm.barrier()?;
+    comm.window_deregister(&w)?;
+    // A registration left at destroy is released with the communicator.
+    let _kept = comm.window_register(mem, 4096, WIN_DEFAULT)?;
+    comm.destroy()?;
+    b.free(mem)?;
+    b.free(plain)?;
+    println!("RESULT windows ok {cycles}");
+    Ok(())
+}
