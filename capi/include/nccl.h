@@ -6,11 +6,12 @@
  *
  * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.26.6: the newest NCCL release whose
  * whole API rustccl implements. Newer releases added calls rustccl declares and exports but
- * refuses with ncclInvalidUsage and a message, because they need symmetric memory:
- * ncclCommWindowRegister/Deregister (2.27), ncclWinGetUserPtr and the one-sided
- * ncclPutSignal/ncclSignal/ncclWaitSignal (2.29), and the device API (2.28). A program that
- * picks features by version therefore does not pick those. Everything else newer than 2.26
- * works: ncclCommShrink, ncclCommRevoke, ncclAlltoAll/Gather/Scatter (2.27/2.28),
+ * does not fully implement yet: symmetric memory windows (ncclCommWindowRegister/Deregister,
+ * 2.27; ncclWinGetUserPtr, ncclGetLsaDevicePointer, ncclGetPeerDevicePointer, 2.29) work on
+ * the host backend (RUSTCCL_BACKEND=host) and are refused with ncclInvalidUsage and a message
+ * on GPUs; the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29), multimem pointers
+ * and the device API (2.28) are refused the same way everywhere. A program that picks
+ * features by version therefore does not pick those. Everything else newer than 2.26 works: ncclCommShrink, ncclCommRevoke, ncclAlltoAll/Gather/Scatter (2.27/2.28),
  * ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume and ncclCommMemStats (2.29),
  * the ncclParam* API and ncclTimeout (2.30), and the 2.30.7 ncclConfig_t fields.
  */
@@ -234,6 +235,10 @@ NCCL_DECLARE(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* hand
 NCCL_DECLARE(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
 NCCL_DECLARE(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win);
 NCCL_DECLARE(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
+/* Where rank `lsaRank` of the window's LSA team (or world rank `peer`) holds `offset` bytes
+ * into its window, in this process (2.29); a peer outside the LSA team gives NULL. */
+NCCL_DECLARE(ncclResult_t, ncclGetLsaDevicePointer, ncclWindow_t window, size_t offset, int lsaRank, void** outPtr);
+NCCL_DECLARE(ncclResult_t, ncclGetPeerDevicePointer, ncclWindow_t window, size_t offset, int peer, void** outPtr);
 NCCL_DECLARE(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype, ncclScalarResidence_t residence, ncclComm_t comm);
 NCCL_DECLARE(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm);
 NCCL_DECLARE(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);

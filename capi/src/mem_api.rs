@@ -30,6 +30,21 @@ fn lsa_is_world(comm: &rustccl::Communicator) -> bool {
     one_host && comm.backend().kind() == rustccl::backend::BackendKind::Host
 }
 
+/// `*out` = where `rank` (of the LSA team, which is every rank where windows work) holds
+/// `offset` bytes into window `win`.
+fn peer_pointer(win: *mut c_void, offset: usize, rank: c_int, out: *mut *mut c_void, what: &str) -> Result<(), Error> {
+    if out.is_null() {
+        return Err(Error::invalid_argument("outPtr is NULL"));
+    }
+    // SAFETY: checked non-null.
+    unsafe { *out = std::ptr::null_mut() };
+    let r = usize::try_from(rank).map_err(|_| Error::invalid_argument(format!("rank {rank} is negative")))?;
+    let p = windows::with(win, what, |w| w.peer_ptr(r, offset))??;
+    // SAFETY: checked non-null.
+    unsafe { *out = p.0 as *mut c_void };
+    Ok(())
+}
+
 const NOT_YET: &str = "device communicators are not supported by rustccl yet";
 const ONE_SIDED: &str =
     "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) need symmetric memory windows, which rustccl does not support yet";
@@ -152,6 +167,16 @@ nccl_api! {
             unsafe { *out = user.0 as *mut c_void };
             Ok(())
         })
+    }
+
+    /// Rank `lsa_rank` of the window's LSA team (every rank, on one host).
+    fn ncclGetLsaDevicePointer / pncclGetLsaDevicePointer(win: *mut c_void, offset: usize, lsa_rank: c_int, out: *mut *mut c_void) -> NcclResult {
+        guard("ncclGetLsaDevicePointer", || peer_pointer(win, offset, lsa_rank, out, "ncclGetLsaDevicePointer"))
+    }
+
+    /// World rank `peer` (in the LSA team wherever windows work).
+    fn ncclGetPeerDevicePointer / pncclGetPeerDevicePointer(win: *mut c_void, offset: usize, peer: c_int, out: *mut *mut c_void) -> NcclResult {
+        guard("ncclGetPeerDevicePointer", || peer_pointer(win, offset, peer, out, "ncclGetPeerDevicePointer"))
     }
 
     /// One-sided operations (2.29) write into a peer's symmetric window: refused with windows.

@@ -154,6 +154,23 @@ static void test_collectives(ncclComm_t comm) {
   for (size_t i = 0; i < n; i++) sym[i] = (float)(rank + 1);
   OK(ncclAllReduce(sym, sym, n, ncclFloat, ncclSum, comm, NULL));
   CHECK(sym[0] == (float)(nranks * (nranks + 1) / 2) && sym[n - 1] == sym[0], "all-reduce in a window: %f", sym[0]);
+  /* Every rank's window through this process's pointers to it, once every rank has its
+   * result (a rank takes part in the next collective only after finishing this one). */
+  OK(ncclAllReduce(b, b, 1, ncclFloat, ncclSum, comm, NULL));
+  for (int p = 0; p < nranks; p++) {
+    void* pp = NULL;
+    OK(ncclGetPeerDevicePointer(w, sizeof(float), p, &pp));
+    CHECK(pp != NULL && *(float*)pp == sym[1], "rank %d's window through its pointer", p);
+  }
+  void* self_view = NULL;
+  OK(ncclGetLsaDevicePointer(w, 0, rank, &self_view));
+  CHECK(self_view != (void*)sym, "a second view of the own window");
+  *(float*)self_view = -1.0f;
+  CHECK(sym[0] == -1.0f, "a store through the second view lands in the buffer");
+  void* none = &w;
+  CHECK(ncclGetPeerDevicePointer(w, 0, nranks, &none) == ncclInvalidArgument && none == NULL, "peer out of range");
+  CHECK(ncclGetPeerDevicePointer(w, n * sizeof(float) + 1, 0, &none) == ncclInvalidArgument, "offset past the window");
+  CHECK(ncclGetLsaDevicePointer(NULL, 0, 0, &none) == ncclInvalidArgument, "pointer of no window");
   CHECK(ncclCommWindowRegister(comm, (char*)sym + 100, 4096, &w, NCCL_WIN_DEFAULT) == ncclInvalidArgument, "misaligned window refused");
   OK(ncclCommWindowDeregister(comm, w));
   CHECK(ncclCommWindowDeregister(comm, w) == ncclInvalidArgument, "second deregistration refused");
