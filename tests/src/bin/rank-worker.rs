@@ -61,6 +61,7 @@ fn main() {
         "typed-errors" => worker_typed::errors(nranks, rank, &ids),
         "typed-nonblocking" => worker_typed::nonblocking(nranks, rank, &ids),
         "windows" => worker_windows::windows(nranks, rank, &ids),
+        "windows-peer-death" => worker_windows::peer_death(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),

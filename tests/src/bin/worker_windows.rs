@@ -106,3 +106,42 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     println!("RESULT windows ok {cycles}");
     Ok(())
 }
+
+/// `windows-peer-death`: 3 ranks register a window and write their rank into it; rank 2 is
+/// SIGKILLed. The survivors still read its last values through their mapping (no crash), and
+/// their next registration ends with `ncclRemoteError` within seconds, not a hang; then they
+/// deregister and destroy. `RESULT windows-peer-death ok <ms>`.
+pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    let b = std::sync::Arc::clone(comm.backend());
+    let (mem, _) = b.alloc_shareable(0, 1 << 20)?;
+    let w = comm.window_register(mem, 4096, WIN_DEFAULT)?;
+    write_u64(mem, 500 + rank as u64);
+    comm.barrier()?;
+    let victim = nranks - 1;
+    if rank == victim {
+        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return Err(Error::internal("the victim survived SIGKILL"));
+    }
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(40));
+        println!("ERROR InternalError rank {rank} windows-peer-death: still waiting after 40 s (hang)");
+        std::process::exit(3);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let seen = read_u64(w.peer_ptr(victim as usize, 0)?);
+    check(seen == 500 + victim as u64, || format!("the dead rank's window holds {seen}"))?;
+    let t0 = std::time::Instant::now();
+    match comm.window_register(DevicePtr(mem.0 + 4096), 4096, WIN_DEFAULT) {
+        Ok(w2) => return Err(Error::internal(format!("registered with a dead peer: {w2:?}"))),
+        Err(e) => check(e.code == ResultCode::RemoteError, || format!("registration with a dead peer: {e}"))?,
+    }
+    let ms = t0.elapsed().as_millis();
+    comm.window_deregister(&w)?;
+    let _ = comm.abort();
+    b.free(mem)?;
+    println!("RESULT windows-peer-death ok {ms}");
+    Ok(())
+}
