@@ -107,6 +107,7 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_P2P_DISABLE", Int, Some("0"), true, "1: no peer-to-peer (CUDA IPC) transport between GPUs"),
     p("NCCL_P2P_LL_THRESHOLD", Int, Some("16384"), true, "Point-to-point messages up to this many bytes use LL on GPUs"),
     p("NCCL_MAX_P2P_NCHANNELS", Int, None, true, "Channels a point-to-point message may use on GPUs, per peer and in all (1 to 32; unset: 32)"),
+    p("NCCL_WIN_STRIDE", Int, Some("-1"), true, "Bytes of address space per rank for symmetric windows, rounded up to 4 GiB (-1: 16 GiB on the host backend)"),
     p("NCCL_BUFFSIZE", Int, Some("4194304"), true, "Bytes of the Simple buffer of each device connection (cut into RUSTCCL_SIMPLE_STEPS slots); every rank must set the same"),
     p("NCCL_PARAM_DUMP_ALL", Bool, Some("0"), false, "List rustccl's private parameters too in key lists and dumps"),
     p("NCCL_OP_TIMEOUT_MS", Int, Some("0"), false, "rustccl: milliseconds an operation may wait before it ends with ncclTimeout on every rank (0: no limit)"),
