@@ -214,7 +214,9 @@ nccl_api! {
 
     fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
         guard("ncclGroupEnd", || {
-            let r = rustccl::group_end();
+            // Window registrations queued in the group run first, as NCCL's group end does.
+            let registered = if rustccl::coll::group_depth() == 1 { crate::windows::run_deferred() } else { Ok(()) };
+            let r = rustccl::group_end().and(registered);
             if !matches!(&r, Err(e) if e.kind == rustccl::error::ErrorKind::GroupUnbalanced) {
                 buffers::leave_group();
             }
@@ -232,7 +234,9 @@ nccl_api! {
                     return Err(Error::invalid_argument("simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER (bad magic)"));
                 }
             }
+            let registered = if rustccl::coll::group_depth() == 1 { crate::windows::run_deferred() } else { Ok(()) };
             let t = rustccl::group_simulate_end();
+            registered?;
             buffers::leave_group();
             buffers::finish();
             let t = t?;

@@ -120,9 +120,9 @@ nccl_api! {
     }
 
     /// Collective (every rank, same order). As NCCL: a NULL buffer or a size of 0 succeeds
-    /// and leaves `*win` as it is. The buffer must lie in `ncclMemAlloc` memory, a multiple of
-    /// 4096 bytes into it. Runs at once, also inside a group (NCCL defers it to the group's
-    /// end).
+    /// and leaves `*win` as it is; inside a group it runs (and `*win` is written) when the
+    /// outermost group ends. The buffer must lie in `ncclMemAlloc` memory, a multiple of 4096
+    /// bytes into it.
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: CommHandle, buff: *mut c_void, size: usize, win: *mut *mut c_void, flags: c_int,
     ) -> NcclResult {
@@ -135,6 +135,10 @@ nccl_api! {
                 return Ok(());
             }
             let flags = u32::try_from(flags).map_err(|_| Error::invalid_argument(format!("window flags {flags}")))?;
+            if rustccl::coll::group_depth() > 0 {
+                windows::defer(c, buff as u64, size, flags, win);
+                return Ok(());
+            }
             let w = c.comm.window_register(DevicePtr(buff as u64), size, flags)?;
             // SAFETY: checked non-null.
             unsafe { *win = windows::publish(w) };

@@ -3,9 +3,10 @@
 //! stride in 4 GiB units), followed by rustccl's own window. Handles are checked against the
 //! live set, so a stale or foreign pointer is an error, not a crash.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::os::raw::c_void;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rustccl::window::Window;
 use rustccl::Error;
@@ -29,6 +30,40 @@ struct Handle {
 
 /// Live handles, by address.
 static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// A registration asked for inside a group: it runs when the outermost group ends (as NCCL,
+/// which writes `*win` then).
+struct Deferred {
+    comm: Arc<crate::handles::CComm>,
+    buff: u64,
+    size: usize,
+    flags: u32,
+    /// Where the caller wants the handle (its `ncclWindow_t*`).
+    out: usize,
+}
+
+thread_local! {
+    static DEFERRED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Queues a registration until the group ends.
+pub fn defer(comm: Arc<crate::handles::CComm>, buff: u64, size: usize, flags: u32, out: *mut *mut c_void) {
+    DEFERRED.with(|d| d.borrow_mut().push(Deferred { comm, buff, size, flags, out: out as usize }));
+}
+
+/// At the end of the outermost group: runs the queued registrations in order, each writing
+/// its handle; the first failure is returned and the registrations after it are dropped (the
+/// other ranks' fail too, since each is collective).
+pub fn run_deferred() -> Result<(), Error> {
+    let queued = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    for q in queued {
+        let w = q.comm.comm.window_register(rustccl::backend::DevicePtr(q.buff), q.size, q.flags)?;
+        // SAFETY: the caller's ncclWindow_t*, checked non-null when it was queued and kept
+        // valid until its group ends (NCCL's contract too).
+        unsafe { *(q.out as *mut *mut c_void) = publish(w) };
+    }
+    Ok(())
+}
 
 /// A handle for `w` (to give the caller as `ncclWindow_t`).
 pub fn publish(w: Window) -> *mut c_void {

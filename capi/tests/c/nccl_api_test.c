@@ -176,6 +176,21 @@ static void test_collectives(ncclComm_t comm) {
   CHECK(ncclCommWindowDeregister(comm, w) == ncclInvalidArgument, "second deregistration refused");
   CHECK(ncclWinGetUserPtr(comm, w, &user) == ncclInvalidArgument, "user pointer of a deregistered window refused");
   OK(ncclCommWindowDeregister(comm, NULL));
+  /* Inside a group, registrations run (and write the handle) when the group ends. */
+  ncclWindow_t g1 = NULL, g2 = NULL;
+  OK(ncclGroupStart());
+  OK(ncclCommWindowRegister(comm, sym, 4096, &g1, NCCL_WIN_DEFAULT));
+  OK(ncclGroupStart());
+  OK(ncclCommWindowRegister(comm, (char*)sym + 4096, 4096, &g2, NCCL_WIN_COLL_SYMMETRIC));
+  OK(ncclGroupEnd());
+  CHECK(g1 == NULL && g2 == NULL, "handles written before the outermost group ended");
+  OK(ncclAllReduce(sym, sym, 4, ncclFloat, ncclSum, comm, NULL));
+  OK(ncclGroupEnd());
+  CHECK(g1 != NULL && g2 != NULL && g1 != g2, "handles written at the group's end");
+  OK(ncclWinGetUserPtr(comm, g2, &user));
+  CHECK(user == (void*)((char*)sym + 4096), "deferred window's user pointer");
+  OK(ncclCommWindowDeregister(comm, g2));
+  OK(ncclCommWindowDeregister(comm, g1));
   OK(ncclMemFree(sym));
   free(a), free(b), free(ia), free(ib);
 }

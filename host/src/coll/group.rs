@@ -41,7 +41,7 @@ pub fn group_start() {
 }
 
 /// The calling thread's group depth (0: not in a group).
-pub(crate) fn depth() -> u32 {
+pub fn depth() -> u32 {
     GROUP.with(|g| g.borrow().depth)
 }
 

@@ -26,7 +26,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::{DataType, RedOp};
 
-pub use group::{group_end, group_start, group_simulate_end};
+pub use group::{depth as group_depth, group_end, group_start, group_simulate_end};
 
 /// The bytes of `count` elements of `dtype`, `times` over (the ranks of an AllGather output or
 /// a ReduceScatter input); an invalid argument when that is more than any buffer can hold
