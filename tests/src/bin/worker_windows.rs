@@ -122,6 +122,8 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
     comm.barrier()?;
     let victim = nranks - 1;
     if rank == victim {
+        // Long enough for every rank to leave the barrier (its last messages) first.
+        std::thread::sleep(std::time::Duration::from_millis(300));
         // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         std::thread::sleep(std::time::Duration::from_secs(60));
@@ -132,7 +134,7 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
         println!("ERROR InternalError rank {rank} windows-peer-death: still waiting after 40 s (hang)");
         std::process::exit(3);
     });
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(600));
     let seen = read_u64(w.peer_ptr(victim as usize, 0)?);
     check(seen == 500 + victim as u64, || format!("the dead rank's window holds {seen}"))?;
     let t0 = std::time::Instant::now();
