@@ -149,6 +149,7 @@ impl Capabilities {
     /// H200s over NVLink, per channel: LL needs no fence nor counter round trip but moves half
     /// its bytes as flags; LL128 loses 1/16; Simple waits for a counter at each step.
     pub fn gpu() -> Capabilities {
+        let p2p_channels = max_p2p_channels().unwrap_or(32);
         Capabilities {
             host_addressable: false,
             // Per channel: bus bandwidth measured with one channel on an H200 (session 6,
@@ -169,8 +170,8 @@ impl Capabilities {
             // (measured on one H200, 2 ranks, session 7: sendrecv 1 GiB 254 / 393 / 487 GB/s
             // with 8 / 16 / 32); NCCL_MAX_P2P_NCHANNELS (1 to 32) sets both limits.
             p2p_channel_bytes: 1 << 20,
-            p2p_max_channels: max_p2p_channels().unwrap_or(32),
-            p2p_channel_budget: max_p2p_channels().unwrap_or(32),
+            p2p_max_channels: p2p_channels,
+            p2p_channel_budget: p2p_channels,
             // NCCL_BUFFSIZE over RUSTCCL_SIMPLE_STEPS (4 MiB in 1 MiB slots unless set).
             slot_bytes: gpu_slot_bytes(),
             ll_slot_bytes: 64 << 10,
@@ -232,6 +233,11 @@ pub struct SimpleFifo {
 }
 
 impl SimpleFifo {
+    /// Bytes of all the slots.
+    pub fn bytes(&self) -> usize {
+        self.steps * self.slot_bytes
+    }
+
     /// NCCL's Simple buffer: 4 MiB per connection.
     pub const DEFAULT_BUFFER: usize = 4 << 20;
     /// Slots the buffer is cut into unless `RUSTCCL_SIMPLE_STEPS` says otherwise: 1 MiB steps

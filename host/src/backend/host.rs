@@ -120,9 +120,17 @@ impl HostBackend {
         open: fn(&std::path::Path, &str, usize) -> Result<SharedRegion>,
     ) -> Result<DevicePtr> {
         self.check_device(device, "import")?;
+        let (name, bytes) = self.share_file(handle, "import", "imports")?;
+        let region = open(&self.shm_dir, name, bytes)?;
+        self.write_memory().insert(Allocation::shared(region, Kind::Imported, Some(device)))
+    }
+
+    /// The file name and size a share handle of this backend names (`op` and `verb` for the
+    /// message about another backend's handle).
+    fn share_file<'h>(&self, handle: &'h ShareHandle, op: &str, verb: &str) -> Result<(&'h str, usize)> {
         if handle.kind() != BackendKind::Host {
             return Err(Error::invalid_argument(format!(
-                "import: the share handle was made by the {} backend; the host backend imports only its own",
+                "{op}: the share handle was made by the {} backend; the host backend {verb} only its own",
                 handle.kind()
             )));
         }
@@ -130,8 +138,7 @@ impl HostBackend {
             .map_err(|_| Error::invalid_argument("invalid share handle: the file name is not UTF-8"))?;
         let bytes = usize::try_from(handle.bytes())
             .map_err(|_| Error::invalid_argument(format!("invalid share handle: {} bytes", handle.bytes())))?;
-        let region = open(&self.shm_dir, name, bytes)?;
-        self.write_memory().insert(Allocation::shared(region, Kind::Imported, Some(device)))
+        Ok((name, bytes))
     }
 
     fn check_device(&self, device: usize, op: &str) -> Result<()> {

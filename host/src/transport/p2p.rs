@@ -12,20 +12,14 @@ use crate::backend::{DevicePtr, ShareHandle};
 use crate::error::Result;
 use crate::program::Link;
 
-/// Device memory of a P2P connection's Simple slots.
-fn simple_bytes() -> usize {
-    let f = gpu_simple_fifo();
-    f.steps * f.slot_bytes
-}
-
 /// Device memory of a P2P connection's slots.
 pub fn p2p_slots_bytes() -> usize {
-    simple_bytes() + fifo::STEPS * (GPU_LL_SLOT_BYTES + GPU_LL128_SLOT_BYTES)
+    gpu_simple_fifo().bytes() + fifo::STEPS * (GPU_LL_SLOT_BYTES + GPU_LL128_SLOT_BYTES)
 }
 
 /// Where a P2P connection's LL and LL128 slots start, given its first (Simple) slot.
 pub fn p2p_protocol_slots(slots: u64) -> (u64, u64) {
-    let ll = slots + simple_bytes() as u64;
+    let ll = slots + gpu_simple_fifo().bytes() as u64;
     (ll, ll + (fifo::STEPS * GPU_LL_SLOT_BYTES) as u64)
 }
 

@@ -97,8 +97,7 @@ impl Transport for PinnedShm {
 
 /// Bytes of a pinned FIFO: the header and the Simple slots.
 fn pinned_bytes() -> usize {
-    let f = gpu_simple_fifo();
-    fifo::header_bytes() + f.steps * f.slot_bytes
+    fifo::header_bytes() + gpu_simple_fifo().bytes()
 }
 
 /// A pinned FIFO over shared host memory `host_mem` (exported here or imported), registered

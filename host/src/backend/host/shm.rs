@@ -188,26 +188,13 @@ impl SharedRegion {
     /// Maps the first `bytes` bytes of the file `name` in `dir` that another
     /// [`SharedRegion::create`] made.
     pub fn open(dir: &Path, name: &str, bytes: usize) -> Result<SharedRegion> {
-        validate_name(name)?;
-        let path = dir.join(name);
-        let file = match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::invalid_argument(format!(
-                    "shared memory {} does not exist (already freed by its exporter, or exported \
-                     on another host?)",
-                    path.display()
-                )))
-            }
-            Err(e) => return Err(Error::io(format!("opening shared memory {}", path.display()), &e)),
-        };
-        let size = file.metadata().map_err(|e| Error::io(format!("reading the size of {}", path.display()), &e))?.len();
-        if size < bytes as u64 {
-            return Err(Error::invalid_argument(format!(
-                "shared memory {} holds {size} bytes, but the handle says {bytes}",
+        let (file, path) = open_file(dir, name, bytes, |path| {
+            Error::invalid_argument(format!(
+                "shared memory {} does not exist (already freed by its exporter, or exported \
+                 on another host?)",
                 path.display()
-            )));
-        }
+            ))
+        })?;
         let region = map(&file, bytes, &path, name)?;
         tracing::debug!(target: "SHM", "imported {} ({bytes} bytes)", path.display());
         Ok(region)
@@ -251,6 +238,26 @@ impl Drop for SharedRegion {
         }
         // `map` unmaps when it drops, after this.
     }
+}
+
+/// Opens the file `name` in `dir` that a [`SharedRegion::create`] made, checking it holds at
+/// least `bytes`; `missing` is the error when it does not exist (any more).
+pub fn open_file(dir: &Path, name: &str, bytes: usize, missing: impl FnOnce(&Path) -> Error) -> Result<(File, PathBuf)> {
+    validate_name(name)?;
+    let path = dir.join(name);
+    let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing(&path)),
+        Err(e) => return Err(Error::io(format!("opening shared memory {}", path.display()), &e)),
+    };
+    let size = file.metadata().map_err(|e| Error::io(format!("reading the size of {}", path.display()), &e))?.len();
+    if size < bytes as u64 {
+        return Err(Error::invalid_argument(format!(
+            "shared memory {} holds {size} bytes, but the handle says {bytes}",
+            path.display()
+        )));
+    }
+    Ok((file, path))
 }
 
 fn map(file: &File, bytes: usize, path: &Path, name: &str) -> Result<SharedRegion> {

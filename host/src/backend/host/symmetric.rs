@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 
 use super::memory::{Allocation, Kind};
-use super::shm::validate_name;
+use super::shm::open_file;
 use super::HostBackend;
 use crate::backend::{BackendKind, DevicePtr, ShareHandle, SymmetricMemory};
 use crate::error::{Error, Result};
@@ -88,41 +88,19 @@ fn inside_space(b: &HostBackend, at: u64, bytes: usize) -> bool {
 
 pub fn map_shared_at(b: &HostBackend, device: usize, handle: &ShareHandle, at: DevicePtr) -> Result<()> {
     b.check_device(device, "map_shared_at")?;
-    if handle.kind() != BackendKind::Host {
-        return Err(Error::invalid_argument(format!(
-            "map_shared_at: the share handle was made by the {} backend; the host backend maps only its own",
-            handle.kind()
-        )));
-    }
-    let name = std::str::from_utf8(handle.payload())
-        .map_err(|_| Error::invalid_argument("invalid share handle: the file name is not UTF-8"))?;
-    validate_name(name)?;
-    let bytes = usize::try_from(handle.bytes())
-        .map_err(|_| Error::invalid_argument(format!("invalid share handle: {} bytes", handle.bytes())))?;
+    let (name, bytes) = b.share_file(handle, "map_shared_at", "maps")?;
     let page = 4096u64;
     if at.0 % page != 0 || !inside_space(b, at.0, bytes) {
         return Err(Error::invalid_argument(format!(
             "map_shared_at({at}, {bytes} bytes): not a page-aligned range of a reserved space"
         )));
     }
-    let path = b.shm_dir.join(name);
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::remote(format!(
-                "the shared memory {} of a peer's window is gone (freed, or its process ended)",
-                path.display()
-            ))
-        } else {
-            Error::io(format!("opening {}", path.display()), &e)
-        }
-    })?;
-    let size = file.metadata().map_err(|e| Error::io(format!("reading the size of {}", path.display()), &e))?.len();
-    if size < bytes as u64 {
-        return Err(Error::invalid_argument(format!(
-            "shared memory {} holds {size} bytes, but the handle says {bytes}",
+    let (file, path) = open_file(&b.shm_dir, name, bytes, |path| {
+        Error::remote(format!(
+            "the shared memory {} of a peer's window is gone (freed, or its process ended)",
             path.display()
-        )));
-    }
+        ))
+    })?;
     let mut table = b.write_memory();
     if let Some((other, _)) = table.first_in(at.0, at.0 + bytes as u64) {
         return Err(Error::invalid_usage(format!("map_shared_at({at}): the range is already mapped (at {other:#x})")));

@@ -230,7 +230,7 @@ mod tests {
                 let c = conns[e.send[0] as usize];
                 assert_eq!(c.flags, k::CONN_SEND | k::CONN_LINES_WHOLE, "the P2P send end");
                 assert_eq!(c.header, 0x10_0000_0000);
-                assert_eq!(c.ll_slots, c.slots + (gpu_simple_fifo().steps * gpu_slot_bytes()) as u64);
+                assert_eq!(c.ll_slots, c.slots + gpu_simple_fifo().bytes() as u64);
                 assert_eq!(c.simple_steps as usize, gpu_simple_fifo().steps);
                 assert_eq!(c.ll128_slots, c.ll_slots + (STEPS * GPU_LL_SLOT_BYTES) as u64);
             }
