@@ -194,6 +194,23 @@ pub fn assert_all_ok(outcomes: &[Outcome]) {
     }
 }
 
+/// For a scenario where rank `victim` is killed: panics unless it died and every other rank
+/// succeeded with one `RESULT` line; those lines.
+pub fn survivor_results(outcomes: &[Outcome], victim: i32) -> Vec<&str> {
+    let mut out = Vec::new();
+    for o in outcomes {
+        if o.rank == victim {
+            assert!(!o.ok(), "the victim should have died: {o:?}");
+            continue;
+        }
+        assert!(o.ok(), "rank {} failed: {o:?}", o.rank);
+        let r = o.results();
+        assert!(r.len() == 1, "rank {}: {r:?}", o.rank);
+        out.push(r[0]);
+    }
+    out
+}
+
 /// Ids as the worker takes them: hex, comma-separated.
 pub fn ids_arg(ids: &[rustccl::UniqueId]) -> String {
     ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>().join(",")
