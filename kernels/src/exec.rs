@@ -176,6 +176,24 @@ abi_constants! {
     /// `ExecControl::error`: a step's protocol is not one the launched entry point was built
     /// for (`expected` is the entry's protocol mask, `got` the step's protocol).
     EXEC_ERR_PROTO: u32 = 3 => RUSTCCL_EXEC_ERR_PROTO "u";
+
+    /// Symmetric kernels (`symmetric.h`): threads per block.
+    SYM_THREADS: u32 = 512 => RUSTCCL_SYM_THREADS "";
+    /// Symmetric kernels: blocks of one launch at most.
+    SYM_MAX_BLOCKS: u32 = 32 => RUSTCCL_SYM_MAX_BLOCKS "";
+    /// Symmetric resource memory: byte offset of the launch epoch (u32; the next u32 counts
+    /// the blocks that finished the launch).
+    SYM_RES_EPOCH: u64 = 0 => RUSTCCL_SYM_RES_EPOCH "ull";
+    /// Symmetric resource memory: byte offset of the barrier inboxes, u32
+    /// `[SYM_MAX_BLOCKS][nranks]`: rank p's arrival for block b is at `b * nranks + p`.
+    SYM_RES_INBOX: u64 = 128 => RUSTCCL_SYM_RES_INBOX "ull";
+    /// Symmetric resource memory: byte offset of the one-shot LL scratch (two halves, by the
+    /// epoch's parity, each cut into one region per source rank).
+    SYM_RES_LL: u64 = 1 << 20 => RUSTCCL_SYM_RES_LL "ull";
+    /// Symmetric resource memory: bytes of one half of the LL scratch.
+    SYM_LL_HALF: u64 = 4 << 20 => RUSTCCL_SYM_LL_HALF "ull";
+    /// Symmetric resource memory: bytes per rank in all.
+    SYM_RES_BYTES: u64 = 10 << 20 => RUSTCCL_SYM_RES_BYTES "ull";
 }
 
 /// Bytes a step of `bytes` payload bytes occupies in a slot with protocol `proto`.
@@ -279,6 +297,30 @@ abi_structs! {
         pub dst: u64,
         pub scalar: u64,
         pub scalar_ptr: u64,
+    }
+
+    /// The parameter of the symmetric kernels (`symmetric.h`). Addresses are this rank's in
+    /// the communicator's flat window range: rank r's copy of one is `addr + (r - rank) *
+    /// stride`.
+    pub struct SymArgs => RustcclSymArgs {
+        /// The send buffer (flat range; the one-shot LL kernel reads only its own).
+        pub send: u64,
+        /// The receive buffer (flat range).
+        pub recv: u64,
+        /// The resource memory (flat range): epoch, barrier inboxes, LL scratch.
+        pub res: u64,
+        pub stride: u64,
+        /// all_reduce: the bytes of the buffer; all_gather and reduce_scatter: the bytes of
+        /// one rank's part.
+        pub bytes: u64,
+        /// PreMulSum: the scalar's bits (or its address in `scalar_ptr`); SumPostDiv: the divisor.
+        pub scalar: u64,
+        pub scalar_ptr: u64,
+        pub divisor: u64,
+        /// The control block (`ExecControl`: the abort flag is polled while waiting).
+        pub control: u64,
+        pub rank: u32,
+        pub nranks: u32,
     }
 
     /// The kernel's one parameter.

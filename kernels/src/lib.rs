@@ -37,6 +37,7 @@ use std::sync::OnceLock;
 use sha2::{Digest, Sha256};
 
 pub mod exec;
+pub mod symmetric;
 
 /// The device sources as (file name, text), in include order: the headers, then
 /// the kernel files that include them. The names are the ones used in
@@ -59,6 +60,7 @@ pub fn sources() -> &'static [(&'static str, &'static str)] {
             ("proto_simple.h", include_str!("device/proto_simple.h")),
             ("proto_ll.h", include_str!("device/proto_ll.h")),
             ("proto_ll128.h", include_str!("device/proto_ll128.h")),
+            ("symmetric.h", include_str!("device/symmetric.h")),
             (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
         ];
         let dir = std::env::var_os(SOURCE_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from);

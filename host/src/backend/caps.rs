@@ -55,6 +55,9 @@ pub struct Capabilities {
     /// program image in device memory, its kernel), so a call checks its buffers and
     /// launches.
     pub plan_cache: bool,
+    /// Collectives on buffers in symmetric windows run the symmetric kernels
+    /// (`coll::symmetric`), which read and write the peers' windows directly.
+    pub symmetric_kernels: bool,
     /// NCCL's channel rule (`thread_threshold` non-zero): channels are dropped while the
     /// operation has fewer than channels x threads x threshold bytes. Bytes per thread, per
     /// protocol (LL, LL128, Simple); the ring's LL threshold is multiplied by the rank count,
@@ -139,6 +142,7 @@ impl Capabilities {
             ring_simple_fallback: false,
             one_shot_ll: true,
             plan_cache: true,
+            symmetric_kernels: false,
             thread_threshold: [0; 3],
             channel_threads: 1,
             p2p_ll_bytes: 0,
@@ -179,6 +183,7 @@ impl Capabilities {
             ring_simple_fallback: true,
             one_shot_ll: false,
             plan_cache: true,
+            symmetric_kernels: true,
             // NCCL's thresholds: 8 bytes per thread for LL (times the ranks) and LL128, 64
             // for Simple.
             thread_threshold: [8, 8, 64],

@@ -21,6 +21,7 @@
 
 pub mod caps;
 pub mod cuda;
+pub mod fdpass;
 pub mod handle;
 pub mod host;
 pub mod share;
@@ -273,6 +274,20 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
 
     // ---- symmetric memory (windows, `crate::window`) ----
 
+    /// Free and total bytes of `device`'s memory (`cuMemGetInfo`), where the backend knows
+    /// them; `None` on the host backend.
+    fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {
+        let _ = device;
+        Ok(None)
+    }
+
+    /// Allocates `bytes` of memory on `device` that windows can be made of (`ncclMemAlloc`):
+    /// shareable, and mappable at a fixed address of a reserved space by every process of the
+    /// host. [`free`](DeviceBackend::free) it like any allocation.
+    fn alloc_symmetric(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
+        self.alloc_shareable(device, bytes).map(|(p, _)| p)
+    }
+
     /// The shareable allocation (from [`alloc_shareable`](DeviceBackend::alloc_shareable),
     /// which `ncclMemAlloc` uses) that holds `ptr`; other memory is `InvalidArgument`.
     fn symmetric_memory(&self, ptr: DevicePtr) -> Result<SymmetricMemory> {
@@ -330,6 +345,22 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
         _entry: rustccl_kernels::exec::ExecEntry,
     ) -> Result<ExecKernel> {
         Err(no_kernels("exec_kernel"))
+    }
+
+    /// Launches symmetric kernel `kernel` (`kernels/src/device/symmetric.h`) for `op` on
+    /// `dtype` with `blocks` blocks on `stream`. Device backends only.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_symmetric(
+        &self,
+        _device: usize,
+        _op: rustccl_kernels::DeviceOp,
+        _dtype: crate::types::DataType,
+        _kernel: rustccl_kernels::symmetric::SymKernel,
+        _args: &rustccl_kernels::exec::SymArgs,
+        _blocks: u32,
+        _stream: Stream,
+    ) -> Result<()> {
+        Err(no_kernels("launch_symmetric"))
     }
 
     /// Makes the memory at each of `ptrs` (an address in a connection's slots) reachable from

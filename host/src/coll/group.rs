@@ -138,6 +138,9 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     if let Some(r) = super::cache::try_one_rank(comm, &task) {
         return r;
     }
+    if let Some(r) = super::symmetric::try_run(comm, &task) {
+        return r;
+    }
     if let Some(r) = super::cache::try_run(comm, &task) {
         return r;
     }

@@ -19,8 +19,23 @@ impl Communicator {
         self.run("window_register", |bs| {
             let allgather = |m: &[u8]| bs.allgather(m);
             let x = Exchange { rank, nranks, device, backend: self.backend(), allgather: &allgather };
-            self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).register(&x, ptr, bytes, flags)
+            let mut windows = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner());
+            let w = windows.register(&x, ptr, bytes, flags)?;
+            // Every rank registered with the same flags (checked), so every rank makes the
+            // symmetric kernels' memory here, or none does.
+            if flags & crate::window::WIN_COLL_SYMMETRIC != 0 && self.backend().capabilities().symmetric_kernels {
+                if let Err(e) = windows.ensure_resources(&x) {
+                    tracing::warn!(target: "INIT", "rank {rank}: collectives on symmetric windows will take the usual kernels: {}", e.message);
+                }
+            }
+            Ok(w)
         })
+    }
+
+    /// Where a collective on `send` and `recv` finds them for the symmetric kernels: both
+    /// in `WIN_COLL_SYMMETRIC` windows of this communicator (`None` otherwise).
+    pub(crate) fn symmetric_place(&self, send: DevicePtr, send_bytes: usize, recv: DevicePtr, recv_bytes: usize) -> Option<crate::window::SymmetricPlace> {
+        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).symmetric_place(send, send_bytes, recv, recv_bytes)
     }
 
     /// `ncclCommWindowDeregister`: this rank stops using `window` (local, as NCCL; the memory

@@ -144,6 +144,20 @@ pub struct Windows {
     mems: Vec<Mem>,
     windows: HashMap<u64, Window>,
     next_id: u64,
+    /// The symmetric kernels' memory (epoch, barriers, LL scratch): its allocation and its
+    /// window, made with the first `WIN_COLL_SYMMETRIC` window where the backend has
+    /// symmetric kernels, released with the communicator.
+    resources: Option<(DevicePtr, Window)>,
+}
+
+/// Where a symmetric collective finds its buffers and memory (this rank's addresses in the
+/// flat range; rank r's are `+ (r - rank) * stride`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SymmetricPlace {
+    pub send: u64,
+    pub recv: u64,
+    pub res: u64,
+    pub stride: u64,
 }
 
 /// The exchange message: whether the allocation is mapped already, its span, its handle.
@@ -158,22 +172,29 @@ impl Windows {
     /// Registers `bytes` at `ptr` as a window (collective: every rank calls it, in the same
     /// order as its other registrations).
     pub fn register(&mut self, x: &Exchange, ptr: DevicePtr, bytes: usize, flags: u32) -> Result<Window> {
-        if ptr.0 == 0 || bytes == 0 {
-            return Err(Error::invalid_argument(format!(
-                "a window needs a buffer and a size (got {ptr}, {bytes} bytes)"
-            )));
-        }
-        if flags & !WIN_COLL_SYMMETRIC != 0 {
-            return Err(Error::invalid_argument(format!(
-                "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0) and NCCL_WIN_COLL_SYMMETRIC (1) exist"
-            )));
-        }
+        self.register_attempt(x, Ok(ptr), bytes, flags)
+    }
+
+    /// As [`register`](Windows::register), for a buffer this rank may have failed to get:
+    /// every rank takes part in the exchange, so a rank's failure is every rank's error.
+    fn register_attempt(&mut self, x: &Exchange, ptr: Result<DevicePtr>, bytes: usize, flags: u32) -> Result<Window> {
         // What this rank holds; its problems are reported to every rank through the exchange
         // (so that none waits for a rank that gave up).
-        let local = self.local_part(x, ptr, bytes);
+        let local = ptr.and_then(|ptr| {
+            if ptr.0 == 0 || bytes == 0 {
+                return Err(Error::invalid_argument(format!("a window needs a buffer and a size (got {ptr}, {bytes} bytes)")));
+            }
+            if flags & !WIN_COLL_SYMMETRIC != 0 {
+                return Err(Error::invalid_argument(format!(
+                    "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0) and NCCL_WIN_COLL_SYMMETRIC (1) exist"
+                )));
+            }
+            self.local_part(x, ptr, bytes).map(|(mem, known)| (ptr, mem, known))
+        });
         let mut msg = vec![0u8; MSG_BYTES];
+        msg[4..8].copy_from_slice(&flags.to_le_bytes());
         match &local {
-            Ok((mem, known)) => {
+            Ok((_, mem, known)) => {
                 msg[0] = if known.is_some() { 2 } else { 1 };
                 msg[8..16].copy_from_slice(&(mem.bytes as u64).to_le_bytes());
                 msg[16..].copy_from_slice(&mem.handle.to_bytes());
@@ -181,10 +202,16 @@ impl Windows {
             Err(_) => msg[0] = 0,
         }
         let all = (x.allgather)(&msg)?;
-        let (mem, known) = local?;
+        let (ptr, mem, known) = local?;
         if let Some(r) = all.iter().position(|m| m.len() != MSG_BYTES || m[0] == 0) {
             return Err(Error::remote(format!(
                 "rank {r} could not register its part of the window (its log says why)"
+            )));
+        }
+        if let Some(r) = all.iter().position(|m| m[4..8] != flags.to_le_bytes()) {
+            return Err(Error::invalid_usage(format!(
+                "rank {r} registered this window with other flags than rank {} ({flags:#x}): every rank must give the same flags",
+                x.rank
             )));
         }
         if all.iter().any(|m| (m[0] == 2) != known.is_some()) {
@@ -329,9 +356,60 @@ impl Windows {
         first.map_or(Ok(()), Err)
     }
 
+    /// Makes the symmetric kernels' memory if this communicator has none yet (collective:
+    /// every rank calls it after the same registration, so a rank's failure is every rank's
+    /// and all of them go on without it).
+    pub fn ensure_resources(&mut self, x: &Exchange) -> Result<()> {
+        if self.resources.is_some() {
+            return Ok(());
+        }
+        let bytes = rustccl_kernels::exec::SYM_RES_BYTES as usize;
+        let alloc = x.backend.alloc_symmetric(x.device, bytes).and_then(|p| {
+            let zeroed = x.backend.memset(p, 0, bytes, crate::backend::Stream::DEFAULT).and_then(|_| x.backend.synchronize(crate::backend::Stream::DEFAULT));
+            zeroed.map(|_| p).inspect_err(|_| {
+                let _ = x.backend.free(p);
+            })
+        });
+        let local = alloc.as_ref().ok().copied();
+        match self.register_attempt(x, alloc, bytes, 0) {
+            Ok(w) => {
+                self.windows.remove(&w.id);
+                self.resources = Some((local.expect("registered"), w));
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(p) = local {
+                    let _ = x.backend.free(p);
+                }
+                Err(e.context("making the symmetric kernels' memory"))
+            }
+        }
+    }
+
+    /// The flat-range addresses of `send` and `recv` (`send_bytes`, `recv_bytes` long) when
+    /// both lie in `WIN_COLL_SYMMETRIC` windows and the symmetric kernels' memory exists.
+    pub fn symmetric_place(&self, send: DevicePtr, send_bytes: usize, recv: DevicePtr, recv_bytes: usize) -> Option<SymmetricPlace> {
+        let (_, res) = self.resources.as_ref()?;
+        let flat = |p: DevicePtr, bytes: usize| {
+            self.windows.values().find_map(|w| {
+                let inside = w.flags & WIN_COLL_SYMMETRIC != 0
+                    && p.0 >= w.user.0
+                    && p.0 + bytes as u64 <= w.user.0 + w.bytes as u64;
+                inside.then(|| w.base + w.rank as u64 * w.stride + w.offset + (p.0 - w.user.0))
+            })
+        };
+        Some(SymmetricPlace {
+            send: flat(send, send_bytes)?,
+            recv: flat(recv, recv_bytes)?,
+            res: res.base + res.rank as u64 * res.stride + res.offset,
+            stride: res.stride,
+        })
+    }
+
     /// Unmaps everything and gives the range back (the communicator is going away).
     pub fn release(&mut self) {
         self.windows.clear();
+        let resources = self.resources.take();
         let Some(r) = self.reserved.take() else { return };
         for m in self.mems.drain(..) {
             for at in m.mapped {
@@ -342,6 +420,11 @@ impl Windows {
         }
         if let Err(e) = r.backend.release_space(DevicePtr(r.base), r.bytes) {
             tracing::warn!(target: "INIT", "releasing the windows' address space: {}", e.message);
+        }
+        if let Some((p, _)) = resources {
+            if let Err(e) = r.backend.free(p) {
+                tracing::warn!(target: "INIT", "freeing the symmetric kernels' memory: {}", e.message);
+            }
         }
     }
 }

@@ -575,3 +575,6 @@ RUSTCCL_ENTRY(rustccl_exec, (1u << RUSTCCL_PROTO_SIMPLE) | (1u << RUSTCCL_PROTO_
 RUSTCCL_ENTRY(rustccl_exec_simple, 1u << RUSTCCL_PROTO_SIMPLE)
 RUSTCCL_ENTRY(rustccl_exec_ll, 1u << RUSTCCL_PROTO_LL)
 RUSTCCL_ENTRY(rustccl_exec_ll128, 1u << RUSTCCL_PROTO_LL128)
+
+// The symmetric kernels (peers' windows, no FIFO), built for the same operator and type.
+#include "symmetric.h"

@@ -1120,7 +1120,21 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
         .unwrap_or(GUARD);
     let be = comm.backend().clone();
     let dev = comm.device()? as usize;
-    let bufs = Bufs { a: be.alloc(dev, need)?, b: be.alloc(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need };
+    // COLL_WINDOWS=1: both buffers are symmetric windows (ncclMemAlloc memory registered with
+    // NCCL_WIN_COLL_SYMMETRIC), so collectives that have symmetric kernels take them.
+    let windows = std::env::var("COLL_WINDOWS").is_ok_and(|v| v == "1");
+    let bufs = if windows {
+        Bufs { a: be.alloc_symmetric(dev, need)?, b: be.alloc_symmetric(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
+    } else {
+        Bufs { a: be.alloc(dev, need)?, b: be.alloc(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
+    };
+    let wins = if windows {
+        let flags = rustccl::window::WIN_COLL_SYMMETRIC;
+        vec![comm.window_register(bufs.a, need, flags)?, comm.window_register(bufs.b, need, flags)?]
+    } else {
+        Vec::new()
+    };
+    let sym_before = rustccl::coll::symmetric::launches();
     // COLL_SELFTEST=1 corrupts one expected byte of every case: every case must then fail.
     let selftest = std::env::var("COLL_SELFTEST").is_ok_and(|v| v == "1");
     let mut failed = 0;
@@ -1142,6 +1156,10 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
         }
     }
     let run_s = t1.elapsed().as_secs_f64();
+    let sym = rustccl::coll::symmetric::launches() - sym_before;
+    for w in &wins {
+        comm.window_deregister(w)?;
+    }
     for p in [bufs.a, bufs.b, bufs.scalar] {
         be.free(p)?;
     }
@@ -1157,9 +1175,10 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
         return Err(Error::internal(format!("{failed} of {} cases failed (seed {}); first: {first}", cases.len(), m.seed)));
     }
     println!(
-        "RESULT checked {} cases {elements} elements in {run_s:.2} s (total {:.2} s)",
+        "RESULT checked {} cases {elements} elements in {run_s:.2} s (total {:.2} s){}",
         cases.len(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        if windows { format!(", windows: {sym} symmetric launches") } else { String::new() }
     );
     Ok(())
 }

@@ -8,7 +8,7 @@
 //!   bad registrations (misaligned, not shareable, past the end, bad flags) are errors on
 //!   every rank with nothing left registered. `RESULT windows ok <cycles>`.
 
-use rustccl::backend::DevicePtr;
+use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
 use rustccl::window::{WIN_COLL_SYMMETRIC, WIN_DEFAULT};
 use rustccl::{CommConfig, Communicator, Error, ResultCode, UniqueId};
 
@@ -22,44 +22,61 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
 
 /// Mappings of rustccl's shared memory files in /proc/self/maps (each window maps every
 /// rank's file): what the cycles must not make grow. (All lines would also count the memory
-/// allocator's own arenas.)
-fn mappings() -> usize {
+/// allocator's own arenas.) On a GPU: the device's used memory.
+fn mappings(b: &dyn DeviceBackend, device: usize) -> usize {
+    if let Ok(Some((free, total))) = b.memory_info(device) {
+        return total - free;
+    }
     std::fs::read_to_string("/proc/self/maps").map_or(0, |s| s.lines().filter(|l| l.contains("/rustccl-")).count())
 }
 
-fn read_u64(p: DevicePtr) -> u64 {
-    // SAFETY: `p` lies in a live window mapping (checked by the caller's window bounds).
-    unsafe { std::ptr::read_volatile(p.0 as *const u64) }
+/// Reads 8 bytes at `p` (a window's address: host memory on the host backend, device memory
+/// read by a copy elsewhere).
+fn read_u64(b: &dyn DeviceBackend, p: DevicePtr) -> Result<u64, Error> {
+    if b.capabilities().host_addressable {
+        // SAFETY: `p` lies in a live window mapping (checked by the caller's window bounds).
+        return Ok(unsafe { std::ptr::read_volatile(p.0 as *const u64) });
+    }
+    let mut out = [0u8; 8];
+    b.copy_from_device(&mut out, p, Stream::DEFAULT)?;
+    Ok(u64::from_le_bytes(out))
 }
 
-fn write_u64(p: DevicePtr, v: u64) {
-    // SAFETY: as `read_u64`.
-    unsafe { std::ptr::write_volatile(p.0 as *mut u64, v) }
+fn write_u64(b: &dyn DeviceBackend, p: DevicePtr, v: u64) -> Result<(), Error> {
+    if b.capabilities().host_addressable {
+        // SAFETY: as `read_u64`.
+        unsafe { std::ptr::write_volatile(p.0 as *mut u64, v) };
+        return Ok(());
+    }
+    b.copy_to_device(p, &v.to_le_bytes(), Stream::DEFAULT)?;
+    b.synchronize(Stream::DEFAULT)
 }
 
 pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
     let b = std::sync::Arc::clone(comm.backend());
+    let b: &dyn DeviceBackend = &*b;
+    let dev = comm.device()? as usize;
     let (n, me) = (nranks as usize, rank as usize);
     let bytes = 3 << 20;
-    let (mem, _) = b.alloc_shareable(0, bytes)?;
+    let mem = b.alloc_symmetric(dev, bytes)?;
     let first = comm.window_register(mem, 4096, WIN_DEFAULT)?;
     let second = comm.window_register(DevicePtr(mem.0 + 4096), 1 << 20, WIN_COLL_SYMMETRIC)?;
     check(first.user_ptr() == mem && second.size() == 1 << 20, || format!("{first:?} {second:?}"))?;
-    write_u64(mem, 1000 + me as u64);
-    write_u64(second.user_ptr(), 2000 + me as u64);
+    write_u64(b, mem, 1000 + me as u64)?;
+    write_u64(b, second.user_ptr(), 2000 + me as u64)?;
     comm.barrier()?;
     for peer in 0..n {
-        let a = read_u64(first.peer_ptr(peer, 0)?);
-        let c = read_u64(second.peer_ptr(peer, 0)?);
+        let a = read_u64(b, first.peer_ptr(peer, 0)?)?;
+        let c = read_u64(b, second.peer_ptr(peer, 0)?)?;
         check(a == 1000 + peer as u64 && c == 2000 + peer as u64, || format!("rank {peer}'s windows hold {a}, {c}"))?;
     }
     // A store through a peer's pointer lands in the peer's buffer.
     let right = (me + 1) % n;
-    write_u64(second.peer_ptr(right, 8)?, 3000 + me as u64);
+    write_u64(b, second.peer_ptr(right, 8)?, 3000 + me as u64)?;
     comm.barrier()?;
     let left = (me + n - 1) % n;
-    let got = read_u64(DevicePtr(second.user_ptr().0 + 8));
+    let got = read_u64(b, DevicePtr(second.user_ptr().0 + 8))?;
     check(got == 3000 + left as u64, || format!("rank {left}'s store arrived as {got}"))?;
     check(second.peer_ptr(n, 0).is_err() && second.peer_ptr(0, (1 << 20) + 1).is_err(), || "bad peer pointers accepted".into())?;
     comm.window_deregister(&second)?;
@@ -67,20 +84,23 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     check(comm.window_deregister(&first).is_err(), || "a second deregistration succeeded".into())?;
 
     // Cycles: nothing left behind.
-    let before = mappings();
+    let before = mappings(b, dev);
     let cycles = 1000;
     for i in 0..cycles {
         let w = comm.window_register(DevicePtr(mem.0 + 4096 * (i % 3)), 8192, WIN_DEFAULT)?;
-        write_u64(w.user_ptr(), i as u64);
+        if i % 100 == 0 {
+            write_u64(b, w.peer_ptr((me + 1) % n, 0)?, i as u64)?;
+        }
         comm.window_deregister(&w)?;
     }
-    let after = mappings();
+    let after = mappings(b, dev);
+    println!("windows: {before} before {cycles} register/deregister cycles, {after} after ({})", if b.capabilities().host_addressable { "mappings of shared memory files" } else { "bytes of device memory in use" });
     check(after <= before, || format!("{before} mappings before {cycles} cycles, {after} after"))?;
     check(comm.window_count() == 0, || format!("{} windows left", comm.window_count()))?;
 
     // Bad registrations fail on every rank (each learns it from the exchange), and the
     // communicator goes on.
-    let plain = b.alloc(0, 8192)?;
+    let plain = b.alloc(dev, 8192)?;
     let bad: [(DevicePtr, usize, u32, ResultCode); 4] = [
         (DevicePtr(mem.0 + 100), 4096, 0, ResultCode::InvalidArgument),
         (plain, 4096, 0, ResultCode::InvalidArgument),
@@ -114,11 +134,12 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
 /// their next registration ends with `ncclRemoteError` within seconds, not a hang; then they
 /// deregister and destroy. `RESULT windows-peer-death ok <ms>`.
 pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
     let b = std::sync::Arc::clone(comm.backend());
-    let (mem, _) = b.alloc_shareable(0, 1 << 20)?;
+    let b: &dyn DeviceBackend = &*b;
+    let mem = b.alloc_symmetric(comm.device()? as usize, 1 << 20)?;
     let w = comm.window_register(mem, 4096, WIN_DEFAULT)?;
-    write_u64(mem, 500 + rank as u64);
+    write_u64(b, mem, 500 + rank as u64)?;
     comm.barrier()?;
     let victim = nranks - 1;
     if rank == victim {
@@ -135,7 +156,7 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
         std::process::exit(3);
     });
     std::thread::sleep(std::time::Duration::from_millis(600));
-    let seen = read_u64(w.peer_ptr(victim as usize, 0)?);
+    let seen = read_u64(b, w.peer_ptr(victim as usize, 0)?)?;
     check(seen == 500 + victim as u64, || format!("the dead rank's window holds {seen}"))?;
     let t0 = std::time::Instant::now();
     match comm.window_register(DevicePtr(mem.0 + 4096), 4096, WIN_DEFAULT) {

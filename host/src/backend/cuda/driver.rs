@@ -64,6 +64,17 @@ const SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    "cuMemGetInfo_v2",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemGetAllocationGranularity",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
 ];
 
 /// The names cudarc tries, in its order (`libcuda.so`, ..., `libcuda.so.1`).

@@ -10,7 +10,8 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use rustccl_kernels::DeviceOp;
 
-use rustccl_kernels::exec::{ExecArgs, ExecEntry};
+use rustccl_kernels::exec::{ExecArgs, ExecEntry, SymArgs};
+use rustccl_kernels::symmetric::SymKernel;
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::streams::raw_stream;
@@ -191,4 +192,50 @@ pub(super) fn is_capturing(b: &CudaBackend, stream: Stream) -> Result<bool> {
     // SAFETY: writes one enum.
     check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_symmetric(
+    b: &CudaBackend,
+    device: usize,
+    op: DeviceOp,
+    dtype: DataType,
+    kernel: SymKernel,
+    args: &SymArgs,
+    blocks: u32,
+    stream: Stream,
+) -> Result<()> {
+    let place = place_on(b, stream, device)?;
+    let f = b.kernels.exec(place.ctx, b.devices[device].cc, b.driver_version, op, dtype)?.sym[kernel.index()].0;
+    if f.is_null() {
+        return Err(Error::invalid_usage(format!(
+            "the kernel sources (RUSTCCL_KERNEL_SOURCE_DIR) have no symmetric kernel {}; use the built-in sources for runs with windows",
+            kernel.name()
+        )));
+    }
+    let _g = CtxGuard::enter(place.ctx)?;
+    let mut args = *args;
+    let mut params = [&mut args as *mut SymArgs as *mut c_void];
+    // SAFETY: the kernel takes one RustcclSymArgs by value (same layout, checked in
+    // rustccl_kernels::exec); the driver copies it before returning; the memory it points to
+    // (windows, resource memory, control block) stays mapped until the communicator's work
+    // is done. `f` is a CUfunction loaded in `place.ctx`, now current.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                blocks.clamp(1, rustccl_kernels::exec::SYM_MAX_BLOCKS),
+                1,
+                1,
+                rustccl_kernels::exec::SYM_THREADS,
+                1,
+                1,
+                0,
+                raw_stream(stream),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        kernel.name(),
+    )
 }

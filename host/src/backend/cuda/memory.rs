@@ -18,7 +18,7 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 
 /// What a tracked address range is.
 #[derive(Debug)]
-enum Kind {
+pub(super) enum Kind {
     /// `alloc`.
     Device,
     /// `alloc_shareable`: memory this process exported. `local_imports` counts imports of the
@@ -33,14 +33,19 @@ enum Kind {
     Registered { host: usize, refs: usize },
     /// `import` of another process's memory; `refs` imports of the same handle share it.
     Imported { handle: [u8; IPC_HANDLE_BYTES], refs: usize },
+    /// `alloc_symmetric`: a cuMem allocation (`handle`) mapped at its own reserved range,
+    /// offered to the processes of the host as a file descriptor (`ticket`).
+    Vmm { handle: u64, ticket: [u8; super::symmetric::TICKET_BYTES] },
+    /// `map_shared_at`: a (local or peer) cuMem allocation mapped inside a reserved space.
+    WindowMap,
 }
 
 #[derive(Debug)]
-struct Entry {
-    bytes: usize,
+pub(super) struct Entry {
+    pub bytes: usize,
     /// The device it belongs to (None for host memory).
-    device: Option<usize>,
-    kind: Kind,
+    pub device: Option<usize>,
+    pub kind: Kind,
 }
 
 impl Entry {
@@ -52,7 +57,7 @@ impl Entry {
 /// Tracked memory by start address.
 #[derive(Debug, Default)]
 pub(super) struct Table {
-    entries: BTreeMap<u64, Entry>,
+    pub entries: BTreeMap<u64, Entry>,
     /// Allocations the backend did not make (the caller's: PyTorch's allocator, `cudaMalloc`)
     /// that the driver confirmed once: start -> (bytes, device). A collective on the same
     /// buffers then costs no `cuPointerGetAttributes` per call (two per call were ~2 µs of a
@@ -68,7 +73,7 @@ const EXTERNAL_MAX: usize = 4096;
 
 impl Table {
     /// The live entry whose range holds `ptr..ptr+bytes`.
-    fn find(&self, ptr: DevicePtr, bytes: usize) -> Option<&Entry> {
+    pub(super) fn find(&self, ptr: DevicePtr, bytes: usize) -> Option<&Entry> {
         let (base, e) = self.entries.range(..=ptr.0).next_back()?;
         let end = ptr.0.checked_add(bytes as u64)?;
         (e.live() && end <= base + e.bytes as u64).then_some(e)
@@ -204,6 +209,13 @@ pub(super) fn free(b: &CudaBackend, ptr: DevicePtr) -> Result<()> {
         }
         Kind::Imported { .. } => {
             return Err(Error::invalid_argument(format!("free: {ptr} is imported memory; use close_import")))
+        }
+        Kind::Vmm { .. } => {
+            drop(mem);
+            return super::symmetric::free(b, ptr);
+        }
+        Kind::WindowMap => {
+            return Err(Error::invalid_argument(format!("free: {ptr} is a window mapping; use unmap_at")))
         }
     }
     let _g = CtxGuard::enter(b.primary(device.unwrap_or(0))?)?;

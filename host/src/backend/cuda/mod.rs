@@ -47,6 +47,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod ptxas;
 mod streams;
+mod symmetric;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
@@ -85,6 +86,8 @@ pub struct CudaBackend {
     /// (from, to) device pairs with peer access enabled.
     peers: Mutex<HashSet<(usize, usize)>>,
     kernels: module::Kernels,
+    /// Address ranges reserved for windows (`reserve_space`): base → bytes.
+    spaces: Mutex<std::collections::BTreeMap<u64, usize>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -157,6 +160,7 @@ impl CudaBackend {
             ctx_devices: Mutex::new(HashMap::new()),
             peers: Mutex::new(HashSet::new()),
             kernels: module::Kernels::default(),
+            spaces: Mutex::new(std::collections::BTreeMap::new()),
         })
     }
 
@@ -188,6 +192,28 @@ impl CudaBackend {
     /// The compute capability of `device` as `10 * major + minor`.
     pub fn compute_capability(&self, device: usize) -> Result<i32> {
         Ok(self.device(device, "compute_capability")?.cc)
+    }
+
+    /// The driver's handle of `device`.
+    fn device_handle(&self, device: usize) -> Result<sys::CUdevice> {
+        Ok(self.device(device, "device handle")?.handle)
+    }
+
+    fn devices_len(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Whether kernels on `from` can reach memory of `to` (false if the driver says no or fails).
+    fn can_access_peer(&self, from: usize, to: usize) -> bool {
+        let (Some(a), Some(b)) = (self.devices.get(from), self.devices.get(to)) else { return false };
+        let mut can = 0;
+        // SAFETY: writes one int.
+        let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.handle, b.handle) };
+        r == sys::CUresult::CUDA_SUCCESS && can == 1
+    }
+
+    fn spaces(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, usize>> {
+        self.spaces.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn device(&self, device: usize, op: &str) -> Result<&Device> {
@@ -348,6 +374,38 @@ impl DeviceBackend for CudaBackend {
         memory::close_import(self, ptr)
     }
 
+    fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {
+        let _g = driver::CtxGuard::enter(self.primary(device)?)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "cuMemGetInfo")?;
+        Ok(Some((free, total)))
+    }
+
+    fn alloc_symmetric(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
+        symmetric::alloc_symmetric(self, device, bytes)
+    }
+
+    fn symmetric_memory(&self, ptr: DevicePtr) -> Result<crate::backend::SymmetricMemory> {
+        symmetric::symmetric_memory(self, ptr)
+    }
+
+    fn reserve_space(&self, bytes: usize) -> Result<DevicePtr> {
+        symmetric::reserve_space(self, bytes)
+    }
+
+    fn release_space(&self, base: DevicePtr, bytes: usize) -> Result<()> {
+        symmetric::release_space(self, base, bytes)
+    }
+
+    fn map_shared_at(&self, device: usize, handle: &ShareHandle, at: DevicePtr) -> Result<()> {
+        symmetric::map_shared_at(self, device, handle, at)
+    }
+
+    fn unmap_at(&self, at: DevicePtr) -> Result<()> {
+        symmetric::unmap_at(self, at)
+    }
+
     fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
         Err(Error::invalid_usage("host_address: device memory is not host-addressable (cuda backend)"))
     }
@@ -379,6 +437,19 @@ impl DeviceBackend for CudaBackend {
 
     fn launch_exec_kernel(&self, kernel: &super::ExecKernel, args: &rustccl_kernels::exec::ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
         launch::launch_exec_kernel(self, kernel, args, blocks, stream)
+    }
+
+    fn launch_symmetric(
+        &self,
+        device: usize,
+        op: rustccl_kernels::DeviceOp,
+        dtype: crate::types::DataType,
+        kernel: rustccl_kernels::symmetric::SymKernel,
+        args: &rustccl_kernels::exec::SymArgs,
+        blocks: u32,
+        stream: Stream,
+    ) -> Result<()> {
+        launch::launch_symmetric(self, device, op, dtype, kernel, args, blocks, stream)
     }
 
     fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

@@ -20,6 +20,7 @@ use super::driver::{check, Ctx, CtxGuard};
 use super::nvrtc::{self, Nvrtc};
 use super::ptxas;
 use rustccl_kernels::exec::ExecEntry;
+use rustccl_kernels::symmetric::SymKernel;
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -46,6 +47,9 @@ pub(crate) struct Kernels {
 #[derive(Clone, Copy)]
 pub(crate) struct ExecFunc {
     pub funcs: [Func; 4],
+    /// The symmetric kernels (`rustccl_kernels::symmetric::SymKernel`, in `SymKernel::ALL`'s
+    /// order; null where the sources lack them: an older exec.cu of an A/B run).
+    pub sym: [Func; 5],
     /// The most registers per thread and local memory per thread in bytes (spills and local
     /// arrays; the interpreter is written to need none) of its entry points, as the driver
     /// reports them.
@@ -130,7 +134,19 @@ impl Kernels {
             regs = regs.max(r);
             local_bytes = local_bytes.max(local);
         }
-        let e = ExecFunc { funcs, regs, local_bytes };
+        let mut sym = [Func(std::ptr::null_mut()); 5];
+        for k in SymKernel::ALL {
+            let name = CString::new(k.name()).expect("no NUL");
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: the module was just loaded and is never unloaded; writes one handle.
+            let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+            if r == sys::CUresult::CUDA_ERROR_NOT_FOUND && std::env::var_os(rustccl_kernels::SOURCE_DIR_ENV).is_some() {
+                continue;
+            }
+            check(r, &format!("cuModuleGetFunction({})", k.name()))?;
+            sym[k.index()] = Func(f);
+        }
+        let e = ExecFunc { funcs, sym, regs, local_bytes };
         Ok(*self.exec.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
     }
 }

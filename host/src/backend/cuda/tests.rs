@@ -108,6 +108,11 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
                 failures.push(format!("{what}: no ptxas report for the entry point {} in the log:\n{}", entry.name(), c.log));
             }
         }
+        for k in rustccl_kernels::symmetric::SymKernel::ALL {
+            if !c.functions.iter().any(|f| f.entry && f.name == k.name()) {
+                failures.push(format!("{what}: no ptxas report for the symmetric kernel {} in the log:\n{}", k.name(), c.log));
+            }
+        }
         for k in c.functions.iter().filter(|f| f.entry) {
             eprintln!(
                 "{what} sm_90 {}: {} registers per thread, {} bytes stack frame, {}/{} bytes spill stores/loads ({:.1} s)",
