@@ -11,7 +11,7 @@ use crate::data::{poison_byte, seed_of, Expect, Gen, Want};
 use crate::driver::{Call, Driver, Result};
 use crate::format::{self, Half, Row};
 use crate::ops::{a2av_counts, bandwidth, premul_scalar, type_name, Coll, Layout, Redop};
-use crate::opts::{JsonOut, Options};
+use crate::opts::{register_text, JsonOut, Options, REGISTER_NONE};
 
 /// The exit status of a rank whose data check found wrong elements (the launcher turns it
 /// into a plain failure without a message of its own).
@@ -87,10 +87,16 @@ pub fn run(o: &Options, drv: &mut dyn Driver) -> Result<Outcome> {
         reports_left: MAX_REPORTS,
     };
     let devices = b.header()?;
-    // Every layout fits in the largest size (nccl-tests allocates maxBytes for both).
+    // Every layout fits in the largest size (nccl-tests allocates maxBytes for both). With
+    // -R they are registered (collectively for -R 2: every rank, send then receive).
     let bytes = o.max_bytes.max(1);
-    b.send_buf = b.drv.alloc(bytes)?;
-    b.recv_buf = b.drv.alloc(bytes)?;
+    if o.local_register != REGISTER_NONE {
+        b.send_buf = b.drv.alloc_registered(bytes, o.local_register)?;
+        b.recv_buf = b.drv.alloc_registered(bytes, o.local_register)?;
+    } else {
+        b.send_buf = b.drv.alloc(bytes)?;
+        b.recv_buf = b.drv.alloc(bytes)?;
+    }
     for &coll in &o.ops {
         b.run_coll(coll)?;
     }
@@ -119,6 +125,7 @@ pub fn run(o: &Options, drv: &mut dyn Driver) -> Result<Outcome> {
                     "stepFactor": o.step_factor, "stepBytes": o.step_bytes, "iters": o.iters,
                     "warmupIters": o.warmup, "aggIters": o.agg_iters, "check": o.check,
                     "redop": o.redop_arg, "datatype": o.dtype_arg, "average": o.average.code(), "cudaGraphLaunches": o.cudagraph,
+                    "localRegister": o.local_register,
                 },
                 "results": b.rows.iter().map(format::row_json).collect::<Vec<_>>(),
                 "out_of_bounds": b.wrong_total,
@@ -196,6 +203,13 @@ impl Bench<'_> {
                 "# iters: {} per size, fewer (at least 2) where they would take over {} s; -n sets an exact count",
                 o.iters,
                 crate::opts::AUTO_BUDGET_S
+            ));
+        }
+        if o.local_register != REGISTER_NONE {
+            self.print(&format!(
+                "# local register: {} ({}, send and receive buffers)",
+                o.local_register,
+                register_text(o.local_register)
             ));
         }
         self.print("#");

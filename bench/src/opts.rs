@@ -88,6 +88,10 @@ pub struct Options {
     /// `-G`: the timed iterations are captured into a CUDA graph once and the graph is
     /// launched this many times (0: no graph, the launches are timed directly).
     pub cudagraph: usize,
+    /// `-R`: how the send and receive buffers are registered, nccl-tests' `local_register`:
+    /// [`REGISTER_NONE`], [`REGISTER_LOCAL`] (`ncclCommRegister`) or [`REGISTER_SYMMETRIC`]
+    /// (`ncclMemAlloc` + `ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC)`).
+    pub local_register: u32,
     /// None: every operator.
     pub redops: Vec<Redop>,
     pub redop_arg: String,
@@ -136,6 +140,7 @@ impl Default for Options {
             agg_iters: 1,
             check: 1,
             cudagraph: 0,
+            local_register: REGISTER_NONE,
             redops: vec![Redop::Sum],
             redop_arg: "sum".into(),
             dtypes: vec![DataType::Float32],
@@ -183,6 +188,14 @@ USAGE: rustccl-bench [op] [options]
                             time n launches of it (default 0: no graph); time per operation =
                             elapsed / (n x iters x agg_iters), as nccl-tests. CUDA only: the
                             cuda backend, or --lib without --host-memory; checks run uncaptured
+  -R, --local_register <0|1|2>
+                            how the send and receive buffers are registered, as nccl-tests
+                            (default 0: plain buffers); 1: ncclCommRegister on plain buffers
+                            (--lib only; the Rust API refuses it); 2: symmetric windows: the
+                            buffers come from ncclMemAlloc (the Rust API: the backend's
+                            alloc_symmetric) and every rank registers them, send then receive,
+                            with ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC); they are
+                            deregistered before they are freed
   -o, --op <sum|prod|min|max|avg|premulsum|mulsum|all>    reduction operator (default sum)
   -d, --datatype <type|all> int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
                             f8e4m3 f8e5m2 (also float16, float32, bf16, fp8e4m3, ...; default float)
@@ -217,6 +230,24 @@ scatter: count/nranks elements per rank). Timing: wall clock over the timed iter
 barrier, ended by a stream synchronize; busbw factors as nccl-tests. Without --lib the Rust API
 runs on the backend RUSTCCL_BACKEND names (unset: cuda when a GPU is present, else host);
 rank r uses GPU r % (GPU count).";
+
+/// `-R 0`: plain buffers.
+pub const REGISTER_NONE: u32 = 0;
+/// `-R 1`: plain buffers registered with `ncclCommRegister` (local registration).
+pub const REGISTER_LOCAL: u32 = 1;
+/// `-R 2`: `ncclMemAlloc` buffers registered as symmetric windows (`ncclCommWindowRegister`
+/// with `NCCL_WIN_COLL_SYMMETRIC`).
+pub const REGISTER_SYMMETRIC: u32 = 2;
+
+/// What a `-R` mode does, for the header.
+pub fn register_text(mode: u32) -> &'static str {
+    match mode {
+        REGISTER_NONE => "none",
+        REGISTER_LOCAL => "local registration: ncclCommRegister",
+        REGISTER_SYMMETRIC => "symmetric windows: ncclMemAlloc + ncclCommWindowRegister",
+        _ => "?",
+    }
+}
 
 /// The `--lib` value that names rustccl's Rust API (no C library).
 pub const RUST_API_LIB: &str = "rustccl";
@@ -439,6 +470,8 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "--check",
             "-G",
             "--cudagraph",
+            "-R",
+            "--local_register",
             "-o",
             "--op",
             "-d",
@@ -499,6 +532,14 @@ pub fn parse(args: &[String], prog: Option<&str>) -> Result<Options, String> {
             "-m" | "--agg_iters" => o.agg_iters = parse_count(&flag, v, 1)?,
             "-c" | "--check" => o.check = parse_count(&flag, v, 0)?,
             "-G" | "--cudagraph" => o.cudagraph = parse_count(&flag, v, 0)?,
+            "-R" | "--local_register" => {
+                o.local_register = match parse_int(&flag, v)? {
+                    0 => REGISTER_NONE,
+                    1 => REGISTER_LOCAL,
+                    2 => REGISTER_SYMMETRIC,
+                    _ => return err(format!("{flag} {v}: one of 0 (plain buffers), 1 (ncclCommRegister), 2 (symmetric windows)")),
+                }
+            }
             "-o" | "--op" => {
                 o.redops = parse_redops(v)?;
                 o.redop_arg = v.to_string();

@@ -190,6 +190,9 @@ fn sweep_args(o: &Options, coll: Coll, report: &Path) -> Vec<String> {
     if o.timeout_s > 0 {
         a.extend(["-T".into(), o.timeout_s.to_string()]);
     }
+    if o.local_register != 0 {
+        a.extend(["-R".into(), o.local_register.to_string()]);
+    }
     if let Some(l) = &o.lib {
         a.extend(["--lib".into(), l.clone()]);
     }

@@ -87,6 +87,13 @@ fn c_abi_driver_against_a_one_rank_library() {
         se.contains("ncclCommInitRank(nranks 1, rank 0) failed: internal error (mock)"),
         "{se}"
     );
+    // -R needs functions the stand-in does not export: said before anything runs.
+    for (mode, name) in [(2, "ncclMemAlloc"), (1, "ncclCommRegister")] {
+        let out = bench(&lib, &format!("all_reduce -N 1 -b 8 -e 8 -n 1 -R {mode}")).output().unwrap();
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{se}");
+        assert!(se.contains(&format!("-R {mode} (")) && se.contains(&format!("needs {name}, which {} does not export", lib.display())), "{se}");
+    }
     let _ = std::fs::remove_dir_all(lib.parent().unwrap());
 }
 

@@ -306,3 +306,49 @@ fn cudagraph_without_cuda_is_a_clear_error() {
     assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
     assert!(so.contains("graph: 0"), "{so}");
 }
+
+/// `-R 2`: the send and receive buffers are symmetric windows (the backend's symmetric memory
+/// through the Rust API; ncclMemAlloc + ncclCommWindowRegister through rustccl's C library);
+/// `-R 1`: ncclCommRegister through the C library, refused by the Rust API.
+#[test]
+fn local_register_modes_on_two_ranks() {
+    let check = |args: &str, mode: &str| {
+        let (out, so, se) = run(bench(args));
+        assert!(out.status.success(), "{args}: status {:?}\nstdout:\n{so}\nstderr:\n{se}", out.status);
+        assert!(so.contains(&format!("\n# local register: {mode}")), "{so}");
+        let r = rows(&so);
+        assert_eq!(r.len(), 9, "8 B to 1 MiB in steps of 4: {so}");
+        for c in &r {
+            assert_eq!((c[8].as_str(), c[12].as_str()), ("0", "0"), "{c:?}");
+        }
+        assert!(so.contains("# Out of bounds values : 0 OK"), "{so}");
+        so
+    };
+    let dir = std::env::temp_dir().join(format!("rustccl-bench-register-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("out.json");
+    check(&format!("-R 2 -N 2 -b 8 -e 1M -f 4 -c 1 -n 2 -w 1 -J {}", path.display()), "2 (symmetric windows: ncclMemAlloc + ncclCommWindowRegister, send and receive buffers)");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(j["params"]["localRegister"], 2);
+    let _ = std::fs::remove_dir_all(&dir);
+    // Several operations on the windows, in and out of place.
+    let (out, so, se) = run(bench("all -R 2 -N 2 -b 64 -e 4K -f 64 -n 1 -w 0 -r all"));
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("# Out of bounds values : 0 OK"), "{so}");
+    // Without -R: no line, and 0 in the JSON.
+    let (out, so, se) = run(bench("-N 2 -b 64 -e 64 -n 1 -w 0 -J -"));
+    assert!(out.status.success(), "{se}");
+    assert!(!se.contains("# local register"), "{se}");
+    let j: serde_json::Value = serde_json::from_str(&so).unwrap_or_else(|e| panic!("{e}: {so}"));
+    assert_eq!(j["params"]["localRegister"], 0);
+
+    let lib = rustccl_c_lib();
+    check(&format!("-R 2 -N 2 -b 8 -e 1M -f 4 -c 1 -n 2 -w 1 --host-memory --lib {lib}"), "2 (symmetric windows");
+    check(&format!("-R 1 -N 2 -b 8 -e 1M -f 4 -c 1 -n 2 -w 1 --host-memory --lib {lib}"), "1 (local registration: ncclCommRegister, send and receive buffers)");
+
+    // The Rust API has no ncclCommRegister.
+    let (out, so, se) = run(bench("-R 1 -N 2 -b 8 -e 64 -n 1"));
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(se.contains("-R 1 (local registration: ncclCommRegister) is not available with rust API"), "{se}");
+    assert!(rows(&so).is_empty(), "{so}");
+}

@@ -115,6 +115,26 @@ fn cudagraph_flag() {
 }
 
 #[test]
+fn local_register_flag() {
+    assert_eq!(p("").local_register, opts::REGISTER_NONE);
+    assert_eq!(p("-R 0").local_register, 0);
+    assert_eq!(p("-R 1").local_register, opts::REGISTER_LOCAL);
+    assert_eq!(p("-R 2").local_register, opts::REGISTER_SYMMETRIC);
+    assert_eq!(p("-R2").local_register, 2);
+    assert_eq!(p("--local_register 1").local_register, 1);
+    assert_eq!(p("--local_register=2 -b 8 -e 1M").local_register, 2);
+    assert_eq!(p("-R 2 --lib /x/libnccl.so.2").local_register, 2);
+    assert!(perr("-R 3").contains("one of 0 (plain buffers), 1 (ncclCommRegister), 2 (symmetric windows)"));
+    assert!(perr("-R -1").contains("one of 0"));
+    assert!(perr("-R x").contains("not an integer"));
+    assert!(perr("-R").contains("needs a value"));
+    assert!(perr("--local-register 2").contains("unknown option"));
+    assert!(opts::USAGE.contains("-R, --local_register <0|1|2>"));
+    assert_eq!(opts::register_text(2), "symmetric windows: ncclMemAlloc + ncclCommWindowRegister");
+    assert_eq!(opts::register_text(1), "local registration: ncclCommRegister");
+}
+
+#[test]
 fn step_bytes_makes_an_additive_sweep() {
     let o = p("-b 1M -e 4M -i 1M");
     assert_eq!(o.step_factor, 1);

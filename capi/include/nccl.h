@@ -186,9 +186,9 @@ typedef struct {
   int ctx;
 } ncclWaitSignalDesc_t;
 
-/* The device API's host-side types (their device-side companions live in NVIDIA's
- * nccl_device headers); rustccl refuses device communicators until symmetric memory lands. */
-typedef struct { int nRanks; int rank; int stride; } ncclTeam_t;
+/* The device API's host-side types. nccl_device.h (rustccl's, for kernels and host C++)
+ * defines the structs: device communicators (the LSA subset) work where windows do. */
+typedef struct ncclTeam { int nRanks; int rank; int stride; } ncclTeam_t;
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
 typedef struct ncclDevComm ncclDevComm_t;
 typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;

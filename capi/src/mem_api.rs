@@ -1,7 +1,8 @@
 //! Memory (`ncclMemAlloc`, registration), symmetric windows, one-sided operations and the
-//! device API. Windows work where the backend has symmetric memory (the host backend; device
-//! backends refuse with `ncclInvalidUsage` and a message); one-sided operations and device
-//! communicators are refused the same way until they are written.
+//! device API. Windows, and device communicators (`crate::devcomm`, made of windows), work
+//! where the backend has symmetric memory (the host backend; device backends refuse with
+//! `ncclInvalidUsage` and a message); one-sided operations, GIN barriers and LL all-to-all are
+//! refused the same way until they are written.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
@@ -9,6 +10,7 @@ use std::sync::Mutex;
 use rustccl::backend::{DeviceBackend, DevicePtr};
 use rustccl::Error;
 
+use crate::devcomm::{self, DevComm, DevCommRequirements, DevResourceRequirements, LsaBarrierHandle};
 use crate::handles::{self, CommHandle};
 use crate::windows;
 use crate::{guard, guard_comm, nccl_api, NcclResult, NcclTeam};
@@ -25,7 +27,7 @@ struct Registration {
 
 /// Whether every rank of `comm` reaches every other's windows (the backend has symmetric
 /// memory, and its ranks share a host).
-fn lsa_is_world(comm: &rustccl::Communicator) -> bool {
+pub(crate) fn lsa_is_world(comm: &rustccl::Communicator) -> bool {
     let one_host = comm.host_hashes().is_ok_and(|h| h.iter().all(|x| *x == h[0]));
     one_host && comm.backend().kind() == rustccl::backend::BackendKind::Host
 }
@@ -45,7 +47,7 @@ fn peer_pointer(win: *mut c_void, offset: usize, rank: c_int, out: *mut *mut c_v
     Ok(())
 }
 
-const NOT_YET: &str = "device communicators are not supported by rustccl yet";
+const NOT_YET: &str = "GIN barriers and LL all-to-all are not supported by rustccl yet (device communicators have LSA barriers)";
 const ONE_SIDED: &str =
     "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) need symmetric memory windows, which rustccl does not support yet";
 
@@ -59,12 +61,13 @@ nccl_api! {
                 return Err(Error::invalid_argument("size is 0"));
             }
             let backend = rustccl::backend::select_backend()?;
-            let device = std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-            // Memory windows can be made of: shareable where the backend has windows.
-            let p = match backend.kind() {
-                rustccl::backend::BackendKind::Host => backend.alloc_shareable(device, size)?.0,
-                _ => backend.alloc(device, size)?,
+            // The caller's current device (cudaSetDevice), as NCCL.
+            let device = match backend.current_device()? {
+                Some(d) => usize::try_from(d).map_err(|_| Error::invalid_usage(format!("current device {d} is negative")))?,
+                None => std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             };
+            // Memory windows can be made of.
+            let p = backend.alloc_symmetric(device, size)?;
             ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).push((p.0, backend));
             // SAFETY: checked non-null.
             unsafe { *out = p.0 as *mut c_void };
@@ -140,8 +143,9 @@ nccl_api! {
                 return Ok(());
             }
             let w = c.comm.window_register(DevicePtr(buff as u64), size, flags)?;
+            let h = windows::publish(&c.comm, w)?;
             // SAFETY: checked non-null.
-            unsafe { *win = windows::publish(w) };
+            unsafe { *win = h };
             Ok(())
         })
     }
@@ -208,24 +212,22 @@ nccl_api! {
         })
     }
 
-    fn ncclDevCommCreate / pncclDevCommCreate(comm: CommHandle, _reqs: *const c_void, _out: *mut c_void) -> NcclResult {
-        guard_comm("ncclDevCommCreate", comm, || {
-            handles::get(comm, "ncclDevCommCreate")?;
-            Err(Error::invalid_usage(NOT_YET))
-        })
+    /// Collective (every rank, same requirements): the LSA subset (see `crate::devcomm`).
+    fn ncclDevCommCreate / pncclDevCommCreate(comm: CommHandle, reqs: *const DevCommRequirements, out: *mut DevComm) -> NcclResult {
+        // SAFETY: the caller's pointers (NULL is checked), as NCCL's contract.
+        guard_comm("ncclDevCommCreate", comm, || unsafe { devcomm::create(comm, reqs, out) })
     }
 
-    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: CommHandle, _dev: *const c_void) -> NcclResult {
-        guard_comm("ncclDevCommDestroy", comm, || {
-            handles::get(comm, "ncclDevCommDestroy")?;
-            Err(Error::invalid_usage(NOT_YET))
-        })
+    /// Local; a device communicator whose communicator is gone is an error (its memory freed).
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: CommHandle, dev: *const DevComm) -> NcclResult {
+        // SAFETY: the caller's pointer (NULL is checked).
+        guard_comm("ncclDevCommDestroy", comm, || unsafe { devcomm::destroy(comm, dev) })
     }
 
     fn ncclLsaBarrierCreateRequirement / pncclLsaBarrierCreateRequirement(
-        _team: NcclTeam, _n: c_int, _handle: *mut c_void, _req: *mut c_void,
+        team: NcclTeam, n: c_int, handle: *mut LsaBarrierHandle, req: *mut DevResourceRequirements,
     ) -> NcclResult {
-        guard("ncclLsaBarrierCreateRequirement", || Err(Error::invalid_usage(NOT_YET)))
+        guard("ncclLsaBarrierCreateRequirement", || devcomm::lsa_barrier_requirement(team, n, handle, req))
     }
 
     fn ncclGinBarrierCreateRequirement / pncclGinBarrierCreateRequirement(

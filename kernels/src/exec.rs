@@ -184,6 +184,9 @@ abi_constants! {
     /// Symmetric resource memory: byte offset of the launch epoch (u32; the next u32 counts
     /// the blocks that finished the launch).
     SYM_RES_EPOCH: u64 = 0 => RUSTCCL_SYM_RES_EPOCH "ull";
+    /// Symmetric resource memory: byte offset of this rank's PreMulSum scalar of the running
+    /// launch (u64), which peers read after the entry barrier (each rank scales its own input).
+    SYM_RES_SCALAR: u64 = 64 => RUSTCCL_SYM_RES_SCALAR "ull";
     /// Symmetric resource memory: byte offset of the barrier inboxes, u32
     /// `[SYM_MAX_BLOCKS][nranks]`: rank p's arrival for block b is at `b * nranks + p`.
     SYM_RES_INBOX: u64 = 128 => RUSTCCL_SYM_RES_INBOX "ull";

@@ -46,6 +46,14 @@ pub fn no_graphs(why: &str) -> String {
     format!("CUDA graphs (-G/--cudagraph) need a CUDA device and a CUDA stream: {why}")
 }
 
+/// The error of a driver that refuses `-R mode`; `why` says why (and what to change).
+pub fn no_register(mode: u32, driver: &str, why: &str) -> String {
+    format!(
+        "-R {mode} ({}) is not available with {driver}: {why}",
+        crate::opts::register_text(mode)
+    )
+}
+
 /// A way of running operations (one rank per process).
 pub trait Driver {
     /// One line saying what runs (library, backend), for the header.
@@ -57,7 +65,23 @@ pub trait Driver {
 
     /// Device memory (host memory for host-memory drivers) of `bytes` bytes (at least 1).
     fn alloc(&mut self, bytes: usize) -> Result<u64>;
+    /// Frees memory from [`alloc`](Driver::alloc) or
+    /// [`alloc_registered`](Driver::alloc_registered) (deregistering it first).
     fn free(&mut self, ptr: u64) -> Result<()>;
+    /// `-R` ([`crate::opts::Options::local_register`]): `bytes` bytes (at least 1) registered
+    /// with the communicator. `mode` [`REGISTER_LOCAL`](crate::opts::REGISTER_LOCAL): plain
+    /// memory and `ncclCommRegister`; [`REGISTER_SYMMETRIC`](crate::opts::REGISTER_SYMMETRIC):
+    /// `ncclMemAlloc` memory registered as a symmetric window, collectively (every rank makes
+    /// the same calls in the same order). [`free`](Driver::free) deregisters it first, and so
+    /// does [`finish`](Driver::finish). Mode 0 is [`alloc`](Driver::alloc). Drivers that cannot
+    /// register refuse with [`no_register`].
+    fn alloc_registered(&mut self, bytes: usize, mode: u32) -> Result<u64> {
+        if mode == crate::opts::REGISTER_NONE {
+            return self.alloc(bytes);
+        }
+        let _ = bytes;
+        Err(no_register(mode, &self.describe(), "it has no buffer registration"))
+    }
     fn upload(&mut self, dst: u64, src: &[u8]) -> Result<()>;
     fn download(&mut self, dst: &mut [u8], src: u64) -> Result<()>;
     fn memset(&mut self, dst: u64, byte: u8, bytes: usize) -> Result<()>;

@@ -2,14 +2,17 @@
 //! (host memory on the host backend). `-G` captures on rustccl's stream through the CUDA
 //! runtime ([`super::cabi::graph`]), loaded on the first capture; the cuda backend only.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rustccl::backend::{BackendKind, DeviceBackend, DevicePtr, Stream};
+use rustccl::window::{Window, WIN_COLL_SYMMETRIC};
 use rustccl::{CommConfig, Communicator, ReduceOp, Scalar, UniqueId};
 
 use super::cabi::{CudaApi, CudaStream};
-use super::{no_graphs, Call, Driver, GraphHandle, Result};
+use super::{no_graphs, no_register, Call, Driver, GraphHandle, Result};
 use crate::ops::{Coll, Redop};
+use crate::opts::{REGISTER_LOCAL, REGISTER_NONE, REGISTER_SYMMETRIC};
 
 pub struct RustDriver {
     comm: Option<Communicator>,
@@ -19,6 +22,8 @@ pub struct RustDriver {
     rank: usize,
     nranks: usize,
     allocations: Vec<DevicePtr>,
+    /// `-R 2`: the symmetric allocations' windows, by pointer (also in `allocations`).
+    windows: HashMap<u64, Window>,
     /// `--cudart`: the CUDA runtime `-G` loads (None: the default names).
     cudart: Option<String>,
     /// The CUDA runtime, once a capture has loaded it.
@@ -56,6 +61,7 @@ impl RustDriver {
             rank,
             nranks,
             allocations: Vec::new(),
+            windows: HashMap::new(),
             cudart: None,
             graph_rt: None,
         })
@@ -190,8 +196,38 @@ impl Driver for RustDriver {
     }
 
     fn free(&mut self, ptr: u64) -> Result<()> {
+        // A window goes before its memory.
+        if let Some(w) = self.windows.remove(&ptr) {
+            self.comm()?.window_deregister(&w).map_err(e("window_deregister"))?;
+        }
         self.allocations.retain(|p| p.0 != ptr);
         self.backend.free(DevicePtr(ptr)).map_err(e("free"))
+    }
+
+    fn alloc_registered(&mut self, bytes: usize, mode: u32) -> Result<u64> {
+        match mode {
+            REGISTER_NONE => self.alloc(bytes),
+            REGISTER_SYMMETRIC => {
+                let bytes = bytes.max(1);
+                let p = self
+                    .backend
+                    .alloc_symmetric(self.device, bytes)
+                    .map_err(e("alloc_symmetric (-R 2)"))?;
+                self.allocations.push(p);
+                let w = self
+                    .comm()?
+                    .window_register(p, bytes, WIN_COLL_SYMMETRIC)
+                    .map_err(e("window_register (-R 2, WIN_COLL_SYMMETRIC)"))?;
+                self.windows.insert(p.0, w);
+                Ok(p.0)
+            }
+            REGISTER_LOCAL => Err(no_register(
+                mode,
+                &self.describe(),
+                "the Rust API has no ncclCommRegister (its buffers are the backend's already); use -R 2, or --lib with a C library for -R 1",
+            )),
+            _ => Err(no_register(mode, &self.describe(), "unknown mode")),
+        }
     }
 
     fn upload(&mut self, dst: u64, src: &[u8]) -> Result<()> {
@@ -276,6 +312,11 @@ impl Driver for RustDriver {
     }
 
     fn finish(&mut self) -> Result<()> {
+        if let Some(comm) = self.comm.as_ref() {
+            for (_, w) in std::mem::take(&mut self.windows) {
+                comm.window_deregister(&w).map_err(e("window_deregister"))?;
+            }
+        }
         for p in std::mem::take(&mut self.allocations) {
             self.backend.free(p).map_err(e("free"))?;
         }

@@ -1,6 +1,6 @@
-//! What the C API tests share: compiling a C program from `tests/c/<name>.c` against
-//! rustccl's `nccl.h` and the `libnccl.so` this package builds, and running it as processes
-//! on the host backend with a time limit.
+//! What the C API tests share: compiling a C program from `tests/c/<name>.c` (or a C++ one
+//! from `tests/c/<name>.cpp`) against rustccl's `nccl.h` and the `libnccl.so` this package
+//! builds, and running it as processes on the host backend with a time limit.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,7 +14,7 @@ fn target_dir() -> PathBuf {
     if dir.ends_with("deps") { dir.parent().unwrap().to_path_buf() } else { dir.to_path_buf() }
 }
 
-/// The compiled `tests/c/<name>.c`, built once per test process (tests running in parallel
+/// The compiled `tests/c/<name>.c` (or `.cpp`), built once per test process (tests running in parallel
 /// share it).
 pub fn build(name: &str) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
@@ -43,10 +43,16 @@ fn compile(name: &str) -> PathBuf {
     std::os::unix::fs::symlink("libnccl.so.2", libdir.join("libnccl.so")).unwrap();
     let out = libdir.join(name);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let status = Command::new("cc")
-        .args(["-std=gnu99", "-Wall", "-Werror", "-pthread", "-o"])
+    let cpp = root.join(format!("tests/c/{name}.cpp"));
+    let (compiler, std, source) = if cpp.exists() {
+        ("c++", "-std=c++17", cpp)
+    } else {
+        ("cc", "-std=gnu99", root.join(format!("tests/c/{name}.c")))
+    };
+    let status = Command::new(compiler)
+        .args([std, "-Wall", "-Werror", "-pthread", "-o"])
         .arg(&out)
-        .arg(root.join(format!("tests/c/{name}.c")))
+        .arg(&source)
         .arg("-I")
         .arg(root.join("tests/c"))
         .arg("-I")
@@ -56,8 +62,8 @@ fn compile(name: &str) -> PathBuf {
         .arg(format!("-Wl,-rpath,{}", libdir.display()))
         .arg("-lnccl")
         .status()
-        .expect("run cc");
-    assert!(status.success(), "compiling {name}.c failed");
+        .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+    assert!(status.success(), "compiling {} failed", source.display());
     out
 }
 

@@ -28,7 +28,7 @@ pub const LL_MAX: u64 = 64 << 10;
 /// all_reduce takes the one-shot load kernel up to this many bytes (the two-shot one above).
 pub const LD_MAX: u64 = 512 << 10;
 /// Bytes per block of the barrier kernels (blocks up to `SYM_MAX_BLOCKS`).
-const BLOCK_BYTES: u64 = 256 << 10;
+const BLOCK_BYTES: u64 = 32 << 10;
 
 /// Symmetric launches made by this process (for tests and tools: proof that a run took them).
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -194,6 +194,6 @@ mod tests {
         assert_eq!(blocks(SymKernel::AllReduceLl, 64 << 10), 4);
         assert_eq!(blocks(SymKernel::AllReduceLd, 1), 1);
         assert_eq!(blocks(SymKernel::AllReduceRsAg, 1 << 30), rustccl_kernels::exec::SYM_MAX_BLOCKS);
-        assert_eq!(blocks(SymKernel::AllGather, 512 << 10), 2);
+        assert_eq!(blocks(SymKernel::AllGather, 64 << 10), 2);
     }
 }

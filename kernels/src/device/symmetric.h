@@ -93,9 +93,20 @@ RUSTCCL_DEVICE bool sym_barrier(const RustcclSymArgs& a, u32 epoch, u32 phase) {
   return __syncthreads_and(ok);
 }
 
-// The PreMulSum scalar (read when the launch runs, as exec.cu does).
+// This rank's PreMulSum scalar (read when the launch runs, as exec.cu does).
 RUSTCCL_DEVICE u64 sym_scalar(const RustcclSymArgs& a) {
   return a.scalar_ptr ? (u64)*(const volatile typename RUSTCCL_EXEC_ELEM::Raw*)a.scalar_ptr : a.scalar;
+}
+
+// PreMulSum scales each rank's input by that rank's scalar: every block publishes this rank's
+// in its resource memory before the entry barrier (which releases it); peers read it after.
+// A launch rewrites it only once every peer has left the previous launch's exit barrier.
+RUSTCCL_DEVICE void sym_publish_scalar(const RustcclSymArgs& a) {
+  if (RUSTCCL_EXEC_OP == RUSTCCL_OP_PREMULSUM && threadIdx.x == 0) *(volatile u64*)(a.res + RUSTCCL_SYM_RES_SCALAR) = sym_scalar(a);
+}
+RUSTCCL_DEVICE u64 sym_peer_scalar(const RustcclSymArgs& a, u32 r) {
+  if (RUSTCCL_EXEC_OP != RUSTCCL_OP_PREMULSUM) return 0;
+  return *(const volatile u64*)(sym_peer(a, a.res, r) + RUSTCCL_SYM_RES_SCALAR);
 }
 
 // The bytes [begin, end) of `total` that block `b` of `nblocks` takes: parts of whole 16-byte
@@ -107,19 +118,81 @@ RUSTCCL_DEVICE void sym_part(u64 total, u32 b, u32 nblocks, u64& begin, u64& end
   end = min(total, begin + per * 16);
 }
 
-// Reduces the word at byte `off` of `src` (this rank's flat address) over every rank, in rank
-// order; `valid` bytes (1..8) are real.
-RUSTCCL_DEVICE u64 sym_reduce_word(const RustcclSymArgs& a, u64 src, u64 off, u32 valid, u64 scalar) {
-  u64 acc = 0;
-  for (u32 r = 0; r < a.nranks; ++r) {
-    const u64 x = Word::pre(load_user((const unsigned char*)(sym_peer(a, src, r) + off), valid), scalar);
-    acc = r == 0 ? x : Word::combine(acc, x);
+// 16-byte units in flight per thread.
+#define RUSTCCL_SYM_UNROLL 4
+
+// The block's part [lo, hi) (byte offsets): reduced over every rank's copy of `src` in rank
+// order (each scaled by its rank's PreMulSum scalar), or, with Reduce false, this rank's
+// `src` alone; stored at the same offset of `dst` on this rank (DstAll false) or on every
+// rank. 16-byte loads and stores, RUSTCCL_SYM_UNROLL per thread at a time, when the
+// addresses allow; words at the end (and everywhere when they do not).
+template <bool Reduce, bool DstAll>
+RUSTCCL_DEVICE void sym_range(const RustcclSymArgs& a, u64 src, u64 dst, u64 lo, u64 hi) {
+  const u32 nsrc = Reduce ? a.nranks : 1;
+  const u64 vend = (((src | dst | lo) & 15) == 0) ? lo + ((hi - lo) & ~15ull) : lo;
+  const u64 step = (u64)blockDim.x * 16;
+  for (u64 base = lo + threadIdx.x * 16; base < vend; base += step * RUSTCCL_SYM_UNROLL) {
+    u64 x[RUSTCCL_SYM_UNROLL], y[RUSTCCL_SYM_UNROLL];
+    for (u32 r = 0; r < nsrc; ++r) {
+      const u32 from = Reduce ? r : a.rank;
+      const u64 at = sym_peer(a, src, from);
+      const u64 scalar = Reduce ? sym_peer_scalar(a, from) : 0;
+      u64 vx[RUSTCCL_SYM_UNROLL], vy[RUSTCCL_SYM_UNROLL];
+#pragma unroll
+      for (int u = 0; u < RUSTCCL_SYM_UNROLL; ++u) {
+        const u64 o = base + u * step;
+        if (o < vend) {
+          const ulonglong2 v = *(const ulonglong2*)(at + o);
+          vx[u] = v.x;
+          vy[u] = v.y;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < RUSTCCL_SYM_UNROLL; ++u) {
+        if (Reduce) {
+          vx[u] = Word::pre(vx[u], scalar);
+          vy[u] = Word::pre(vy[u], scalar);
+        }
+        x[u] = r == 0 ? vx[u] : Word::combine(x[u], vx[u]);
+        y[u] = r == 0 ? vy[u] : Word::combine(y[u], vy[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < RUSTCCL_SYM_UNROLL; ++u) {
+      const u64 o = base + u * step;
+      if (o >= vend) continue;
+      ulonglong2 v;
+      v.x = Reduce ? Word::post(x[u], a.divisor) : x[u];
+      v.y = Reduce ? Word::post(y[u], a.divisor) : y[u];
+      if (DstAll) {
+        for (u32 r = 0; r < a.nranks; ++r) *(ulonglong2*)(sym_peer(a, dst, r) + o) = v;
+      } else {
+        *(ulonglong2*)(dst + o) = v;
+      }
+    }
   }
-  return Word::post(acc, a.divisor);
+  // Words: the end, or everything when the addresses are not 16-byte aligned.
+  for (u64 off = vend + threadIdx.x * 8; off < hi; off += blockDim.x * 8) {
+    const u32 valid = (u32)min((u64)8, hi - off);
+    u64 acc = 0;
+    for (u32 r = 0; r < nsrc; ++r) {
+      const u32 from = Reduce ? r : a.rank;
+      u64 v = load_user((const unsigned char*)(sym_peer(a, src, from) + off), valid);
+      if (Reduce) v = Word::pre(v, sym_peer_scalar(a, from));
+      acc = r == 0 ? v : Word::combine(acc, v);
+    }
+    if (Reduce) acc = Word::post(acc, a.divisor);
+    if (DstAll) {
+      for (u32 r = 0; r < a.nranks; ++r) store_user((unsigned char*)(sym_peer(a, dst, r) + off), acc, valid);
+    } else {
+      store_user((unsigned char*)(dst + off), acc, valid);
+    }
+  }
 }
 
 // ---- all_reduce, one shot through LL lines in the peers' scratch ---------------------------
-extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
+// Each rank pushes its input already scaled by its own PreMulSum scalar.
+extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS, 1)
     rustccl_sym_ar_ll(RUSTCCL_GRID_CONSTANT const RustcclSymArgs a) {
   const u32 epoch = sym_epoch(a);
   const u32 flag = epoch + 1;
@@ -132,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
   // Push: this rank's words into its region of every peer's scratch.
   for (u64 w = first; w < words; w += step) {
     const u32 valid = (u32)min((u64)8, a.bytes - w * 8);
-    const u64 v = load_user((const unsigned char*)(a.send + w * 8), valid);
+    const u64 v = Word::pre(load_user((const unsigned char*)(a.send + w * 8), valid), scalar);
     const u64 line = half + (u64)a.rank * region + w * 16;
     for (u32 r = 0; r < a.nranks; ++r) {
       if (r == a.rank) continue;
@@ -147,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
     for (u32 r = 0; r < a.nranks; ++r) {
       u64 x;
       if (r == a.rank) {
-        x = load_user((const unsigned char*)(a.send + w * 8), valid);
+        x = Word::pre(load_user((const unsigned char*)(a.send + w * 8), valid), scalar);
       } else {
         const u64 line = half + (u64)r * region + w * 16;
         u32 lo, f1, hi, f2, spins = 0;
@@ -164,7 +237,6 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
         }
         x = (u64)lo | ((u64)hi << 32);
       }
-      x = Word::pre(x, scalar);
       acc = r == 0 ? x : Word::combine(acc, x);
     }
     if (ok) store_user((unsigned char*)(a.recv + w * 8), Word::post(acc, a.divisor), valid);
@@ -173,74 +245,61 @@ extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
 }
 
 // ---- all_reduce, one shot by loads ---------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
+extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS, 1)
     rustccl_sym_ar_ld(RUSTCCL_GRID_CONSTANT const RustcclSymArgs a) {
   const u32 epoch = sym_epoch(a);
+  sym_publish_scalar(a);
   if (sym_barrier(a, epoch, 1)) {
     u64 begin, end;
     sym_part(a.bytes, blockIdx.x, gridDim.x, begin, end);
-    const u64 scalar = sym_scalar(a);
-    for (u64 off = begin + threadIdx.x * 8; off < end; off += blockDim.x * 8) {
-      const u32 valid = (u32)min((u64)8, end - off);
-      store_user((unsigned char*)(a.recv + off), sym_reduce_word(a, a.send, off, valid, scalar), valid);
-    }
+    sym_range<true, false>(a, a.send, a.recv, begin, end);
     sym_barrier(a, epoch, 2);
   }
   sym_finish(a, epoch);
 }
 
 // ---- all_reduce, two shots: reduce my slice from every peer, store it into every peer ------
-extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
+extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS, 1)
     rustccl_sym_ar_rs_ag(RUSTCCL_GRID_CONSTANT const RustcclSymArgs a) {
   const u32 epoch = sym_epoch(a);
+  sym_publish_scalar(a);
   if (sym_barrier(a, epoch, 1)) {
     // Slices of whole 16-byte units; the last may be short (or empty).
     const u64 slice = ((a.bytes + 15) / 16 + a.nranks - 1) / a.nranks * 16;
     const u64 lo = min(a.bytes, (u64)a.rank * slice), hi = min(a.bytes, lo + slice);
     u64 begin, end;
     sym_part(hi - lo, blockIdx.x, gridDim.x, begin, end);
-    const u64 scalar = sym_scalar(a);
-    for (u64 off = lo + begin + threadIdx.x * 8; off < lo + end; off += blockDim.x * 8) {
-      const u32 valid = (u32)min((u64)8, lo + end - off);
-      const u64 v = sym_reduce_word(a, a.send, off, valid, scalar);
-      for (u32 r = 0; r < a.nranks; ++r) store_user((unsigned char*)(sym_peer(a, a.recv, r) + off), v, valid);
-    }
+    sym_range<true, true>(a, a.send, a.recv, lo + begin, lo + end);
     sym_barrier(a, epoch, 2);
   }
   sym_finish(a, epoch);
 }
 
 // ---- all_gather: store my part into every peer's receive buffer ----------------------------
-extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
+extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS, 1)
     rustccl_sym_ag(RUSTCCL_GRID_CONSTANT const RustcclSymArgs a) {
   const u32 epoch = sym_epoch(a);
   if (sym_barrier(a, epoch, 1)) {
     u64 begin, end;
     sym_part(a.bytes, blockIdx.x, gridDim.x, begin, end);
+    // Source offsets are the destination's less rank * bytes.
     const u64 at = (u64)a.rank * a.bytes;
-    for (u64 off = begin + threadIdx.x * 8; off < end; off += blockDim.x * 8) {
-      const u32 valid = (u32)min((u64)8, end - off);
-      const u64 v = load_user((const unsigned char*)(a.send + off), valid);
-      for (u32 r = 0; r < a.nranks; ++r) store_user((unsigned char*)(sym_peer(a, a.recv, r) + at + off), v, valid);
-    }
+    sym_range<false, true>(a, a.send - at, a.recv, at + begin, at + end);
     sym_barrier(a, epoch, 2);
   }
   sym_finish(a, epoch);
 }
 
 // ---- reduce_scatter: reduce my part from every peer's send buffer --------------------------
-extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS)
+extern "C" __global__ void __launch_bounds__(RUSTCCL_SYM_THREADS, 1)
     rustccl_sym_rs(RUSTCCL_GRID_CONSTANT const RustcclSymArgs a) {
   const u32 epoch = sym_epoch(a);
+  sym_publish_scalar(a);
   if (sym_barrier(a, epoch, 1)) {
     u64 begin, end;
     sym_part(a.bytes, blockIdx.x, gridDim.x, begin, end);
     const u64 at = (u64)a.rank * a.bytes;
-    const u64 scalar = sym_scalar(a);
-    for (u64 off = begin + threadIdx.x * 8; off < end; off += blockDim.x * 8) {
-      const u32 valid = (u32)min((u64)8, end - off);
-      store_user((unsigned char*)(a.recv + off), sym_reduce_word(a, a.send + at, off, valid, scalar), valid);
-    }
+    sym_range<true, false>(a, a.send + at, a.recv, begin, end);
     sym_barrier(a, epoch, 2);
   }
   sym_finish(a, epoch);

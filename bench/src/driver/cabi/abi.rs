@@ -15,11 +15,15 @@ pub struct NcclUniqueId {
 }
 
 pub type NcclComm = *mut c_void;
+/// `ncclWindow_t`: opaque.
+pub type NcclWindow = *mut c_void;
 pub type CudaStream = *mut c_void;
 /// `cudaGraph_t` and `cudaGraphExec_t`: opaque handles.
 pub type CudaGraph = *mut c_void;
 pub type CudaGraphExec = *mut c_void;
 
+/// `NCCL_WIN_COLL_SYMMETRIC`: the window flag of `-R 2`.
+pub const WIN_COLL_SYMMETRIC: c_int = 1;
 /// `ncclScalarHostImmediate`.
 pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
 /// `cudaStreamCaptureModeThreadLocal` (`Global` is 0, `Relaxed` 2): what nccl-tests' `-G`
@@ -94,6 +98,18 @@ pub(super) type FnRedOpCreatePreMulSum =
 pub(super) type FnRedOpDestroy = unsafe extern "C" fn(c_int, NcclComm) -> c_int;
 pub(super) type FnCommUserRank = unsafe extern "C" fn(NcclComm, *mut c_int) -> c_int;
 pub(super) type FnGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+/// `ncclMemAlloc(void** ptr, size_t size)`, `ncclMemFree(void* ptr)` (NCCL 2.19+).
+pub(super) type FnMemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+pub(super) type FnMemFree = unsafe extern "C" fn(*mut c_void) -> c_int;
+/// `ncclCommRegister(comm, buff, size, void** handle)`, `ncclCommDeregister(comm, handle)`.
+pub(super) type FnCommRegister =
+    unsafe extern "C" fn(NcclComm, *mut c_void, usize, *mut *mut c_void) -> c_int;
+pub(super) type FnCommDeregister = unsafe extern "C" fn(NcclComm, *mut c_void) -> c_int;
+/// `ncclCommWindowRegister(comm, buff, size, ncclWindow_t* win, int winFlags)`,
+/// `ncclCommWindowDeregister(comm, win)` (NCCL 2.27+).
+pub(super) type FnCommWindowRegister =
+    unsafe extern "C" fn(NcclComm, *mut c_void, usize, *mut NcclWindow, c_int) -> c_int;
+pub(super) type FnCommWindowDeregister = unsafe extern "C" fn(NcclComm, NcclWindow) -> c_int;
 
 // ---- CUDA runtime functions ------------------------------------------------------------------
 

@@ -8,11 +8,13 @@ use std::ffi::{c_char, c_int, c_void};
 use rustccl::types::DataType;
 
 use super::abi::{
-    CudaStream, NcclComm, NcclUniqueId, MEMCPY_D2H, MEMCPY_H2D, SCALAR_HOST_IMMEDIATE,
+    CudaStream, NcclComm, NcclUniqueId, NcclWindow, MEMCPY_D2H, MEMCPY_H2D,
+    SCALAR_HOST_IMMEDIATE, WIN_COLL_SYMMETRIC,
 };
 use super::libraries::{cstr, CudaApi, NcclApi};
 use super::marshal::{marshal, Prim};
-use crate::driver::{no_graphs, scalar_bytes, Call, Driver, GraphHandle, Result};
+use crate::driver::{no_graphs, no_register, scalar_bytes, Call, Driver, GraphHandle, Result};
+use crate::opts::{REGISTER_LOCAL, REGISTER_NONE, REGISTER_SYMMETRIC};
 
 /// Host memory of the `--host-memory` mode.
 struct HostBuf {
@@ -30,6 +32,10 @@ pub struct CDriver {
     device_desc: String,
     host_bufs: HashMap<u64, HostBuf>,
     device_bufs: Vec<u64>,
+    /// `-R 2`: `ncclMemAlloc` buffers and their windows (in neither list above).
+    windows: HashMap<u64, NcclWindow>,
+    /// `-R 1`: `ncclCommRegister` handles of buffers of the lists above.
+    registrations: HashMap<u64, *mut c_void>,
     /// PreMulSum operators made so far, by (type, scalar bits).
     premul_ops: HashMap<(i32, u64), c_int>,
     /// Scratch buffers of the barrier and the allgather (pointer, bytes).
@@ -117,6 +123,8 @@ impl CDriver {
             device_desc,
             host_bufs: HashMap::new(),
             device_bufs: Vec::new(),
+            windows: HashMap::new(),
+            registrations: HashMap::new(),
             premul_ops: HashMap::new(),
             scratch: None,
         })
@@ -267,7 +275,75 @@ impl Driver for CDriver {
         }
     }
 
+    fn alloc_registered(&mut self, bytes: usize, mode: u32) -> Result<u64> {
+        let bytes = bytes.max(1);
+        let n = &self.nccl;
+        match mode {
+            REGISTER_NONE => self.alloc(bytes),
+            REGISTER_LOCAL => {
+                let register = n.need(n.comm_register, "ncclCommRegister", mode)?;
+                n.need(n.comm_deregister, "ncclCommDeregister", mode)?;
+                let p = self.alloc(bytes)?;
+                let mut handle: *mut c_void = std::ptr::null_mut();
+                // SAFETY: p is a live buffer of `bytes` bytes of this driver (freed after its
+                // deregistration); handle is a valid out-pointer.
+                let rc = unsafe { register(self.comm, p as *mut c_void, bytes, &mut handle) };
+                if let Err(err) = self.nccl.check(&format!("ncclCommRegister({bytes} bytes)"), rc, self.comm) {
+                    let _ = self.free(p);
+                    return Err(err);
+                }
+                self.registrations.insert(p, handle);
+                Ok(p)
+            }
+            REGISTER_SYMMETRIC => {
+                let mem_alloc = n.need(n.mem_alloc, "ncclMemAlloc", mode)?;
+                let mem_free = n.need(n.mem_free, "ncclMemFree", mode)?;
+                let register = n.need(n.comm_window_register, "ncclCommWindowRegister", mode)?;
+                n.need(n.comm_window_deregister, "ncclCommWindowDeregister", mode)?;
+                let mut p: *mut c_void = std::ptr::null_mut();
+                // SAFETY: p is a valid out-pointer (on this rank's device: cudaSetDevice ran).
+                let rc = unsafe { mem_alloc(&mut p, bytes) };
+                n.check(&format!("ncclMemAlloc({bytes})"), rc, self.comm)?;
+                let mut win: NcclWindow = std::ptr::null_mut();
+                // SAFETY: p holds `bytes` bytes from ncclMemAlloc; win is a valid out-pointer.
+                // Every rank registers its send buffer, then its receive buffer.
+                let rc = unsafe { register(self.comm, p, bytes, &mut win, WIN_COLL_SYMMETRIC) };
+                if let Err(err) = n.check(
+                    &format!("ncclCommWindowRegister({bytes} bytes, NCCL_WIN_COLL_SYMMETRIC)"),
+                    rc,
+                    self.comm,
+                ) {
+                    // SAFETY: p came from ncclMemAlloc and is not registered.
+                    let _ = unsafe { mem_free(p) };
+                    return Err(err);
+                }
+                self.windows.insert(p as u64, win);
+                Ok(p as u64)
+            }
+            _ => Err(no_register(mode, &self.describe(), "unknown mode")),
+        }
+    }
+
     fn free(&mut self, ptr: u64) -> Result<()> {
+        if let Some(win) = self.windows.remove(&ptr) {
+            let n = &self.nccl;
+            let mode = REGISTER_SYMMETRIC;
+            let deregister = n.need(n.comm_window_deregister, "ncclCommWindowDeregister", mode)?;
+            let mem_free = n.need(n.mem_free, "ncclMemFree", mode)?;
+            // SAFETY: win is this communicator's window of ptr, deregistered once.
+            let rc = unsafe { deregister(self.comm, win) };
+            n.check("ncclCommWindowDeregister", rc, self.comm)?;
+            // SAFETY: ptr came from ncclMemAlloc; its window is gone.
+            let rc = unsafe { mem_free(ptr as *mut c_void) };
+            return n.check("ncclMemFree", rc, self.comm);
+        }
+        if let Some(handle) = self.registrations.remove(&ptr) {
+            let n = &self.nccl;
+            let deregister = n.need(n.comm_deregister, "ncclCommDeregister", REGISTER_LOCAL)?;
+            // SAFETY: handle came from ncclCommRegister on this communicator, used once.
+            let rc = unsafe { deregister(self.comm, handle) };
+            n.check("ncclCommDeregister", rc, self.comm)?;
+        }
         match &self.cuda {
             Some(c) => {
                 self.device_bufs.retain(|&p| p != ptr);
@@ -435,10 +511,13 @@ impl Driver for CDriver {
             }
         }
         self.scratch = None;
+        // While the communicator lives: free deregisters registered buffers (the windows'
+        // are in neither list, the others' in one).
         let bufs: Vec<u64> = self
-            .device_bufs
-            .clone()
-            .into_iter()
+            .windows
+            .keys()
+            .copied()
+            .chain(self.device_bufs.clone())
             .chain(self.host_bufs.keys().copied())
             .collect();
         for p in bufs {

@@ -70,6 +70,13 @@ pub struct NcclApi {
     pub(super) red_op_destroy: Option<FnRedOpDestroy>,
     pub(super) get_last_error: Option<FnGetLastError>,
     pub(super) get_version: Option<FnGetVersion>,
+    /// `-R`: buffer registration (checked when `-R` asks for it, [`NcclApi::need`]).
+    pub(super) mem_alloc: Option<FnMemAlloc>,
+    pub(super) mem_free: Option<FnMemFree>,
+    pub(super) comm_register: Option<FnCommRegister>,
+    pub(super) comm_deregister: Option<FnCommDeregister>,
+    pub(super) comm_window_register: Option<FnCommWindowRegister>,
+    pub(super) comm_window_deregister: Option<FnCommWindowDeregister>,
 }
 
 impl NcclApi {
@@ -97,6 +104,12 @@ impl NcclApi {
                 red_op_destroy: opt_sym(lib, "ncclRedOpDestroy"),
                 get_last_error: opt_sym(lib, "ncclGetLastError"),
                 get_version: opt_sym(lib, "ncclGetVersion"),
+                mem_alloc: opt_sym(lib, "ncclMemAlloc"),
+                mem_free: opt_sym(lib, "ncclMemFree"),
+                comm_register: opt_sym(lib, "ncclCommRegister"),
+                comm_deregister: opt_sym(lib, "ncclCommDeregister"),
+                comm_window_register: opt_sym(lib, "ncclCommWindowRegister"),
+                comm_window_deregister: opt_sym(lib, "ncclCommWindowDeregister"),
             })
         }
     }
@@ -117,6 +130,17 @@ impl NcclApi {
             }
         }
         Err(msg)
+    }
+
+    /// `f`, an optional function of the library, or an error saying that `-R mode` needs it.
+    pub(super) fn need<T: Copy>(&self, f: Option<T>, name: &str, mode: u32) -> Result<T> {
+        f.ok_or_else(|| {
+            format!(
+                "-R {mode} ({}) needs {name}, which {} does not export (ncclMemAlloc and ncclCommRegister came with NCCL 2.19, the window functions with 2.27)",
+                crate::opts::register_text(mode),
+                self.path
+            )
+        })
     }
 
     /// `ncclGetVersion`, when the library has it.

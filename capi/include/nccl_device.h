@@ -1,0 +1,583 @@
+/*
+ * nccl_device.h for rustccl's libnccl.so.2: the LSA subset of NCCL's device API (2.28, with
+ * 2.29's requirements layout), written by the rustccl project. It is what a program compiles
+ * its own kernels with: device communicators (ncclDevCommCreate), teams, pointers into peers'
+ * symmetric windows, cooperative groups and the LSA barrier.
+ *
+ * Compilers. The structs and host declarations are C and C++. Everything inline needs C++11:
+ * with a CUDA compiler (nvcc, clang, NVRTC) every function is __host__ __device__, and device
+ * code orders memory with inline PTX (sm_70 or newer for release/acquire; older chips fall
+ * back to volatile accesses and system fences); with a host compiler (g++, clang++) the same
+ * functions run on the CPU with GCC's __atomic builtins: a cooperative group is then one
+ * thread. No CCCL header is needed; when <cuda/atomic> is found (and the language is C++17),
+ * the barrier also takes the cuda::memory_order argument NCCL's takes (acquire/release is
+ * always used). Under NVRTC, which has no C library headers, nccl.h is not included: this
+ * header declares the few of its types kernels use (pass -I with this directory only).
+ *
+ * Where rustccl differs from NCCL:
+ *   - ncclDevComm has rustccl's own layout (NCCL promises no ABI for it either); the fields
+ *     programs read (rank, nRanks, lsaRank, lsaSize, lsaBarrier) have NCCL's names.
+ *   - A resource handle is a byte offset into the device communicator's resource memory
+ *     (NCCL's counts 128-byte units); ncclGetResourceBufferOffset converts as NCCL's does.
+ *   - Not supported: multimem (NVLS), GIN (network) barriers, signals and counters, the
+ *     hybrid ncclBarrierSession, LL all-to-all. ncclDevCommCreate refuses requirements for
+ *     them with ncclInvalidUsage and a message. The LSA team is every rank when the ranks
+ *     share a host and the backend has symmetric memory (the host backend); else each rank
+ *     alone.
+ */
+#ifndef NCCL_DEVICE_H_
+#define NCCL_DEVICE_H_
+
+#if !defined(__CUDACC_RTC__) || defined(NCCL_H_)
+#include "nccl.h"
+#else
+/* NVRTC has no C library headers, which nccl.h includes: the types of nccl.h that kernels
+ * need, declared here instead (the host functions are not declared under NVRTC). */
+typedef unsigned int uint32_t;
+typedef struct ncclWindow_vidmem* ncclWindow_t;
+typedef struct ncclTeam { int nRanks; int rank; int stride; } ncclTeam_t;
+typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
+typedef struct ncclDevComm ncclDevComm_t;
+typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
+typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
+#endif
+
+#if !defined(__cplusplus)
+#include <stdbool.h>
+#endif
+#if defined(__cplusplus) && !defined(__CUDACC_RTC__) && !defined(_WIN32)
+#include <sched.h>
+#endif
+
+/* Qualifiers: __host__ __device__ under a CUDA compiler, nothing under a host compiler. */
+#if defined(__CUDACC__)
+#define NCCL_HOST_DEVICE __host__ __device__
+#else
+#define NCCL_HOST_DEVICE
+#endif
+#define NCCL_HOST_DEVICE_INLINE NCCL_HOST_DEVICE inline
+
+/* The magic of NCCL's versioned structs (ncclConfig_t's too). */
+#ifndef NCCL_API_MAGIC
+#define NCCL_API_MAGIC 0xcafebeef
+#endif
+
+/* ---- types ---- */
+
+typedef struct ncclWindow_vidmem ncclWindow_vidmem_t;
+typedef struct ncclMultimemHandle ncclMultimemHandle_t;
+typedef struct ncclTeamRequirements ncclTeamRequirements_t;
+
+/* A byte offset into the device communicator's resource memory. */
+typedef uint32_t ncclDevResourceHandle;
+typedef ncclDevResourceHandle ncclDevResourceHandle_t;
+typedef uint32_t ncclGinSignal_t;
+typedef uint32_t ncclGinCounter_t;
+
+#if defined(__cplusplus)
+/* Tags picking a device communicator's own team. */
+struct ncclTeamTagWorld {};
+struct ncclTeamTagLsa {};
+struct ncclTeamTagRail {};
+#endif
+
+/* What a window handle (ncclWindow_t) points to: readable on the host and, where the backend
+ * has devices, by kernels. Rank r of the window's LSA team holds its window at
+ * lsaFlatBase + r * (stride4G << 32). rustccl writes these fields and nothing past them. */
+struct ncclWindow_vidmem {
+  void* winHost;
+  char* lsaFlatBase;
+  int lsaRank;
+  int worldRank;
+  uint32_t stride4G;
+  uint32_t mcOffset4K;
+};
+
+/* Multimem is not supported: only so ncclTeamRequirements has NCCL's layout. */
+struct ncclMultimemHandle {
+  void* mcBasePtr;
+};
+
+typedef enum {
+  NCCL_GIN_CONNECTION_NONE = 0,
+  NCCL_GIN_CONNECTION_FULL = 1,
+  NCCL_GIN_CONNECTION_RAIL = 2
+} ncclGinConnectionType_t;
+
+/* NCCL 2.29's layout. Initialize with NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER, then set what the
+ * kernels need. rustccl accepts resourceRequirementsList, teamRequirementsList (without
+ * multimem), lsaBarrierCount, and barrierCount where the LSA team is every rank (it then
+ * counts as LSA barriers: the barriers of comm.lsaBarrier are max(lsaBarrierCount,
+ * barrierCount)); ginContextCount and the GIN hints that ask for nothing are ignored. */
+struct ncclDevCommRequirements {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+
+  ncclDevResourceRequirements_t* resourceRequirementsList;
+  ncclTeamRequirements_t* teamRequirementsList;
+
+  bool lsaMultimem;
+
+  int barrierCount;
+  int lsaBarrierCount;
+  int railGinBarrierCount;
+
+  int lsaLLA2ABlockCount, lsaLLA2ASlotCount;
+
+  bool ginForceEnable;
+  int ginContextCount;
+  int ginSignalCount;
+  int ginCounterCount;
+  ncclGinConnectionType_t ginConnectionType;
+  bool ginExclusiveContexts;
+  int ginQueueDepth;
+  int ginTrafficClass;
+
+  int worldGinBarrierCount;
+
+  bool ginStrongSignalsRequired;
+  bool ginVaSignalsRequired;
+};
+
+#define NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER {                               \
+    sizeof(ncclDevCommRequirements_t),           /* size */                    \
+    NCCL_API_MAGIC,                              /* magic */                   \
+    NCCL_VERSION_CODE,                           /* version */                 \
+    NULL,                                        /* resourceRequirementsList */\
+    NULL,                                        /* teamRequirementsList */    \
+    false,                                       /* lsaMultimem */             \
+    0,                                           /* barrierCount */            \
+    0,                                           /* lsaBarrierCount */         \
+    0,                                           /* railGinBarrierCount */     \
+    0,                                           /* lsaLLA2ABlockCount */      \
+    0,                                           /* lsaLLA2ASlotCount */       \
+    false,                                       /* ginForceEnable */          \
+    4,                                           /* ginContextCount */         \
+    0,                                           /* ginSignalCount */          \
+    0,                                           /* ginCounterCount */         \
+    NCCL_GIN_CONNECTION_NONE,                    /* ginConnectionType */       \
+    false,                                       /* ginExclusiveContexts */    \
+    0,                                           /* ginQueueDepth */           \
+    NCCL_CONFIG_UNDEF_INT,                       /* ginTrafficClass */         \
+    0,                                           /* worldGinBarrierCount */    \
+    true,                                        /* ginStrongSignalsRequired */\
+    true                                         /* ginVaSignalsRequired */    \
+}
+
+/* Memory a kernel needs in every rank's resource memory (a list, through next).
+ * ncclDevCommCreate places each (aligned to max(bufferAlign, 16)) and writes its handle to
+ * *outBufferHandle when that is not NULL. GIN signals and counters are not supported (0). */
+struct ncclDevResourceRequirements {
+  ncclDevResourceRequirements_t* next;
+  size_t bufferSize, bufferAlign;
+  ncclDevResourceHandle_t* outBufferHandle;
+  int ginSignalCount;
+  int ginCounterCount;
+  ncclGinSignal_t* outGinSignalStart;
+  ncclGinCounter_t* outGinCounterStart;
+};
+
+struct ncclTeamRequirements {
+  ncclTeamRequirements_t* next;
+  ncclTeam_t team;
+  bool multimem;
+  ncclMultimemHandle_t* outMultimemHandle;
+};
+
+/* nBarriers barriers over a team. Their memory, at bufHandle in every rank's resource
+ * memory: nBarriers 32-bit epochs (this rank's count of finished syncs per barrier), then
+ * nBarriers * nRanks 32-bit inboxes (inbox [index * nRanks + p]: the epoch team rank p last
+ * arrived at on barrier index). */
+struct ncclLsaBarrierHandle {
+  ncclDevResourceHandle_t bufHandle;
+  int nBarriers;
+};
+
+/* A device communicator: a plain value kernels take by copy. rustccl's layout. */
+struct ncclDevComm {
+  unsigned int magic;   /* NCCL_API_MAGIC */
+  unsigned int version; /* NCCL_VERSION_CODE of the library that made it */
+  int rank, nRanks;     /* in the world (the communicator) */
+  int lsaRank, lsaSize; /* in the LSA team (the ranks whose memory this one reaches) */
+  /* LSA rank 0's resource memory in the flat range of windows; LSA rank r's lies at
+   * resourceFlatBase + r * stride. */
+  char* resourceFlatBase;
+  unsigned long long stride;
+  unsigned long long resourceBytes; /* each rank's resource memory */
+  ncclLsaBarrierHandle_t lsaBarrier; /* the barriers of ncclTeamTagLsa sessions */
+  unsigned int* abortFlag;          /* non-zero: barriers stop waiting; may be NULL */
+  void* internal;                   /* the library's record */
+  unsigned long long reserved[8];
+};
+
+/* ---- host functions (the library; also declared by nccl.h) ---- */
+
+#if !defined(__CUDACC_RTC__)
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Collective: every rank calls it with the same requirements. */
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t* reqs, ncclDevComm_t* outDevComm);
+/* Local; before the communicator is destroyed. */
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t* devComm);
+/* Fills *outReq (bufferSize 4 * nBarriers * (1 + team.nRanks)) and outHandle->nBarriers; add
+ * *outReq to ncclDevCommRequirements' resourceRequirementsList to get outHandle->bufHandle. */
+ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t* outHandle,
+                                             ncclDevResourceRequirements_t* outReq);
+#ifdef __cplusplus
+}
+#endif
+#endif /* !__CUDACC_RTC__ */
+
+#if defined(__cplusplus)
+
+#if __cplusplus >= 201103L && (defined(__LP64__) || defined(_WIN64))
+static_assert(sizeof(ncclWindow_vidmem) == 32, "ncclWindow_vidmem layout");
+static_assert(sizeof(ncclDevCommRequirements) == 96, "ncclDevCommRequirements layout (NCCL 2.29)");
+static_assert(sizeof(ncclDevResourceRequirements) == 56, "ncclDevResourceRequirements layout");
+static_assert(sizeof(ncclTeamRequirements) == 32, "ncclTeamRequirements layout");
+static_assert(sizeof(ncclDevComm) == 136, "ncclDevComm layout");
+#endif
+
+/* libcu++ needs C++17. */
+#if defined(__has_include) && !defined(NCCL_DEVICE_NO_CUDA_ATOMIC) && __cplusplus >= 201703L
+#if __has_include(<cuda/atomic>)
+#include <cuda/atomic>
+#define NCCL_DEVICE_HAS_CUDA_ATOMIC 1
+#endif
+#endif
+
+/* ---- memory ordering (internal) ---- */
+
+namespace rustccl_device {
+
+NCCL_HOST_DEVICE_INLINE void storeRelease(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __threadfence_system();
+  *(volatile uint32_t*)p = v;
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+NCCL_HOST_DEVICE_INLINE uint32_t loadAcquire(const uint32_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#elif defined(__CUDA_ARCH__)
+  uint32_t v = *(const volatile uint32_t*)p;
+  __threadfence_system();
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+NCCL_HOST_DEVICE_INLINE uint32_t loadRelaxed(const uint32_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *(const volatile uint32_t*)p;
+#else
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
+/* Orders every earlier access of this thread (and, after a coop sync, of its group) before
+ * its later stores, for every observer in the system. */
+NCCL_HOST_DEVICE_INLINE void fenceAcqRel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __threadfence_system();
+#else
+  __atomic_thread_fence(__ATOMIC_ACQ_REL);
+#endif
+}
+
+/* One step of a polling loop: true when the abort flag says stop (checked every 1024 steps).
+ * On the host, every 64th step gives the CPU away (ranks may share cores). */
+NCCL_HOST_DEVICE_INLINE bool pollStep(const uint32_t* abortFlag, uint32_t& steps) {
+  steps++;
+#if !defined(__CUDA_ARCH__) && !defined(__CUDACC_RTC__) && !defined(_WIN32)
+  if ((steps & 63) == 0) sched_yield();
+#endif
+  if ((steps & 1023) != 0) return false;
+  return abortFlag != 0 && loadRelaxed(abortFlag) != 0;
+}
+
+#if defined(__CUDA_ARCH__)
+__device__ inline int lane() {
+  uint32_t l;
+  asm("mov.u32 %0, %%laneid;" : "=r"(l));
+  return (int)l;
+}
+#endif
+
+/* `base` plus `i` slots of `stride` bytes plus `offset` bytes. */
+NCCL_HOST_DEVICE_INLINE void* slot(char* base, long long i, unsigned long long stride, size_t offset) {
+  return (void*)(base + (i * (long long)stride + (long long)offset));
+}
+
+} // namespace rustccl_device
+
+/* ---- cooperative groups: the threads that call a function together ---- */
+
+/* An aligned, power-of-two group of lanes of a warp (one thread, a whole warp). */
+template <int nThreadsPow2>
+struct ncclCoopTile {
+  static_assert(nThreadsPow2 >= 1 && nThreadsPow2 <= 32 && (nThreadsPow2 & (nThreadsPow2 - 1)) == 0,
+                "ncclCoopTile: a power of two from 1 to 32 threads");
+  NCCL_HOST_DEVICE_INLINE int thread_rank() const {
+#if defined(__CUDA_ARCH__)
+    return rustccl_device::lane() % nThreadsPow2;
+#else
+    return 0;
+#endif
+  }
+  NCCL_HOST_DEVICE_INLINE int size() const {
+#if defined(__CUDA_ARCH__)
+    return nThreadsPow2;
+#else
+    return 1;
+#endif
+  }
+  NCCL_HOST_DEVICE_INLINE int num_threads() const { return size(); }
+#if defined(__CUDA_ARCH__)
+  __device__ inline uint32_t laneMask() const {
+    return (0xffffffffu >> (32 - nThreadsPow2)) << (rustccl_device::lane() & -nThreadsPow2);
+  }
+#endif
+  NCCL_HOST_DEVICE_INLINE void sync() {
+#if defined(__CUDA_ARCH__)
+    if (nThreadsPow2 > 1) __syncwarp(laneMask());
+#endif
+  }
+};
+
+typedef ncclCoopTile<1> ncclCoopThread;
+typedef ncclCoopTile<32> ncclCoopWarp;
+
+/* Every thread of the block (one-dimensional blocks). */
+struct ncclCoopCta {
+  NCCL_HOST_DEVICE_INLINE int thread_rank() const {
+#if defined(__CUDA_ARCH__)
+    return (int)threadIdx.x;
+#else
+    return 0;
+#endif
+  }
+  NCCL_HOST_DEVICE_INLINE int size() const {
+#if defined(__CUDA_ARCH__)
+    return (int)blockDim.x;
+#else
+    return 1;
+#endif
+  }
+  NCCL_HOST_DEVICE_INLINE int num_threads() const { return size(); }
+  NCCL_HOST_DEVICE_INLINE void sync() {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();
+#endif
+  }
+};
+
+/* ---- teams ---- */
+
+NCCL_HOST_DEVICE_INLINE ncclTeam ncclTeamWorld(ncclDevComm const& comm) {
+  ncclTeam t;
+  t.nRanks = comm.nRanks;
+  t.rank = comm.rank;
+  t.stride = 1;
+  return t;
+}
+
+NCCL_HOST_DEVICE_INLINE ncclTeam ncclTeamLsa(ncclDevComm const& comm) {
+  ncclTeam t;
+  t.nRanks = comm.lsaSize;
+  t.rank = comm.lsaRank;
+  t.stride = 1;
+  return t;
+}
+
+/* The ranks with this rank's LSA rank, one per LSA team. */
+NCCL_HOST_DEVICE_INLINE ncclTeam ncclTeamRail(ncclDevComm const& comm) {
+  ncclTeam t;
+  t.nRanks = comm.nRanks / comm.lsaSize;
+  t.rank = comm.rank / comm.lsaSize;
+  t.stride = comm.lsaSize;
+  return t;
+}
+
+/* World rank of rank `rank` of team `team` (a team this rank belongs to). */
+NCCL_HOST_DEVICE_INLINE int ncclTeamRankToWorld(ncclDevComm const& comm, ncclTeam team, int rank) {
+  return comm.rank + (rank - team.rank) * team.stride;
+}
+
+/* LSA rank of rank `rank` of team `team` (one inside the LSA team). */
+NCCL_HOST_DEVICE_INLINE int ncclTeamRankToLsa(ncclDevComm const& comm, ncclTeam team, int rank) {
+  return comm.lsaRank + (rank - team.rank) * team.stride;
+}
+
+/* Whether rank `bRank` of team b belongs to team a (both teams hold this rank). */
+NCCL_HOST_DEVICE_INLINE bool ncclTeamRankIsMember(ncclTeam a, ncclTeam b, int bRank) {
+  int delta = (bRank - b.rank) * b.stride;
+  if (delta % a.stride != 0) return false;
+  int aRank = a.rank + delta / a.stride;
+  return 0 <= aRank && aRank < a.nRanks;
+}
+
+/* Rank `bRank` of team b as a rank of team a. */
+NCCL_HOST_DEVICE_INLINE int ncclTeamRankToTeam(ncclTeam a, ncclTeam b, int bRank) {
+  return a.rank + (bRank - b.rank) * b.stride / a.stride;
+}
+
+NCCL_HOST_DEVICE_INLINE ncclTeam ncclTeamInnerFactor(ncclTeam parent, int innerSize) {
+  ncclTeam t;
+  t.nRanks = innerSize;
+  t.rank = parent.rank % innerSize;
+  t.stride = parent.stride;
+  return t;
+}
+
+NCCL_HOST_DEVICE_INLINE ncclTeam ncclTeamOuterFactor(ncclTeam parent, int innerSize) {
+  ncclTeam t;
+  t.nRanks = parent.nRanks / innerSize;
+  t.rank = parent.rank / innerSize;
+  t.stride = parent.stride * innerSize;
+  return t;
+}
+
+/* ---- pointers into windows ---- */
+
+/* `offset` bytes into this rank's own window. */
+NCCL_HOST_DEVICE_INLINE void* ncclGetLocalPointer(ncclWindow_t w, size_t offset) {
+  return rustccl_device::slot(w->lsaFlatBase, w->lsaRank, (unsigned long long)w->stride4G << 32, offset);
+}
+
+/* `offset` bytes into the window of LSA rank `lsaPeer`. */
+NCCL_HOST_DEVICE_INLINE void* ncclGetLsaPointer(ncclWindow_t w, size_t offset, int lsaPeer) {
+  return rustccl_device::slot(w->lsaFlatBase, lsaPeer, (unsigned long long)w->stride4G << 32, offset);
+}
+
+/* `offset` bytes into the window of world rank `peer` (a member of the LSA team). */
+NCCL_HOST_DEVICE_INLINE void* ncclGetPeerPointer(ncclWindow_t w, size_t offset, int peer) {
+  return rustccl_device::slot(w->lsaFlatBase, w->lsaRank + (peer - w->worldRank), (unsigned long long)w->stride4G << 32,
+                              offset);
+}
+
+/* `offset` bytes into the window of rank `peer` of team `team` (inside the LSA team). */
+NCCL_HOST_DEVICE_INLINE void* ncclGetPeerPointer(ncclWindow_t w, size_t offset, ncclTeam team, int peer) {
+  return rustccl_device::slot(w->lsaFlatBase, w->lsaRank + (peer - team.rank) * team.stride,
+                              (unsigned long long)w->stride4G << 32, offset);
+}
+
+/* Bytes from the start of the resource memory to resource `h`. */
+NCCL_HOST_DEVICE_INLINE size_t ncclGetResourceBufferOffset(ncclDevResourceHandle_t h) { return (size_t)h; }
+
+NCCL_HOST_DEVICE_INLINE void* ncclGetResourceBufferLocalPointer(ncclDevComm const& comm, ncclDevResourceHandle_t h) {
+  return rustccl_device::slot(comm.resourceFlatBase, comm.lsaRank, comm.stride, h);
+}
+
+NCCL_HOST_DEVICE_INLINE void* ncclGetResourceBufferLsaPointer(ncclDevComm const& comm, ncclDevResourceHandle_t h,
+                                                              int lsaPeer) {
+  return rustccl_device::slot(comm.resourceFlatBase, lsaPeer, comm.stride, h);
+}
+
+/* Resource `h` of rank `peer` of team `team` (inside the LSA team). */
+NCCL_HOST_DEVICE_INLINE void* ncclGetResourceBufferPeerPointer(ncclDevComm const& comm, ncclDevResourceHandle_t h,
+                                                               ncclTeam team, int peer) {
+  return rustccl_device::slot(comm.resourceFlatBase, comm.lsaRank + (peer - team.rank) * team.stride, comm.stride, h);
+}
+
+/* ---- the LSA barrier ----
+ *
+ * A session is made by every thread of a cooperative group, on one barrier (index) of a
+ * handle over a team: sync (arrive, then wait) returns once every rank of the team arrived
+ * at it, and what each rank wrote before arriving is visible to every rank after its wait.
+ * A barrier counts syncs (its epoch): the session reads the count when made and writes it
+ * back when it ends, so barriers can be used across sessions and kernels. One group at a
+ * time per barrier on each rank. */
+template <typename Coop>
+struct ncclLsaBarrierSession {
+  Coop coop;
+  ncclTeam team;
+  ncclLsaBarrierHandle handle;
+  uint32_t index;
+  uint32_t epoch;
+  char* resourceFlatBase;
+  unsigned long long stride;
+  int lsaRank;
+  unsigned int* abortFlag;
+
+  NCCL_HOST_DEVICE_INLINE ncclLsaBarrierSession(Coop coop_, ncclDevComm const& comm, ncclTeam team_,
+                                                ncclLsaBarrierHandle handle_, uint32_t index_)
+      : coop(coop_), team(team_), handle(handle_), index(index_), epoch(0), resourceFlatBase(comm.resourceFlatBase),
+        stride(comm.stride), lsaRank(comm.lsaRank), abortFlag(comm.abortFlag) {
+    epoch = state(team.rank)[index];
+  }
+
+  NCCL_HOST_DEVICE_INLINE ncclLsaBarrierSession(Coop coop_, ncclDevComm const& comm, ncclTeamTagLsa, uint32_t index_)
+      : ncclLsaBarrierSession(coop_, comm, ncclTeamLsa(comm), comm.lsaBarrier, index_) {}
+
+  ncclLsaBarrierSession(ncclLsaBarrierSession const&) = delete;
+  ncclLsaBarrierSession& operator=(ncclLsaBarrierSession const&) = delete;
+
+  NCCL_HOST_DEVICE_INLINE ~ncclLsaBarrierSession() {
+    if (coop.thread_rank() == 0) state(team.rank)[index] = epoch;
+    coop.sync();
+  }
+
+  /* The barrier memory of team rank `peer`. */
+  NCCL_HOST_DEVICE_INLINE uint32_t* state(int peer) const {
+    int lsaPeer = lsaRank + (peer - team.rank) * team.stride;
+    return (uint32_t*)rustccl_device::slot(resourceFlatBase, lsaPeer, stride, handle.bufHandle);
+  }
+
+  /* Where rank `from` tells rank `owner` it arrived. */
+  NCCL_HOST_DEVICE_INLINE uint32_t* inbox(int owner, int from) const {
+    return state(owner) + handle.nBarriers + index * (uint32_t)team.nRanks + from;
+  }
+
+  /* Tells every other rank of the team this rank arrived (after the group's earlier writes). */
+  NCCL_HOST_DEVICE_INLINE void arrive(Coop) {
+    coop.sync();
+    if (team.nRanks > 1) rustccl_device::fenceAcqRel();
+    for (int i = coop.thread_rank(); i < team.nRanks - 1; i += coop.size()) {
+      int peer = i + (team.rank <= i ? 1 : 0);
+      rustccl_device::storeRelease(inbox(peer, team.rank), epoch + 1);
+    }
+  }
+
+  /* Waits until every other rank of the team arrived (or the abort flag is set). */
+  NCCL_HOST_DEVICE_INLINE void wait(Coop) {
+    for (int i = coop.thread_rank(); i < team.nRanks - 1; i += coop.size()) {
+      int peer = i + (team.rank <= i ? 1 : 0);
+      const uint32_t* box = inbox(team.rank, peer);
+      uint32_t steps = 0;
+      while ((int)(rustccl_device::loadAcquire(box) - (epoch + 1)) < 0) {
+        if (rustccl_device::pollStep(abortFlag, steps)) break;
+      }
+    }
+    epoch += 1;
+    coop.sync();
+  }
+
+  NCCL_HOST_DEVICE_INLINE void sync(Coop c) {
+    arrive(c);
+    wait(c);
+  }
+
+#if defined(NCCL_DEVICE_HAS_CUDA_ATOMIC)
+  /* NCCL's signatures: the order is always at least acquire/release here. */
+  NCCL_HOST_DEVICE_INLINE void arrive(Coop c, cuda::memory_order) { arrive(c); }
+  NCCL_HOST_DEVICE_INLINE void wait(Coop c, cuda::memory_order) { wait(c); }
+  NCCL_HOST_DEVICE_INLINE void sync(Coop c, cuda::memory_order) { sync(c); }
+#endif
+};
+
+#endif /* __cplusplus */
+
+#endif /* NCCL_DEVICE_H_ */

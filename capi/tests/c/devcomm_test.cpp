@@ -1,0 +1,293 @@
+/* Device communicators through nccl_device.h, compiled as host C++ (the header's functions
+ * then run on the CPU) and run as NRANKS processes on the host backend with RANK, NRANKS and
+ * NCCL_TEST_ID (the unique id in hex) in the environment: requirements and their layout, the
+ * resource memory of every rank, window pointers, 100 rounds of write / LSA barrier / read of
+ * every peer's window (a broken barrier shows as a stale pattern), the abort flag, and the
+ * bad inputs. Prints one line per failed check and a closing "N passed, M failed" line. */
+#include "nccl_device.h"
+#include "test_util.h"
+
+#include <stdint.h>
+#include <unistd.h>
+
+#define USAGE(call) CHECK((call) == ncclInvalidUsage, "%s should be ncclInvalidUsage (%s)", #call, ncclGetLastError(NULL))
+
+static const int kWords = 1024; /* 4 KiB of pattern per rank */
+
+static uint32_t pattern(int r, int round, int i) {
+  return (uint32_t)r * 0x9E3779B1u + (uint32_t)round * 2654435761u + (uint32_t)i;
+}
+
+/* Requirements that must be refused before anything collective happens. */
+static void test_bad_requirements(ncclComm_t comm) {
+  ncclDevComm_t dev;
+  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+  INVALID(ncclDevCommCreate(comm, NULL, &dev));
+  INVALID(ncclDevCommCreate(comm, &reqs, NULL));
+  INVALID(ncclDevCommCreate(NULL, &reqs, &dev));
+  {
+    ncclDevCommRequirements_t r = reqs;
+    r.lsaMultimem = true;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    CHECK(strstr(ncclGetLastError(comm), "multimem") != NULL, "multimem message: %s", ncclGetLastError(comm));
+  }
+  {
+    ncclTeamRequirements_t tr;
+    memset(&tr, 0, sizeof tr);
+    tr.team = ncclTeamLsa(comm);
+    tr.multimem = true;
+    ncclDevCommRequirements_t r = reqs;
+    r.teamRequirementsList = &tr;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+  }
+  {
+    ncclDevCommRequirements_t r = reqs;
+    r.ginSignalCount = 1;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    CHECK(strstr(ncclGetLastError(comm), "GIN") != NULL, "GIN message: %s", ncclGetLastError(comm));
+    r = reqs;
+    r.railGinBarrierCount = 2;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    r = reqs;
+    r.ginForceEnable = true;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    r = reqs;
+    r.lsaLLA2ABlockCount = 1;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+  }
+  {
+    ncclDevCommRequirements_t r = reqs;
+    r.magic = 0;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    r = reqs;
+    r.size = 16;
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    r = reqs;
+    r.lsaBarrierCount = -1;
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+  }
+  {
+    ncclDevResourceRequirements_t rr;
+    memset(&rr, 0, sizeof rr);
+    rr.bufferSize = 64;
+    rr.bufferAlign = 24;
+    ncclDevCommRequirements_t r = reqs;
+    r.resourceRequirementsList = &rr;
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    rr.bufferAlign = 16;
+    rr.ginCounterCount = 1;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+  }
+  ncclLsaBarrierHandle_t h;
+  ncclDevResourceRequirements_t rq;
+  ncclTeam_t lsa = ncclTeamLsa(comm);
+  INVALID(ncclLsaBarrierCreateRequirement(lsa, 0, &h, &rq));
+  INVALID(ncclLsaBarrierCreateRequirement(lsa, 2, NULL, &rq));
+  INVALID(ncclLsaBarrierCreateRequirement(lsa, 2, &h, NULL));
+  ncclTeam_t empty = {0, 0, 1};
+  INVALID(ncclLsaBarrierCreateRequirement(empty, 2, &h, &rq));
+  ncclDevComm_t zero;
+  memset(&zero, 0, sizeof zero);
+  INVALID(ncclDevCommDestroy(comm, NULL));
+  INVALID(ncclDevCommDestroy(comm, &zero));
+}
+
+int main(void) {
+  ncclUniqueId id;
+  read_rank_env("NCCL_TEST_ID", &id);
+  ncclComm_t comm = NULL;
+  OK(ncclCommInitRank(&comm, nranks, id, rank));
+
+  test_bad_requirements(comm);
+
+  /* A window every rank writes its pattern into. */
+  uint32_t* buf = NULL;
+  OK(ncclMemAlloc((void**)&buf, 2 * 4096));
+  ncclWindow_t win = NULL;
+  OK(ncclCommWindowRegister(comm, buf, 2 * 4096, &win, NCCL_WIN_DEFAULT));
+  CHECK(win != NULL, "window handle");
+
+  ncclTeam_t lsa = ncclTeamLsa(comm);
+  CHECK(lsa.nRanks == nranks && lsa.rank == rank && lsa.stride == 1, "LSA team %d %d %d", lsa.nRanks, lsa.rank,
+        lsa.stride);
+
+  /* Requirements: a barrier of the caller's own (3 barriers over the LSA team) and 1000 bytes
+   * aligned to 256. */
+  ncclLsaBarrierHandle_t userBar;
+  ncclDevResourceRequirements_t barReq;
+  memset(&barReq, 0xab, sizeof barReq);
+  OK(ncclLsaBarrierCreateRequirement(lsa, 3, &userBar, &barReq));
+  CHECK(barReq.bufferSize == (size_t)(4 * 3 * (1 + nranks)) && barReq.bufferAlign == 16, "barrier requirement %zu %zu",
+        barReq.bufferSize, barReq.bufferAlign);
+  CHECK(barReq.outBufferHandle == &userBar.bufHandle && userBar.nBarriers == 3 && barReq.next == NULL &&
+            barReq.ginSignalCount == 0 && barReq.outGinSignalStart == NULL,
+        "barrier requirement fields");
+  ncclDevResourceHandle_t extra = 0xffffffffu;
+  ncclDevResourceRequirements_t extraReq;
+  memset(&extraReq, 0, sizeof extraReq);
+  extraReq.bufferSize = 1000;
+  extraReq.bufferAlign = 256;
+  extraReq.outBufferHandle = &extra;
+  barReq.next = &extraReq;
+  ncclTeamRequirements_t teamReq; /* a team without multimem: accepted */
+  memset(&teamReq, 0, sizeof teamReq);
+  teamReq.team = lsa;
+
+  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+  reqs.lsaBarrierCount = 2;
+  reqs.resourceRequirementsList = &barReq;
+  reqs.teamRequirementsList = &teamReq;
+  ncclDevComm_t dev;
+  memset(&dev, 0, sizeof dev);
+  OK(ncclDevCommCreate(comm, &reqs, &dev));
+
+  CHECK(dev.magic == NCCL_API_MAGIC && dev.internal != NULL && dev.abortFlag == NULL, "magic %#x", dev.magic);
+  CHECK(dev.rank == rank && dev.nRanks == nranks, "rank %d nRanks %d", dev.rank, dev.nRanks);
+  CHECK(dev.lsaRank == rank && dev.lsaSize == nranks, "lsaRank %d lsaSize %d", dev.lsaRank, dev.lsaSize);
+  CHECK(dev.lsaBarrier.nBarriers == 2, "lsaBarrier.nBarriers %d", dev.lsaBarrier.nBarriers);
+  CHECK(dev.stride != 0 && dev.stride % (1ull << 32) == 0, "stride %llx", dev.stride);
+  CHECK(dev.resourceBytes >= 4096 && dev.resourceBytes % 4096 == 0, "resourceBytes %llu", dev.resourceBytes);
+  /* The layout: the LSA barrier, the caller's barrier, the extra buffer, without overlaps. */
+  size_t lsaBarBytes = 4 * 2 * (1 + nranks), userBarBytes = 4 * 3 * (1 + nranks);
+  CHECK(dev.lsaBarrier.bufHandle % 16 == 0 && userBar.bufHandle % 16 == 0 && extra % 256 == 0, "alignment %u %u %u",
+        dev.lsaBarrier.bufHandle, userBar.bufHandle, extra);
+  CHECK(dev.lsaBarrier.bufHandle + lsaBarBytes <= userBar.bufHandle && userBar.bufHandle + userBarBytes <= extra &&
+            extra + 1000 <= dev.resourceBytes,
+        "layout %u %u %u of %llu", dev.lsaBarrier.bufHandle, userBar.bufHandle, extra, dev.resourceBytes);
+  CHECK(ncclGetResourceBufferOffset(extra) == extra, "resource offset");
+
+  /* Teams of the device communicator. */
+  ncclTeam world = ncclTeamWorld(dev), dlsa = ncclTeamLsa(dev), rail = ncclTeamRail(dev);
+  CHECK(world.nRanks == nranks && world.rank == rank && dlsa.nRanks == nranks && dlsa.rank == rank, "dev teams");
+  CHECK(rail.nRanks == 1 && rail.rank == 0 && rail.stride == nranks, "rail %d %d %d", rail.nRanks, rail.rank, rail.stride);
+  CHECK(ncclTeamRankToWorld(dev, dlsa, nranks - 1) == nranks - 1 && ncclTeamRankToLsa(dev, world, 0) == 0, "team ranks");
+  CHECK(ncclTeamRankIsMember(dlsa, world, nranks - 1) && !ncclTeamRankIsMember(dlsa, world, nranks), "members");
+
+  /* Resource memory: zeroed, each peer's copy one stride further, writable by every rank. */
+  char* local = (char*)ncclGetResourceBufferLocalPointer(dev, extra);
+  int zero = 1;
+  for (int i = 0; i < 1000; i++) zero &= local[i] == 0;
+  uint32_t* lsaEpochs = (uint32_t*)ncclGetResourceBufferLocalPointer(dev, dev.lsaBarrier.bufHandle);
+  zero &= lsaEpochs[0] == 0 && lsaEpochs[1] == 0;
+  CHECK(zero, "resource memory starts zeroed");
+  char* p0 = (char*)ncclGetResourceBufferPeerPointer(dev, extra, dlsa, 0);
+  for (int p = 0; p < nranks; p++) {
+    char* pp = (char*)ncclGetResourceBufferPeerPointer(dev, extra, dlsa, p);
+    CHECK((unsigned long long)(pp - p0) == (unsigned long long)p * dev.stride, "peer %d resource at +%lld", p,
+          (long long)(pp - p0));
+    CHECK(pp == (char*)ncclGetResourceBufferLsaPointer(dev, extra, p), "lsa pointer of %d", p);
+  }
+  CHECK(local == (char*)ncclGetResourceBufferPeerPointer(dev, extra, dlsa, rank), "local pointer");
+  {
+    ncclLsaBarrierSession<ncclCoopThread> bar(ncclCoopThread(), dev, ncclTeamTagLsa(), 0);
+    bar.sync(ncclCoopThread());
+  }
+  for (int p = 0; p < nranks; p++) {
+    uint32_t* slots = (uint32_t*)ncclGetResourceBufferPeerPointer(dev, extra, dlsa, p);
+    slots[rank] = 1000u + (uint32_t)rank;
+  }
+  {
+    ncclLsaBarrierSession<ncclCoopThread> bar(ncclCoopThread(), dev, ncclTeamTagLsa(), 0);
+    bar.sync(ncclCoopThread());
+  }
+  {
+    uint32_t* mine = (uint32_t*)local;
+    int ok = 1;
+    for (int p = 0; p < nranks; p++) ok &= mine[p] == 1000u + (uint32_t)p;
+    CHECK(ok, "every peer wrote its slot of this rank's resource buffer");
+  }
+
+  /* Window pointers: the header's agree with the library's. */
+  for (int p = 0; p < nranks; p++) {
+    void* viaLib = NULL;
+    OK(ncclGetLsaDevicePointer(win, 64, p, &viaLib));
+    CHECK(ncclGetLsaPointer(win, 64, p) == viaLib && ncclGetPeerPointer(win, 64, p) == viaLib &&
+              ncclGetPeerPointer(win, 64, dlsa, p) == viaLib,
+          "window pointer of %d", p);
+  }
+  CHECK(ncclGetLocalPointer(win, 0) == ncclGetLsaPointer(win, 0, rank), "local window pointer");
+
+  /* 100 rounds: write this rank's pattern, sync, check every peer's, sync (so nobody writes the
+   * next pattern while a peer still reads). The barriers alternate, and take turns: the device
+   * communicator's (index 0/1, round-robin), the caller's (team constructor), and arrive/wait
+   * split; one rank sleeps a little each round so a barrier that lets ranks through early
+   * shows stale patterns. */
+  uint32_t syncs[2] = {1 + 1, 0}; /* index 0 was used twice above */
+  uint32_t userSyncs[3] = {0, 0, 0};
+  int stale = 0;
+  for (int round = 0; round < 100; round++) {
+    int idx = round % 2;
+    if (rank == round % nranks) usleep(200 + (round % 7) * 100);
+    for (int i = 0; i < kWords; i++) buf[i] = pattern(rank, round, i);
+    if (round % 3 == 2) {
+      ncclLsaBarrierSession<ncclCoopWarp> bar(ncclCoopWarp(), dev, ncclTeamLsa(dev), userBar, idx);
+      bar.arrive(ncclCoopWarp());
+      bar.wait(ncclCoopWarp());
+      userSyncs[idx]++;
+    } else {
+      ncclLsaBarrierSession<ncclCoopThread> bar(ncclCoopThread(), dev, ncclTeamTagLsa(), idx);
+      bar.sync(ncclCoopThread());
+      syncs[idx]++;
+    }
+    for (int p = 0; p < nranks; p++) {
+      const uint32_t* theirs = (const uint32_t*)ncclGetLsaPointer(win, 0, p);
+      int bad = 0;
+      for (int i = 0; i < kWords; i++) bad += theirs[i] != pattern(p, round, i);
+      if (bad) {
+        stale++;
+        printf("rank %d round %d: %d words of rank %d's window are stale\n", rank, round, bad, p);
+      }
+    }
+    {
+      ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dev, ncclTeamTagLsa(), idx);
+      bar.sync(ncclCoopCta());
+      syncs[idx]++;
+    }
+  }
+  CHECK(stale == 0, "%d stale reads of peers' windows", stale);
+  CHECK(lsaEpochs[0] == syncs[0] && lsaEpochs[1] == syncs[1], "LSA barrier epochs %u %u, expected %u %u", lsaEpochs[0],
+        lsaEpochs[1], syncs[0], syncs[1]);
+  uint32_t* userEpochs = (uint32_t*)ncclGetResourceBufferLocalPointer(dev, userBar.bufHandle);
+  CHECK(userEpochs[0] == userSyncs[0] && userEpochs[1] == userSyncs[1] && userEpochs[2] == 0,
+        "caller's barrier epochs %u %u %u", userEpochs[0], userEpochs[1], userEpochs[2]);
+
+  /* The abort flag ends a wait nobody will answer (barrier 2 of the caller's, never arrived). */
+  if (nranks > 1) {
+    unsigned int flag = 1;
+    ncclDevComm_t aborting = dev;
+    aborting.abortFlag = &flag;
+    {
+      ncclLsaBarrierSession<ncclCoopThread> bar(ncclCoopThread(), aborting, dlsa, userBar, 2);
+      bar.wait(ncclCoopThread());
+    }
+    CHECK(1, "a wait with the abort flag set returned");
+  }
+
+  /* A second device communicator: the 2.29.2 requirements size (fields past it are not read),
+   * and barrierCount counted as LSA barriers (the LSA team is every rank). */
+  ncclDevCommRequirements_t old = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+  old.size = 72;
+  old.barrierCount = 3;
+  old.lsaBarrierCount = 1;
+  old.ginConnectionType = NCCL_GIN_CONNECTION_FULL; /* past size 72: ignored */
+  ncclDevComm_t dev2;
+  OK(ncclDevCommCreate(comm, &old, &dev2));
+  CHECK(dev2.lsaBarrier.nBarriers == 3, "barrierCount as LSA barriers: %d", dev2.lsaBarrier.nBarriers);
+  {
+    ncclLsaBarrierSession<ncclCoopThread> bar(ncclCoopThread(), dev2, ncclTeamTagLsa(), 2);
+    bar.sync(ncclCoopThread());
+  }
+
+  /* Destroy: a copy works like the original; a second destroy and a foreign comm are refused. */
+  ncclDevComm_t copy = dev;
+  INVALID(ncclDevCommDestroy(NULL, &copy));
+  OK(ncclDevCommDestroy(comm, &copy));
+  INVALID(ncclDevCommDestroy(comm, &dev));
+  OK(ncclCommWindowDeregister(comm, win));
+  OK(ncclMemFree(buf));
+  OK(ncclCommDestroy(comm));
+  /* dev2 outlived its communicator: an error, not a crash (and only once). */
+  INVALID(ncclDevCommDestroy(comm, &dev2));
+  INVALID(ncclDevCommDestroy(comm, &dev2));
+  return finish();
+}

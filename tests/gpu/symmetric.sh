@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Issue 13's checks on one GPU in one device call, from binaries under target/gpu:
+#  1. the kernels (with the symmetric ones) compile;
+#  2. windows on the GPU, 2 ranks as processes: peers' windows read and written through their
+#     flat-range pointers, 1000 register/deregister cycles with the device memory in use
+#     before and after, bad registrations refused on every rank;
+#  3. (under MPS) the correctness matrix with every buffer in a symmetric window, each
+#     all_reduce kernel forced in turn (ll, ld, rsag) and the default choice, with
+#     all_gather and reduce_scatter; the number of symmetric launches each run made;
+#  4. (bench) all_reduce latency 8 B..256 KiB, 2 ranks: window buffers (-R 2, the symmetric
+#     kernels) against plain buffers (the ring), same run; and larger sizes;
+#  5. (devcomm) a user kernel compiled by nvcc against capi/include/nccl_device.h that reads
+#     its peer's window through the device communicator and synchronises with an LSA
+#     barrier; (nccl_header) a C program built against NVIDIA's nccl.h alone with windows;
+#  6. (sanitizer, before MPS) compute-sanitizer memcheck on a small matrix with windows.
+# SKIP lists sections to leave out: compile windows matrix bench devcomm nccl_header sanitizer.
+# Only summary.txt, logs.tgz and kcache.tgz come back.
+#   tests/gpu/symmetric.sh
+set -u
+k=0
+. tests/gpu/env.sh
+export RUSTCCL_BACKEND=cuda
+results symmetric
+want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
+restore_kcache
+nvidia-smi -L >> $S
+if want compile; then
+    timeout 400 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
+    note "kernels: rc $? $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-600 | tr '\n' ' ')"
+fi
+# two <name> <seconds> <command> [VAR=value ...]: rank-worker <command> as 2 processes.
+two() {
+    local name=$1 t=$2 cmd=$3; shift 3
+    local port=$((29600 + RANDOM % 300))
+    for r in 0 1; do
+        env NCCL_COMM_ID=127.0.0.1:$port "$@" timeout $t $G/rank-worker $cmd 2 $r env > $OUT/$name.$r.log 2>&1 &
+    done
+    wait
+    note "$name: $(grep -h -E '^(RESULT|ERROR|windows:)' $OUT/$name.*.log | cut -c1-300 | tr '\n' ' ')"
+}
+want windows && two windows 120 windows
+
+# compute-sanitizer does not run MPS clients: before MPS (the ranks time-slice).
+if want sanitizer; then
+    port=$((29600 + RANDOM % 300)) seed=$RANDOM
+    for r in 0 1; do
+        env COLL_SEED=$seed NCCL_COMM_ID=127.0.0.1:$port COLL_WINDOWS=1 COLL_COLLS=AllReduce,AllGather,ReduceScatter COLL_DTYPES=float32,int8 COLL_OPS=sum,premulsum-device COLL_LARGE=none \
+            timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $G/rank-worker coll-matrix 2 $r env > $OUT/sanitizer.$r.log 2>&1 &
+    done
+    wait
+    note "compute-sanitizer memcheck, matrix on windows: $(grep -h -E '^(RESULT|ERROR)|ERROR SUMMARY' $OUT/sanitizer.*.log | cut -c1-200 | tr '\n' ' ')"
+fi
+
+started_mps=0
+nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
+note "MPS started: $started_mps"
+
+if want matrix; then
+    W="COLL_WINDOWS=1 COLL_COLLS=AllReduce,AllGather,ReduceScatter"
+    for kern in ll ld rsag auto; do
+        matrix win_$kern 200 $W RUSTCCL_SYM_KERNEL=$kern | tee -a $S
+    done
+    # Everything else on window buffers (the usual kernels), and the fallback with them off.
+    matrix win_other 200 COLL_WINDOWS=1 COLL_COLLS=Broadcast,Reduce,AlltoAll,SendRecv | tee -a $S
+    matrix win_off 200 $W RUSTCCL_SYM_KERNEL=off | tee -a $S
+fi
+
+if want bench; then
+    for R in 0 2; do
+        timeout 120 $G/rustccl-bench all_reduce -N 2 -b 8 -e 256K -f 2 -c 1 -n 200 -w 20 -R $R > $OUT/lat_R$R.txt 2>&1
+    done
+    note "== all_reduce 2 ranks, one GPU: size | us out of place, in place: plain buffers (ring) | windows (symmetric) ($(wrong $OUT/lat_R0.txt $OUT/lat_R2.txt))"
+    paste <(grep -E "^ +[0-9]" $OUT/lat_R0.txt | awk '{print $1, $6, $10}') <(grep -E "^ +[0-9]" $OUT/lat_R2.txt | awk '{print $6, $10}') | tee -a $S
+    grep -h -i -E "error|local_register|register" $OUT/lat_R2.txt | head -3 | tee -a $S
+    for c in all_reduce all_gather reduce_scatter; do
+        for R in 0 2; do
+            timeout 120 $G/rustccl-bench $c -N 2 -b 256K -e 1G -f 4 -c 1 -n 20 -w 5 -R $R > $OUT/big_${c}_R$R.txt 2>&1
+        done
+        note "== $c 2 ranks: size | us, busbw: plain | windows ($(wrong $OUT/big_${c}_R0.txt $OUT/big_${c}_R2.txt))"
+        paste <(grep -E "^ +[0-9]" $OUT/big_${c}_R0.txt | awk '{print $1, $6, $8}') <(grep -E "^ +[0-9]" $OUT/big_${c}_R2.txt | awk '{print $6, $8}') | tee -a $S
+    done
+    copy_roofline
+fi
+
+if want devcomm && [ -f tests/gpu/devcomm_kernel.cu ]; then
+    nvcc -O2 -arch=native -I capi/include -o /tmp/devcomm_kernel tests/gpu/devcomm_kernel.cu -L$G -lnccl -lcuda > $OUT/devcomm_build.log 2>&1
+    note "devcomm user kernel build: rc $? $(head -c 600 $OUT/devcomm_build.log | tr '\n' ' ')"
+    port=$((29600 + RANDOM % 300))
+    for r in 0 1; do
+        RANK=$r NRANKS=2 NCCL_COMM_ID=127.0.0.1:$port LD_LIBRARY_PATH=$PWD/$G:$LD_LIBRARY_PATH timeout 60 /tmp/devcomm_kernel > $OUT/devcomm.$r.log 2>&1 &
+    done
+    wait
+    note "devcomm user kernel: $(cat $OUT/devcomm.*.log | grep -E 'RESULT|ERROR|FAIL|error' | head -4 | cut -c1-300 | tr '\n' ' ')"
+fi
+
+if want nccl_header && [ -f tests/gpu/sym_nccl_header.c ]; then
+    NVINC=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(nvidia.nccl.__path__[0],"include"))' 2>/dev/null)
+    gcc -O2 -DWITH_CUDA -I "$NVINC" -I /usr/local/cuda/include -o /tmp/sym_nccl_header tests/gpu/sym_nccl_header.c -L$G -lnccl -L/usr/local/cuda/lib64 -lcudart > $OUT/nccl_header_build.log 2>&1
+    note "C program against NVIDIA's nccl.h ($NVINC): build rc $? $(head -c 400 $OUT/nccl_header_build.log | tr '\n' ' ')"
+    port=$((29600 + RANDOM % 300))
+    for r in 0 1; do
+        RANK=$r NRANKS=2 NCCL_COMM_ID=127.0.0.1:$port LD_LIBRARY_PATH=$PWD/$G:$LD_LIBRARY_PATH timeout 60 /tmp/sym_nccl_header > $OUT/nccl_header.$r.log 2>&1 &
+    done
+    wait
+    note "C program against NVIDIA's nccl.h, 2 ranks: $(cat $OUT/nccl_header.*.log | grep -E 'RESULT|ERROR|FAIL|rror' | head -4 | cut -c1-300 | tr '\n' ' ')"
+fi
+
+[ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
+tar czf $FINAL_OUT/kcache.tgz -C target kcache 2>/dev/null
+tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null
