@@ -29,7 +29,8 @@ struct Registration {
 /// memory, and its ranks share a host).
 pub(crate) fn lsa_is_world(comm: &rustccl::Communicator) -> bool {
     let one_host = comm.host_hashes().is_ok_and(|h| h.iter().all(|x| *x == h[0]));
-    one_host && comm.backend().kind() == rustccl::backend::BackendKind::Host
+    // Backends with symmetric memory: every rank of one host maps every rank's windows.
+    one_host && matches!(comm.backend().kind(), rustccl::backend::BackendKind::Host | rustccl::backend::BackendKind::Cuda)
 }
 
 /// `*out` = where `rank` (of the LSA team, which is every rank where windows work) holds

@@ -190,6 +190,10 @@ abi_constants! {
     /// Symmetric resource memory: byte offset of the barrier inboxes, u32
     /// `[SYM_MAX_BLOCKS][nranks]`: rank p's arrival for block b is at `b * nranks + p`.
     SYM_RES_INBOX: u64 = 128 => RUSTCCL_SYM_RES_INBOX "ull";
+    /// Symmetric resource memory: byte offset of the copy-engine collectives' flags, u32
+    /// `[nranks]` (rank p's arrival at `p`), written and waited for by stream memory
+    /// operations (`coll::symmetric`; the kernels do not touch them).
+    SYM_RES_CE: u64 = 768 << 10 => RUSTCCL_SYM_RES_CE "ull";
     /// Symmetric resource memory: byte offset of the one-shot LL scratch (two halves, by the
     /// epoch's parity, each cut into one region per source rank).
     SYM_RES_LL: u64 = 1 << 20 => RUSTCCL_SYM_RES_LL "ull";

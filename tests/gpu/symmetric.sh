@@ -13,8 +13,8 @@
 #     its peer's window through the device communicator and synchronises with an LSA
 #     barrier; (nccl_header) a C program built against NVIDIA's nccl.h alone with windows;
 #  6. (sanitizer, before MPS) compute-sanitizer memcheck on a small matrix with windows.
-# SKIP lists sections to leave out: compile windows matrix bench devcomm nccl_header sanitizer.
-# Only summary.txt, logs.tgz and kcache.tgz come back.
+# SKIP lists sections to leave out: compile windows matrix bench latency devcomm nccl_header sanitizer.
+# Only summary.txt, logs.tgz and the kernel cache (kcache.tgz.part-*) come back.
 #   tests/gpu/symmetric.sh
 set -u
 k=0
@@ -23,6 +23,7 @@ export RUSTCCL_BACKEND=cuda
 results symmetric
 want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
 restore_kcache
+ls $G/kcache.tgz.part-* > /dev/null 2>&1 && cat $G/kcache.tgz.part-* | tar xzf - -C target
 nvidia-smi -L >> $S
 if want compile; then
     timeout 400 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
@@ -62,24 +63,44 @@ if want matrix; then
     done
     # Everything else on window buffers (the usual kernels), and the fallback with them off.
     matrix win_other 200 COLL_WINDOWS=1 COLL_COLLS=Broadcast,Reduce,AlltoAll,SendRecv | tee -a $S
+    matrix win_ce 200 COLL_WINDOWS=1 COLL_COLLS=AllGather,Broadcast,AlltoAll RUSTCCL_SYM_KERNEL=ce | tee -a $S
     matrix win_off 200 $W RUSTCCL_SYM_KERNEL=off | tee -a $S
 fi
 
 if want bench; then
-    for R in 0 2; do
-        timeout 120 $G/rustccl-bench all_reduce -N 2 -b 8 -e 256K -f 2 -c 1 -n 200 -w 20 -R $R > $OUT/lat_R$R.txt 2>&1
-    done
-    note "== all_reduce 2 ranks, one GPU: size | us out of place, in place: plain buffers (ring) | windows (symmetric) ($(wrong $OUT/lat_R0.txt $OUT/lat_R2.txt))"
-    paste <(grep -E "^ +[0-9]" $OUT/lat_R0.txt | awk '{print $1, $6, $10}') <(grep -E "^ +[0-9]" $OUT/lat_R2.txt | awk '{print $6, $10}') | tee -a $S
-    grep -h -i -E "error|local_register|register" $OUT/lat_R2.txt | head -3 | tee -a $S
-    for c in all_reduce all_gather reduce_scatter; do
-        for R in 0 2; do
-            timeout 120 $G/rustccl-bench $c -N 2 -b 256K -e 1G -f 4 -c 1 -n 20 -w 5 -R $R > $OUT/big_${c}_R$R.txt 2>&1
-        done
-        note "== $c 2 ranks: size | us, busbw: plain | windows ($(wrong $OUT/big_${c}_R0.txt $OUT/big_${c}_R2.txt))"
-        paste <(grep -E "^ +[0-9]" $OUT/big_${c}_R0.txt | awk '{print $1, $6, $8}') <(grep -E "^ +[0-9]" $OUT/big_${c}_R2.txt | awk '{print $6, $8}') | tee -a $S
+    # b <file> <bench args...>: one bench run, 2 ranks (under MPS), into $OUT/<file>.txt.
+    b() { local f=$1; shift; timeout 150 $G/rustccl-bench "$@" -N 2 -c 1 > $OUT/$f.txt 2>&1; }
+    # cols <file>: size, us and busbw of the out-of-place column.
+    cols() { grep -E "^ +[0-9]" $OUT/$1.txt | awk '{print $1, $6, $8}'; }
+    b ar_ring all_reduce -b 8 -e 4M -f 4 -n 200 -w 20 -R 0
+    for kern in ll ld rsag; do RUSTCCL_SYM_KERNEL=$kern b ar_$kern all_reduce -b 8 -e 4M -f 4 -n 200 -w 20 -R 2; done
+    b ar_auto all_reduce -b 8 -e 4M -f 4 -n 200 -w 20 -R 2
+    note "== all_reduce 2 ranks, one GPU: size | us, busbw: ring (plain buffers) | ll | ld | rsag | default on windows ($(wrong $OUT/ar_*.txt))"
+    paste <(cols ar_ring) <(cols ar_ll | cut -d' ' -f2-) <(cols ar_ld | cut -d' ' -f2-) <(cols ar_rsag | cut -d' ' -f2-) <(cols ar_auto | cut -d' ' -f2-) | tee -a $S
+    grep -h -i -E "error" $OUT/ar_*.txt | head -3 | tee -a $S
+    b arbig_ring all_reduce -b 4M -e 1G -f 4 -n 20 -w 5 -R 0
+    b arbig_win all_reduce -b 4M -e 1G -f 4 -n 20 -w 5 -R 2
+    note "== all_reduce large: size | us, busbw: ring | rsag ($(wrong $OUT/arbig_*.txt))"
+    paste <(cols arbig_ring) <(cols arbig_win | cut -d' ' -f2-) | tee -a $S
+    for c in all_gather reduce_scatter broadcast alltoall; do
+        b ${c}_ring $c -b 1K -e 1G -f 8 -n 20 -w 5 -R 0
+        b ${c}_win $c -b 1K -e 1G -f 8 -n 20 -w 5 -R 2
+        [ $c = all_gather ] && RUSTCCL_SYM_KERNEL=ce b ${c}_ce $c -b 1K -e 1G -f 8 -n 20 -w 5 -R 2
+        [ $c = all_gather ] && RUSTCCL_SYM_KERNEL=ag b ${c}_kern $c -b 1K -e 1G -f 8 -n 20 -w 5 -R 2
+        [ $c = broadcast ] && RUSTCCL_SYM_KERNEL=ce b ${c}_ce $c -b 1K -e 1G -f 8 -n 20 -w 5 -R 2
+        note "== $c 2 ranks: size | us, busbw: plain buffers | windows default$( [ -f $OUT/${c}_ce.txt ] && echo ' | copy engines forced')$( [ -f $OUT/${c}_kern.txt ] && echo ' | kernel forced') ($(wrong $OUT/${c}_*.txt))"
+        if [ -f $OUT/${c}_kern.txt ]; then paste <(cols ${c}_ring) <(cols ${c}_win | cut -d' ' -f2-) <(cols ${c}_ce | cut -d' ' -f2-) <(cols ${c}_kern | cut -d' ' -f2-) | tee -a $S
+        elif [ -f $OUT/${c}_ce.txt ]; then paste <(cols ${c}_ring) <(cols ${c}_win | cut -d' ' -f2-) <(cols ${c}_ce | cut -d' ' -f2-) | tee -a $S
+        else paste <(cols ${c}_ring) <(cols ${c}_win | cut -d' ' -f2-) | tee -a $S; fi
     done
     copy_roofline
+fi
+
+# The latency table: all_reduce 8 B..256 KiB, ring (plain buffers) against windows.
+if want latency; then
+    for R in 0 2; do timeout 120 $G/rustccl-bench all_reduce -N 2 -b 8 -e 256K -f 2 -c 1 -n 500 -w 50 -R $R > $OUT/lat_R$R.txt 2>&1; done
+    note "== all_reduce 2 ranks, one GPU, 8 B..256 KiB: size | us out of place, in place: ring (plain buffers) | symmetric (windows) ($(wrong $OUT/lat_R0.txt $OUT/lat_R2.txt))"
+    paste <(grep -E "^ +[0-9]" $OUT/lat_R0.txt | awk '{print $1, $6, $10}') <(grep -E "^ +[0-9]" $OUT/lat_R2.txt | awk '{print $6, $10}') | tee -a $S
 fi
 
 if want devcomm && [ -f tests/gpu/devcomm_kernel.cu ]; then
@@ -106,5 +127,6 @@ if want nccl_header && [ -f tests/gpu/sym_nccl_header.c ]; then
 fi
 
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
-tar czf $FINAL_OUT/kcache.tgz -C target kcache 2>/dev/null
+# The kernel cache comes back in parts (a file back is at most 16 MiB): copy them to target/gpu/.
+tar czf - -C target kcache 2>/dev/null | split -b 15M - $FINAL_OUT/kcache.tgz.part-
 tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null

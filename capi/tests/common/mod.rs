@@ -1,6 +1,7 @@
 //! What the C API tests share: compiling a C program from `tests/c/<name>.c` (or a C++ one
-//! from `tests/c/<name>.cpp`) against rustccl's `nccl.h` and the `libnccl.so` this package
-//! builds, and running it as processes on the host backend with a time limit.
+//! from `tests/c/<name>.cpp`, or a source elsewhere in the repository) against rustccl's
+//! `nccl.h` and the `libnccl.so` this package builds, and running it as processes on the host
+//! backend with a time limit.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,12 +18,20 @@ fn target_dir() -> PathBuf {
 /// The compiled `tests/c/<name>.c` (or `.cpp`), built once per test process (tests running in parallel
 /// share it).
 pub fn build(name: &str) -> PathBuf {
+    let tests_c = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let cpp = tests_c.join(format!("{name}.cpp"));
+    build_source(name, &if cpp.exists() { cpp } else { tests_c.join(format!("{name}.c")) })
+}
+
+/// The compiled `source` (a `.c` file, or `.cpp` for C++; a path relative to the repository
+/// root, or absolute), as program `name`, built once per test process like [`build`]'s.
+pub fn build_source(name: &str, source: &Path) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
         return exe.clone();
     }
-    let exe = compile(name);
+    let exe = compile(name, &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(source));
     built.push((name.to_string(), exe.clone()));
     exe
 }
@@ -30,7 +39,7 @@ pub fn build(name: &str) -> PathBuf {
 /// Lays the built library out as an installed `libnccl.so.2` (programs load it by its
 /// soname) in a directory of the program's own, `capi-<name>` (so that test binaries running
 /// at once never replace each other's files), and compiles the program there, linked to it.
-fn compile(name: &str) -> PathBuf {
+fn compile(name: &str, source: &Path) -> PathBuf {
     let dir = target_dir();
     let lib = [dir.join("libnccl.so"), dir.join("deps/libnccl.so")]
         .into_iter()
@@ -43,16 +52,12 @@ fn compile(name: &str) -> PathBuf {
     std::os::unix::fs::symlink("libnccl.so.2", libdir.join("libnccl.so")).unwrap();
     let out = libdir.join(name);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let cpp = root.join(format!("tests/c/{name}.cpp"));
-    let (compiler, std, source) = if cpp.exists() {
-        ("c++", "-std=c++17", cpp)
-    } else {
-        ("cc", "-std=gnu99", root.join(format!("tests/c/{name}.c")))
-    };
+    let cpp = source.extension().is_some_and(|e| e == "cpp");
+    let (compiler, std) = if cpp { ("c++", "-std=c++17") } else { ("cc", "-std=gnu99") };
     let status = Command::new(compiler)
         .args([std, "-Wall", "-Werror", "-pthread", "-o"])
         .arg(&out)
-        .arg(&source)
+        .arg(source)
         .arg("-I")
         .arg(root.join("tests/c"))
         .arg("-I")
@@ -98,6 +103,12 @@ pub fn spawn_ranks(exe: &Path, nranks: usize, env: &[(&str, String)]) -> Vec<Chi
 /// Waits for every process (killing them all after `limit`: a hang fails the test) and
 /// asserts each exited 0 with no failed check.
 pub fn expect_clean(children: Vec<Child>, limit: Duration, what: &str) {
+    expect_clean_by(children, limit, what, |_, stdout| stdout.contains(", 0 failed"));
+}
+
+/// [`expect_clean`] for programs that say they passed in their own words: `passed(i, stdout)`
+/// tells whether process `i`'s output says so (its exit status must be 0 as well).
+pub fn expect_clean_by(children: Vec<Child>, limit: Duration, what: &str, passed: impl Fn(usize, &str) -> bool) {
     let deadline = Instant::now() + limit;
     let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
     while children.iter_mut().flatten().any(|c| c.try_wait().unwrap().is_none()) {
@@ -114,7 +125,7 @@ pub fn expect_clean(children: Vec<Child>, limit: Duration, what: &str) {
         let out = c.take().unwrap().wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         println!("{what}, process {i}: {}\n{stdout}", out.status);
-        if !out.status.success() || !stdout.contains(", 0 failed") {
+        if !out.status.success() || !passed(i, &stdout) {
             problems.push(format!(
                 "{what}, process {i}: {} (killed after {limit:?} if it hung)\n{stdout}\n{}",
                 out.status,

@@ -347,6 +347,21 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
         Err(no_kernels("exec_kernel"))
     }
 
+    /// Writes `value` to the 4 bytes at `addr` (device memory, a peer's window included) in
+    /// stream order, after the work before it is done and visible (`cuStreamWriteValue32`).
+    /// Device backends only.
+    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        let _ = (addr, value, stream);
+        Err(no_kernels("stream_write_u32"))
+    }
+
+    /// Makes the work enqueued on `stream` from now on wait until the 4 bytes at `addr` hold
+    /// at least `value` (`cuStreamWaitValue32` with GEQ). Device backends only.
+    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        let _ = (addr, value, stream);
+        Err(no_kernels("stream_wait_u32"))
+    }
+
     /// Launches symmetric kernel `kernel` (`kernels/src/device/symmetric.h`) for `op` on
     /// `dtype` with `blocks` blocks on `stream`. Device backends only.
     #[allow(clippy::too_many_arguments)]

@@ -8,13 +8,24 @@
 //! two wait for each other until the watchdog's timeout reports the hang.
 //!
 //! Which kernel, by size (`choose`; `RUSTCCL_SYM_KERNEL` forces one: `ll`, `ld`, `rsag` for
-//! all_reduce; `off` turns the symmetric kernels off):
+//! all_reduce; `off` turns the symmetric kernels off), from the measurements on one H200
+//! with 2 ranks (docs/PERFORMANCE.md, 2026-12-02):
 //! - all_reduce up to [`LL_MAX`] bytes (and what fits the LL scratch): one shot through
 //!   flag-tagged LL lines, no barrier;
-//! - up to [`LD_MAX`]: one shot by loads of every peer's whole buffer between two barriers;
-//! - above: two shots, each rank reducing its slice and storing it into every peer.
+//! - above: two shots, each rank reducing its slice from every peer's send window and
+//!   storing it into every peer's receive window;
+//! - the one-shot load kernel (every rank reduces the whole buffer itself) only when forced,
+//!   and never in place: a rank would overwrite its input while a peer still reads it.
 //!
 //! all_gather and reduce_scatter each have one kernel.
+//!
+//! Copy-engine collectives (no kernel, no SM): broadcast from [`CE_MIN`] bytes, all_to_all
+//! on symmetric windows (out of place) at every size, and all_gather when forced (its kernel
+//! was faster at every size measured) copy into the peers' windows with `cuMemcpyAsync`,
+//! between two barriers of stream memory operations (each rank writes its epoch into every
+//! peer's flag, then waits until its own flags hold every peer's). Their epoch is counted by
+//! the host, so they do not run inside a graph capture (those calls take the kernels or the
+//! ring). `RUSTCCL_SYM_KERNEL=ce` makes all_gather and broadcast take them at every size.
 
 use rustccl_kernels::exec::SymArgs;
 use rustccl_kernels::symmetric::SymKernel;
@@ -23,10 +34,12 @@ use super::{CollKind, Task};
 use crate::comm::Communicator;
 use crate::error::Result;
 
-/// all_reduce takes the LL one-shot kernel up to this many bytes.
-pub const LL_MAX: u64 = 64 << 10;
-/// all_reduce takes the one-shot load kernel up to this many bytes (the two-shot one above).
-pub const LD_MAX: u64 = 512 << 10;
+/// all_reduce takes the LL one-shot kernel up to this many bytes (measured: 6.6 us at 128 KiB
+/// against 7.3 for two shots; 10.0 at 512 KiB against 7.7).
+pub const LL_MAX: u64 = 256 << 10;
+/// broadcast takes the copy engines from this many bytes (measured: the ring 14 us at 4 MiB
+/// against 18; 62 at 32 MiB against 52).
+pub const CE_MIN: u64 = 16 << 20;
 /// Bytes per block of the barrier kernels (blocks up to `SYM_MAX_BLOCKS`).
 const BLOCK_BYTES: u64 = 32 << 10;
 
@@ -49,8 +62,9 @@ fn forced() -> Option<Option<&'static str>> {
             "off" | "0" | "none" => Some(None),
             k => match SymKernel::ALL.iter().find(|s| s.short() == k) {
                 Some(s) => Some(Some(s.short())),
+                None if k == "ce" => Some(Some("ce")),
                 None => {
-                    tracing::warn!(target: "INIT", "RUSTCCL_SYM_KERNEL={v}: not one of auto, off, ll, ld, rsag, ag, rs; ignored");
+                    tracing::warn!(target: "INIT", "RUSTCCL_SYM_KERNEL={v}: not one of auto, off, ll, ld, rsag, ag, rs, ce; ignored");
                     None
                 }
             },
@@ -61,7 +75,7 @@ fn forced() -> Option<Option<&'static str>> {
 /// The kernel for a collective of `kind` on `bytes` (all_reduce: the buffer; all_gather and
 /// reduce_scatter: one rank's part) with `nranks` ranks, if a symmetric one takes it. The same
 /// on every rank for the same call.
-pub fn choose(kind: &CollKind, bytes: u64, nranks: usize) -> Option<SymKernel> {
+pub fn choose(kind: &CollKind, bytes: u64, nranks: usize, in_place: bool) -> Option<SymKernel> {
     let forced = forced();
     if forced == Some(None) {
         return None;
@@ -72,10 +86,9 @@ pub fn choose(kind: &CollKind, bytes: u64, nranks: usize) -> Option<SymKernel> {
             let ll_fits = bytes <= SymKernel::ll_max_bytes(nranks);
             match force {
                 Some("ll") if ll_fits => Some(SymKernel::AllReduceLl),
-                Some("ld") => Some(SymKernel::AllReduceLd),
+                Some("ld") if !in_place => Some(SymKernel::AllReduceLd),
                 Some("rsag") => Some(SymKernel::AllReduceRsAg),
                 _ if bytes <= LL_MAX && ll_fits => Some(SymKernel::AllReduceLl),
-                _ if bytes <= LD_MAX => Some(SymKernel::AllReduceLd),
                 _ => Some(SymKernel::AllReduceRsAg),
             }
         }
@@ -97,9 +110,32 @@ pub fn blocks(kernel: SymKernel, bytes: u64) -> u32 {
     bytes.div_ceil(per).clamp(1, max) as u32
 }
 
+/// Whether a collective of `kind` on `bytes` (per rank for all_gather) takes the copy
+/// engines (outside graph captures; the same on every rank).
+pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
+    let forced = forced();
+    if forced == Some(None) {
+        return false;
+    }
+    let ce = forced.flatten() == Some("ce");
+    match kind {
+        CollKind::AllGather => ce,
+        CollKind::Broadcast { .. } => ce || (forced.flatten().is_none() && bytes >= CE_MIN),
+        _ => false,
+    }
+}
+
 /// Runs `task` with a symmetric kernel if its buffers lie in symmetric windows; `None` when
 /// it must take the usual way.
 pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
+    let r = try_copy_engine(comm, task);
+    if r.is_some() {
+        return r;
+    }
+    try_kernel(comm, task)
+}
+
+fn try_kernel(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     let caps = comm.backend().capabilities();
     if !caps.symmetric_kernels || task.count == 0 || !comm.config().blocking || super::check::enabled() {
         return None;
@@ -115,7 +151,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
         CollKind::ReduceScatter => (part * n as u64, part),
         _ => return None,
     };
-    let kernel = choose(&task.kind, part, n)?;
+    let kernel = choose(&task.kind, part, n, task.send == task.recv)?;
     let place = comm.symmetric_place(task.send, send_bytes as usize, task.recv, recv_bytes as usize)?;
     let start = crate::profile::start();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
@@ -126,6 +162,135 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     }
     crate::profile::stage(crate::profile::Stage::Total, start);
     Some(r)
+}
+
+/// all_gather and broadcast on symmetric windows by the copy engines (see the module docs).
+fn try_copy_engine(comm: &Communicator, task: &Task) -> Option<Result<()>> {
+    let caps = comm.backend().capabilities();
+    if !caps.symmetric_kernels || task.count == 0 || !comm.config().blocking || super::check::enabled() {
+        return None;
+    }
+    let n = comm.nranks_unchecked() as usize;
+    let part = (task.count * task.dtype.size()) as u64;
+    if n < 2 || !copy_engine(&task.kind, part) {
+        return None;
+    }
+    let me = comm.rank_unchecked() as usize;
+    // (send bytes, recv bytes, the copies: (peer, offset into the send buffer, offset into
+    // the peer's receive buffer))
+    let (send_bytes, recv_bytes, copies): (u64, u64, Vec<(usize, u64, u64)>) = match task.kind {
+        CollKind::AllGather => (part, part * n as u64, (0..n).map(|p| (p, 0, me as u64 * part)).collect()),
+        CollKind::Broadcast { root } if root as usize == me => (part, part, (0..n).map(|p| (p, 0, 0)).collect()),
+        CollKind::Broadcast { .. } => (0, part, Vec::new()),
+        _ => return None,
+    };
+    // A non-root's send buffer is unused: look its receive buffer up twice.
+    let send = if send_bytes == 0 { task.recv } else { task.send };
+    let place = comm.symmetric_place(send, send_bytes.max(1) as usize, task.recv, recv_bytes as usize)?;
+    match comm.backend().is_capturing(task.stream) {
+        Ok(false) => {}
+        Ok(true) => return None,
+        Err(e) => return Some(Err(comm.record_error(e))),
+    }
+    Some(copy_engine_run(comm, task.shape(), task.stream, place, part, &copies))
+}
+
+/// `ncclAlltoAll` on symmetric windows by the copy engines: `bytes` to and from every rank
+/// (block p of this rank's send buffer into block `rank` of rank p's receive buffer). `None`
+/// when it must take the usual way.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn try_all_to_all(
+    comm: &Communicator,
+    send: crate::backend::DevicePtr,
+    recv: crate::backend::DevicePtr,
+    count: usize,
+    dtype: crate::types::DataType,
+    stream: crate::backend::Stream,
+) -> Option<Result<()>> {
+    let caps = comm.backend().capabilities();
+    let forced = forced();
+    if !caps.symmetric_kernels || count == 0 || forced == Some(None) || !comm.config().blocking || super::check::enabled() {
+        return None;
+    }
+    let n = comm.nranks_unchecked() as usize;
+    let me = comm.rank_unchecked() as usize;
+    let part = (count * dtype.size()) as u64;
+    let total = part * n as u64;
+    if n < 2 {
+        return None;
+    }
+    let place = comm.symmetric_place(send, total as usize, recv, total as usize)?;
+    if place.send == place.recv {
+        return None;
+    }
+    match comm.backend().is_capturing(stream) {
+        Ok(false) => {}
+        Ok(true) => return None,
+        Err(e) => return Some(Err(comm.record_error(e))),
+    }
+    let copies: Vec<(usize, u64, u64)> = (0..n).map(|p| (p, p as u64 * part, me as u64 * part)).collect();
+    let shape = crate::comm::health::OpShape { kind: "AlltoAll", rank: None, count: count as u64, dtype: dtype.name(), op: None, p2p: false };
+    Some(copy_engine_run(comm, shape, stream, place, part, &copies))
+}
+
+fn copy_engine_run(
+    comm: &Communicator,
+    shape: crate::comm::health::OpShape,
+    stream: crate::backend::Stream,
+    place: crate::window::SymmetricPlace,
+    bytes: u64,
+    copies: &[(usize, u64, u64)],
+) -> Result<()> {
+    comm.op_log().started(std::slice::from_ref(&shape));
+    let r = run_copy_engine(comm, stream, place, bytes, copies);
+    if let Err(e) = &r {
+        comm.mark_broken(e);
+        comm.op_log().all_finished();
+    }
+    r.map_err(|e| comm.record_error(e.context(format!("{} (copy engines)", shape.kind))))
+}
+
+fn run_copy_engine(
+    comm: &Communicator,
+    stream: crate::backend::Stream,
+    place: crate::window::SymmetricPlace,
+    bytes: u64,
+    copies: &[(usize, u64, u64)],
+) -> Result<()> {
+    let (n, me) = (comm.nranks_unchecked() as usize, comm.rank_unchecked() as usize);
+    use crate::backend::DevicePtr;
+    let epoch = comm.next_ce_epoch();
+    let peer = |addr: u64, r: usize| DevicePtr(addr.wrapping_add((r as i64 - me as i64) as u64 * place.stride));
+    let flags = place.res + rustccl_kernels::exec::SYM_RES_CE;
+    let r = comm.with_device_exec(|backend, device, state| {
+        if state.last.is_some_and(|s| s != stream) {
+            if let Some(e) = state.last_event() {
+                backend.stream_wait_event(stream, e)?;
+            }
+        }
+        let barrier = |value: u32| -> Result<()> {
+            for p in (0..n).filter(|&p| p != me) {
+                backend.stream_write_u32(peer(flags + 4 * me as u64, p), value, stream)?;
+            }
+            for p in (0..n).filter(|&p| p != me) {
+                backend.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, stream)?;
+            }
+            Ok(())
+        };
+        // Entry: every peer's buffers are free (its stream reached this call); exit: every
+        // copy into this rank's buffer has landed, and nobody reads this rank's any more.
+        barrier(epoch.wrapping_mul(2).wrapping_sub(1))?;
+        // (In place, this rank's own copy has the same source and destination: no copy.)
+        for &(p, from, to) in copies {
+            backend.copy(peer(place.recv + to, p), DevicePtr(place.send + from), bytes as usize, stream)?;
+        }
+        barrier(epoch.wrapping_mul(2))?;
+        state.launched(backend, device, stream)?;
+        let _ = device;
+        Ok(())
+    });
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    r
 }
 
 fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: crate::window::SymmetricPlace, bytes: u64, n: usize) -> Result<()> {
@@ -174,18 +339,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn all_reduce_takes_ll_then_loads_then_two_shots() {
-        assert_eq!(choose(&CollKind::AllReduce, 8, 2), Some(SymKernel::AllReduceLl));
-        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, 2), Some(SymKernel::AllReduceLl));
-        assert_eq!(choose(&CollKind::AllReduce, LL_MAX + 8, 2), Some(SymKernel::AllReduceLd));
-        assert_eq!(choose(&CollKind::AllReduce, LD_MAX + 8, 8), Some(SymKernel::AllReduceRsAg));
-        // The LL scratch of a half holds nranks regions: many ranks take loads earlier.
+    fn all_reduce_takes_ll_then_two_shots() {
+        assert_eq!(choose(&CollKind::AllReduce, 8, 2, false), Some(SymKernel::AllReduceLl));
+        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, 2, true), Some(SymKernel::AllReduceLl));
+        assert_eq!(choose(&CollKind::AllReduce, LL_MAX + 8, 2, false), Some(SymKernel::AllReduceRsAg));
+        assert_eq!(choose(&CollKind::AllReduce, 1 << 30, 8, true), Some(SymKernel::AllReduceRsAg));
+        // The LL scratch of a half holds nranks regions: many ranks take two shots earlier.
         let ranks = 1024;
         assert!(SymKernel::ll_max_bytes(ranks) < LL_MAX);
-        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, ranks), Some(SymKernel::AllReduceLd));
-        assert_eq!(choose(&CollKind::AllGather, 1 << 30, 8), Some(SymKernel::AllGather));
-        assert_eq!(choose(&CollKind::ReduceScatter, 4, 8), Some(SymKernel::ReduceScatter));
-        assert_eq!(choose(&CollKind::Broadcast { root: 0 }, 4, 8), None);
+        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, ranks, false), Some(SymKernel::AllReduceRsAg));
+        assert_eq!(choose(&CollKind::AllGather, 1 << 30, 8, false), Some(SymKernel::AllGather));
+        assert_eq!(choose(&CollKind::ReduceScatter, 4, 8, true), Some(SymKernel::ReduceScatter));
+        assert_eq!(choose(&CollKind::Broadcast { root: 0 }, 4, 8, false), None);
+        assert!(copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN));
+        assert!(!copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN - 1));
+        assert!(!copy_engine(&CollKind::AllGather, 1 << 30));
     }
 
     #[test]

@@ -32,6 +32,11 @@ impl Communicator {
         })
     }
 
+    /// The epoch of this communicator's next copy-engine collective.
+    pub(crate) fn next_ce_epoch(&self) -> u32 {
+        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).next_ce_epoch()
+    }
+
     /// Where a collective on `send` and `recv` finds them for the symmetric kernels: both
     /// in `WIN_COLL_SYMMETRIC` windows of this communicator (`None` otherwise).
     pub(crate) fn symmetric_place(&self, send: DevicePtr, send_bytes: usize, recv: DevicePtr, recv_bytes: usize) -> Option<crate::window::SymmetricPlace> {

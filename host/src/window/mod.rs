@@ -148,6 +148,8 @@ pub struct Windows {
     /// window, made with the first `WIN_COLL_SYMMETRIC` window where the backend has
     /// symmetric kernels, released with the communicator.
     resources: Option<(DevicePtr, Window)>,
+    /// Copy-engine collectives run so far (their flags' epoch; every rank counts the same).
+    ce_epoch: u32,
 }
 
 /// Where a symmetric collective finds its buffers and memory (this rank's addresses in the
@@ -404,6 +406,12 @@ impl Windows {
             res: res.base + res.rank as u64 * res.stride + res.offset,
             stride: res.stride,
         })
+    }
+
+    /// The epoch of the next copy-engine collective (from 1).
+    pub fn next_ce_epoch(&mut self) -> u32 {
+        self.ce_epoch = self.ce_epoch.wrapping_add(1);
+        self.ce_epoch
     }
 
     /// Unmaps everything and gives the range back (the communicator is going away).

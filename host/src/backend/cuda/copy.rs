@@ -105,3 +105,23 @@ pub(super) unsafe fn copy_from_pinned_async(
         "cuMemcpyHtoDAsync",
     )
 }
+
+pub(super) fn stream_write_u32(b: &CudaBackend, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+    let place = b.place_for(stream, &[addr])?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    // SAFETY: a 4-byte device address the caller maps (a window's flag); the default flags
+    // order the write after the stream's earlier work, memory included.
+    let r = unsafe { sys::cuStreamWriteValue32_v2(raw_stream(stream), addr.0, value, 0) };
+    check(r, "cuStreamWriteValue32")
+}
+
+pub(super) fn stream_wait_u32(b: &CudaBackend, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+    let place = b.place_for(stream, &[addr])?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    // SAFETY: as above; the stream waits until the word is >= value (GEQ, wrapping compare
+    // is not needed: flags grow by one per operation from 0).
+    let r = unsafe {
+        sys::cuStreamWaitValue32_v2(raw_stream(stream), addr.0, value, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32)
+    };
+    check(r, "cuStreamWaitValue32")
+}

@@ -439,6 +439,14 @@ impl DeviceBackend for CudaBackend {
         launch::launch_exec_kernel(self, kernel, args, blocks, stream)
     }
 
+    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        copy::stream_write_u32(self, addr, value, stream)
+    }
+
+    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        copy::stream_wait_u32(self, addr, value, stream)
+    }
+
     fn launch_symmetric(
         &self,
         device: usize,
