@@ -5,15 +5,16 @@
  * run on either library.
  *
  * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.26.6: the newest NCCL release whose
- * whole API rustccl implements. Newer releases added calls rustccl declares and exports but
- * does not fully implement yet: symmetric memory windows (ncclCommWindowRegister/Deregister,
- * 2.27; ncclWinGetUserPtr, ncclGetLsaDevicePointer, ncclGetPeerDevicePointer, 2.29) work on
- * the host backend (RUSTCCL_BACKEND=host) and are refused with ncclInvalidUsage and a message
- * on GPUs; the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29), multimem pointers
- * and the device API (2.28) are refused the same way everywhere. A program that picks
- * features by version therefore does not pick those. Everything else newer than 2.26 works: ncclCommShrink, ncclCommRevoke, ncclAlltoAll/Gather/Scatter (2.27/2.28),
- * ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume and ncclCommMemStats (2.29),
- * the ncclParam* API and ncclTimeout (2.30), and the 2.30.7 ncclConfig_t fields.
+ * whole API rustccl implements. Of the calls newer releases added, symmetric memory windows
+ * (ncclCommWindowRegister/Deregister, 2.27; ncclWinGetUserPtr, ncclGetLsaDevicePointer,
+ * ncclGetPeerDevicePointer, 2.29) and the device API's LSA subset (ncclDevCommCreate/Destroy,
+ * ncclLsaBarrierCreateRequirement, teams; nccl_device.h, 2.28) work on the host backend and on
+ * GPUs of one host; the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29), multimem and
+ * GIN are refused with ncclInvalidUsage and a message. A program that picks features by
+ * version therefore does not pick those. Everything else newer than 2.26 works:
+ * ncclCommShrink, ncclCommRevoke, ncclAlltoAll/Gather/Scatter (2.27/2.28), ncclCommGrow and
+ * ncclCommGetUniqueId, ncclCommSuspend/Resume and ncclCommMemStats (2.29), the ncclParam* API
+ * and ncclTimeout (2.30), and the 2.30.7 ncclConfig_t fields.
  */
 #ifndef NCCL_H_
 #define NCCL_H_

@@ -393,6 +393,7 @@ mod tests {
     const EXEC_CU: &str = concat!(
         include_str!("device/exec.cu"),
         include_str!("device/memory.h"),
+        include_str!("device/symmetric.h"),
         include_str!("device/proto_simple.h"),
         include_str!("device/proto_ll.h"),
         include_str!("device/proto_ll128.h"),
@@ -436,9 +437,11 @@ mod tests {
                 "RustcclExecConn",
                 "RustcclExecControl",
                 "RustcclExecCall",
+                "RustcclSymArgs",
                 "RustcclExecArgs"
             ]
         );
+        assert_eq!(std::mem::size_of::<SymArgs>(), 80);
         // No padding bytes: `as_bytes` relies on it.
         for s in abi_structs() {
             assert_eq!(s.fields.iter().map(|f| f.size).sum::<usize>(), s.size, "{}", s.c_name);

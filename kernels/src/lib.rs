@@ -380,7 +380,7 @@ mod tests {
     #[test]
     fn sources_are_embedded() {
         let names: Vec<&str> = sources().iter().map(|(n, _)| *n).collect();
-        let own_headers = ["memory.h", "proto_simple.h", "proto_ll.h", "proto_ll128.h"];
+        let own_headers = ["memory.h", "proto_simple.h", "proto_ll.h", "proto_ll128.h", "symmetric.h"];
         let mut want = vec!["port.h", "elem.h", "rustccl_exec_abi.h"];
         want.extend(own_headers);
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();

@@ -12,8 +12,9 @@
 #  5. (devcomm) a user kernel compiled by nvcc against capi/include/nccl_device.h that reads
 #     its peer's window through the device communicator and synchronises with an LSA
 #     barrier; (nccl_header) a C program built against NVIDIA's nccl.h alone with windows;
-#  6. (sanitizer, before MPS) compute-sanitizer memcheck on a small matrix with windows.
-# SKIP lists sections to leave out: compile windows matrix bench latency devcomm nccl_header sanitizer.
+#  6. (sanitizer, before MPS) compute-sanitizer memcheck on a small matrix with windows;
+#  7. (torch) PyTorch with rustccl's libnccl.so.2 preloaded.
+# SKIP lists sections to leave out: compile windows matrix bench latency devcomm nccl_header sanitizer torch.
 # Only summary.txt, logs.tgz and the kernel cache (kcache.tgz.part-*) come back.
 #   tests/gpu/symmetric.sh
 set -u
@@ -40,6 +41,16 @@ two() {
     note "$name: $(grep -h -E '^(RESULT|ERROR|windows:)' $OUT/$name.*.log | cut -c1-300 | tr '\n' ' ')"
 }
 want windows && two windows 120 windows
+if want windows; then
+    port=$((29600 + RANDOM % 300))
+    for r in 0 1 2; do NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker windows-peer-death 3 $r env > $OUT/peer_death.$r.log 2>&1 & done
+    wait
+    note "windows-peer-death (3 ranks on the GPU, rank 2 SIGKILLed): $(grep -h -E '^(RESULT|ERROR)' $OUT/peer_death.*.log | cut -c1-200 | tr '\n' ' ')"
+    port=$((29600 + RANDOM % 300))
+    for r in 0 1 2; do NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker windows-op-death 3 $r env > $OUT/op_death.$r.log 2>&1 & done
+    wait
+    note "windows-op-death (3 ranks, rank 2 SIGKILLed during an all_to_all on windows: copy engines): $(grep -h -E '^(RESULT|ERROR)' $OUT/op_death.*.log | cut -c1-200 | tr '\n' ' ')"
+fi
 
 # compute-sanitizer does not run MPS clients: before MPS (the ranks time-slice).
 if want sanitizer; then
@@ -124,6 +135,12 @@ if want nccl_header && [ -f tests/gpu/sym_nccl_header.c ]; then
     done
     wait
     note "C program against NVIDIA's nccl.h, 2 ranks: $(cat $OUT/nccl_header.*.log | grep -E 'RESULT|ERROR|FAIL|rror' | head -4 | cut -c1-300 | tr '\n' ' ')"
+fi
+
+# PyTorch with rustccl's libnccl.so.2 preloaded (both ranks on the GPU, graphs included).
+if want torch; then
+    LD_PRELOAD=$PWD/$G/libnccl.so.2 timeout 150 python3 tests/torch/torch_dist.py --out $OUT/torch_rustccl.json --sizes --graph --one-gpu --port 29544 > $OUT/torch_rustccl.log 2>&1
+    note "torch (rustccl preloaded): rc $? $(grep -h -E 'failures|version|Error' $OUT/torch_rustccl.log | head -4 | tr '\n' ' ' | cut -c1-400)"
 fi
 
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control

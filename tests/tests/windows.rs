@@ -27,6 +27,17 @@ fn a_dead_peer_is_an_error_for_the_next_registration_not_a_crash() {
     }
 }
 
+/// A rank dies while the others run an all_to_all on symmetric windows: they get an error,
+/// not a hang.
+#[test]
+fn a_peer_dying_during_an_operation_on_windows_is_an_error_not_a_hang() {
+    let ranks: Vec<i32> = (0..3).collect();
+    let out = finish_all(spawn("windows-op-death", 3, &ranks, &ids_arg(&[new_id()]), &[]), Duration::from_secs(120));
+    for r in survivor_results(&out, 2) {
+        assert!(r.starts_with("windows-op-death ok "), "{r:?}");
+    }
+}
+
 #[test]
 fn windows_of_ranks_as_threads_share_one_backend() {
     // Two ranks in this process: each maps both ranks' memory in its own range, and a store

@@ -339,6 +339,7 @@ impl Communicator {
             self.announce(&Error::remote("it revoked the communicator (ncclCommRevoke)"));
         }
         self.device_cache().exec.abort();
+        self.release_copy_engine_waits();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} revoked", self.inner.rank, self.inner.comm_hash);
         Ok(())
     }
@@ -401,6 +402,7 @@ impl Communicator {
             self.announce(&Error::remote("it aborted the communicator (ncclCommAbort)"));
         }
         self.device_cache().exec.abort();
+        self.release_copy_engine_waits();
         self.inner.destroyed.store(true, Ordering::Release);
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(known_failure);
@@ -574,11 +576,13 @@ impl Communicator {
             let comm = Communicator { inner };
             if comm.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                 comm.device_cache().exec.abort();
+                comm.release_copy_engine_waits();
                 comm.inner.ops.all_finished();
                 continue;
             }
             if let Some(e) = comm.device_failure().or_else(|| comm.device_health().err()) {
                 comm.device_cache().exec.abort();
+                comm.release_copy_engine_waits();
                 let e = comm.record_error(e);
                 comm.mark_broken(&e);
                 comm.inner.ops.all_finished();
@@ -632,7 +636,7 @@ impl Communicator {
 
     /// Waits until this communicator's device work has completed; a failure found meanwhile
     /// stops the kernels (so this never waits on a dead peer).
-    fn wait_device_idle(&self) -> Result<()> {
+    pub(crate) fn wait_device_idle(&self) -> Result<()> {
         let backend = &self.inner.shared.backend;
         let Some(event) = self.device_cache().exec.last_event() else { return Ok(()) };
         let mut spins = 0u32;

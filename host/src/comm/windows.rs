@@ -32,6 +32,15 @@ impl Communicator {
         })
     }
 
+    /// After a failure or an abort: lets streams blocked in a copy-engine collective go on
+    /// (`Windows::release_copy_engine_waits`).
+    pub(crate) fn release_copy_engine_waits(&self) {
+        let Ok(device) = self.device() else { return };
+        let nranks = self.inner.nranks as usize;
+        let backend = std::sync::Arc::clone(self.backend());
+        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).release_copy_engine_waits(&*backend, device as usize, nranks);
+    }
+
     /// The epoch of this communicator's next copy-engine collective.
     pub(crate) fn next_ce_epoch(&self) -> u32 {
         self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).next_ce_epoch()
@@ -44,9 +53,12 @@ impl Communicator {
     }
 
     /// `ncclCommWindowDeregister`: this rank stops using `window` (local, as NCCL; the memory
-    /// stays with its owner, and peers keep their own mappings until they deregister).
+    /// stays with its owner, and peers keep their own mappings until they deregister). The
+    /// communicator's device work enqueued before it completes first, so a collective still
+    /// running on the window keeps its mappings until it ends.
     pub fn window_deregister(&self, window: &Window) -> Result<()> {
         self.ready("window_deregister")?;
+        self.wait_device_idle().map_err(|e| e.context("window_deregister: waiting for the communicator's device work"))?;
         let r = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).deregister(window.id());
         r.or_else(|e| self.fail(e.context("window_deregister")))
     }

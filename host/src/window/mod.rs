@@ -150,6 +150,8 @@ pub struct Windows {
     resources: Option<(DevicePtr, Window)>,
     /// Copy-engine collectives run so far (their flags' epoch; every rank counts the same).
     ce_epoch: u32,
+    /// The copy-engine flags were set to let every wait pass (the communicator failed).
+    ce_released: bool,
 }
 
 /// Where a symmetric collective finds its buffers and memory (this rank's addresses in the
@@ -406,6 +408,27 @@ impl Windows {
             res: res.base + res.rank as u64 * res.stride + res.offset,
             stride: res.stride,
         })
+    }
+
+    /// After a failure: sets this rank's copy-engine flags to their largest value, so that
+    /// streams waiting in a copy-engine collective for a peer that will never arrive (dead,
+    /// or aborted) go on instead of hanging (stream waits cannot be stopped otherwise). Once;
+    /// on a stream of its own (the caller's may be the blocked one).
+    pub fn release_copy_engine_waits(&mut self, backend: &dyn DeviceBackend, device: usize, nranks: usize) {
+        let Some((mem, _)) = self.resources.as_ref() else { return };
+        if self.ce_released {
+            return;
+        }
+        self.ce_released = true;
+        let flags = DevicePtr(mem.0 + rustccl_kernels::exec::SYM_RES_CE);
+        let r = backend.create_stream(device).and_then(|s| {
+            let r = backend.memset(flags, 0xff, nranks * 4, s).and_then(|_| backend.synchronize(s));
+            let _ = backend.destroy_stream(s);
+            r
+        });
+        if let Err(e) = r {
+            tracing::warn!(target: "INIT", "releasing the copy-engine collectives' waits: {}", e.message);
+        }
     }
 
     /// The epoch of the next copy-engine collective (from 1).

@@ -194,6 +194,15 @@ mod tests {
             ("RUSTCCL_EXEC_ERR_SIZE", EXEC_ERR_SIZE as u64, "u"),
             ("RUSTCCL_EXEC_ERR_SIG", EXEC_ERR_SIG as u64, "u"),
             ("RUSTCCL_EXEC_ERR_PROTO", EXEC_ERR_PROTO as u64, "u"),
+            ("RUSTCCL_SYM_THREADS", SYM_THREADS as u64, ""),
+            ("RUSTCCL_SYM_MAX_BLOCKS", SYM_MAX_BLOCKS as u64, ""),
+            ("RUSTCCL_SYM_RES_EPOCH", SYM_RES_EPOCH, "ull"),
+            ("RUSTCCL_SYM_RES_SCALAR", SYM_RES_SCALAR, "ull"),
+            ("RUSTCCL_SYM_RES_INBOX", SYM_RES_INBOX, "ull"),
+            ("RUSTCCL_SYM_RES_CE", SYM_RES_CE, "ull"),
+            ("RUSTCCL_SYM_RES_LL", SYM_RES_LL, "ull"),
+            ("RUSTCCL_SYM_LL_HALF", SYM_LL_HALF, "ull"),
+            ("RUSTCCL_SYM_RES_BYTES", SYM_RES_BYTES, "ull"),
         ];
         let found = defines(&abi_header());
         let found: Vec<(&str, &str)> = found.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
@@ -303,8 +312,11 @@ mod tests {
         let f = |s: &AbiStruct, n: &str| s.fields.iter().find(|f| f.name == n).unwrap().offset;
         assert_eq!(f(step, "recv"), std::mem::offset_of!(ExecStep, recv));
         assert_eq!(f(&rust[3], "ll128_slot_bytes"), std::mem::offset_of!(ExecConn, ll128_slot_bytes));
-        assert_eq!(f(&rust[6], "nconns"), std::mem::offset_of!(ExecArgs, nconns));
-        assert_eq!(f(&rust[6], "calls"), std::mem::offset_of!(ExecArgs, calls));
+        let args = rust.iter().find(|s| s.c_name == "RustcclExecArgs").unwrap();
+        assert_eq!(f(args, "nconns"), std::mem::offset_of!(ExecArgs, nconns));
+        assert_eq!(f(args, "calls"), std::mem::offset_of!(ExecArgs, calls));
+        let sym = rust.iter().find(|s| s.c_name == "RustcclSymArgs").unwrap();
+        assert_eq!(f(sym, "nranks"), std::mem::offset_of!(SymArgs, nranks));
     }
 
     #[test]

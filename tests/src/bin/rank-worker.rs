@@ -62,6 +62,7 @@ fn main() {
         "typed-nonblocking" => worker_typed::nonblocking(nranks, rank, &ids),
         "windows" => worker_windows::windows(nranks, rank, &ids),
         "windows-peer-death" => worker_windows::peer_death(nranks, rank, &ids),
+        "windows-op-death" => worker_windows::op_death(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),

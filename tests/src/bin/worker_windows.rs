@@ -121,6 +121,34 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let w = comm.window_register(mem, 4096, WIN_DEFAULT)?;
     comm.barrier()?;
     comm.window_deregister(&w)?;
+
+    // Deregistering windows a collective still uses waits for it: an all_reduce of 64 MiB (1
+    // MiB on the host backend) on symmetric windows (a symmetric kernel on GPUs), deregistered
+    // at once, still completes
+    // with the right sums (no fault from an unmapped window).
+    let big = if b.capabilities().host_addressable { 1 << 20 } else { 64 << 20 };
+    let (src, dst) = (b.alloc_symmetric(dev, big)?, b.alloc_symmetric(dev, big)?);
+    let stream = b.create_stream(dev)?;
+    let words = big / 4;
+    let input: Vec<u8> = (0..words).flat_map(|i| ((i % 1000) as u32 + me as u32).to_le_bytes()).collect();
+    b.copy_to_device(src, &input, stream)?;
+    let (ws, wd) = (comm.window_register(src, big, WIN_COLL_SYMMETRIC)?, comm.window_register(dst, big, WIN_COLL_SYMMETRIC)?);
+    comm.all_reduce(src, dst, words, rustccl::types::DataType::Uint32, rustccl::ReduceOp::Sum, stream)?;
+    comm.window_deregister(&ws)?;
+    comm.window_deregister(&wd)?;
+    let mut out = vec![0u8; big];
+    b.copy_from_device(&mut out, dst, stream)?;
+    b.synchronize(stream)?;
+    let offset: u32 = (0..n as u32).sum();
+    for (i, c) in out.chunks_exact(4).enumerate().step_by(4099) {
+        let got = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+        let want = (i % 1000) as u32 * n as u32 + offset;
+        check(got == want, || format!("all_reduce on windows deregistered at once: element {i} is {got}, expected {want}"))?;
+    }
+    b.destroy_stream(stream)?;
+    comm.barrier()?;
+    b.free(src)?;
+    b.free(dst)?;
     // A registration left at destroy is released with the communicator.
     let _kept = comm.window_register(mem, 4096, WIN_DEFAULT)?;
     comm.destroy()?;
@@ -169,5 +197,51 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
     let _ = comm.abort();
     b.free(mem)?;
     println!("RESULT windows-peer-death ok {ms}");
+    Ok(())
+}
+
+/// `windows-op-death`: 3 ranks register two symmetric windows; rank 2 is SIGKILLed while the
+/// others run an all_to_all on them (the copy engines on GPUs, whose streams wait for every
+/// peer's flag). The survivors' streams must go on (the watchdog releases the waits once the
+/// death is known) and the failure must be reported, not hang. `RESULT windows-op-death ok <ms>`.
+pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
+    let b = std::sync::Arc::clone(comm.backend());
+    let b: &dyn DeviceBackend = &*b;
+    let dev = comm.device()? as usize;
+    let bytes = 1 << 20;
+    let (src, dst) = (b.alloc_symmetric(dev, bytes)?, b.alloc_symmetric(dev, bytes)?);
+    let ws = comm.window_register(src, bytes, WIN_COLL_SYMMETRIC)?;
+    let wd = comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?;
+    let stream = b.create_stream(dev)?;
+    comm.barrier()?;
+    let victim = nranks - 1;
+    if rank == victim {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return Err(Error::internal("the victim survived SIGKILL"));
+    }
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(40));
+        println!("ERROR InternalError rank {rank} windows-op-death: still waiting after 40 s (hang)");
+        std::process::exit(3);
+    });
+    let t0 = std::time::Instant::now();
+    let count = bytes / 4 / nranks as usize;
+    let enqueued = comm.all_to_all(src, dst, count, rustccl::types::DataType::Float32, stream);
+    let synced = b.synchronize(stream);
+    let ms = t0.elapsed().as_millis();
+    // The failure shows in the call, the stream, or the communicator's error from now on.
+    let reported = enqueued.is_err() || synced.is_err() || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        comm.barrier().is_err()
+    };
+    check(reported, || "the dead peer went unreported".into())?;
+    let _ = comm.window_deregister(&ws);
+    let _ = comm.window_deregister(&wd);
+    let _ = comm.abort();
+    println!("RESULT windows-op-death ok {ms}");
     Ok(())
 }
