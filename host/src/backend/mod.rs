@@ -356,7 +356,8 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     }
 
     /// Makes the work enqueued on `stream` from now on wait until the 4 bytes at `addr` hold
-    /// at least `value` (`cuStreamWaitValue32` with GEQ). Device backends only.
+    /// at least `value`, compared with wrap-around as the driver does (`(int32_t)(word -
+    /// value) >= 0`; `cuStreamWaitValue32` with GEQ). Device backends only.
     fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
         let _ = (addr, value, stream);
         Err(no_kernels("stream_wait_u32"))

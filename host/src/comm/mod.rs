@@ -599,8 +599,9 @@ impl Communicator {
         let kernel_error = {
             // Read under the lock: release frees the control block under it.
             let cache = self.device_cache();
-            let control = cache.exec.control_host()?;
-            crate::exec::gpu::control_error(control, self.inner.rank)
+            // No control block yet (only copy-engine work so far): no kernel error, but the
+            // peers' and transports' failures below still count.
+            cache.exec.control_host().and_then(|control| crate::exec::gpu::control_error(control, self.inner.rank))
         };
         kernel_error
             .or_else(|| self.check_running("collective").err())

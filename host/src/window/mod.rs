@@ -410,7 +410,7 @@ impl Windows {
         })
     }
 
-    /// After a failure: sets this rank's copy-engine flags to their largest value, so that
+    /// After a failure: sets this rank's copy-engine flags past every epoch, so that
     /// streams waiting in a copy-engine collective for a peer that will never arrive (dead,
     /// or aborted) go on instead of hanging (stream waits cannot be stopped otherwise). Once;
     /// on a stream of its own (the caller's may be the blocked one).
@@ -420,9 +420,14 @@ impl Windows {
             return;
         }
         self.ce_released = true;
-        let flags = DevicePtr(mem.0 + rustccl_kernels::exec::SYM_RES_CE);
+        let flags = mem.0 + rustccl_kernels::exec::SYM_RES_CE;
+        // Waits compare as the driver does, (int32_t)(flag - value) >= 0: a value far enough
+        // past every epoch used so far (not the largest u32, which compares as below).
+        let past = self.ce_epoch.wrapping_mul(2).wrapping_add(1 << 20);
         let r = backend.create_stream(device).and_then(|s| {
-            let r = backend.memset(flags, 0xff, nranks * 4, s).and_then(|_| backend.synchronize(s));
+            let r = (0..nranks)
+                .try_for_each(|p| backend.stream_write_u32(DevicePtr(flags + 4 * p as u64), past, s))
+                .and_then(|_| backend.synchronize(s));
             let _ = backend.destroy_stream(s);
             r
         });

@@ -118,8 +118,8 @@ pub(super) fn stream_write_u32(b: &CudaBackend, addr: DevicePtr, value: u32, str
 pub(super) fn stream_wait_u32(b: &CudaBackend, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
     let place = b.place_for(stream, &[addr])?;
     let _g = CtxGuard::enter(place.ctx)?;
-    // SAFETY: as above; the stream waits until the word is >= value (GEQ, wrapping compare
-    // is not needed: flags grow by one per operation from 0).
+    // SAFETY: as above; the stream waits until (int32_t)(word - value) >= 0 (the driver's
+    // GEQ compares with wrap-around).
     let r = unsafe {
         sys::cuStreamWaitValue32_v2(raw_stream(stream), addr.0, value, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32)
     };
