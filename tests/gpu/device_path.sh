@@ -31,7 +31,6 @@ k=0
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
 results device_path
-want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
 restore_kcache
 nvidia-smi -L >> $S
 if want compile; then

@@ -30,6 +30,9 @@ results() {
 }
 note() { echo "$*" | tee -a $S; }
 
+# want <section>: whether SKIP (a list of section names) leaves <section> in.
+want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
+
 # wrong <files>: how many bench rows and the sum of their #wrong columns.
 wrong() { grep -hE "^ +[0-9]" "$@" | awk '{w+=$9+$13; n++} END {print n " sizes, " w+0 " wrong"}'; }
 

@@ -22,7 +22,6 @@ k=0
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
 results symmetric
-want() { case " ${SKIP:-} " in *" $1 "*) return 1;; *) return 0;; esac; }
 restore_kcache
 ls $G/kcache.tgz.part-* > /dev/null 2>&1 && cat $G/kcache.tgz.part-* | tar xzf - -C target
 nvidia-smi -L >> $S
@@ -42,13 +41,15 @@ two() {
 }
 want windows && two windows 120 windows
 if want windows; then
-    port=$((29600 + RANDOM % 300))
-    for r in 0 1 2; do NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker windows-peer-death 3 $r env > $OUT/peer_death.$r.log 2>&1 & done
-    wait
+    # three <name> <command>: rank-worker <command> as 3 processes, rank 2 the victim.
+    three() {
+        local port=$((29600 + RANDOM % 300)) r
+        for r in 0 1 2; do NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker $2 3 $r env > $OUT/$1.$r.log 2>&1 & done
+        wait
+    }
+    three peer_death windows-peer-death
     note "windows-peer-death (3 ranks on the GPU, rank 2 SIGKILLed): $(grep -h -E '^(RESULT|ERROR)' $OUT/peer_death.*.log | cut -c1-200 | tr '\n' ' ')"
-    port=$((29600 + RANDOM % 300))
-    for r in 0 1 2; do NCCL_COMM_ID=127.0.0.1:$port timeout 90 $G/rank-worker windows-op-death 3 $r env > $OUT/op_death.$r.log 2>&1 & done
-    wait
+    three op_death windows-op-death
     note "windows-op-death (3 ranks, rank 2 SIGKILLed during an all_to_all on windows: copy engines): $(grep -h -E '^(RESULT|ERROR)' $OUT/op_death.*.log | cut -c1-200 | tr '\n' ' ')"
 fi
 
@@ -114,14 +115,20 @@ if want latency; then
     paste <(grep -E "^ +[0-9]" $OUT/lat_R0.txt | awk '{print $1, $6, $10}') <(grep -E "^ +[0-9]" $OUT/lat_R2.txt | awk '{print $6, $10}') | tee -a $S
 fi
 
+# c_ranks <name> <program>: a C program linked to rustccl's library as 2 ranks (RANK, NRANKS,
+# NCCL_COMM_ID), logs in $OUT/<name>.<rank>.log.
+c_ranks() {
+    local port=$((29600 + RANDOM % 300)) r
+    for r in 0 1; do
+        RANK=$r NRANKS=2 NCCL_COMM_ID=127.0.0.1:$port LD_LIBRARY_PATH=$PWD/$G:$LD_LIBRARY_PATH timeout 60 $2 > $OUT/$1.$r.log 2>&1 &
+    done
+    wait
+}
+
 if want devcomm && [ -f tests/gpu/devcomm_kernel.cu ]; then
     nvcc -O2 -arch=native -I capi/include -o /tmp/devcomm_kernel tests/gpu/devcomm_kernel.cu -L$G -lnccl -lcuda > $OUT/devcomm_build.log 2>&1
     note "devcomm user kernel build: rc $? $(head -c 600 $OUT/devcomm_build.log | tr '\n' ' ')"
-    port=$((29600 + RANDOM % 300))
-    for r in 0 1; do
-        RANK=$r NRANKS=2 NCCL_COMM_ID=127.0.0.1:$port LD_LIBRARY_PATH=$PWD/$G:$LD_LIBRARY_PATH timeout 60 /tmp/devcomm_kernel > $OUT/devcomm.$r.log 2>&1 &
-    done
-    wait
+    c_ranks devcomm /tmp/devcomm_kernel
     note "devcomm user kernel: $(cat $OUT/devcomm.*.log | grep -E 'RESULT|ERROR|FAIL|error' | head -4 | cut -c1-300 | tr '\n' ' ')"
 fi
 
@@ -129,11 +136,7 @@ if want nccl_header && [ -f tests/gpu/sym_nccl_header.c ]; then
     NVINC=$(python3 -c 'import nvidia.nccl,os;print(os.path.join(nvidia.nccl.__path__[0],"include"))' 2>/dev/null)
     gcc -O2 -DWITH_CUDA -I "$NVINC" -I /usr/local/cuda/include -o /tmp/sym_nccl_header tests/gpu/sym_nccl_header.c -L$G -lnccl -L/usr/local/cuda/lib64 -lcudart > $OUT/nccl_header_build.log 2>&1
     note "C program against NVIDIA's nccl.h ($NVINC): build rc $? $(head -c 400 $OUT/nccl_header_build.log | tr '\n' ' ')"
-    port=$((29600 + RANDOM % 300))
-    for r in 0 1; do
-        RANK=$r NRANKS=2 NCCL_COMM_ID=127.0.0.1:$port LD_LIBRARY_PATH=$PWD/$G:$LD_LIBRARY_PATH timeout 60 /tmp/sym_nccl_header > $OUT/nccl_header.$r.log 2>&1 &
-    done
-    wait
+    c_ranks nccl_header /tmp/sym_nccl_header
     note "C program against NVIDIA's nccl.h, 2 ranks: $(cat $OUT/nccl_header.*.log | grep -E 'RESULT|ERROR|FAIL|rror' | head -4 | cut -c1-300 | tr '\n' ' ')"
 fi
 

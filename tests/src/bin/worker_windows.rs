@@ -158,6 +158,26 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     Ok(())
 }
 
+/// The victim (after every rank has left the last barrier) dies by SIGKILL, as a crash
+/// would, with no goodbye to its peers; every other rank gets a guard that ends it with an
+/// error line if it still runs after 40 s (a hang).
+fn die_or_guard(rank: i32, victim: i32, what: &'static str) -> Result<(), Error> {
+    if rank == victim {
+        // Long enough for every rank to leave the barrier (its last messages) first.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return Err(Error::internal("the victim survived SIGKILL"));
+    }
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(40));
+        println!("ERROR InternalError rank {rank} {what}: still waiting after 40 s (hang)");
+        std::process::exit(3);
+    });
+    Ok(())
+}
+
 /// `windows-peer-death`: 3 ranks register a window and write their rank into it; rank 2 is
 /// SIGKILLed. The survivors still read its last values through their mapping (no crash), and
 /// their next registration ends with `ncclRemoteError` within seconds, not a hang; then they
@@ -171,19 +191,7 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
     write_u64(b, mem, 500 + rank as u64)?;
     comm.barrier()?;
     let victim = nranks - 1;
-    if rank == victim {
-        // Long enough for every rank to leave the barrier (its last messages) first.
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::thread::sleep(std::time::Duration::from_secs(60));
-        return Err(Error::internal("the victim survived SIGKILL"));
-    }
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(40));
-        println!("ERROR InternalError rank {rank} windows-peer-death: still waiting after 40 s (hang)");
-        std::process::exit(3);
-    });
+    die_or_guard(rank, victim, "windows-peer-death")?;
     std::thread::sleep(std::time::Duration::from_millis(600));
     let seen = read_u64(b, w.peer_ptr(victim as usize, 0)?)?;
     check(seen == 500 + victim as u64, || format!("the dead rank's window holds {seen}"))?;
@@ -215,19 +223,7 @@ pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let wd = comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?;
     let stream = b.create_stream(dev)?;
     comm.barrier()?;
-    let victim = nranks - 1;
-    if rank == victim {
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::thread::sleep(std::time::Duration::from_secs(60));
-        return Err(Error::internal("the victim survived SIGKILL"));
-    }
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(40));
-        println!("ERROR InternalError rank {rank} windows-op-death: still waiting after 40 s (hang)");
-        std::process::exit(3);
-    });
+    die_or_guard(rank, nranks - 1, "windows-op-death")?;
     let t0 = std::time::Instant::now();
     let count = bytes / 4 / nranks as usize;
     let enqueued = comm.all_to_all(src, dst, count, rustccl::types::DataType::Float32, stream);
