@@ -211,6 +211,30 @@ struct ncclDevComm {
   unsigned long long reserved[8];
 };
 
+/* What a communicator offers (NCCL 2.29's layout): ncclCommQueryProperties fills it. */
+typedef enum {
+  NCCL_GIN_TYPE_NONE = 0,
+  NCCL_GIN_TYPE_PROXY = 2,
+  NCCL_GIN_TYPE_GDAKI = 3,
+  NCCL_GIN_TYPE_GPI = 4,
+} ncclGinType_t;
+typedef struct ncclCommProperties {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int rank;
+  int nRanks;
+  int cudaDev;
+  int nvmlDev;
+  bool deviceApiSupport;  /* device communicators work (the LSA team is every rank) */
+  bool multimemSupport;   /* always false: no NVLS */
+  ncclGinType_t ginType;  /* always NCCL_GIN_TYPE_NONE */
+  int nLsaTeams;
+  bool hostRmaSupport;    /* always false: no ncclPutSignal & co. */
+  ncclGinType_t railedGinType;
+} ncclCommProperties_t;
+#define NCCL_COMM_PROPERTIES_INITIALIZER {sizeof(ncclCommProperties_t), NCCL_API_MAGIC, NCCL_VERSION_CODE}
+
 /* ---- host functions (the library; also declared by nccl.h) ---- */
 
 #if !defined(__CUDACC_RTC__)
@@ -221,6 +245,8 @@ extern "C" {
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t* reqs, ncclDevComm_t* outDevComm);
 /* Local; before the communicator is destroyed. */
 ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t* devComm);
+/* props initialized with NCCL_COMM_PROPERTIES_INITIALIZER (2.29). */
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
 /* Fills *outReq (bufferSize 4 * nBarriers * (1 + team.nRanks)) and outHandle->nBarriers; add
  * *outReq to ncclDevCommRequirements' resourceRequirementsList to get outHandle->bufHandle. */
 ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t* outHandle,
@@ -234,6 +260,7 @@ ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncc
 
 #if __cplusplus >= 201103L && (defined(__LP64__) || defined(_WIN64))
 static_assert(sizeof(ncclWindow_vidmem) == 32, "ncclWindow_vidmem layout");
+static_assert(sizeof(ncclCommProperties_t) == 56, "ncclCommProperties layout (NCCL 2.29)");
 static_assert(sizeof(ncclDevCommRequirements) == 96, "ncclDevCommRequirements layout (NCCL 2.29)");
 static_assert(sizeof(ncclDevResourceRequirements) == 56, "ncclDevResourceRequirements layout");
 static_assert(sizeof(ncclTeamRequirements) == 32, "ncclTeamRequirements layout");

@@ -483,3 +483,67 @@ pub unsafe fn destroy(comm: CommHandle, dev: *const DevComm) -> Result<(), Error
         }
     }
 }
+
+/// NCCL 2.29's `ncclCommProperties` (nccl_device/core.h), rustccl's answers in it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommProperties {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub rank: c_int,
+    pub n_ranks: c_int,
+    pub cuda_dev: c_int,
+    pub nvml_dev: c_int,
+    pub device_api_support: bool,
+    pub multimem_support: bool,
+    pub gin_type: c_int,
+    pub n_lsa_teams: c_int,
+    pub host_rma_support: bool,
+    pub railed_gin_type: c_int,
+}
+
+const _: () = assert!(std::mem::size_of::<CommProperties>() == 56);
+
+/// `ncclCommQueryProperties`: the communicator's rank, size and device, and what of the
+/// device API it offers (LSA device communicators where the LSA team is every rank; no
+/// multimem, no GIN, no host one-sided operations). Only the caller's `size` bytes are
+/// written; `size` and `magic` come from `NCCL_COMM_PROPERTIES_INITIALIZER`.
+///
+/// # Safety
+/// `props` is NULL or points to at least its own `size` bytes.
+pub unsafe fn query_properties(comm: CommHandle, props: *mut CommProperties) -> Result<(), Error> {
+    let c = handles::get(comm, "ncclCommQueryProperties")?;
+    if props.is_null() {
+        return Err(Error::invalid_argument("props is NULL"));
+    }
+    // SAFETY: non-null; every layout starts with its size (the caller's contract).
+    let (size, magic) = unsafe { ((props as *const usize).read_unaligned(), (*props).magic) };
+    // size, magic, version, then at least rank and nRanks.
+    const MIN: usize = 24;
+    if size < MIN || magic != API_MAGIC {
+        return Err(Error::invalid_argument(format!(
+            "props->size {size} / magic {magic:#x}: initialize ncclCommProperties_t with NCCL_COMM_PROPERTIES_INITIALIZER"
+        )));
+    }
+    let lsa_world = crate::mem_api::lsa_is_world(&c.comm);
+    let p = CommProperties {
+        size,
+        magic,
+        version: VERSION_CODE,
+        rank: c.comm.user_rank()?,
+        n_ranks: c.comm.count()?,
+        cuda_dev: c.comm.device()?,
+        nvml_dev: c.comm.device()?,
+        device_api_support: lsa_world,
+        multimem_support: false,
+        gin_type: 0,
+        n_lsa_teams: if lsa_world { 1 } else { c.comm.count()? },
+        host_rma_support: false,
+        railed_gin_type: 0,
+    };
+    let n = size.min(std::mem::size_of::<CommProperties>());
+    // SAFETY: the caller's struct holds `size` ≥ `n` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(std::ptr::addr_of!(p) as *const u8, props as *mut u8, n) };
+    Ok(())
+}

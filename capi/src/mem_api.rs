@@ -219,6 +219,12 @@ nccl_api! {
         guard_comm("ncclDevCommCreate", comm, || unsafe { devcomm::create(comm, reqs, out) })
     }
 
+    /// 2.29: rank, size, device and the device API's features.
+    fn ncclCommQueryProperties / pncclCommQueryProperties(comm: CommHandle, props: *mut devcomm::CommProperties) -> NcclResult {
+        // SAFETY: the caller's pointer (NULL is checked).
+        guard_comm("ncclCommQueryProperties", comm, || unsafe { devcomm::query_properties(comm, props) })
+    }
+
     /// Local; a device communicator whose communicator is gone is an error (its memory freed).
     fn ncclDevCommDestroy / pncclDevCommDestroy(comm: CommHandle, dev: *const DevComm) -> NcclResult {
         // SAFETY: the caller's pointer (NULL is checked).

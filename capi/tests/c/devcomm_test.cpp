@@ -111,6 +111,19 @@ int main(void) {
   CHECK(lsa.nRanks == nranks && lsa.rank == rank && lsa.stride == 1, "LSA team %d %d %d", lsa.nRanks, lsa.rank,
         lsa.stride);
 
+  /* The communicator's properties (2.29). */
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  OK(ncclCommQueryProperties(comm, &props));
+  CHECK(props.rank == rank && props.nRanks == nranks && props.deviceApiSupport && !props.multimemSupport &&
+            props.ginType == NCCL_GIN_TYPE_NONE && props.nLsaTeams == 1 && !props.hostRmaSupport,
+        "properties: rank %d of %d, device API %d, multimem %d, gin %d, %d LSA teams, host RMA %d", props.rank,
+        props.nRanks, props.deviceApiSupport, props.multimemSupport, (int)props.ginType, props.nLsaTeams,
+        props.hostRmaSupport);
+  INVALID(ncclCommQueryProperties(comm, NULL));
+  ncclCommProperties_t bad = props;
+  bad.magic = 0;
+  INVALID(ncclCommQueryProperties(comm, &bad));
+
   /* Requirements: a barrier of the caller's own (3 barriers over the LSA team) and 1000 bytes
    * aligned to 256. */
   ncclLsaBarrierHandle_t userBar;
