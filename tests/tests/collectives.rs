@@ -125,6 +125,39 @@ fn matrix_with_four_channels() {
     matrix("4 channels, 3 ranks", 3, &[("NCCL_MIN_CTAS", "4"), ("COLL_ROOTS", "one")]);
 }
 
+/// Every buffer in a symmetric window (`ncclMemAlloc` memory registered with
+/// `NCCL_WIN_COLL_SYMMETRIC`): all_reduce, all_gather, reduce_scatter, broadcast and
+/// all_to_all take the symmetric collectives (the host backend's twins of the GPU kernels,
+/// `coll::symmetric::host`), the others the usual way; with them off, everything the usual way.
+#[test]
+fn matrix_on_symmetric_windows() {
+    for (nranks, env) in [(2, vec![]), (3, vec![("COLL_ROOTS", "all")]), (3, vec![("RUSTCCL_SYM_KERNEL", "off")])] {
+        let seed = seed();
+        let seed_s = seed.to_string();
+        let mut env = env.clone();
+        env.extend([("COLL_WINDOWS", "1"), ("COLL_SEED", seed_s.as_str())]);
+        let off = env.contains(&("RUSTCCL_SYM_KERNEL", "off"));
+        let what = format!("windows, {nranks} ranks{}", if off { ", symmetric off" } else { "" });
+        let ranks: Vec<i32> = (0..nranks).collect();
+        let out = finish_all(spawn("coll-matrix", nranks, &ranks, &ids_arg(&[new_id()]), &env), LIMIT);
+        check_outcomes(&what, seed, &out);
+        for o in &out {
+            let line = o.results().into_iter().find(|l| l.starts_with("checked ")).expect("result");
+            let launches: usize = line
+                .split("windows: ")
+                .nth(1)
+                .and_then(|t| t.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{what}: no launch count in {line:?}"));
+            if off {
+                assert_eq!(launches, 0, "{what}: {line}");
+            } else {
+                assert!(launches > 300, "{what}: only {launches} symmetric collectives in {line}");
+            }
+        }
+    }
+}
+
 #[test]
 fn matrix_checker_catches_corruption() {
     // COLL_SELFTEST=1 corrupts one expected element (or guard byte) of every case, the

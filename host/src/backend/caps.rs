@@ -55,8 +55,9 @@ pub struct Capabilities {
     /// program image in device memory, its kernel), so a call checks its buffers and
     /// launches.
     pub plan_cache: bool,
-    /// Collectives on buffers in symmetric windows run the symmetric kernels
-    /// (`coll::symmetric`), which read and write the peers' windows directly.
+    /// Collectives on buffers in symmetric windows run the symmetric collectives
+    /// (`coll::symmetric`), which read and write the peers' windows directly (kernels on
+    /// GPUs, the calling thread on the host backend).
     pub symmetric_kernels: bool,
     /// NCCL's channel rule (`thread_threshold` non-zero): channels are dropped while the
     /// operation has fewer than channels x threads x threshold bytes. Bytes per thread, per
@@ -142,7 +143,7 @@ impl Capabilities {
             ring_simple_fallback: false,
             one_shot_ll: true,
             plan_cache: true,
-            symmetric_kernels: false,
+            symmetric_kernels: true,
             thread_threshold: [0; 3],
             channel_threads: 1,
             p2p_ll_bytes: 0,

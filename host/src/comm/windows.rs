@@ -35,6 +35,9 @@ impl Communicator {
     /// After a failure or an abort: lets streams blocked in a copy-engine collective go on
     /// (`Windows::release_copy_engine_waits`).
     pub(crate) fn release_copy_engine_waits(&self) {
+        if self.backend().capabilities().host_addressable {
+            return;
+        }
         let Ok(device) = self.device() else { return };
         let nranks = self.inner.nranks as usize;
         let backend = std::sync::Arc::clone(self.backend());

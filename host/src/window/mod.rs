@@ -367,7 +367,13 @@ impl Windows {
         if self.resources.is_some() {
             return Ok(());
         }
-        let bytes = rustccl_kernels::exec::SYM_RES_BYTES as usize;
+        // The kernels' layout on devices; the host needs the epoch, the scalar and one inbox
+        // per rank (no LL scratch, no copy-engine flags).
+        let bytes = if x.backend.capabilities().host_addressable {
+            (rustccl_kernels::exec::SYM_RES_INBOX as usize + 4 * x.nranks).next_multiple_of(WIN_ALIGNMENT)
+        } else {
+            rustccl_kernels::exec::SYM_RES_BYTES as usize
+        };
         let alloc = x.backend.alloc_symmetric(x.device, bytes).and_then(|p| {
             let zeroed = x.backend.memset(p, 0, bytes, crate::backend::Stream::DEFAULT).and_then(|_| x.backend.synchronize(crate::backend::Stream::DEFAULT));
             zeroed.map(|_| p).inspect_err(|_| {

@@ -1,4 +1,5 @@
-//! The planner's choice of the symmetric kernels (`kernels/src/device/symmetric.h`): a single
+//! The planner's choice of the symmetric kernels (`kernels/src/device/symmetric.h`; on the
+//! host backend their CPU twins, `host.rs`): a single
 //! all_reduce, all_gather or reduce_scatter (outside a group, on a blocking communicator)
 //! whose send and receive buffers both lie in `NCCL_WIN_COLL_SYMMETRIC` windows runs one
 //! kernel that reads and writes the peers' windows directly, instead of the ring through the
@@ -29,6 +30,8 @@
 
 use rustccl_kernels::exec::SymArgs;
 use rustccl_kernels::symmetric::SymKernel;
+
+mod host;
 
 use super::{CollKind, Task};
 use crate::comm::Communicator;
@@ -128,6 +131,16 @@ pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
 /// Runs `task` with a symmetric kernel if its buffers lie in symmetric windows; `None` when
 /// it must take the usual way.
 pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
+    let caps = comm.backend().capabilities();
+    if caps.host_addressable {
+        let eligible = caps.symmetric_kernels
+            && task.count > 0
+            && comm.config().blocking
+            && !super::check::enabled()
+            && comm.nranks_unchecked() > 1
+            && forced() != Some(None);
+        return if eligible { host::try_run(comm, task) } else { None };
+    }
     let r = try_copy_engine(comm, task);
     if r.is_some() {
         return r;
@@ -218,6 +231,9 @@ pub(crate) fn try_all_to_all(
     let total = part * n as u64;
     if n < 2 {
         return None;
+    }
+    if caps.host_addressable {
+        return host::try_all_to_all(comm, send, recv, count, dtype);
     }
     let place = comm.symmetric_place(send, total as usize, recv, total as usize)?;
     if place.send == place.recv {
