@@ -107,6 +107,9 @@ impl Window {
     }
 }
 
+/// The bootstrap's all-gather: every rank's bytes, in rank order.
+pub type AllGather<'a> = dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+
 /// What a registration needs from its communicator.
 pub struct Exchange<'a> {
     pub rank: usize,
@@ -114,7 +117,7 @@ pub struct Exchange<'a> {
     pub device: usize,
     pub backend: &'a Arc<dyn DeviceBackend>,
     /// Every rank's bytes, in rank order (the bootstrap's all-gather).
-    pub allgather: &'a dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>>,
+    pub allgather: &'a AllGather<'a>,
 }
 
 /// One allocation mapped for every rank.

@@ -90,7 +90,7 @@ pub fn map_shared_at(b: &HostBackend, device: usize, handle: &ShareHandle, at: D
     b.check_device(device, "map_shared_at")?;
     let (name, bytes) = b.share_file(handle, "map_shared_at", "maps")?;
     let page = 4096u64;
-    if at.0 % page != 0 || !inside_space(b, at.0, bytes) {
+    if !at.0.is_multiple_of(page) || !inside_space(b, at.0, bytes) {
         return Err(Error::invalid_argument(format!(
             "map_shared_at({at}, {bytes} bytes): not a page-aligned range of a reserved space"
         )));

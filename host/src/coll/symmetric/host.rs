@@ -114,12 +114,12 @@ impl Sym<'_> {
     }
 
     /// Reduces `bytes` at offset `off` of `src` (this rank's flat address) over every rank in
-    /// rank order, each scaled by its own reducer, and stores the result at offset `to` of
-    /// `dst` on each rank of `dsts`.
+    /// rank order, each scaled by its own reducer, and stores the result at `dst` (this rank's
+    /// flat address) on each rank of `dsts`.
     ///
     /// # Safety
     /// As [`Sym::copy`] for every rank's `src + off` and the destinations.
-    unsafe fn reduce(&self, reducers: &[Reducer], src: u64, off: u64, bytes: usize, dst: u64, to: u64, dsts: &[usize]) {
+    unsafe fn reduce(&self, reducers: &[Reducer], src: u64, off: u64, bytes: usize, dst: u64, dsts: &[usize]) {
         let r0 = reducers[0];
         let premul = matches!(r0.op, DevOp::PreMulSum { .. });
         let step = CHUNK / r0.elem_size() * r0.elem_size();
@@ -145,7 +145,7 @@ impl Sym<'_> {
             }
             r0.post(acc);
             for &d in dsts {
-                let at = self.peer(dst, d) + to + done as u64;
+                let at = self.peer(dst, d) + done as u64;
                 // SAFETY: the caller's contract: only this rank writes there in this phase.
                 unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), at as *mut u8, len) };
             }
@@ -182,7 +182,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
                 let slice = task.count.div_ceil(n) * task.dtype.size();
                 let lo = (me * slice).min(part);
                 let hi = (lo + slice).min(part);
-                unsafe { sym.reduce(reducers, place.send, lo as u64, hi - lo, place.recv, lo as u64, &all) };
+                unsafe { sym.reduce(reducers, place.send, lo as u64, hi - lo, place.recv + lo as u64, &all) };
             }
             CollKind::AllGather => {
                 for p in 0..n {
@@ -190,7 +190,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
                 }
             }
             CollKind::ReduceScatter => unsafe {
-                sym.reduce(reducers, place.send, (me * part) as u64, part, place.recv, 0, &[me])
+                sym.reduce(reducers, place.send, (me * part) as u64, part, place.recv, &[me])
             },
             CollKind::Broadcast { root } if root as usize == me => {
                 for p in 0..n {

@@ -313,7 +313,7 @@ fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: crate::win
     let ctx = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task)).map_err(|e| comm.record_error(e))?;
     let (op, scalar, divisor) = crate::exec::gpu::ops::coll_device_op(ctx.reducer.op, ctx.reducer.dtype);
     let (op, dtype) = if kernel.reduces() { (op, task.dtype) } else { (rustccl_kernels::DeviceOp::Sum, crate::types::DataType::Uint8) };
-    let rank = comm.rank_unchecked() as u32;
+    let rank = comm.rank_unchecked();
     let r = comm.with_device_exec(|backend, device, state| {
         let stream = task.stream;
         let capturing = backend.is_capturing(stream)?;
