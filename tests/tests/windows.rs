@@ -38,6 +38,20 @@ fn a_peer_dying_during_an_operation_on_windows_is_an_error_not_a_hang() {
     }
 }
 
+/// One rank passes window buffers, the others plain ones: an error on every rank (rank 0's
+/// names the cause), not a hang.
+#[test]
+fn ranks_passing_windows_and_plain_buffers_get_an_error_not_a_hang() {
+    for n in [2, 3] {
+        let ranks: Vec<i32> = (0..n).collect();
+        let out = finish_all(spawn("windows-mismatch", n, &ranks, &ids_arg(&[new_id()]), &[]), Duration::from_secs(120));
+        assert_all_ok(&out);
+        for o in &out {
+            assert!(o.results().iter().any(|r| r.starts_with("windows-mismatch ok ")), "{n} ranks: {o:?}");
+        }
+    }
+}
+
 #[test]
 fn windows_of_ranks_as_threads_share_one_backend() {
     // Two ranks in this process: each maps both ranks' memory in its own range, and a store

@@ -110,6 +110,7 @@ pub fn group_simulate_end() -> Result<f32> {
 /// Queues a task, or starts it at once outside a group.
 pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     let blocking = comm.config().blocking;
+    let task_is_p2p = task.kind.is_p2p();
     let queued = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
@@ -130,6 +131,9 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
         Ok(true)
     })?;
     if queued {
+        if !task_is_p2p {
+            comm.publish_path(super::symmetric::PATH_USUAL);
+        }
         return Ok(());
     }
     profiler_events::group_end_api_start();
@@ -140,6 +144,9 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     }
     if let Some(r) = super::symmetric::try_run(comm, &task) {
         return r;
+    }
+    if !task.kind.is_p2p() {
+        comm.publish_path(super::symmetric::PATH_USUAL);
     }
     if let Some(r) = super::cache::try_run(comm, &task) {
         return r;

@@ -223,6 +223,9 @@ impl Communicator {
         if let Err(e) = checked {
             return Err(self.refuse(e));
         }
+        if !task.kind.is_p2p() {
+            self.note_collective();
+        }
         group::enqueue(self, task).map_err(|e| if e.code == crate::error::ResultCode::InProgress { e } else { self.record_error(e) })
     }
 
@@ -270,12 +273,15 @@ impl Communicator {
     pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, stream: Stream) -> Result<()> {
         let n = self.nranks_unchecked() as usize;
         checked_bytes("AlltoAll", count, dtype, n).map_err(|e| self.refuse(e))?;
-        // Outside a group, on symmetric windows: the copy engines.
+        // Outside a group, on symmetric windows: the copy engines (the host backend's loads
+        // and stores).
+        self.note_collective();
         if group::depth() == 0 && self.check_collective_ready("AlltoAll").is_ok() {
             if let Some(r) = symmetric::try_all_to_all(self, send, recv, count, dtype, stream) {
                 return r;
             }
         }
+        self.publish_path(symmetric::PATH_USUAL);
         let counts = vec![count; n];
         let displs: Vec<usize> = (0..n).map(|i| i * count).collect();
         self.all_to_allv(send, &counts, &displs, recv, &counts, &displs, dtype, stream)

@@ -177,6 +177,8 @@ impl Communicator {
             suspended: Mutex::new(None),
             grow_id: Mutex::new(None),
             windows: Mutex::new(Default::default()),
+            sym_path: AtomicU64::new(0),
+            coll_seq: AtomicU64::new(0),
         });
         super::health::register(&inner);
         let ids = ids.to_vec();

@@ -105,6 +105,11 @@ struct Inner {
     grow_id: Mutex<Option<crate::bootstrap::UniqueId>>,
     /// Symmetric memory windows (`crate::window`).
     windows: Mutex<crate::window::Windows>,
+    /// Host backend: where this rank publishes which way its current collective goes
+    /// (`coll::symmetric::host::Path`; 0 until the symmetric collectives' memory exists), and
+    /// how many collectives it has started.
+    sym_path: AtomicU64,
+    coll_seq: AtomicU64,
 }
 
 /// One rank's communicator.
@@ -385,6 +390,7 @@ impl Communicator {
             bs.close(true);
         }
         self.release_plugins();
+        self.inner.sym_path.store(0, Ordering::Release);
         self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).release();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
         Ok(())

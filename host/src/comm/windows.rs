@@ -2,6 +2,8 @@
 //! the window exchange over this communicator's bootstrap.
 
 use super::Communicator;
+use std::sync::atomic::Ordering;
+
 use crate::backend::DevicePtr;
 use crate::error::Result;
 use crate::window::{Exchange, Window};
@@ -27,9 +29,42 @@ impl Communicator {
                 if let Err(e) = windows.ensure_resources(&x) {
                     tracing::warn!(target: "INIT", "rank {rank}: collectives on symmetric windows will take the usual kernels: {}", e.message);
                 }
+                if self.backend().capabilities().host_addressable {
+                    if let Some(base) = windows.resource_base() {
+                        self.inner.sym_path.store(base + crate::coll::symmetric::PATH_WORD, Ordering::Release);
+                    }
+                }
             }
             Ok(w)
         })
+    }
+
+    /// The path word of this rank (host backend, once the symmetric collectives' memory
+    /// exists): `(collective number << 2) | path`, read by peers waiting in a symmetric
+    /// collective to tell a rank that took the usual way (`coll::symmetric::host`).
+    fn path_word(&self) -> Option<&std::sync::atomic::AtomicU64> {
+        let addr = self.inner.sym_path.load(Ordering::Acquire);
+        // SAFETY: a word of this rank's resource memory, mapped until the windows are
+        // released (which clears `sym_path` first), 8-byte aligned, only accessed atomically.
+        (addr != 0).then(|| unsafe { &*(addr as *const std::sync::atomic::AtomicU64) })
+    }
+
+    /// A collective starts: its number, published as pending (host backend with symmetric
+    /// windows only; elsewhere nothing).
+    pub(crate) fn note_collective(&self) {
+        if let Some(w) = self.path_word() {
+            let seq = self.inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
+            w.store(seq << 2, Ordering::Release);
+        }
+    }
+
+    /// Publishes which way the current collective goes (`coll::symmetric::PATH_*`); returns
+    /// its number (0 without symmetric windows).
+    pub(crate) fn publish_path(&self, path: u64) -> u64 {
+        let Some(w) = self.path_word() else { return 0 };
+        let seq = w.load(Ordering::Relaxed) >> 2;
+        w.store((seq << 2) | path, Ordering::Release);
+        seq
     }
 
     /// After a failure or an abort: lets streams blocked in a copy-engine collective go on

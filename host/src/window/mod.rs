@@ -419,6 +419,11 @@ impl Windows {
         })
     }
 
+    /// This rank's symmetric resource memory in the flat range, once it exists.
+    pub fn resource_base(&self) -> Option<u64> {
+        self.resources.as_ref().map(|(_, w)| w.base + w.rank as u64 * w.stride + w.offset)
+    }
+
     /// After a failure: sets this rank's copy-engine flags past every epoch, so that
     /// streams waiting in a copy-engine collective for a peer that will never arrive (dead,
     /// or aborted) go on instead of hanging (stream waits cannot be stopped otherwise). Once;

@@ -63,6 +63,7 @@ fn main() {
         "windows" => worker_windows::windows(nranks, rank, &ids),
         "windows-peer-death" => worker_windows::peer_death(nranks, rank, &ids),
         "windows-op-death" => worker_windows::op_death(nranks, rank, &ids),
+        "windows-mismatch" => worker_windows::mismatch(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),

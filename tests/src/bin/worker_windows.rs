@@ -241,3 +241,40 @@ pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     println!("RESULT windows-op-death ok {ms}");
     Ok(())
 }
+
+/// `windows-mismatch`: every rank registers two symmetric windows; rank 0 runs an all_reduce
+/// on them while the others run it on plain buffers. On the host backend rank 0 sees that a
+/// peer took the usual way (`ncclInvalidUsage`, naming the cause) and the others learn of the
+/// failure (an error): no rank hangs. `RESULT windows-mismatch ok <code>`.
+pub fn mismatch(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
+    let b = std::sync::Arc::clone(comm.backend());
+    let b: &dyn DeviceBackend = &*b;
+    let dev = comm.device()? as usize;
+    let bytes = 1 << 20;
+    let (src, dst) = (b.alloc_symmetric(dev, bytes)?, b.alloc_symmetric(dev, bytes)?);
+    let ws = comm.window_register(src, bytes, WIN_COLL_SYMMETRIC)?;
+    let wd = comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?;
+    let (psrc, pdst) = (b.alloc(dev, bytes)?, b.alloc(dev, bytes)?);
+    comm.barrier()?;
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(40));
+        println!("ERROR InternalError rank {rank} windows-mismatch: still waiting after 40 s (hang)");
+        std::process::exit(3);
+    });
+    let (s, d) = if rank == 0 { (src, dst) } else { (psrc, pdst) };
+    let stream = b.create_stream(dev)?;
+    let r = comm.all_reduce(s, d, bytes / 4, rustccl::types::DataType::Float32, rustccl::ReduceOp::Sum, stream).and_then(|_| b.synchronize(stream));
+    let e = match r {
+        Ok(()) => return Err(Error::internal("an all_reduce on windows on one rank and plain buffers on another succeeded")),
+        Err(e) => e,
+    };
+    if rank == 0 {
+        check(e.code == ResultCode::InvalidUsage && e.message.contains("without symmetric windows"), || format!("rank 0: {e}"))?;
+    }
+    let _ = comm.window_deregister(&ws);
+    let _ = comm.window_deregister(&wd);
+    let _ = comm.abort();
+    println!("RESULT windows-mismatch ok {:?}", e.code);
+    Ok(())
+}

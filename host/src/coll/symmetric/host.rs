@@ -17,8 +17,11 @@
 //!
 //! Reductions run in rank order with each rank's own PreMulSum scalar (published in its
 //! resource memory before the first barrier), so every rank gets the same bits as the GPU
-//! kernels. A wait gives up when the communicator fails (a dead peer, an abort), and honours
-//! `NCCL_OP_TIMEOUT_MS`: an error, never a hang.
+//! kernels. A wait gives up when the communicator fails (a dead peer, an abort), when the
+//! peer it waits for took the usual way for this collective (each rank publishes which way
+//! its current collective goes, `PATH_WORD`: a rank that passed plain buffers where others
+//! passed windows is `ncclInvalidUsage` on the waiting ranks, and the others learn it from
+//! the failure's announcement), and honours `NCCL_OP_TIMEOUT_MS`: an error, never a hang.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -40,6 +43,8 @@ struct Sym<'a> {
     place: SymmetricPlace,
     me: usize,
     n: usize,
+    /// This collective's number on this communicator (0: not counted).
+    seq: u64,
 }
 
 impl Sym<'_> {
@@ -75,6 +80,7 @@ impl Sym<'_> {
                 }
                 if spins.is_multiple_of(64) {
                     self.comm.check_running("symmetric collective")?;
+                    self.check_same_path(p, flag, target)?;
                     if let Some(limit) = limit {
                         if start.elapsed() > limit {
                             return Err(Error::timeout(format!(
@@ -87,6 +93,28 @@ impl Sym<'_> {
                 }
                 std::thread::sleep(Duration::from_micros(if spins < 8192 { 1 } else { 50 }));
             }
+        }
+        Ok(())
+    }
+
+    /// A peer that started this collective the usual way (its buffers are not in symmetric
+    /// windows there), or a later one, will never reach this barrier: an error, not a hang.
+    /// (Its arrival is looked at again after its path: a peer that arrived and went on to the
+    /// next collective published that after its arrival.)
+    fn check_same_path(&self, p: usize, flag: &AtomicU32, target: u32) -> Result<()> {
+        if self.seq == 0 {
+            return Ok(());
+        }
+        let word = self.word::<AtomicU64>(self.peer(self.place.res + super::PATH_WORD, p)).load(Ordering::Acquire);
+        let (seq, path) = (word >> 2, word & 3);
+        let other_way = (seq == self.seq && path == super::PATH_USUAL) || seq > self.seq;
+        let arrived = (flag.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0;
+        if other_way && !arrived {
+            return Err(Error::invalid_usage(format!(
+                "rank {p} runs this collective (number {}) without symmetric windows: every rank must pass buffers \
+                 in NCCL_WIN_COLL_SYMMETRIC windows at the same offsets, or none",
+                self.seq
+            )));
         }
         Ok(())
     }
@@ -247,7 +275,8 @@ fn run(
     body: impl FnOnce(&Sym, &[Reducer]) -> Result<()>,
 ) -> Result<()> {
     let n = comm.nranks_unchecked() as usize;
-    let sym = Sym { comm, place, me: comm.rank_unchecked() as usize, n };
+    let seq = comm.publish_path(super::PATH_SYMMETRIC);
+    let sym = Sym { comm, place, me: comm.rank_unchecked() as usize, n, seq };
     comm.op_log().started(std::slice::from_ref(&shape));
     let r = (|| {
         let reducer = match task {

@@ -46,6 +46,17 @@ pub const CE_MIN: u64 = 16 << 20;
 /// Bytes per block of the barrier kernels (blocks up to `SYM_MAX_BLOCKS`).
 const BLOCK_BYTES: u64 = 32 << 10;
 
+/// Host backend: where in a rank's resource memory it publishes which way its current
+/// collective goes (bytes 72..80, which the kernels do not use), as `(number << 2) | PATH_*`.
+pub const PATH_WORD: u64 = 72;
+/// The collective has started; its way is not chosen yet.
+pub const PATH_PENDING: u64 = 0;
+/// It runs as a symmetric collective.
+pub const PATH_SYMMETRIC: u64 = 1;
+/// It takes the usual way (the FIFOs): a peer waiting for it in a symmetric collective will
+/// wait forever, so it reports the mismatch instead.
+pub const PATH_USUAL: u64 = 2;
+
 /// Symmetric launches made by this process (for tests and tools: proof that a run took them).
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
