@@ -208,19 +208,45 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
     Ok(())
 }
 
+/// A communicator with two symmetric windows of `bytes` each (the source and destination of
+/// the scenarios below).
+struct TwoWindows {
+    comm: Communicator,
+    dev: usize,
+    src: DevicePtr,
+    dst: DevicePtr,
+    windows: [rustccl::window::Window; 2],
+}
+
+fn two_windows(nranks: i32, rank: i32, ids: &[UniqueId], bytes: usize) -> Result<TwoWindows, Error> {
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
+    let b = std::sync::Arc::clone(comm.backend());
+    let dev = comm.device()? as usize;
+    let (src, dst) = (b.alloc_symmetric(dev, bytes)?, b.alloc_symmetric(dev, bytes)?);
+    let windows = [comm.window_register(src, bytes, WIN_COLL_SYMMETRIC)?, comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?];
+    Ok(TwoWindows { comm, dev, src, dst, windows })
+}
+
+impl TwoWindows {
+    /// Deregisters the windows and aborts (a peer is dead or the communicator failed).
+    fn abort(self) {
+        for w in &self.windows {
+            let _ = self.comm.window_deregister(w);
+        }
+        let _ = self.comm.abort();
+    }
+}
+
 /// `windows-op-death`: 3 ranks register two symmetric windows; rank 2 is SIGKILLed while the
 /// others run an all_to_all on them (the copy engines on GPUs, whose streams wait for every
 /// peer's flag). The survivors' streams must go on (the watchdog releases the waits once the
 /// death is known) and the failure must be reported, not hang. `RESULT windows-op-death ok <ms>`.
 pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
+    let bytes = 1 << 20;
+    let t = two_windows(nranks, rank, ids, bytes)?;
+    let (comm, dev, src, dst) = (&t.comm, t.dev, t.src, t.dst);
     let b = std::sync::Arc::clone(comm.backend());
     let b: &dyn DeviceBackend = &*b;
-    let dev = comm.device()? as usize;
-    let bytes = 1 << 20;
-    let (src, dst) = (b.alloc_symmetric(dev, bytes)?, b.alloc_symmetric(dev, bytes)?);
-    let ws = comm.window_register(src, bytes, WIN_COLL_SYMMETRIC)?;
-    let wd = comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?;
     let stream = b.create_stream(dev)?;
     comm.barrier()?;
     die_or_guard(rank, nranks - 1, "windows-op-death")?;
@@ -235,9 +261,7 @@ pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         comm.barrier().is_err()
     };
     check(reported, || "the dead peer went unreported".into())?;
-    let _ = comm.window_deregister(&ws);
-    let _ = comm.window_deregister(&wd);
-    let _ = comm.abort();
+    t.abort();
     println!("RESULT windows-op-death ok {ms}");
     Ok(())
 }
@@ -247,14 +271,11 @@ pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
 /// peer took the usual way (`ncclInvalidUsage`, naming the cause) and the others learn of the
 /// failure (an error): no rank hangs. `RESULT windows-mismatch ok <code>`.
 pub fn mismatch(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
+    let bytes = 1 << 20;
+    let t = two_windows(nranks, rank, ids, bytes)?;
+    let (comm, dev, src, dst) = (&t.comm, t.dev, t.src, t.dst);
     let b = std::sync::Arc::clone(comm.backend());
     let b: &dyn DeviceBackend = &*b;
-    let dev = comm.device()? as usize;
-    let bytes = 1 << 20;
-    let (src, dst) = (b.alloc_symmetric(dev, bytes)?, b.alloc_symmetric(dev, bytes)?);
-    let ws = comm.window_register(src, bytes, WIN_COLL_SYMMETRIC)?;
-    let wd = comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?;
     let (psrc, pdst) = (b.alloc(dev, bytes)?, b.alloc(dev, bytes)?);
     comm.barrier()?;
     std::thread::spawn(move || {
@@ -272,9 +293,7 @@ pub fn mismatch(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     if rank == 0 {
         check(e.code == ResultCode::InvalidUsage && e.message.contains("without symmetric windows"), || format!("rank 0: {e}"))?;
     }
-    let _ = comm.window_deregister(&ws);
-    let _ = comm.window_deregister(&wd);
-    let _ = comm.abort();
+    t.abort();
     println!("RESULT windows-mismatch ok {:?}", e.code);
     Ok(())
 }
