@@ -33,8 +33,11 @@ const NCCL_LOG_INFO: c_int = 3;
 const NCCL_LOG_ABORT: c_int = 4;
 
 /// Called by the C logger with the formatted line.
+///
+/// # Safety
+/// `msg` is NULL or a NUL-terminated string alive for the call (the C logger's own buffer).
 #[no_mangle]
-pub extern "C" fn rustccl_c_plugin_log_line(level: c_int, flags: c_ulong, _file: *const c_char, _line: c_int, msg: *const c_char) {
+pub unsafe extern "C" fn rustccl_c_plugin_log_line(level: c_int, flags: c_ulong, _file: *const c_char, _line: c_int, msg: *const c_char) {
     if msg.is_null() {
         return;
     }
@@ -46,7 +49,7 @@ pub extern "C" fn rustccl_c_plugin_log_line(level: c_int, flags: c_ulong, _file:
         l if l <= 1 => return, // NONE, VERSION: nothing to log
         _ => rustccl_plugin_api::log_level::TRACE,
     };
-    super::host_log(level, flags as u64, RStr::from_str(text.trim_end()));
+    super::host_log(level, u64::from(flags), RStr::from_str(text.trim_end()));
 }
 
 /// NCCL's `ncclResult_t` values.
