@@ -91,6 +91,17 @@ done
 wait
 note "peer death: $(grep -h -E '^(RESULT|ERROR)' "$OUT"/peer_death.*.log | tr '\n' ' ')"
 
+# Symmetric memory (issue 13) across the two GPUs: windows (peers' memory over NVLink, 1000
+# register/deregister cycles), the matrix on windows with each all_reduce kernel forced and
+# the copy engines forced.
+for r in 0 1; do
+  env RUSTCCL_BACKEND=cuda NCCL_COMM_ID=127.0.0.1:$((dport + 1)) timeout 120 $G/rank-worker windows 2 $r env > "$OUT/windows.$r.log" 2>&1 &
+done
+wait
+note "windows: $(grep -h -E '^(RESULT|ERROR|windows:)' "$OUT"/windows.*.log | tr '\n' ' ')"
+for k in ll rsag auto; do matrix2 win_$k COLL_WINDOWS=1 COLL_COLLS=AllReduce,AllGather,ReduceScatter RUSTCCL_SYM_KERNEL=$k; done
+matrix2 win_ce COLL_WINDOWS=1 COLL_COLLS=AllGather,Broadcast,AlltoAll RUSTCCL_SYM_KERNEL=ce
+
 # Memory checking on a small run.
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -111,6 +122,12 @@ for op in all_reduce all_gather reduce_scatter broadcast alltoall; do
   [ -n "$NV" ] && $B $op -N 2 -b 8 -e $e -f 8 -c 1 --lib "$NV" -J "$OUT/bench_nccl_$op.json" > "$OUT/bench_nccl_$op.txt" 2>&1
 done
 RUSTCCL_BACKEND=cuda $B all_reduce -N 2 -b 8 -e 1G -f 8 -c 1 --lib $G/libnccl.so.2 > "$OUT/bench_rustccl_capi_all_reduce.txt" 2>&1
+# Symmetric windows (-R 2: ncclMemAlloc + ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC):
+# rustccl's symmetric kernels and copy engines against NCCL's symmetric kernels.
+for op in all_reduce all_gather reduce_scatter broadcast alltoall; do
+  RUSTCCL_BACKEND=cuda $B $op -N 2 -b 8 -e 512M -f 8 -c 1 -R 2 -J "$OUT/bench_rustccl_win_$op.json" > "$OUT/bench_rustccl_win_$op.txt" 2>&1
+  [ -n "$NV" ] && $B $op -N 2 -b 8 -e 512M -f 8 -c 1 -R 2 --lib "$NV" -J "$OUT/bench_nccl_win_$op.json" > "$OUT/bench_nccl_win_$op.txt" 2>&1
+done
 note "bench: $(grep -h -E 'Avg bus|Out of bounds' "$OUT"/bench_*.txt | sort | uniq -c | tr '\n' ' ')"
 
 # PyTorch, NVIDIA's NCCL then rustccl's (LD_PRELOAD), results compared.
