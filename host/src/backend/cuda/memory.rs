@@ -34,8 +34,9 @@ pub(super) enum Kind {
     /// `import` of another process's memory; `refs` imports of the same handle share it.
     Imported { handle: [u8; IPC_HANDLE_BYTES], refs: usize },
     /// `alloc_symmetric`: a cuMem allocation (`handle`) mapped at its own reserved range,
-    /// offered to the processes of the host as a file descriptor (`ticket`).
-    Vmm { handle: u64, ticket: [u8; super::symmetric::TICKET_BYTES] },
+    /// offered to the processes of the host as a file descriptor (`ticket`) from the first
+    /// time a window is made of it (so allocations never registered hold no descriptor).
+    Vmm { handle: u64, ticket: Option<[u8; super::symmetric::TICKET_BYTES]> },
     /// `map_shared_at`: a (local or peer) cuMem allocation mapped inside a reserved space.
     WindowMap,
 }

@@ -1,7 +1,8 @@
 //! Symmetric memory on CUDA (windows, `crate::window`): the driver's virtual memory
 //! management. `ncclMemAlloc` memory is a cuMem allocation (`cuMemCreate`, pinned device
 //! memory, exportable as a POSIX file descriptor, at the recommended granularity, as NCCL's),
-//! mapped at a range of its own. Its share handle carries a ticket of `backend::fdpass`: a
+//! mapped at a range of its own; it is exported (one descriptor) the first time a window is
+//! made of it. Its share handle carries a ticket of `backend::fdpass`: a
 //! process that maps it fetches the descriptor from the owner over a Unix socket, imports it
 //! (`cuMemImportFromShareableHandle`) and maps it at a fixed address of a reserved range
 //! (`cuMemAddressReserve`), so every rank of a communicator sees every rank's window at the
@@ -102,32 +103,31 @@ pub(super) fn alloc_symmetric(b: &CudaBackend, device: usize, bytes: usize) -> R
         undo(at, false);
         return Err(e);
     }
-    let offered = set_access(b, device, at, size).and_then(|_| {
-        let mut fd: i32 = -1;
-        // SAFETY: POSIX file descriptor handles are written as one int.
-        check(
-            unsafe {
-                sys::cuMemExportToShareableHandle(
-                    &mut fd as *mut i32 as *mut c_void,
-                    h,
-                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                    0,
-                )
-            },
-            "cuMemExportToShareableHandle(POSIX file descriptor)",
-        )?;
-        // SAFETY: the driver just opened this descriptor for us.
-        fdpass::offer(unsafe { OwnedFd::from_raw_fd(fd) })
-    });
-    let ticket = match offered {
-        Ok(t) => t,
-        Err(e) => {
-            undo(at, true);
-            return Err(e);
-        }
-    };
-    b.write_memory().entries.insert(at, Entry { bytes: size, device: Some(device), kind: Kind::Vmm { handle: h, ticket: ticket.to_bytes() } });
+    if let Err(e) = set_access(b, device, at, size) {
+        undo(at, true);
+        return Err(e);
+    }
+    b.write_memory().entries.insert(at, Entry { bytes: size, device: Some(device), kind: Kind::Vmm { handle: h, ticket: None } });
     Ok(DevicePtr(at))
+}
+
+/// Exports allocation `h` as a file descriptor and offers it to the host's processes.
+fn export(h: sys::CUmemGenericAllocationHandle) -> Result<Ticket> {
+    let mut fd: i32 = -1;
+    // SAFETY: POSIX file descriptor handles are written as one int.
+    check(
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                h,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        },
+        "cuMemExportToShareableHandle(POSIX file descriptor)",
+    )?;
+    // SAFETY: the driver just opened this descriptor for us.
+    fdpass::offer(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 pub(super) fn free(b: &CudaBackend, ptr: DevicePtr) -> Result<()> {
@@ -144,7 +144,7 @@ pub(super) fn free(b: &CudaBackend, ptr: DevicePtr) -> Result<()> {
         check(sys::cuMemAddressFree(ptr.0, size), "cuMemAddressFree")?;
         check(sys::cuMemRelease(h), "cuMemRelease")?;
     }
-    if let Ok(t) = Ticket::from_bytes(&ticket) {
+    if let Some(t) = ticket.and_then(|t| Ticket::from_bytes(&t).ok()) {
         fdpass::withdraw(&t);
     }
     mem.entries.remove(&ptr.0);
@@ -152,21 +152,27 @@ pub(super) fn free(b: &CudaBackend, ptr: DevicePtr) -> Result<()> {
 }
 
 pub(super) fn symmetric_memory(b: &CudaBackend, ptr: DevicePtr) -> Result<SymmetricMemory> {
-    let mem = b.read_memory();
+    let mut mem = b.write_memory();
     let not = || {
         Error::invalid_argument(format!(
             "{ptr} is not memory from ncclMemAlloc: a window must lie in memory from ncclMemAlloc (cuMem memory peers can map)"
         ))
     };
-    let (base, e) = mem.entries.range(..=ptr.0).next_back().ok_or_else(not)?;
-    let Kind::Vmm { ticket, .. } = &e.kind else { return Err(not()) };
+    let (&base, e) = mem.entries.range_mut(..=ptr.0).next_back().ok_or_else(not)?;
     if ptr.0 >= base + e.bytes as u64 {
         return Err(not());
     }
+    let bytes = e.bytes;
+    let Kind::Vmm { handle, ticket } = &mut e.kind else { return Err(not()) };
+    // Offered from the first window made of it on (withdrawn when it is freed).
+    let ticket = match ticket {
+        Some(t) => *t,
+        None => *ticket.insert(export(*handle)?.to_bytes()),
+    };
     let mut payload = MAGIC.to_vec();
-    payload.extend_from_slice(ticket);
-    let handle = ShareHandle::new(BackendKind::Cuda, e.bytes as u64, &payload)?;
-    Ok(SymmetricMemory { base: DevicePtr(*base), bytes: e.bytes, handle })
+    payload.extend_from_slice(&ticket);
+    let handle = ShareHandle::new(BackendKind::Cuda, bytes as u64, &payload)?;
+    Ok(SymmetricMemory { base: DevicePtr(base), bytes, handle })
 }
 
 pub(super) fn reserve_space(b: &CudaBackend, bytes: usize) -> Result<DevicePtr> {
