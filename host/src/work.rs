@@ -30,6 +30,21 @@ pub struct OpCtx {
     pub scalar_at: usize,
 }
 
+impl OpCtx {
+    /// The reducer as the operation runs on the host backend: a PreMulSum scalar given by
+    /// address is read now.
+    pub fn host_reducer(&self) -> Reducer {
+        if self.scalar_at == 0 {
+            return self.reducer;
+        }
+        let dtype = self.reducer.dtype;
+        // SAFETY: the planner resolved the address through the backend, which checked that
+        // one element of the operation's type lies in live host memory there.
+        let bytes = unsafe { std::slice::from_raw_parts(self.scalar_at as *const u8, dtype.size()) };
+        Reducer::new(dtype, crate::reduce::DevOp::PreMulSum { scalar: crate::reduce::decode_scalar(dtype, bytes) })
+    }
+}
+
 /// Steps that run in order, each with the index of its task's [`OpCtx`].
 pub struct WorkItem {
     pub steps: Vec<(usize, Step)>,

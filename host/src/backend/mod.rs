@@ -288,8 +288,9 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
         self.alloc_shareable(device, bytes).map(|(p, _)| p)
     }
 
-    /// The shareable allocation (from [`alloc_shareable`](DeviceBackend::alloc_shareable),
-    /// which `ncclMemAlloc` uses) that holds `ptr`; other memory is `InvalidArgument`.
+    /// The allocation from [`alloc_symmetric`](DeviceBackend::alloc_symmetric) (which
+    /// `ncclMemAlloc` uses) that holds `ptr`, with the handle peers map it with; other memory
+    /// is `InvalidArgument`.
     fn symmetric_memory(&self, ptr: DevicePtr) -> Result<SymmetricMemory> {
         let _ = ptr;
         Err(no_symmetric_memory(self.kind()))

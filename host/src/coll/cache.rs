@@ -154,8 +154,8 @@ fn may_skip_planner(comm: &Communicator, task: &Task) -> bool {
 
 /// The end of a call that skipped the planner: a failure breaks the communicator, and the
 /// op log hears that the operation finished unless device work still runs (the watchdog sees
-/// it end).
-fn finish(comm: &Communicator, r: &Result<()>, device: bool) {
+/// it end). Also the end of the symmetric collectives (`coll::symmetric`).
+pub(super) fn finish(comm: &Communicator, r: &Result<()>, device: bool) {
     if let Err(e) = r {
         comm.mark_broken(e);
     }

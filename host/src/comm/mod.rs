@@ -391,7 +391,7 @@ impl Communicator {
         }
         self.release_plugins();
         self.inner.sym_path.store(0, Ordering::Release);
-        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).release();
+        self.windows().release();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
         Ok(())
     }

@@ -9,8 +9,13 @@ use crate::error::Result;
 use crate::window::{Exchange, Window};
 
 impl Communicator {
+    /// This communicator's windows.
+    pub(super) fn windows(&self) -> std::sync::MutexGuard<'_, crate::window::Windows> {
+        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// `ncclCommWindowRegister`: registers `bytes` at `ptr` (in memory from
-    /// [`alloc_shareable`](crate::backend::DeviceBackend::alloc_shareable), as `ncclMemAlloc`
+    /// [`alloc_symmetric`](crate::backend::DeviceBackend::alloc_symmetric), as `ncclMemAlloc`
     /// makes it, starting a multiple of 4096 bytes into its allocation) as a window every rank
     /// reaches. Collective: every rank calls it, and every rank registers and deregisters its
     /// windows in the same order. `flags`: [`crate::window::WIN_DEFAULT`] or
@@ -21,7 +26,7 @@ impl Communicator {
         self.run("window_register", |bs| {
             let allgather = |m: &[u8]| bs.allgather(m);
             let x = Exchange { rank, nranks, device, backend: self.backend(), allgather: &allgather };
-            let mut windows = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner());
+            let mut windows = self.windows();
             let w = windows.register(&x, ptr, bytes, flags)?;
             // Every rank registered with the same flags (checked), so every rank makes the
             // symmetric kernels' memory here, or none does.
@@ -76,18 +81,18 @@ impl Communicator {
         let Ok(device) = self.device() else { return };
         let nranks = self.inner.nranks as usize;
         let backend = std::sync::Arc::clone(self.backend());
-        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).release_copy_engine_waits(&*backend, device as usize, nranks);
+        self.windows().release_copy_engine_waits(&*backend, device as usize, nranks);
     }
 
     /// The epoch of this communicator's next copy-engine collective.
     pub(crate) fn next_ce_epoch(&self) -> u32 {
-        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).next_ce_epoch()
+        self.windows().next_ce_epoch()
     }
 
     /// Where a collective on `send` and `recv` finds them for the symmetric kernels: both
     /// in `WIN_COLL_SYMMETRIC` windows of this communicator (`None` otherwise).
     pub(crate) fn symmetric_place(&self, send: DevicePtr, send_bytes: usize, recv: DevicePtr, recv_bytes: usize) -> Option<crate::window::SymmetricPlace> {
-        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).symmetric_place(send, send_bytes, recv, recv_bytes)
+        self.windows().symmetric_place(send, send_bytes, recv, recv_bytes)
     }
 
     /// `ncclCommWindowDeregister`: this rank stops using `window` (local, as NCCL; the memory
@@ -97,12 +102,12 @@ impl Communicator {
     pub fn window_deregister(&self, window: &Window) -> Result<()> {
         self.ready("window_deregister")?;
         self.wait_device_idle().map_err(|e| e.context("window_deregister: waiting for the communicator's device work"))?;
-        let r = self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).deregister(window.id());
+        let r = self.windows().deregister(window.id());
         r.or_else(|e| self.fail(e.context("window_deregister")))
     }
 
     /// Windows registered with this communicator and not yet deregistered.
     pub fn window_count(&self) -> usize {
-        self.inner.windows.lock().unwrap_or_else(|p| p.into_inner()).count()
+        self.windows().count()
     }
 }

@@ -212,12 +212,7 @@ fn cores() -> usize {
 /// Reads the PreMulSum scalars given by address, now that the operation runs.
 fn read_scalars(work: &mut Work) {
     for ctx in work.ctxs.iter_mut().filter(|c| c.scalar_at != 0) {
-        let dtype = ctx.reducer.dtype;
-        // SAFETY: the planner resolved the address through the backend, which checked that one
-        // element of the operation's type lies in live memory there.
-        let bytes = unsafe { std::slice::from_raw_parts(ctx.scalar_at as *const u8, dtype.size()) };
-        let scalar = crate::reduce::decode_scalar(dtype, bytes);
-        ctx.reducer = crate::reduce::Reducer::new(dtype, crate::reduce::DevOp::PreMulSum { scalar });
+        ctx.reducer = ctx.host_reducer();
     }
 }
 

@@ -11,9 +11,9 @@
 //! same order (as NCCL requires); each registration also exchanges what the ranks hold, so a
 //! rank that registered something else is an error on every rank, not a hang.
 //!
-//! Backends provide the memory side (`DeviceBackend::symmetric_memory`, `reserve_space`,
-//! `map_shared_at`, `unmap_at`): the host backend maps `/dev/shm` files; device backends do
-//! not have it yet and refuse with a message.
+//! Backends provide the memory side (`DeviceBackend::alloc_symmetric`, `symmetric_memory`,
+//! `reserve_space`, `map_shared_at`, `unmap_at`): the host backend maps `/dev/shm` files, the
+//! CUDA backend cuMem allocations passed between processes as file descriptors.
 
 pub mod space;
 
@@ -87,7 +87,12 @@ impl Window {
                 self.bytes
             )));
         }
-        Ok(DevicePtr(self.base + peer as u64 * self.stride + self.offset + offset as u64))
+        Ok(DevicePtr(self.flat(peer) + offset as u64))
+    }
+
+    /// Where rank `r`'s window starts in this process.
+    fn flat(&self, r: usize) -> u64 {
+        self.base + r as u64 * self.stride + self.offset
     }
 
     /// Ranks whose windows this process reaches by loads and stores (the LSA team): on one
@@ -158,13 +163,21 @@ pub struct Windows {
 }
 
 /// Where a symmetric collective finds its buffers and memory (this rank's addresses in the
-/// flat range; rank r's are `+ (r - rank) * stride`).
+/// flat range; rank r's are `+ (r - rank) * stride`, [`SymmetricPlace::peer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SymmetricPlace {
     pub send: u64,
     pub recv: u64,
     pub res: u64,
     pub stride: u64,
+    pub rank: usize,
+}
+
+impl SymmetricPlace {
+    /// Rank `r`'s copy of this rank's flat address `addr`.
+    pub fn peer(&self, addr: u64, r: usize) -> u64 {
+        addr.wrapping_add((r as i64 - self.rank as i64) as u64 * self.stride)
+    }
 }
 
 /// The exchange message: whether the allocation is mapped already, its span, its handle.
@@ -408,20 +421,21 @@ impl Windows {
                 let inside = w.flags & WIN_COLL_SYMMETRIC != 0
                     && p.0 >= w.user.0
                     && p.0 + bytes as u64 <= w.user.0 + w.bytes as u64;
-                inside.then(|| w.base + w.rank as u64 * w.stride + w.offset + (p.0 - w.user.0))
+                inside.then(|| w.flat(w.rank) + (p.0 - w.user.0))
             })
         };
         Some(SymmetricPlace {
             send: flat(send, send_bytes)?,
             recv: flat(recv, recv_bytes)?,
-            res: res.base + res.rank as u64 * res.stride + res.offset,
+            res: res.flat(res.rank),
             stride: res.stride,
+            rank: res.rank,
         })
     }
 
     /// This rank's symmetric resource memory in the flat range, once it exists.
     pub fn resource_base(&self) -> Option<u64> {
-        self.resources.as_ref().map(|(_, w)| w.base + w.rank as u64 * w.stride + w.offset)
+        self.resources.as_ref().map(|(_, w)| w.flat(w.rank))
     }
 
     /// After a failure: sets this rank's copy-engine flags past every epoch, so that

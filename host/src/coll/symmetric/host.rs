@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use rustccl_kernels::exec::{SYM_RES_EPOCH, SYM_RES_INBOX, SYM_RES_SCALAR};
 
 use super::super::{CollKind, Task};
+use crate::comm::health::OpShape;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::reduce::{DevOp, Reducer};
@@ -41,17 +42,12 @@ const CHUNK: usize = 128 << 10;
 struct Sym<'a> {
     comm: &'a Communicator,
     place: SymmetricPlace,
-    me: usize,
     n: usize,
     /// This collective's number on this communicator (0: not counted).
     seq: u64,
 }
 
 impl Sym<'_> {
-    /// Rank `r`'s copy of this rank's flat address `addr`.
-    fn peer(&self, addr: u64, r: usize) -> u64 {
-        addr.wrapping_add((r as i64 - self.me as i64) as u64 * self.place.stride)
-    }
 
     fn word<T>(&self, addr: u64) -> &T {
         // SAFETY: `addr` lies in the resource memory of a rank (mapped in every process of the
@@ -64,12 +60,12 @@ impl Sym<'_> {
     fn barrier(&self, epoch: u32, phase: u32) -> Result<()> {
         let target = epoch.wrapping_mul(2).wrapping_add(phase);
         let inbox = self.place.res + SYM_RES_INBOX;
-        for p in (0..self.n).filter(|&p| p != self.me) {
-            self.word::<AtomicU32>(self.peer(inbox, p) + 4 * self.me as u64).store(target, Ordering::Release);
+        for p in (0..self.n).filter(|&p| p != self.place.rank) {
+            self.word::<AtomicU32>(self.place.peer(inbox, p) + 4 * self.place.rank as u64).store(target, Ordering::Release);
         }
         let start = Instant::now();
         let limit = self.comm.config().op_timeout;
-        for p in (0..self.n).filter(|&p| p != self.me) {
+        for p in (0..self.n).filter(|&p| p != self.place.rank) {
             let flag = self.word::<AtomicU32>(inbox + 4 * p as u64);
             let mut spins = 0u32;
             while (flag.load(Ordering::Acquire).wrapping_sub(target) as i32) < 0 {
@@ -105,7 +101,7 @@ impl Sym<'_> {
         if self.seq == 0 {
             return Ok(());
         }
-        let word = self.word::<AtomicU64>(self.peer(self.place.res + super::PATH_WORD, p)).load(Ordering::Acquire);
+        let word = self.word::<AtomicU64>(self.place.peer(self.place.res + super::PATH_WORD, p)).load(Ordering::Acquire);
         let (seq, path) = (word >> 2, word & 3);
         let other_way = (seq == self.seq && path == super::PATH_USUAL) || seq > self.seq;
         let arrived = (flag.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0;
@@ -157,7 +153,7 @@ impl Sym<'_> {
             let len = step.min(bytes - done);
             let acc = &mut acc[..len];
             // SAFETY: the caller's contract (no rank writes a send window's part now).
-            let input = |r: usize| unsafe { self.bytes(self.peer(src, r) + off + done as u64, len) };
+            let input = |r: usize| unsafe { self.bytes(self.place.peer(src, r) + off + done as u64, len) };
             // In rank order, in one pass per input: acc = x0 ⊕ x1 ⊕ ..., each x scaled by its
             // rank's PreMulSum scalar (added as pre(x) ⊕ acc: addition is commutative).
             if premul || reducers.len() == 1 {
@@ -173,7 +169,7 @@ impl Sym<'_> {
             }
             r0.post(acc);
             for &d in dsts {
-                let at = self.peer(dst, d) + done as u64;
+                let at = self.place.peer(dst, d) + done as u64;
                 // SAFETY: the caller's contract: only this rank writes there in this phase.
                 unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), at as *mut u8, len) };
             }
@@ -182,25 +178,12 @@ impl Sym<'_> {
     }
 }
 
-/// Runs `task` on symmetric windows on the host backend; `None` when it must take the usual way.
-pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let n = comm.nranks_unchecked() as usize;
+/// Runs `task` (an all_reduce, all_gather, reduce_scatter or broadcast) on the symmetric
+/// windows at `place`.
+pub(crate) fn run_task(comm: &Communicator, task: &Task, place: SymmetricPlace) -> Result<()> {
+    let (n, me) = (comm.nranks_unchecked() as usize, place.rank);
     let part = task.count * task.dtype.size();
-    let (send_bytes, recv_bytes) = match task.kind {
-        CollKind::AllReduce => (part, part),
-        CollKind::AllGather => (part, part * n),
-        CollKind::ReduceScatter => (part * n, part),
-        CollKind::Broadcast { .. } => (part, part),
-        _ => return None,
-    };
-    let me = comm.rank_unchecked() as usize;
-    // A non-root's send buffer is unused: look its receive buffer up twice.
-    let send = match task.kind {
-        CollKind::Broadcast { root } if root as usize != me => task.recv,
-        _ => task.send,
-    };
-    let place = comm.symmetric_place(send, send_bytes, task.recv, recv_bytes)?;
-    Some(run(comm, task.shape(), place, Some(task), |sym, reducers| {
+    run(comm, task.shape(), place, Some(task), |sym, reducers| {
         // SAFETY (every block below): the addresses are the task's buffers in this rank's and
         // the peers' windows; each phase touches only what the module docs say.
         match task.kind {
@@ -214,7 +197,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
             }
             CollKind::AllGather => {
                 for p in 0..n {
-                    unsafe { sym.copy(sym.peer(place.recv, p) + (me * part) as u64, place.send, part) };
+                    unsafe { sym.copy(place.peer(place.recv, p) + (me * part) as u64, place.send, part) };
                 }
             }
             CollKind::ReduceScatter => unsafe {
@@ -222,61 +205,47 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
             },
             CollKind::Broadcast { root } if root as usize == me => {
                 for p in 0..n {
-                    unsafe { sym.copy(sym.peer(place.recv, p), place.send, part) };
+                    unsafe { sym.copy(place.peer(place.recv, p), place.send, part) };
                 }
             }
             CollKind::Broadcast { .. } => {}
-            _ => unreachable!("kinds filtered above"),
+            _ => unreachable!("only the kinds coll::symmetric::place_of finds a place for"),
         }
         Ok(())
-    }))
+    })
 }
 
-/// `ncclAlltoAll` on symmetric windows (out of place) on the host backend; `None` when it must
-/// take the usual way.
-pub(crate) fn try_all_to_all(comm: &Communicator, send: crate::backend::DevicePtr, recv: crate::backend::DevicePtr, count: usize, dtype: crate::types::DataType) -> Option<Result<()>> {
-    let n = comm.nranks_unchecked() as usize;
-    let me = comm.rank_unchecked() as usize;
-    let part = count * dtype.size();
-    let place = comm.symmetric_place(send, part * n, recv, part * n)?;
-    if place.send == place.recv {
-        return None;
-    }
-    let shape = crate::comm::health::OpShape { kind: "AlltoAll", rank: None, count: count as u64, dtype: dtype.name(), op: None, p2p: false };
-    Some(run(comm, shape, place, None, |sym, _| {
+/// `ncclAlltoAll` on the symmetric windows at `place` (out of place): `part` bytes to and from
+/// every rank.
+pub(crate) fn run_all_to_all(comm: &Communicator, shape: OpShape, place: SymmetricPlace, part: usize) -> Result<()> {
+    let (n, me) = (comm.nranks_unchecked() as usize, place.rank);
+    run(comm, shape, place, None, |sym, _| {
         for p in 0..n {
             // SAFETY: block `me` of every peer's send window is read by this rank alone, and
             // block `p` of this rank's receive window written by it alone.
-            unsafe { sym.copy(place.recv + (p * part) as u64, sym.peer(place.send, p) + (me * part) as u64, part) };
+            unsafe { sym.copy(place.recv + (p * part) as u64, place.peer(place.send, p) + (me * part) as u64, part) };
         }
         Ok(())
-    }))
+    })
 }
 
 /// This rank's reducer for `task` (its PreMulSum scalar read now when given by address).
 fn reducer_of(comm: &Communicator, task: &Task) -> Result<Reducer> {
-    let ctx = super::super::plan::PlanEnv::with(comm, |env| super::super::plan::op_ctx(env, task))?;
-    if ctx.scalar_at == 0 {
-        return Ok(ctx.reducer);
-    }
-    // SAFETY: the planner resolved the address through the backend, which checked that one
-    // element of the type lies in live memory there.
-    let bytes = unsafe { std::slice::from_raw_parts(ctx.scalar_at as *const u8, task.dtype.size()) };
-    Ok(Reducer::new(task.dtype, DevOp::PreMulSum { scalar: crate::reduce::decode_scalar(task.dtype, bytes) }))
+    Ok(super::super::plan::PlanEnv::with(comm, |env| super::super::plan::op_ctx(env, task))?.host_reducer())
 }
 
 /// The frame of every host symmetric collective: the op log, the epoch, the scalars (of
 /// `task`, when it reduces), the two barriers around `body`.
 fn run(
     comm: &Communicator,
-    shape: crate::comm::health::OpShape,
+    shape: OpShape,
     place: SymmetricPlace,
     task: Option<&Task>,
     body: impl FnOnce(&Sym, &[Reducer]) -> Result<()>,
 ) -> Result<()> {
     let n = comm.nranks_unchecked() as usize;
     let seq = comm.publish_path(super::PATH_SYMMETRIC);
-    let sym = Sym { comm, place, me: comm.rank_unchecked() as usize, n, seq };
+    let sym = Sym { comm, place, n, seq };
     comm.op_log().started(std::slice::from_ref(&shape));
     let r = (|| {
         let reducer = match task {
@@ -294,7 +263,7 @@ fn run(
         let reducers: Vec<Reducer> = (0..n)
             .map(|r| match reducer.op {
                 DevOp::PreMulSum { .. } => {
-                    let bits = sym.word::<AtomicU64>(sym.peer(place.res + SYM_RES_SCALAR, r)).load(Ordering::Relaxed);
+                    let bits = sym.word::<AtomicU64>(place.peer(place.res + SYM_RES_SCALAR, r)).load(Ordering::Relaxed);
                     Reducer::new(dtype, DevOp::PreMulSum { scalar: f64::from_bits(bits) })
                 }
                 _ => reducer,
@@ -303,12 +272,9 @@ fn run(
         body(&sym, &reducers)?;
         sym.barrier(epoch, 2)?;
         epoch_word.store(epoch.wrapping_add(1), Ordering::Relaxed);
+        super::LAUNCHES.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })();
-    if let Err(e) = &r {
-        comm.mark_broken(e);
-    }
-    comm.op_log().all_finished();
-    super::LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    super::super::cache::finish(comm, &r, false);
     r.map_err(|e| comm.record_error(e.context(format!("{} (symmetric, host)", shape.kind))))
 }

@@ -4,9 +4,10 @@
 //! whose send and receive buffers both lie in `NCCL_WIN_COLL_SYMMETRIC` windows runs one
 //! kernel that reads and writes the peers' windows directly, instead of the ring through the
 //! FIFOs. As with NCCL, every rank must pass window buffers at the same offsets for the same
-//! call (the windows are collective, so ranks that do see the same windows): a rank that
-//! passes a window buffer where another passes other memory takes another kernel, and the
-//! two wait for each other until the watchdog's timeout reports the hang.
+//! call (the windows are collective, so ranks that do see the same windows): on GPUs a rank
+//! that passes a window buffer where another passes other memory takes another kernel, and
+//! the two wait for each other until the operation timeout reports the hang; the host
+//! backend detects it (`host.rs`).
 //!
 //! Which kernel, by size (`choose`; `RUSTCCL_SYM_KERNEL` forces one: `ll`, `ld`, `rsag` for
 //! all_reduce; `off` turns the symmetric kernels off), from the measurements on one H200
@@ -34,8 +35,12 @@ use rustccl_kernels::symmetric::SymKernel;
 mod host;
 
 use super::{CollKind, Task};
+use crate::backend::{DevicePtr, Stream};
+use crate::comm::health::OpShape;
 use crate::comm::Communicator;
 use crate::error::Result;
+use crate::types::DataType;
+use crate::window::SymmetricPlace;
 
 /// all_reduce takes the LL one-shot kernel up to this many bytes (measured: 6.6 us at 128 KiB
 /// against 7.3 for two shots; 10.0 at 512 KiB against 7.7).
@@ -139,165 +144,129 @@ pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
     }
 }
 
-/// Runs `task` with a symmetric kernel if its buffers lie in symmetric windows; `None` when
-/// it must take the usual way.
-pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let caps = comm.backend().capabilities();
-    if caps.host_addressable {
-        let eligible = caps.symmetric_kernels
-            && task.count > 0
-            && comm.config().blocking
-            && !super::check::enabled()
-            && comm.nranks_unchecked() > 1
-            && forced() != Some(None);
-        return if eligible { host::try_run(comm, task) } else { None };
-    }
-    let r = try_copy_engine(comm, task);
-    if r.is_some() {
-        return r;
-    }
-    try_kernel(comm, task)
+/// Whether a collective of `count` elements on `comm` may take a symmetric path at all:
+/// the backend has them, they are not turned off, and it is a single blocking call of
+/// several ranks outside check mode.
+fn eligible(comm: &Communicator, count: usize) -> bool {
+    comm.backend().capabilities().symmetric_kernels
+        && count > 0
+        && comm.config().blocking
+        && !super::check::enabled()
+        && comm.nranks_unchecked() > 1
+        && forced() != Some(None)
 }
 
-fn try_kernel(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let caps = comm.backend().capabilities();
-    if !caps.symmetric_kernels || task.count == 0 || !comm.config().blocking || super::check::enabled() {
+/// Where `task`'s buffers lie in symmetric windows (`None` if either does not), with its
+/// kind's send and receive sizes; a broadcast's non-root, whose send buffer is unused, looks
+/// its receive buffer up twice.
+fn place_of(comm: &Communicator, task: &Task, n: usize) -> Option<SymmetricPlace> {
+    let part = task.count * task.dtype.size();
+    let (send, send_bytes, recv_bytes) = match task.kind {
+        CollKind::AllReduce => (task.send, part, part),
+        CollKind::AllGather => (task.send, part, part * n),
+        CollKind::ReduceScatter => (task.send, part * n, part),
+        CollKind::Broadcast { root } if root as usize == comm.rank_unchecked() as usize => (task.send, part, part),
+        CollKind::Broadcast { .. } => (task.recv, part, part),
+        _ => return None,
+    };
+    comm.symmetric_place(send, send_bytes, task.recv, recv_bytes)
+}
+
+/// Whether `stream` is capturing a graph (the copy engines' host-counted epochs cannot be
+/// replayed): `Err` with the failure already recorded.
+fn capturing(comm: &Communicator, stream: Stream) -> std::result::Result<bool, Result<()>> {
+    comm.backend().is_capturing(stream).map_err(|e| Err(comm.record_error(e)))
+}
+
+/// Runs `task` with a symmetric kernel, the copy engines, or (host backend) their CPU twins
+/// if its buffers lie in symmetric windows; `None` when it must take the usual way.
+pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
+    if !eligible(comm, task.count) {
         return None;
     }
     let n = comm.nranks_unchecked() as usize;
-    if n < 2 {
-        return None;
+    if comm.backend().capabilities().host_addressable {
+        let place = place_of(comm, task, n)?;
+        return Some(host::run_task(comm, task, place));
     }
     let part = (task.count * task.dtype.size()) as u64;
-    let (send_bytes, recv_bytes) = match task.kind {
-        CollKind::AllReduce => (part, part),
-        CollKind::AllGather => (part, part * n as u64),
-        CollKind::ReduceScatter => (part * n as u64, part),
-        _ => return None,
-    };
+    if copy_engine(&task.kind, part) {
+        // (Inside a graph capture, the kernels or the usual way.)
+        if let Some(r) = try_copy_engine(comm, task, n, part) {
+            return Some(r);
+        }
+    }
     let kernel = choose(&task.kind, part, n, task.send == task.recv)?;
-    let place = comm.symmetric_place(task.send, send_bytes as usize, task.recv, recv_bytes as usize)?;
+    let place = place_of(comm, task, n)?;
     let start = crate::profile::start();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     let r = launch(comm, task, kernel, place, part, n);
-    if let Err(e) = &r {
-        comm.mark_broken(e);
-        comm.op_log().all_finished();
-    }
+    super::cache::finish(comm, &r, true);
     crate::profile::stage(crate::profile::Stage::Total, start);
     Some(r)
 }
 
 /// all_gather and broadcast on symmetric windows by the copy engines (see the module docs).
-fn try_copy_engine(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let caps = comm.backend().capabilities();
-    if !caps.symmetric_kernels || task.count == 0 || !comm.config().blocking || super::check::enabled() {
-        return None;
-    }
-    let n = comm.nranks_unchecked() as usize;
-    let part = (task.count * task.dtype.size()) as u64;
-    if n < 2 || !copy_engine(&task.kind, part) {
-        return None;
-    }
-    let me = comm.rank_unchecked() as usize;
-    // (send bytes, recv bytes, the copies: (peer, offset into the send buffer, offset into
-    // the peer's receive buffer))
-    let (send_bytes, recv_bytes, copies): (u64, u64, Vec<(usize, u64, u64)>) = match task.kind {
-        CollKind::AllGather => (part, part * n as u64, (0..n).map(|p| (p, 0, me as u64 * part)).collect()),
-        CollKind::Broadcast { root } if root as usize == me => (part, part, (0..n).map(|p| (p, 0, 0)).collect()),
-        CollKind::Broadcast { .. } => (0, part, Vec::new()),
+fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Option<Result<()>> {
+    let place = place_of(comm, task, n)?;
+    let me = place.rank;
+    // The copies: (peer, offset into the send buffer, offset into the peer's receive buffer).
+    let copies: Vec<(usize, u64, u64)> = match task.kind {
+        CollKind::AllGather => (0..n).map(|p| (p, 0, me as u64 * part)).collect(),
+        CollKind::Broadcast { root } if root as usize == me => (0..n).map(|p| (p, 0, 0)).collect(),
+        CollKind::Broadcast { .. } => Vec::new(),
         _ => return None,
     };
-    // A non-root's send buffer is unused: look its receive buffer up twice.
-    let send = if send_bytes == 0 { task.recv } else { task.send };
-    let place = comm.symmetric_place(send, send_bytes.max(1) as usize, task.recv, recv_bytes as usize)?;
-    match comm.backend().is_capturing(task.stream) {
-        Ok(false) => {}
-        Ok(true) => return None,
-        Err(e) => return Some(Err(comm.record_error(e))),
+    match capturing(comm, task.stream) {
+        Ok(false) => Some(copy_engine_run(comm, task.shape(), task.stream, place, part, &copies)),
+        Ok(true) => None,
+        Err(r) => Some(r),
     }
-    Some(copy_engine_run(comm, task.shape(), task.stream, place, part, &copies))
 }
 
-/// `ncclAlltoAll` on symmetric windows by the copy engines: `bytes` to and from every rank
-/// (block p of this rank's send buffer into block `rank` of rank p's receive buffer). `None`
-/// when it must take the usual way.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn try_all_to_all(
-    comm: &Communicator,
-    send: crate::backend::DevicePtr,
-    recv: crate::backend::DevicePtr,
-    count: usize,
-    dtype: crate::types::DataType,
-    stream: crate::backend::Stream,
-) -> Option<Result<()>> {
-    let caps = comm.backend().capabilities();
-    let forced = forced();
-    if !caps.symmetric_kernels || count == 0 || forced == Some(None) || !comm.config().blocking || super::check::enabled() {
+/// `ncclAlltoAll` on symmetric windows (out of place) by the copy engines, or the host
+/// backend's loads and stores: `bytes` to and from every rank (block p of this rank's send
+/// buffer into block `rank` of rank p's receive buffer). `None` when it must take the usual
+/// way.
+pub(crate) fn try_all_to_all(comm: &Communicator, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, stream: Stream) -> Option<Result<()>> {
+    if !eligible(comm, count) {
         return None;
     }
     let n = comm.nranks_unchecked() as usize;
-    let me = comm.rank_unchecked() as usize;
     let part = (count * dtype.size()) as u64;
-    let total = part * n as u64;
-    if n < 2 {
-        return None;
-    }
-    if caps.host_addressable {
-        return host::try_all_to_all(comm, send, recv, count, dtype);
-    }
-    let place = comm.symmetric_place(send, total as usize, recv, total as usize)?;
+    let total = part as usize * n;
+    let place = comm.symmetric_place(send, total, recv, total)?;
     if place.send == place.recv {
         return None;
     }
-    match comm.backend().is_capturing(stream) {
-        Ok(false) => {}
-        Ok(true) => return None,
-        Err(e) => return Some(Err(comm.record_error(e))),
-    }
-    let copies: Vec<(usize, u64, u64)> = (0..n).map(|p| (p, p as u64 * part, me as u64 * part)).collect();
     let shape = crate::comm::health::OpShape { kind: "AlltoAll", rank: None, count: count as u64, dtype: dtype.name(), op: None, p2p: false };
-    Some(copy_engine_run(comm, shape, stream, place, part, &copies))
+    if comm.backend().capabilities().host_addressable {
+        return Some(host::run_all_to_all(comm, shape, place, part as usize));
+    }
+    let copies: Vec<(usize, u64, u64)> = (0..n).map(|p| (p, p as u64 * part, place.rank as u64 * part)).collect();
+    match capturing(comm, stream) {
+        Ok(false) => Some(copy_engine_run(comm, shape, stream, place, part, &copies)),
+        Ok(true) => None,
+        Err(r) => Some(r),
+    }
 }
 
-fn copy_engine_run(
-    comm: &Communicator,
-    shape: crate::comm::health::OpShape,
-    stream: crate::backend::Stream,
-    place: crate::window::SymmetricPlace,
-    bytes: u64,
-    copies: &[(usize, u64, u64)],
-) -> Result<()> {
+fn copy_engine_run(comm: &Communicator, shape: OpShape, stream: Stream, place: SymmetricPlace, bytes: u64, copies: &[(usize, u64, u64)]) -> Result<()> {
     comm.op_log().started(std::slice::from_ref(&shape));
     let r = run_copy_engine(comm, stream, place, bytes, copies);
-    if let Err(e) = &r {
-        comm.mark_broken(e);
-        comm.op_log().all_finished();
-    }
+    super::cache::finish(comm, &r, true);
     r.map_err(|e| comm.record_error(e.context(format!("{} (copy engines)", shape.kind))))
 }
 
-fn run_copy_engine(
-    comm: &Communicator,
-    stream: crate::backend::Stream,
-    place: crate::window::SymmetricPlace,
-    bytes: u64,
-    copies: &[(usize, u64, u64)],
-) -> Result<()> {
-    let (n, me) = (comm.nranks_unchecked() as usize, comm.rank_unchecked() as usize);
-    use crate::backend::DevicePtr;
+fn run_copy_engine(comm: &Communicator, stream: Stream, place: SymmetricPlace, bytes: u64, copies: &[(usize, u64, u64)]) -> Result<()> {
+    let (n, me) = (comm.nranks_unchecked() as usize, place.rank);
     let epoch = comm.next_ce_epoch();
-    let peer = |addr: u64, r: usize| DevicePtr(addr.wrapping_add((r as i64 - me as i64) as u64 * place.stride));
     let flags = place.res + rustccl_kernels::exec::SYM_RES_CE;
-    let r = comm.with_device_exec(|backend, device, state| {
-        if state.last.is_some_and(|s| s != stream) {
-            if let Some(e) = state.last_event() {
-                backend.stream_wait_event(stream, e)?;
-            }
-        }
+    comm.with_device_exec(|backend, device, state| {
+        state.follow_last(backend, stream)?;
         let barrier = |value: u32| -> Result<()> {
             for p in (0..n).filter(|&p| p != me) {
-                backend.stream_write_u32(peer(flags + 4 * me as u64, p), value, stream)?;
+                backend.stream_write_u32(DevicePtr(place.peer(flags + 4 * me as u64, p)), value, stream)?;
             }
             for p in (0..n).filter(|&p| p != me) {
                 backend.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, stream)?;
@@ -309,18 +278,16 @@ fn run_copy_engine(
         barrier(epoch.wrapping_mul(2).wrapping_sub(1))?;
         // (In place, this rank's own copy has the same source and destination: no copy.)
         for &(p, from, to) in copies {
-            backend.copy(peer(place.recv + to, p), DevicePtr(place.send + from), bytes as usize, stream)?;
+            backend.copy(DevicePtr(place.peer(place.recv + to, p)), DevicePtr(place.send + from), bytes as usize, stream)?;
         }
         barrier(epoch.wrapping_mul(2))?;
         state.launched(backend, device, stream)?;
-        let _ = device;
+        LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    });
-    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    r
+    })
 }
 
-fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: crate::window::SymmetricPlace, bytes: u64, n: usize) -> Result<()> {
+fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: SymmetricPlace, bytes: u64, n: usize) -> Result<()> {
     let ctx = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task)).map_err(|e| comm.record_error(e))?;
     let (op, scalar, divisor) = crate::exec::gpu::ops::coll_device_op(ctx.reducer.op, ctx.reducer.dtype);
     let (op, dtype) = if kernel.reduces() { (op, task.dtype) } else { (rustccl_kernels::DeviceOp::Sum, crate::types::DataType::Uint8) };
@@ -330,12 +297,7 @@ fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: crate::win
         let capturing = backend.is_capturing(stream)?;
         let control = state.control(backend)?;
         if !capturing {
-            // Launches of one communicator run in order, whatever streams they come on.
-            if state.last.is_some_and(|s| s != stream) {
-                if let Some(e) = state.last_event() {
-                    backend.stream_wait_event(stream, e)?;
-                }
-            }
+            state.follow_last(backend, stream)?;
         }
         let args = SymArgs {
             send: place.send,

@@ -92,12 +92,7 @@ impl CachedLaunch {
             })?;
             base
         } else {
-            // Launches of one communicator run in order, whatever streams they come on.
-            if state.last.is_some_and(|s| s != stream) {
-                if let Some(e) = state.last_event() {
-                    backend.stream_wait_event(stream, e)?;
-                }
-            }
+            state.follow_last(backend, stream)?;
             match self.image.and_then(|at| state.arena_at(at)) {
                 Some(base) => base,
                 None => {

@@ -49,10 +49,8 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
     let control = state.control(backend)?;
     // Launches of one communicator run in order, whatever streams they come on: each reads
     // where its connections stand when it starts.
-    if state.last.is_some_and(|s| s != stream) && !capturing {
-        if let Some(e) = state.last_event() {
-            backend.stream_wait_event(stream, e)?;
-        }
+    if !capturing {
+        state.follow_last(backend, stream)?;
     }
     let t = std::time::Instant::now();
     for c in &run.copies {

@@ -103,6 +103,16 @@ impl ExecState {
         self.last.and(self.event)
     }
 
+    /// Makes work enqueued on `stream` from now on wait for this communicator's last launch
+    /// when that came on another stream: launches of one communicator run in order, whatever
+    /// streams they come on.
+    pub(crate) fn follow_last(&self, backend: &Arc<dyn DeviceBackend>, stream: Stream) -> Result<()> {
+        match self.last_event() {
+            Some(e) if self.last != Some(stream) => backend.stream_wait_event(stream, e),
+            _ => Ok(()),
+        }
+    }
+
     /// Records that a launch was enqueued on `stream`.
     pub(crate) fn launched(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, stream: Stream) -> Result<()> {
         let e = match self.event {
@@ -248,3 +258,27 @@ fn alloc_image(backend: &Arc<dyn DeviceBackend>, device: usize, bytes: usize) ->
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A launch on another stream than the last waits for the last one; on the same stream,
+    /// or before any launch, nothing is waited for.
+    #[test]
+    fn launches_follow_the_last_one_across_streams() {
+        let (fake, backend) = super::super::cached::tests::backend();
+        let mut state = ExecState::default();
+        let (a, b) = (Stream(1), Stream(2));
+        state.follow_last(&backend, a).unwrap();
+        assert_eq!(fake.log().waits, 0, "no launch yet");
+        state.launched(&backend, 0, a).unwrap();
+        state.follow_last(&backend, a).unwrap();
+        assert_eq!(fake.log().waits, 0, "same stream");
+        state.follow_last(&backend, b).unwrap();
+        assert_eq!(fake.log().waits, 1, "another stream");
+        state.launched(&backend, 0, b).unwrap();
+        state.follow_last(&backend, b).unwrap();
+        assert_eq!(fake.log().waits, 1, "the last launch is on b now");
+    }
+}
