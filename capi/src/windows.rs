@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::os::raw::c_void;
 use std::sync::{Arc, Mutex};
 
-use rustccl::backend::{BackendKind, DeviceBackend, HostMapped};
+use rustccl::backend::{DeviceBackend, HostMapped};
 use rustccl::window::Window;
 use rustccl::{Communicator, Error};
 
@@ -108,7 +108,7 @@ pub fn publish(comm: &Communicator, w: Window) -> Result<*mut c_void, Error> {
 
 /// Puts a handle's layout where the backend's kernels can read it.
 fn place(backend: &Arc<dyn DeviceBackend>, vidmem: Vidmem) -> Result<Storage, Error> {
-    if backend.kind() == BackendKind::Host {
+    if backend.capabilities().host_addressable {
         return Ok(Storage::Boxed(Box::new(vidmem)));
     }
     let m = backend.alloc_host_mapped(std::mem::size_of::<Vidmem>())?;
