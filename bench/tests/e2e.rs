@@ -309,7 +309,8 @@ fn cudagraph_without_cuda_is_a_clear_error() {
 
 /// `-R 2`: the send and receive buffers are symmetric windows (the backend's symmetric memory
 /// through the Rust API; ncclMemAlloc + ncclCommWindowRegister through rustccl's C library);
-/// `-R 1`: ncclCommRegister through the C library, refused by the Rust API.
+/// `-R 1`: ncclCommRegister through the C library, `Communicator::register_buffer` through the
+/// Rust API.
 #[test]
 fn local_register_modes_on_two_ranks() {
     let check = |args: &str, mode: &str| {
@@ -346,9 +347,9 @@ fn local_register_modes_on_two_ranks() {
     check(&format!("-R 2 -N 2 -b 8 -e 1M -f 4 -c 1 -n 2 -w 1 --host-memory --lib {lib}"), "2 (symmetric windows");
     check(&format!("-R 1 -N 2 -b 8 -e 1M -f 4 -c 1 -n 2 -w 1 --host-memory --lib {lib}"), "1 (local registration: ncclCommRegister, send and receive buffers)");
 
-    // The Rust API has no ncclCommRegister.
-    let (out, so, se) = run(bench("-R 1 -N 2 -b 8 -e 64 -n 1"));
-    assert_eq!(out.status.code(), Some(1), "stdout:\n{so}\nstderr:\n{se}");
-    assert!(se.contains("-R 1 (local registration: ncclCommRegister) is not available with rust API"), "{se}");
-    assert!(rows(&so).is_empty(), "{so}");
+    // The Rust API registers too (Communicator::register_buffer), point-to-point included.
+    check("-R 1 -N 2 -b 8 -e 1M -f 4 -c 1 -n 2 -w 1", "1 (local registration: ncclCommRegister, send and receive buffers)");
+    let (out, so, se) = run(bench("sendrecv -R 1 -N 2 -b 8 -e 1M -f 16 -c 1 -n 2 -w 1"));
+    assert!(out.status.success(), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(so.contains("# Out of bounds values : 0 OK"), "{so}");
 }

@@ -23,6 +23,8 @@ struct Registration {
     ptr: DevicePtr,
     /// Registered with the backend by this call (host memory it did not know yet).
     owned: bool,
+    /// The communicator's id of it (zero-copy receives into it: `Communicator::register_buffer`).
+    id: u64,
 }
 
 /// Whether every rank of `comm` reaches every other's windows (the backend has symmetric
@@ -96,12 +98,22 @@ nccl_api! {
             let backend = c.comm.backend();
             let known = !backend.capabilities().host_addressable
                 || backend.host_address(DevicePtr(buff as u64), size).is_ok();
-            let reg = if known {
-                Registration { ptr: DevicePtr(buff as u64), owned: false }
+            let (ptr, owned) = if known {
+                (DevicePtr(buff as u64), false)
             } else {
                 // SAFETY: the caller registers memory it keeps valid until ncclCommDeregister.
-                Registration { ptr: unsafe { backend.register_host(buff as *mut u8, size)? }, owned: true }
+                (unsafe { backend.register_host(buff as *mut u8, size)? }, true)
             };
+            let id = match c.comm.register_buffer(ptr, size) {
+                Ok(id) => id,
+                Err(e) => {
+                    if owned {
+                        let _ = backend.unregister_host(ptr);
+                    }
+                    return Err(e);
+                }
+            };
+            let reg = Registration { ptr, owned, id };
             // SAFETY: checked non-null.
             unsafe { *handle = Box::into_raw(Box::new(reg)) as *mut c_void };
             Ok(())
@@ -116,10 +128,11 @@ nccl_api! {
             }
             // SAFETY: a handle from ncclCommRegister (the caller's contract, as with NCCL).
             let reg = unsafe { Box::from_raw(handle as *mut Registration) };
+            let dereg = c.comm.deregister_buffer(reg.id);
             if reg.owned {
                 c.comm.backend().unregister_host(reg.ptr)?;
             }
-            Ok(())
+            dereg
         })
     }
 

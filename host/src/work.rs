@@ -28,6 +28,11 @@ pub struct OpCtx {
     /// operation runs (0: the reducer holds the scalar): a host address on the host backend,
     /// a device address on devices.
     pub scalar_at: usize,
+    /// A receive from a peer that maps this rank's registered buffer (`ncclCommRegister`,
+    /// device backends over P2P): where `dst` lies in the sending peer's process, so its
+    /// kernel can write the message straight there (0: through the FIFO). Set at launch
+    /// (`Communicator::resolve_direct_receives`), not by the planner.
+    pub dst_remote: usize,
 }
 
 impl OpCtx {

@@ -145,6 +145,11 @@ abi_constants! {
     STEP_POST: u8 = 8 => RUSTCCL_STEP_POST "u";
     /// Step flag: `src` is an offset into the destination buffer.
     STEP_SRC_IN_DST: u8 = 16 => RUSTCCL_STEP_SRC_IN_DST "u";
+    /// Step flag: the first of `run` receive steps of one operation on a P2P connection
+    /// (plain receives into `dst`, Simple): the receiver posts their positions and its
+    /// buffer's address in the sender's process (`ExecCtx::dst_remote`) in the FIFO header
+    /// (FIFO_DIRECT), so the sender may write them straight into it (zero-copy receive).
+    STEP_DIRECT_START: u8 = 32 => RUSTCCL_STEP_DIRECT_START "u";
 
     /// Protocol: the payload as is, waited for through `tail`.
     PROTO_SIMPLE: u8 = 0 => RUSTCCL_PROTO_SIMPLE "";
@@ -158,6 +163,10 @@ abi_constants! {
     /// Connection flag: NVLink P2P: 128-byte stores reach the peer whole and LL/LL128 have
     /// slots of their own, so consumers wait on the line flags.
     CONN_LINES_WHOLE: u32 = 2 => RUSTCCL_CONN_LINES_WHOLE "u";
+    /// Connection flag: P2P between processes or devices that map each other's registered
+    /// buffers: a sender reads the receiver's posts (FIFO_DIRECT) and may write Simple steps
+    /// straight into the receiver's buffer.
+    CONN_DIRECT: u32 = 4 => RUSTCCL_CONN_DIRECT "u";
 
     /// Byte offset of `head` in the FIFO header (`transport::fifo::FifoHeader`).
     FIFO_HEAD: usize = 0 => RUSTCCL_FIFO_HEAD "";
@@ -167,6 +176,14 @@ abi_constants! {
     FIFO_SIZES: usize = 128 => RUSTCCL_FIFO_SIZES "";
     /// Byte offset of the slots' signatures in the FIFO header.
     FIFO_SIGS: usize = 192 => RUSTCCL_FIFO_SIGS "";
+    /// Byte offset of the receiver's direct post in the FIFO header: four u64, `[tag, base,
+    /// sig, tag]`, tag = `first position << 16 | steps` (written first and last, so a reader
+    /// that sees both equal saw one post whole), base = where the posted steps' message starts
+    /// in the sender's process, sig = the receiving operation's signature.
+    FIFO_DIRECT: usize = 256 => RUSTCCL_FIFO_DIRECT "";
+    /// Bit of a slot's published size: the sender wrote the step straight into the
+    /// receiver's buffer (a direct post covered it); the slot holds nothing.
+    FIFO_SIZE_DIRECT: u64 = 1 << 63 => RUSTCCL_FIFO_SIZE_DIRECT "ull";
 
     /// `ExecControl::error`: a peer's slot held a different number of bytes than the step.
     EXEC_ERR_SIZE: u32 = 1 => RUSTCCL_EXEC_ERR_SIZE "u";
@@ -239,7 +256,9 @@ abi_structs! {
         pub nsend: u8,
         pub recv: [u8; EXEC_MAX_PEERS],
         pub send: [u8; EXEC_MAX_PEERS],
-        pub pad: [u8; 2],
+        /// With STEP_DIRECT_START: the receive steps the post covers (this one and the next
+        /// `run - 1` of the item).
+        pub run: u16,
     }
 
     /// A work item: `count` steps from `first`.
@@ -262,6 +281,10 @@ abi_structs! {
         /// PreMulSum with the scalar in device memory (`ncclScalarDevice`): its address, read
         /// by the kernel when it starts (0: `scalar` holds it).
         pub scalar_ptr: u64,
+        /// A receive from a P2P peer into a registered buffer (`ncclCommRegister`): `dst` as
+        /// the sending peer's process addresses it (0: none; the sender copies through the
+        /// FIFO).
+        pub dst_remote: u64,
     }
 
     /// One connection: its slots and its FIFO header, in device addresses.
@@ -290,7 +313,10 @@ abi_structs! {
         pub abort: u32,
         pub error: u32,
         pub conn: u32,
-        pub pad: u32,
+        /// Receive steps the senders wrote straight into this rank's buffers (zero-copy),
+        /// counted by the kernels without atomics: a lower bound when blocks race (for tests
+        /// and logs).
+        pub direct_steps: u32,
         pub expected: u64,
         pub got: u64,
     }
@@ -304,6 +330,7 @@ abi_structs! {
         pub dst: u64,
         pub scalar: u64,
         pub scalar_ptr: u64,
+        pub dst_remote: u64,
     }
 
     /// The parameter of the symmetric kernels (`symmetric.h`). Addresses are this rank's in
@@ -340,7 +367,7 @@ abi_structs! {
         pub nitems: u32,
         pub nconns: u32,
         /// Contexts whose per-call values are in `calls` (at most EXEC_ARG_CTXS): context `i <
-        /// ncalls` takes `src`, `dst`, `scalar` and `scalar_ptr` from `calls[i]`, not from the
+        /// ncalls` takes `src`, `dst`, `scalar`, `scalar_ptr` and `dst_remote` from `calls[i]`, not from the
         /// image (whose copies of those fields are then 0).
         pub ncalls: u32,
         pub pad: u32,
@@ -420,11 +447,11 @@ mod tests {
     fn layouts_are_the_ones_the_kernel_was_written_for() {
         assert_eq!(std::mem::size_of::<ExecStep>(), 32);
         assert_eq!(std::mem::size_of::<ExecItem>(), 8);
-        assert_eq!(std::mem::size_of::<ExecCtx>(), 48);
+        assert_eq!(std::mem::size_of::<ExecCtx>(), 56);
         assert_eq!(std::mem::size_of::<ExecConn>(), 64);
         assert_eq!(std::mem::size_of::<ExecControl>(), 32);
-        assert_eq!(std::mem::size_of::<ExecCall>(), 32);
-        assert_eq!(std::mem::size_of::<ExecArgs>(), 56 + 32 * EXEC_ARG_CTXS);
+        assert_eq!(std::mem::size_of::<ExecCall>(), 40);
+        assert_eq!(std::mem::size_of::<ExecArgs>(), 56 + 40 * EXEC_ARG_CTXS);
         // The kernel parameter stays far below the driver's limit (4 KiB on every target).
         assert!(std::mem::size_of::<ExecArgs>() <= 1024);
         let names: Vec<&str> = abi_structs().iter().map(|s| s.c_name).collect();

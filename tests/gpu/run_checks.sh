@@ -101,6 +101,9 @@ wait
 note "windows: $(grep -h -E '^(RESULT|ERROR|windows:)' "$OUT"/windows.*.log | tr '\n' ' ')"
 for k in ll rsag auto; do matrix2 win_$k COLL_WINDOWS=1 COLL_COLLS=AllReduce,AllGather,ReduceScatter RUSTCCL_SYM_KERNEL=$k; done
 matrix2 win_ce COLL_WINDOWS=1 COLL_COLLS=AllGather,Broadcast,AlltoAll RUSTCCL_SYM_KERNEL=ce
+# Registered buffers (ncclCommRegister): point-to-point receives over P2P written straight into
+# them by the senders (the RESULT line counts the zero-copy steps).
+matrix2 registered COLL_REGISTER=1
 
 # Memory checking on a small run.
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
@@ -127,6 +130,13 @@ RUSTCCL_BACKEND=cuda $B all_reduce -N 2 -b 8 -e 1G -f 8 -c 1 --lib $G/libnccl.so
 for op in all_reduce all_gather reduce_scatter broadcast alltoall; do
   RUSTCCL_BACKEND=cuda $B $op -N 2 -b 8 -e 512M -f 8 -c 1 -R 2 -J "$OUT/bench_rustccl_win_$op.json" > "$OUT/bench_rustccl_win_$op.txt" 2>&1
   [ -n "$NV" ] && $B $op -N 2 -b 8 -e 512M -f 8 -c 1 -R 2 --lib "$NV" -J "$OUT/bench_nccl_win_$op.json" > "$OUT/bench_nccl_win_$op.txt" 2>&1
+done
+# Registered buffers (-R 1: ncclCommRegister): zero-copy point-to-point against NCCL's.
+for op in sendrecv alltoall; do
+  for R in 0 1; do
+    RUSTCCL_BACKEND=cuda $B $op -N 2 -b 64K -e 1G -f 8 -c 1 -R $R -J "$OUT/bench_rustccl_reg${R}_$op.json" > "$OUT/bench_rustccl_reg${R}_$op.txt" 2>&1
+    [ -n "$NV" ] && $B $op -N 2 -b 64K -e 1G -f 8 -c 1 -R $R --lib "$NV" -J "$OUT/bench_nccl_reg${R}_$op.json" > "$OUT/bench_nccl_reg${R}_$op.txt" 2>&1
+  done
 done
 note "bench: $(grep -h -E 'Avg bus|Out of bounds' "$OUT"/bench_*.txt | sort | uniq -c | tr '\n' ' ')"
 

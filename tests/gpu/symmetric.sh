@@ -13,8 +13,11 @@
 #     its peer's window through the device communicator and synchronises with an LSA
 #     barrier; (nccl_header) a C program built against NVIDIA's nccl.h alone with windows;
 #  6. (sanitizer, before MPS) compute-sanitizer memcheck on a small matrix with windows;
-#  7. (torch) PyTorch with rustccl's libnccl.so.2 preloaded.
-# SKIP lists sections to leave out: compile windows matrix bench latency devcomm nccl_header sanitizer torch.
+#  7. (torch) PyTorch with rustccl's libnccl.so.2 preloaded;
+#  8. (register, under MPS) buffers registered with ncclCommRegister: the correctness matrix
+#     (point-to-point receives written straight into them: the zero-copy steps counted), and
+#     sendrecv and alltoall with registered buffers (-R 1) against plain ones (-R 0).
+# SKIP lists sections to leave out: compile windows matrix bench latency devcomm nccl_header sanitizer sanitizer_reg torch register.
 # Only summary.txt, logs.tgz and the kernel cache (kcache.tgz.part-*) come back.
 #   tests/gpu/symmetric.sh
 set -u
@@ -63,6 +66,11 @@ if want sanitizer; then
     wait
     note "compute-sanitizer memcheck, matrix on windows: $(grep -h -E '^(RESULT|ERROR)|ERROR SUMMARY' $OUT/sanitizer.*.log | cut -c1-200 | tr '\n' ' ')"
 fi
+if want sanitizer_reg; then
+    # Zero-copy receives into registered buffers (the senders write into the receivers').
+    timeout 200 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 $G/rustccl-bench sendrecv -N 2 -b 64K -e 16M -f 16 -n 2 -w 1 -c 1 -R 1 > $OUT/sanitizer_reg.log 2>&1
+    note "compute-sanitizer memcheck, sendrecv on registered buffers: rc $? $(grep -h -E 'ERROR SUMMARY|Out of bounds' $OUT/sanitizer_reg.log | cut -c1-200 | tr '\n' ' ')"
+fi
 
 started_mps=0
 nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
@@ -77,6 +85,19 @@ if want matrix; then
     matrix win_other 200 COLL_WINDOWS=1 COLL_COLLS=Broadcast,Reduce,AlltoAll,SendRecv | tee -a $S
     matrix win_ce 200 COLL_WINDOWS=1 COLL_COLLS=AllGather,Broadcast,AlltoAll RUSTCCL_SYM_KERNEL=ce | tee -a $S
     matrix win_off 200 $W RUSTCCL_SYM_KERNEL=off | tee -a $S
+fi
+
+if want register; then
+    matrix reg_p2p 200 COLL_REGISTER=1 COLL_COLLS=SendRecv,AlltoAll | tee -a $S
+    matrix reg_all 200 COLL_REGISTER=1 | tee -a $S
+    rb() { local f=$1; shift; timeout 150 $G/rustccl-bench "$@" -N 2 -c 1 > $OUT/$f.txt 2>&1; }
+    rcols() { grep -E "^ +[0-9]" $OUT/$1.txt | awk '{print $1, $6, $8}'; }
+    for c in sendrecv alltoall; do
+        rb reg0_$c $c -b 64K -e 1G -f 4 -n 20 -w 5 -R 0
+        rb reg1_$c $c -b 64K -e 1G -f 4 -n 20 -w 5 -R 1
+        note "== $c 2 ranks: size | us, busbw: plain buffers | registered (zero-copy receives) ($(wrong $OUT/reg?_$c.txt))"
+        paste <(rcols reg0_$c) <(rcols reg1_$c | cut -d' ' -f2-) | tee -a $S
+    done
 fi
 
 if want bench; then

@@ -24,6 +24,8 @@ pub struct RustDriver {
     allocations: Vec<DevicePtr>,
     /// `-R 2`: the symmetric allocations' windows, by pointer (also in `allocations`).
     windows: HashMap<u64, Window>,
+    /// Buffers registered with `register_buffer` (`-R 1`), by address: the registration id.
+    registered: HashMap<u64, u64>,
     /// `--cudart`: the CUDA runtime `-G` loads (None: the default names).
     cudart: Option<String>,
     /// The CUDA runtime, once a capture has loaded it.
@@ -62,6 +64,7 @@ impl RustDriver {
             nranks,
             allocations: Vec::new(),
             windows: HashMap::new(),
+            registered: HashMap::new(),
             cudart: None,
             graph_rt: None,
         })
@@ -200,6 +203,9 @@ impl Driver for RustDriver {
         if let Some(w) = self.windows.remove(&ptr) {
             self.comm()?.window_deregister(&w).map_err(e("window_deregister"))?;
         }
+        if let Some(id) = self.registered.remove(&ptr) {
+            self.comm()?.deregister_buffer(id).map_err(e("deregister_buffer"))?;
+        }
         self.allocations.retain(|p| p.0 != ptr);
         self.backend.free(DevicePtr(ptr)).map_err(e("free"))
     }
@@ -221,11 +227,15 @@ impl Driver for RustDriver {
                 self.windows.insert(p.0, w);
                 Ok(p.0)
             }
-            REGISTER_LOCAL => Err(no_register(
-                mode,
-                &self.describe(),
-                "the Rust API has no ncclCommRegister (its buffers are the backend's already); use -R 2, or --lib with a C library for -R 1",
-            )),
+            REGISTER_LOCAL => {
+                let p = self.alloc(bytes)?;
+                let id = self
+                    .comm()?
+                    .register_buffer(DevicePtr(p), bytes.max(1))
+                    .map_err(e("register_buffer (-R 1, ncclCommRegister)"))?;
+                self.registered.insert(p, id);
+                Ok(p)
+            }
             _ => Err(no_register(mode, &self.describe(), "unknown mode")),
         }
     }

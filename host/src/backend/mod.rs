@@ -323,6 +323,31 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
         Err(no_symmetric_memory(self.kind()))
     }
 
+    // ---- registered buffers (zero-copy point-to-point) ----
+
+    /// The allocation holding the `bytes` at `ptr` (a buffer registered with
+    /// `ncclCommRegister`), with a handle a peer process maps it with
+    /// ([`import_buffer`](DeviceBackend::import_buffer)) to write into it directly. Backends
+    /// without device kernels have no use for it and refuse.
+    fn export_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<SymmetricMemory> {
+        let _ = (device, ptr, bytes);
+        Err(Error::invalid_usage(format!("zero-copy point-to-point is not supported on the {} backend", self.kind())))
+    }
+
+    /// Maps a peer's allocation from [`export_buffer`](DeviceBackend::export_buffer) into this
+    /// process for `device`: where it starts here. Undone by
+    /// [`close_buffer`](DeviceBackend::close_buffer).
+    fn import_buffer(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+        let _ = (device, handle);
+        Err(Error::invalid_usage(format!("zero-copy point-to-point is not supported on the {} backend", self.kind())))
+    }
+
+    /// Unmaps what [`import_buffer`](DeviceBackend::import_buffer) mapped at `at`.
+    fn close_buffer(&self, at: DevicePtr) -> Result<()> {
+        let _ = at;
+        Err(Error::invalid_usage(format!("zero-copy point-to-point is not supported on the {} backend", self.kind())))
+    }
+
     // ---- collectives ----
 
     /// Launches the collective interpreter (`kernels/exec.cu`) on `stream`: the program of

@@ -184,6 +184,20 @@ impl Bootstrap {
         self.net.query_status(tags::status_reply(nonce), wait)
     }
 
+    /// Installs (or removes) what answers peers' requests (see [`Bootstrap::request`]).
+    pub fn set_request_handler(&self, f: Option<peers::RequestFn>) {
+        self.net.set_request_handler(f);
+    }
+
+    /// Asks `peer`'s communicator for a service (answered by its reader thread, whatever its
+    /// main thread does) and waits up to `wait` for the answer; an empty answer means the
+    /// peer has no handler.
+    pub fn request(&self, peer: u32, request: &[u8], wait: Duration) -> Result<Vec<u8>> {
+        let nonce = STATUS_NONCE.fetch_add(1, Ordering::Relaxed);
+        let cancel = self.stop.cancel(wait, "a request to a peer");
+        self.net.request(peer, tags::request_reply(nonce), request, &cancel)
+    }
+
     /// Sends a report to every other rank.
     pub fn send_report(&self, text: &str) {
         self.net.send_report(text);

@@ -10,7 +10,9 @@
 //! A rank whose operation failed for another reason (a mismatch, a timeout) tells every peer
 //! too (`CommFailed`, [`PeerNet::announce_failure`]): the communicator cannot go on anywhere.
 //! The reader threads also answer status queries (`StatusQuery`, for hang reports) from a
-//! provider the communicator installs, without the main thread, which may be stuck.
+//! provider the communicator installs, without the main thread, which may be stuck, and
+//! requests (`Request`: a service of the communicator a peer asks for, such as mapping its
+//! buffer) from a handler the communicator installs.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -57,6 +59,8 @@ pub struct CommFailure {
 pub type StatusFn = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 /// Receives a report a peer sent (its rank, the text).
 pub type ReportFn = Box<dyn Fn(u32, &str) + Send + Sync>;
+/// Answers a peer's request (its rank, the request): the bytes to send back.
+pub type RequestFn = Box<dyn Fn(u32, &[u8]) -> Vec<u8> + Send + Sync>;
 
 struct Shared {
     rank: u32,
@@ -70,6 +74,7 @@ struct Shared {
     inbound: Mutex<Vec<Conn>>,
     closing: AtomicBool,
     status: Mutex<Option<StatusFn>>,
+    on_request: Mutex<Option<RequestFn>>,
     on_report: Mutex<Option<ReportFn>>,
 }
 
@@ -258,6 +263,15 @@ impl Shared {
                     let cancel = Cancel { abort: Some(&self.closing), ..Cancel::after(Duration::from_secs(2), "answering a status query") };
                     let _ = self.send_frame(peer, Kind::Data, &[&tag.to_le_bytes(), &answer], &cancel);
                 }
+                Ok((Kind::Request, payload)) if payload.len() >= 8 => {
+                    let tag = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                    // Without a handler (a communicator being set up or torn down) the answer
+                    // is empty, which the requester reads as "not served".
+                    let answer =
+                        self.on_request.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f(peer, &payload[8..])).unwrap_or_default();
+                    let cancel = Cancel { abort: Some(&self.closing), ..Cancel::after(Duration::from_secs(2), "answering a request") };
+                    let _ = self.send_frame(peer, Kind::Data, &[&tag.to_le_bytes(), &answer], &cancel);
+                }
                 Ok((Kind::Report, payload)) => {
                     let text = String::from_utf8_lossy(&payload);
                     match self.on_report.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
@@ -309,6 +323,7 @@ impl PeerNet {
             inbound: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
             status: Mutex::new(None),
+            on_request: Mutex::new(None),
             on_report: Mutex::new(None),
         });
         let s = Arc::clone(&shared);
@@ -375,6 +390,23 @@ impl PeerNet {
     /// Installs what receives peers' reports.
     pub fn set_report_handler(&self, f: ReportFn) {
         *self.shared.on_report.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// Installs (or, with `None`, removes) what answers peers' requests.
+    pub fn set_request_handler(&self, f: Option<RequestFn>) {
+        *self.shared.on_request.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
+    /// Asks `peer` for a service of its communicator (answered by its reader thread, whatever
+    /// its main thread is doing) and waits for the answer under `reply_tag` (empty: the peer
+    /// has no handler).
+    pub fn request(&self, peer: u32, reply_tag: u64, request: &[u8], cancel: &Cancel) -> Result<Vec<u8>> {
+        self.check_peer(peer)?;
+        if let Some(why) = self.shared.lock().dead.get(&peer) {
+            return Err(Error::remote(why.clone()));
+        }
+        self.shared.send_frame(peer, Kind::Request, &[&reply_tag.to_le_bytes(), request], cancel)?;
+        self.recv(peer, reply_tag, false, cancel)
     }
 
     /// Asks every other rank for its status (answered by its reader thread, whatever its main
@@ -643,6 +675,29 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         let t0 = std::time::Instant::now();
         assert_eq!(a.query_status(0xabd, Duration::from_secs(2)), vec![None, None]);
+        assert!(t0.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn requests_are_answered_by_the_reader_thread_and_fail_when_the_peer_is_gone() {
+        let (a, b) = pair([9; 16]);
+        // No handler yet: an empty answer.
+        assert_eq!(a.request(1, 0x100, b"map", &cancel()).unwrap(), b"");
+        b.set_request_handler(Some(Box::new(|from, req| {
+            let mut out = format!("from {from}: ").into_bytes();
+            out.extend_from_slice(req);
+            out
+        })));
+        // b's main thread does nothing; two requests in a row get their own answers.
+        assert_eq!(a.request(1, 0x101, b"one", &cancel()).unwrap(), b"from 0: one");
+        assert_eq!(a.request(1, 0x102, b"two", &cancel()).unwrap(), b"from 0: two");
+        assert_eq!(a.request(0, 0x103, b"self", &cancel()).unwrap_err().code, ResultCode::InvalidArgument);
+        b.set_request_handler(None);
+        assert_eq!(a.request(1, 0x104, b"gone", &cancel()).unwrap(), b"");
+        b.close(false);
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        assert_eq!(a.request(1, 0x105, b"late", &cancel()).unwrap_err().code, ResultCode::RemoteError);
         assert!(t0.elapsed() < Duration::from_secs(3));
     }
 }

@@ -23,6 +23,7 @@ pub const OP_RING: u64 = 3;
 /// Split/shrink child ids (sent with [`INTERNAL`] by the survivor exchange).
 pub const OP_CHILD_ID: u64 = 7;
 pub const OP_STATUS_REPLY: u64 = 15;
+pub const OP_REQUEST_REPLY: u64 = 14;
 
 /// The tag of internal operation `op` number `seq`.
 pub fn internal(op: u64, seq: u64) -> u64 {
@@ -32,6 +33,11 @@ pub fn internal(op: u64, seq: u64) -> u64 {
 /// The tag of the answer to a status query.
 pub fn status_reply(nonce: u64) -> u64 {
     INTERNAL | (OP_STATUS_REPLY << 48) | (nonce & 0xffff_ffff_ffff)
+}
+
+/// The tag of the answer to a request (`Bootstrap::request`).
+pub fn request_reply(nonce: u64) -> u64 {
+    INTERNAL | (OP_REQUEST_REPLY << 48) | (nonce & 0xffff_ffff_ffff)
 }
 
 /// The tag (without [`INTERNAL`], which the survivor exchange adds) of a child's id: kind 1

@@ -50,6 +50,10 @@ pub enum Kind {
     StatusQuery = 9,
     /// A hang report built by the sender, for the receiver to log: UTF-8 text.
     Report = 10,
+    /// A request for a service of the receiver's communicator (`PeerNet::request`): a u64 LE
+    /// reply tag, then the request. The receiver's reader thread answers with a `Data` frame
+    /// under that tag.
+    Request = 11,
 }
 
 impl Kind {
@@ -66,6 +70,7 @@ impl Kind {
             8 => CommFailed,
             9 => StatusQuery,
             10 => Report,
+            11 => Request,
             _ => return None,
         })
     }

@@ -311,6 +311,8 @@ fn execute(comm: &Communicator, mut entry: Entry, epoch: u64, start: Option<std:
             (crate::exec::host::run(&mut runs), false)
         }
         Exec::Device(launch) => {
+            // This call's receive buffer may be registered: zero-copy, as uncached.
+            comm.resolve_direct_receives(&mut entry.work, launch.links());
             let r = comm.with_device_exec(|backend, device, state| launch.launch(backend, device, state, &entry.work));
             (r.map_err(|e| comm.record_error(e.context("collective"))), true)
         }

@@ -76,10 +76,10 @@ fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
 
 fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     // Device work is enqueued on its streams (the interpreter runs it); host work runs here.
-    for (run, links) in runs.iter().zip(conns) {
+    for (run, links) in runs.iter_mut().zip(conns) {
         if run.device {
             let _launch = run.profile.as_ref().and_then(|p| p.kernel_launch(run.work.stream.0));
-            run.comm.launch_on_device(&run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
+            run.comm.launch_on_device(&mut run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
         }
     }
     let mut preps: Vec<exec::host::Prepared> =

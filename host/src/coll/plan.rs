@@ -307,6 +307,7 @@ pub(crate) fn op_ctx(env: &PlanEnv, task: &Task) -> Result<OpCtx> {
         proto: Protocol::Simple,
         sig: super::check::OpSig::of(task),
         scalar_at,
+        dst_remote: 0,
     })
 }
 

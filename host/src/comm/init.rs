@@ -177,6 +177,7 @@ impl Communicator {
             suspended: Mutex::new(None),
             grow_id: Mutex::new(None),
             windows: Mutex::new(Default::default()),
+            registered: Mutex::new(Default::default()),
             sym_path: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
         });
@@ -223,6 +224,7 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
         Ok((bs, plugins)) => {
             let _ = inner.bootstrap.set(bs);
             Communicator::attach_health(inner);
+            Communicator::attach_registrations(inner);
             *inner.plugins.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(plugins));
             *state = State::Ready;
             tracing::info!(

@@ -14,6 +14,7 @@ mod init;
 pub mod jobs;
 mod split;
 mod suspend;
+mod registered;
 mod windows;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -105,6 +106,8 @@ struct Inner {
     grow_id: Mutex<Option<crate::bootstrap::UniqueId>>,
     /// Symmetric memory windows (`crate::window`).
     windows: Mutex<crate::window::Windows>,
+    /// Buffers registered for zero-copy point-to-point, and peers' buffers mapped here.
+    registered: Mutex<registered::Registry>,
     /// Host backend: where this rank publishes which way its current collective goes
     /// (`coll::symmetric::host::Path`; 0 until the symmetric collectives' memory exists), and
     /// how many collectives it has started.
@@ -390,6 +393,7 @@ impl Communicator {
             bs.close(true);
         }
         self.release_plugins();
+        self.release_registrations();
         self.inner.sym_path.store(0, Ordering::Release);
         self.windows().release();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
@@ -659,7 +663,9 @@ impl Communicator {
 
     /// Launches this communicator's work on its device (the device executor), starting the
     /// watchdog with the first launch.
-    pub(crate) fn launch_on_device(&self, work: &crate::work::Work, links: &crate::exec::Links) -> Result<()> {
+    pub(crate) fn launch_on_device(&self, work: &mut crate::work::Work, links: &crate::exec::Links) -> Result<()> {
+        self.resolve_direct_receives(work, links);
+        let work = &*work;
         self.with_device_exec(|backend, device, state| crate::exec::gpu::launch(backend, device, state, work, links))
     }
 
@@ -716,5 +722,8 @@ impl Drop for Inner {
         if let Some(bs) = self.bootstrap.get() {
             bs.close(!self.stop.abort.load(Ordering::Acquire));
         }
+        // Peers' buffers still mapped (an abort; destroy unmaps them itself).
+        let registered = self.registered.get_mut().unwrap_or_else(|p| p.into_inner());
+        registered.close_imports(&*self.shared.backend);
     }
 }

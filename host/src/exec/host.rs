@@ -378,6 +378,7 @@ mod tests {
             proto: rustccl_plugin_api::Protocol::Ll,
             sig: OpSig(0),
             scalar_at: 0,
+            dst_remote: 0,
         };
         let step = Step { src: Some(0), dst: Some(0), reduce: true, post: true, ..Step::new(4) };
         let conns: Vec<Arc<Connection>> = (0..3).map(conn).collect();

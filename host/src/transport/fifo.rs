@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const STEPS: usize = rustccl_kernels::exec::FIFO_STEPS;
 
 /// The control block at the start of a FIFO's memory. The device kernels reach its fields at
-/// the offsets `rustccl_kernels::exec::FIFO_HEAD`, `FIFO_TAIL`, `FIFO_SIZES` and `FIFO_SIGS`
+/// the offsets `rustccl_kernels::exec::FIFO_HEAD`, `FIFO_TAIL`, `FIFO_SIZES`, `FIFO_SIGS` and `FIFO_DIRECT`
 /// (checked by a test below).
 #[repr(C)]
 pub struct FifoHeader {
@@ -27,6 +27,10 @@ pub struct FifoHeader {
     /// The signature of the operation that filled each slot (0: not known), which the
     /// consumer compares with its own (`coll::check`). Device kernels leave it 0.
     pub sigs: [AtomicU64; STEPS],
+    /// A device receiver's post of the steps its sender may write straight into its buffer
+    /// (zero-copy receives into registered buffers over P2P; see `exec.cu`). Only kernels
+    /// use it.
+    pub direct: [AtomicU64; 4],
 }
 
 /// Bytes of memory a FIFO with slots of `slot_bytes` needs.
@@ -265,14 +269,16 @@ mod tests {
                 offset_of!(FifoHeader, head),
                 offset_of!(FifoHeader, tail),
                 offset_of!(FifoHeader, sizes),
-                offset_of!(FifoHeader, sigs)
+                offset_of!(FifoHeader, sigs),
+                offset_of!(FifoHeader, direct)
             ],
-            [k::FIFO_HEAD, k::FIFO_TAIL, k::FIFO_SIZES, k::FIFO_SIGS]
+            [k::FIFO_HEAD, k::FIFO_TAIL, k::FIFO_SIZES, k::FIFO_SIGS, k::FIFO_DIRECT]
         );
         // The kernel indexes `sizes` and `sigs` by slot: eight bytes each, STEPS of them.
         assert_eq!(std::mem::size_of::<[AtomicU64; STEPS]>(), 8 * k::FIFO_STEPS);
         assert!(k::FIFO_SIZES + 8 * k::FIFO_STEPS <= k::FIFO_SIGS);
-        assert_eq!(std::mem::size_of::<FifoHeader>(), k::FIFO_SIGS + 8 * k::FIFO_STEPS);
+        assert_eq!(k::FIFO_SIGS + 8 * k::FIFO_STEPS, k::FIFO_DIRECT);
+        assert_eq!(std::mem::size_of::<FifoHeader>(), k::FIFO_DIRECT + 32);
         assert!(std::mem::size_of::<FifoHeader>() <= header_bytes());
     }
 

@@ -221,17 +221,92 @@ RUSTCCL_DEVICE void report(RustcclExecControl* control, u32 code, u32 conn, u64 
 
 // Whether slot `p` of receive connection `ci`, published, comes from the same operation (its
 // signature, when both sides give one) and holds the `wire` bytes this step expects; reports
-// the mismatch when not.
-RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u64 wire, u64 sig, RustcclExecControl* control) {
+// the mismatch when not. `*direct`: the sender wrote the step straight into this rank's
+// buffer (allowed only where `may_direct`: a plain receive into a posted buffer).
+RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u64 wire, u64 sig, RustcclExecControl* control,
+                                      bool may_direct, bool* direct) {
   const u64 theirs = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIGS + (p % RUSTCCL_EXEC_STEPS) * 8);
   if (sig != 0 && theirs != 0 && theirs != sig) {
     report(control, RUSTCCL_EXEC_ERR_SIG, ci, sig, theirs);
     return false;
   }
-  const u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
+  u64 size = ld_volatile_u64(c.header + RUSTCCL_FIFO_SIZES + (p % RUSTCCL_EXEC_STEPS) * 8);
+  *direct = (size & RUSTCCL_FIFO_SIZE_DIRECT) != 0;
+  if (*direct && !may_direct) {
+    report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
+    return false;
+  }
+  size &= ~RUSTCCL_FIFO_SIZE_DIRECT;
   if (size == wire) return true;
   report(control, RUSTCCL_EXEC_ERR_SIZE, ci, wire, size);
   return false;
+}
+
+// ---- Zero-copy receives (ncclCommRegister) -----------------------------------------------
+// A receiver whose buffer the sender's process maps (`dst_remote`) posts, for each run of
+// plain receive steps of one operation on a P2P connection, the run's first position and
+// length, that address and its signature in the FIFO header. A sender whose plain Simple send
+// step falls in a post with its own signature writes the payload there instead of into the
+// slot, and marks the slot's published size FIFO_SIZE_DIRECT; the receiver then has nothing
+// to copy. Each side decides per step from what it sees, so neither waits for the other: steps
+// sent before the post arrived go through the slots as usual.
+
+// Steps smaller than this are not worth the sender's read of the post across the link.
+#define RUSTCCL_DIRECT_MIN_BYTES (64u << 10)
+
+RUSTCCL_DEVICE bool plain_recv(const RustcclExecStep& st) {
+  return st.nrecv == 1 && st.nsend == 0 && st.proto == RUSTCCL_PROTO_SIMPLE &&
+         (st.flags & (RUSTCCL_STEP_SRC | RUSTCCL_STEP_DST | RUSTCCL_STEP_REDUCE)) == RUSTCCL_STEP_DST;
+}
+RUSTCCL_DEVICE bool plain_send(const RustcclExecStep& st) {
+  return st.nsend == 1 && st.nrecv == 0 && st.proto == RUSTCCL_PROTO_SIMPLE && st.bytes >= RUSTCCL_DIRECT_MIN_BYTES &&
+         (st.flags & (RUSTCCL_STEP_SRC | RUSTCCL_STEP_DST | RUSTCCL_STEP_REDUCE | RUSTCCL_STEP_SRC_IN_DST)) == RUSTCCL_STEP_SRC;
+}
+
+// Thread 0 of the receiver: posts steps [first, first + n) of an operation with signature
+// `sig` whose message starts at `base` in the sender's process. The tag goes first and last
+// (a reader that sees both equal read one post whole).
+RUSTCCL_DEVICE void post_direct(u64 header, u64 first, u32 n, u64 base, u64 sig) {
+  const u64 tag = (first << 16) | n;
+  st_volatile_u64(header + RUSTCCL_FIFO_DIRECT, tag);
+  __threadfence_system();
+  st_volatile_u64(header + RUSTCCL_FIFO_DIRECT + 8, base);
+  st_volatile_u64(header + RUSTCCL_FIFO_DIRECT + 16, sig);
+  __threadfence_system();
+  st_volatile_u64(header + RUSTCCL_FIFO_DIRECT + 24, tag);
+}
+
+// A post as the sender last read it.
+struct DirectPost {
+  u64 tag, base, sig;
+};
+
+RUSTCCL_DEVICE bool tag_covers(u64 tag, u64 p) {
+  const u64 first = tag >> 16, n = tag & 0xffff;
+  return p >= first && p < first + n;
+}
+RUSTCCL_DEVICE bool post_covers(const DirectPost& d, u64 p, u64 sig) {
+  return d.base != 0 && sig != 0 && d.sig == sig && tag_covers(d.tag, p);
+}
+
+// Thread 0 of the sender: where step `st` at position `p` of an operation with signature
+// `sig` goes in the receiver's buffer, or 0 to use the slot. `cached` is the last post read.
+RUSTCCL_DEVICE u64 direct_target(DirectPost& cached, u64 header, u64 p, const RustcclExecStep& st, u64 sig) {
+  if (!post_covers(cached, p, sig)) {
+    // The tag written last first: one remote load when no post covers the step.
+    const u64 last = ld_volatile_u64(header + RUSTCCL_FIFO_DIRECT + 24);
+    if (!tag_covers(last, p)) return 0;
+    DirectPost d;
+    d.tag = last;
+    __threadfence_system();
+    d.base = ld_volatile_u64(header + RUSTCCL_FIFO_DIRECT + 8);
+    d.sig = ld_volatile_u64(header + RUSTCCL_FIFO_DIRECT + 16);
+    __threadfence_system();
+    if (ld_volatile_u64(header + RUSTCCL_FIFO_DIRECT) != last) return 0;  // a newer post meanwhile
+    cached = d;
+    if (!post_covers(cached, p, sig)) return 0;
+  }
+  return cached.base + st.src;
 }
 
 // LL128 consumers start on a slot when its first line is there, and chase the sender through
@@ -242,8 +317,11 @@ RUSTCCL_DEVICE bool published_size_ok(const RustcclExecConn& c, int ci, u64 p, u
 
 // Thread 0: whether every input of the step has arrived and every output slot is free.
 // 1 ready, 0 not yet, -1 stop (error reported).
+// `*direct`: bit k set when receive k was written into this rank's buffer by its sender
+// (possible only where `may_direct`).
 RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* conns, u64* pos, u64* seen,
-                              RustcclExecControl* control, u32 idle, u64 sig) {
+                              RustcclExecControl* control, u32 idle, u64 sig, bool may_direct, u32* direct) {
+  *direct = 0;
   const u64 wire = wire_bytes(st.proto, st.bytes);
   const u32 h = sig_hash(sig);
   for (int k = 0; k < st.nrecv; ++k) {
@@ -268,13 +346,21 @@ RUSTCCL_DEVICE int step_ready(const RustcclExecStep& st, const RustcclExecConn* 
       if ((idle & 63) != 63) return 0;
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
       if (seen[ci] <= p) return 0;
-      return published_size_ok(c, ci, p, wire, sig, control) ? 0 : -1;
+      bool unused;
+      return published_size_ok(c, ci, p, wire, sig, control, false, &unused) ? 0 : -1;
     }
     if (seen[ci] <= p) {
       seen[ci] = ld_volatile_u64(c.header + RUSTCCL_FIFO_TAIL);
       if (seen[ci] <= p) return 0;
     }
-    if (!published_size_ok(c, ci, p, wire, sig, control)) return -1;
+    bool d = false;
+    if (!published_size_ok(c, ci, p, wire, sig, control, may_direct, &d)) return -1;
+    if (d) {
+      // The sender's stores into this rank's buffer came before its tail (a system fence):
+      // order them before everything this launch and later work do.
+      __threadfence();
+      *direct |= 1u << k;
+    }
   }
   for (int k = 0; k < st.nsend; ++k) {
     const int ci = st.send[k];
@@ -302,6 +388,7 @@ RUSTCCL_DEVICE RustcclExecCtx exec_ctx(const RustcclExecArgs& args, u32 i) {
     c.dst = call.dst;
     c.scalar = call.scalar;
     c.scalar_ptr = call.scalar_ptr;
+    c.dst_remote = call.dst_remote;
   }
   return c;
 }
@@ -315,6 +402,7 @@ struct PostRecord {
   u64 sig, wire;
   int nsend, nrecv;
   int fence;
+  int direct;  // the (one) send went straight into the receiver's buffer
 };
 
 // Connections kept in shared memory (launches with more read the rest from the image).
@@ -335,13 +423,18 @@ struct BlockState {
   RustcclExecCtx ctx;    // thread 0's: the operation context read last
   u32 ctx_index;         // its index (~0: none yet)
   u32 item;              // its work item (index among the block's)
+  u32 posted[RUSTCCL_EXEC_MAX_ITEMS];      // per item: 1 + the step whose run was posted last (0: none)
+  DirectPost dpost[RUSTCCL_EXEC_MAX_ITEMS];  // per item: the receiver's post its sends read last
+  u32 rdirect;           // the chosen step's receives its senders wrote straight into `dst`
   int ready[2];          // per round (parity): 1 run `view`, 0 all done, -1 stop
   int stop;              // set by any thread whose data movement was aborted
 };
 
 // Thread 0: the step's view (slot addresses, flags, buffers) for every thread.
+// `direct_dst`: a send going straight into the receiver's buffer there (not the slot);
+// `rdirect`: receives whose senders did so (nothing to copy).
 RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const RustcclExecCtx& cx, const RustcclExecArgs& args,
-                               const RustcclExecConn* conns, const u64* pos) {
+                               const RustcclExecConn* conns, const u64* pos, u64 direct_dst, u32 rdirect) {
   v.src = (st.flags & RUSTCCL_STEP_SRC)
               ? (const unsigned char*)(((st.flags & RUSTCCL_STEP_SRC_IN_DST) ? cx.dst : cx.src) + st.src)
               : 0;
@@ -370,6 +463,21 @@ RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const Rus
   v.bytes = st.bytes;
   v.flags = st.flags;
   v.abort = &((RustcclExecControl*)args.control)->abort;
+  if (direct_dst) {
+    // A plain send (plain_send): a copy from `src` into the receiver's buffer.
+    v.dst = (unsigned char*)direct_dst;
+    v.flags |= RUSTCCL_STEP_DST;
+    v.nsend = 0;
+    v.send[0] = 0;
+  }
+  if (rdirect) {
+    // A plain receive (plain_recv) already in `dst`: nothing to move.
+    v.nrecv = 0;
+    v.recv[0] = 0;
+    v.src = 0;
+    v.dst = 0;
+    v.flags &= ~RUSTCCL_STEP_DST;
+  }
 }
 
 // Thread 0, when it builds a step's view: what the step publishes when its data is done
@@ -377,8 +485,10 @@ RUSTCCL_DEVICE void build_view(StepView& v, const RustcclExecStep& st, const Rus
 // `tail`; where the consumer reads the data because of `tail` (a Simple slot, an LL128 slot
 // whose lines may arrive split, the network proxy) one system fence first orders the whole
 // block's stores before it. Receives give their slot back through `head`.
-RUSTCCL_DEVICE void record_post(PostRecord& rec, const RustcclExecStep& st, const RustcclExecConn* conns, u64 sig, u64* pos) {
+RUSTCCL_DEVICE void record_post(PostRecord& rec, const RustcclExecStep& st, const RustcclExecConn* conns, u64 sig, u64* pos,
+                                 bool direct) {
   rec.sig = sig;
+  rec.direct = direct;
   rec.wire = wire_bytes(st.proto, st.bytes);
   rec.nsend = st.nsend;
   rec.nrecv = st.nrecv;
@@ -401,7 +511,7 @@ RUSTCCL_DEVICE void post_step(const PostRecord& rec) {
   for (int k = 0; k < rec.nsend; ++k) {
     const u64 slot = rec.send_pos[k] % RUSTCCL_EXEC_STEPS;
     st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIGS + slot * 8, rec.sig);
-    st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIZES + slot * 8, rec.wire);
+    st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_SIZES + slot * 8, rec.wire | (rec.direct ? RUSTCCL_FIFO_SIZE_DIRECT : 0));
   }
   if (rec.fence) rustccl_fence_release_sys();
   for (int k = 0; k < rec.nsend; ++k) st_volatile_u64(rec.send_header[k] + RUSTCCL_FIFO_TAIL, rec.send_pos[k] + 1);
@@ -437,9 +547,22 @@ RUSTCCL_DEVICE int next_ready(BlockState& b, const RustcclExecArgs& args, u32 mi
       // By reference: step_ready indexes its peers at run time, which a copy would put in
       // local memory.
       const RustcclExecStep& st = (j == pf_j && b.pc[j] == pf_pc) ? pf : steps[b.items[j].first + b.pc[j]];
-      const int r = step_ready(st, conns, b.pos, b.seen, control, idle, block_ctx(b, args, st.ctx).sig);
+      const RustcclExecCtx& cx = block_ctx(b, args, st.ctx);
+      bool may_direct = false;
+      if (cx.dst_remote != 0 && plain_recv(st) && (conns[st.recv[0]].flags & RUSTCCL_CONN_DIRECT)) {
+        may_direct = true;
+        // The first step of a run: post the run before waiting for it, so the sender can
+        // write it straight into this rank's buffer.
+        if ((st.flags & RUSTCCL_STEP_DIRECT_START) && b.posted[j] != b.pc[j] + 1) {
+          post_direct(conns[st.recv[0]].header, b.pos[st.recv[0]], st.run, cx.dst_remote, cx.sig);
+          b.posted[j] = b.pc[j] + 1;
+        }
+      }
+      u32 rdirect;
+      const int r = step_ready(st, conns, b.pos, b.seen, control, idle, cx.sig, may_direct, &rdirect);
       if (r < 0) return -1;
       if (r == 0) continue;
+      b.rdirect = rdirect;
       b.step = st;
       b.item = j;
       turn = (j + 1) % mine;
@@ -494,6 +617,8 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
   if (tid < mine) {
     b.items[tid] = ((const RustcclExecItem*)args.items)[blockIdx.x + tid * gridDim.x];
     b.pc[tid] = 0;
+    b.posted[tid] = 0;
+    b.dpost[tid].tag = b.dpost[tid].base = b.dpost[tid].sig = 0;
   }
   if (tid == 0) {
     b.stop = 0;
@@ -514,9 +639,18 @@ RUSTCCL_DEVICE void exec_block(const RustcclExecArgs& args) {
       const int r = next_ready(b, args, mine, turn, pf, pf_j, pf_pc, conns);
       RUSTCCL_TIMED(timing.wait += clock64() - clk; clk = clock64();)
       if (r > 0) {
+        if (b.rdirect) {
+          volatile u32* n = &((RustcclExecControl*)args.control)->direct_steps;
+          *n = *n + 1;
+        }
         const RustcclExecCtx& cx = block_ctx(b, args, b.step.ctx);
-        build_view(b.view, b.step, cx, args, conns, b.pos);
-        record_post(b.posts[round & 1], b.step, conns, cx.sig, b.pos);
+        u64 direct_dst = 0;
+        if (plain_send(b.step) && (conns[b.step.send[0]].flags & RUSTCCL_CONN_DIRECT)) {
+          const int ci = b.step.send[0];
+          direct_dst = direct_target(b.dpost[b.item], conns[ci].header, b.pos[ci], b.step, cx.sig);
+        }
+        build_view(b.view, b.step, cx, args, conns, b.pos, direct_dst, b.rdirect);
+        record_post(b.posts[round & 1], b.step, conns, cx.sig, b.pos, direct_dst != 0);
         // The item's next step, loaded now: used after this one, its load is hidden.
         const u32 j = b.item, next = b.pc[j] + 1;
         pf_j = ~0u;

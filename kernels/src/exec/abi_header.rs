@@ -182,15 +182,19 @@ mod tests {
             ("RUSTCCL_STEP_REDUCE", STEP_REDUCE as u64, "u"),
             ("RUSTCCL_STEP_POST", STEP_POST as u64, "u"),
             ("RUSTCCL_STEP_SRC_IN_DST", STEP_SRC_IN_DST as u64, "u"),
+            ("RUSTCCL_STEP_DIRECT_START", STEP_DIRECT_START as u64, "u"),
             ("RUSTCCL_PROTO_SIMPLE", PROTO_SIMPLE as u64, ""),
             ("RUSTCCL_PROTO_LL", PROTO_LL as u64, ""),
             ("RUSTCCL_PROTO_LL128", PROTO_LL128 as u64, ""),
             ("RUSTCCL_CONN_SEND", CONN_SEND as u64, "u"),
             ("RUSTCCL_CONN_LINES_WHOLE", CONN_LINES_WHOLE as u64, "u"),
+            ("RUSTCCL_CONN_DIRECT", CONN_DIRECT as u64, "u"),
             ("RUSTCCL_FIFO_HEAD", FIFO_HEAD as u64, ""),
             ("RUSTCCL_FIFO_TAIL", FIFO_TAIL as u64, ""),
             ("RUSTCCL_FIFO_SIZES", FIFO_SIZES as u64, ""),
             ("RUSTCCL_FIFO_SIGS", FIFO_SIGS as u64, ""),
+            ("RUSTCCL_FIFO_DIRECT", FIFO_DIRECT as u64, ""),
+            ("RUSTCCL_FIFO_SIZE_DIRECT", FIFO_SIZE_DIRECT, "ull"),
             ("RUSTCCL_EXEC_ERR_SIZE", EXEC_ERR_SIZE as u64, "u"),
             ("RUSTCCL_EXEC_ERR_SIG", EXEC_ERR_SIG as u64, "u"),
             ("RUSTCCL_EXEC_ERR_PROTO", EXEC_ERR_PROTO as u64, "u"),
@@ -212,7 +216,7 @@ mod tests {
         // The header is guarded (`#define RUSTCCL_EXEC_ABI_H` has no value, so is not above).
         assert!(abi_header().contains("#ifndef RUSTCCL_EXEC_ABI_H\n#define RUSTCCL_EXEC_ABI_H\n"));
         // Flags are distinct bits.
-        let flags = [STEP_SRC, STEP_DST, STEP_REDUCE, STEP_POST, STEP_SRC_IN_DST];
+        let flags = [STEP_SRC, STEP_DST, STEP_REDUCE, STEP_POST, STEP_SRC_IN_DST, STEP_DIRECT_START];
         assert_eq!(flags.iter().fold(0, |a, f| a | f).count_ones() as usize, flags.len());
     }
 

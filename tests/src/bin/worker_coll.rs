@@ -1134,6 +1134,10 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
     } else {
         Vec::new()
     };
+    // COLL_REGISTER=1: both buffers are registered (ncclCommRegister), so point-to-point
+    // receives over P2P may be written straight into them by their senders (zero-copy).
+    let register = std::env::var("COLL_REGISTER").is_ok_and(|v| v == "1");
+    let regs = if register { vec![comm.register_buffer(bufs.a, need)?, comm.register_buffer(bufs.b, need)?] } else { Vec::new() };
     let sym_before = rustccl::coll::symmetric::launches();
     // COLL_SELFTEST=1 corrupts one expected byte of every case: every case must then fail.
     let selftest = std::env::var("COLL_SELFTEST").is_ok_and(|v| v == "1");
@@ -1157,6 +1161,10 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
     }
     let run_s = t1.elapsed().as_secs_f64();
     let sym = rustccl::coll::symmetric::launches() - sym_before;
+    let zero_copy = comm.zero_copy_steps();
+    for r in regs {
+        comm.deregister_buffer(r)?;
+    }
     for w in &wins {
         comm.window_deregister(w)?;
     }
@@ -1179,6 +1187,7 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
         cases.len(),
         t0.elapsed().as_secs_f64(),
         if windows { format!(", windows: {sym} symmetric launches") } else { String::new() }
+            + &if register { format!(", registered: {zero_copy} zero-copy receive steps") } else { String::new() }
     );
     Ok(())
 }

@@ -78,6 +78,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemGetAllocationGranularity",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
+    "cuMemGetAddressRange_v2",
 ];
 
 /// The names cudarc tries, in its order (`libcuda.so`, ..., `libcuda.so.1`).

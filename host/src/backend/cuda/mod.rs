@@ -406,6 +406,18 @@ impl DeviceBackend for CudaBackend {
         symmetric::unmap_at(self, at)
     }
 
+    fn export_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<crate::backend::SymmetricMemory> {
+        symmetric::export_buffer(self, device, ptr, bytes)
+    }
+
+    fn import_buffer(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+        symmetric::import_buffer(self, device, handle)
+    }
+
+    fn close_buffer(&self, at: DevicePtr) -> Result<()> {
+        symmetric::close_buffer(self, at)
+    }
+
     fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
         Err(Error::invalid_usage("host_address: device memory is not host-addressable (cuda backend)"))
     }

@@ -275,3 +275,64 @@ pub(super) fn unmap_at(b: &CudaBackend, at: DevicePtr) -> Result<()> {
     mem.entries.remove(&at.0);
     Ok(())
 }
+
+// ---- Registered buffers (ncclCommRegister): exported to a peer that writes into them ----
+
+/// The allocation holding `bytes` at `ptr`, for a peer to map: `ncclMemAlloc` memory by its
+/// file descriptor (as windows), other device memory (`cudaMalloc`) by a CUDA IPC handle of
+/// its whole allocation.
+pub(super) fn export_buffer(b: &CudaBackend, device: usize, ptr: DevicePtr, bytes: usize) -> Result<SymmetricMemory> {
+    let inside = |m: &SymmetricMemory| ptr.0 >= m.base.0 && ptr.0 + bytes as u64 <= m.base.0 + m.bytes as u64;
+    if let Ok(m) = symmetric_memory(b, ptr) {
+        return if inside(&m) {
+            Ok(m)
+        } else {
+            Err(Error::invalid_argument(format!("{ptr} + {bytes} bytes runs past the end of its ncclMemAlloc allocation")))
+        };
+    }
+    let _g = CtxGuard::enter(b.primary(device)?)?;
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writes an address and a size; an address the driver does not know is an error.
+    check(unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr.0) }, "cuMemGetAddressRange (registered buffer)")?;
+    let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+    // SAFETY: writes the 64-byte handle of the allocation that starts at `base`.
+    check(unsafe { sys::cuIpcGetMemHandle(h.as_mut_ptr(), base) }, "cuIpcGetMemHandle (registered buffer)")?;
+    // SAFETY: written above.
+    let h = unsafe { h.assume_init() };
+    let raw: Vec<u8> = h.reserved.iter().map(|c| *c as u8).collect();
+    let m = SymmetricMemory { base: DevicePtr(base), bytes: size, handle: ShareHandle::new(BackendKind::Cuda, size as u64, &raw)? };
+    if !inside(&m) {
+        return Err(Error::invalid_argument(format!("{ptr} + {bytes} bytes runs past the end of its allocation")));
+    }
+    Ok(m)
+}
+
+/// Maps a peer's registered allocation: `ncclMemAlloc` memory at a space of its own, other
+/// memory through CUDA IPC.
+pub(super) fn import_buffer(b: &CudaBackend, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+    if ticket_of(handle).is_err() {
+        return super::memory::import(b, device, handle);
+    }
+    let bytes = usize::try_from(handle.bytes()).map_err(|_| Error::invalid_argument("import_buffer: size too large"))?;
+    let at = reserve_space(b, bytes)?;
+    if let Err(e) = map_shared_at(b, device, handle, at) {
+        let _ = release_space(b, at, bytes);
+        return Err(e);
+    }
+    Ok(at)
+}
+
+/// Undoes [`import_buffer`].
+pub(super) fn close_buffer(b: &CudaBackend, at: DevicePtr) -> Result<()> {
+    let mapped = match b.read_memory().entries.get(&at.0) {
+        Some(Entry { bytes, kind: Kind::WindowMap, .. }) => Some(*bytes),
+        _ => None,
+    };
+    match mapped {
+        Some(bytes) => {
+            unmap_at(b, at)?;
+            release_space(b, at, bytes)
+        }
+        None => super::memory::close_import(b, at),
+    }
+}

@@ -43,7 +43,7 @@ pub(crate) struct CachedLaunch {
     image: Option<ArenaImage>,
     kernel: ExecKernel,
     /// The connections the image names (kept alive with it).
-    _links: Links,
+    links: Links,
 }
 
 impl CachedLaunch {
@@ -63,7 +63,12 @@ impl CachedLaunch {
         }
         let kernel = backend.exec_kernel(device, seg.op, seg.dtype, enc.entry)?;
         backend.reach_exec_memory(device, &enc.slots)?;
-        Ok(Some(CachedLaunch { enc, image: None, kernel, _links: links.clone() }))
+        Ok(Some(CachedLaunch { enc, image: None, kernel, links: links.clone() }))
+    }
+
+    /// The connections the image names.
+    pub(crate) fn links(&self) -> &Links {
+        &self.links
     }
 
     /// The program image's bytes.

@@ -106,7 +106,7 @@ impl Encoded {
 /// The per-call values of one operation: its buffers and scalar as the kernel reads them.
 fn call_of(c: &OpCtx) -> ExecCall {
     let (_, scalar, _) = super::ops::coll_device_op(c.reducer.op, c.reducer.dtype);
-    ExecCall { src: c.src as u64, dst: c.dst as u64, scalar, scalar_ptr: c.scalar_at as u64 }
+    ExecCall { src: c.src as u64, dst: c.dst as u64, scalar, scalar_ptr: c.scalar_at as u64, dst_remote: c.dst_remote as u64 }
 }
 
 /// The kernel parameter's per-call values of `run`: those of its first `EXEC_ARG_CTXS`
@@ -126,6 +126,46 @@ fn append<T: Copy>(bytes: &mut Vec<u8>, items: &[T]) -> usize {
     let at = bytes.len();
     bytes.extend_from_slice(k::as_bytes(items));
     at
+}
+
+/// Steps below this size never go zero-copy (`RUSTCCL_DIRECT_MIN_BYTES` in `exec.cu`: the
+/// sender does not read the receiver's post for them), so runs that start with one are not
+/// posted either (a post costs the receiver two system fences).
+pub(crate) const DIRECT_MIN_BYTES: usize = 64 << 10;
+
+/// The peer of a step that may be a zero-copy receive (the kernel's `plain_recv` over P2P):
+/// a point-to-point receive into `dst` and nothing else, over a P2P connection.
+fn direct_receive_peer(s: &crate::program::Step, links: &Links) -> Option<u32> {
+    let plain = s.send.is_empty() && s.src.is_none() && !s.reduce && !s.post && s.dst.is_some();
+    match s.recv.as_slice() {
+        [l] if plain
+            && matches!(l.purpose, crate::program::Purpose::P2p(_))
+            && links.get(&(*l, Dir::Recv)).is_some_and(|c| c.kind == Kind::P2p) =>
+        {
+            Some(l.peer)
+        }
+        _ => None,
+    }
+}
+
+/// The receives of `run` whose sender may write straight into their buffer (zero-copy, if the
+/// buffer is registered and the peer maps it): `(context, peer)` for every point-to-point
+/// receive of Simple steps over P2P connections alone.
+pub(crate) fn direct_receives(run: &Work, links: &Links) -> Vec<(usize, u32)> {
+    // Per context: Some(Some(peer)) every step so far is a candidate from `peer`; Some(None)
+    // some step is not.
+    let mut of: Vec<Option<Option<u32>>> = vec![None; run.ctxs.len()];
+    for item in &run.items {
+        for (ci, s) in &item.steps {
+            let peer = direct_receive_peer(s, links).filter(|_| run.ctxs[*ci].proto == Protocol::Simple);
+            of[*ci] = match (of[*ci], peer) {
+                (None, p) => Some(p),
+                (Some(Some(a)), Some(b)) if a == b => Some(Some(a)),
+                _ => Some(None),
+            };
+        }
+    }
+    of.iter().enumerate().filter_map(|(ci, p)| p.flatten().map(|peer| (ci, peer))).collect()
 }
 
 /// Encodes the steps of the tasks in `ctxs` (None when they have no step).
@@ -153,7 +193,7 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
             ..ExecConn::default()
         };
         if c.kind == Kind::P2p {
-            conn.flags |= k::CONN_LINES_WHOLE;
+            conn.flags |= k::CONN_LINES_WHOLE | k::CONN_DIRECT;
             (conn.ll_slots, conn.ll128_slots) = p2p_protocol_slots(conn.slots);
             conn.ll_slot_bytes = GPU_LL_SLOT_BYTES as u32;
             conn.ll128_slot_bytes = GPU_LL128_SLOT_BYTES as u32;
@@ -172,6 +212,9 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
     let mut protocols = 0u8;
     for item in &run.items {
         let first = steps.len();
+        // The run of zero-copy receive candidates the last step belongs to: (its first step's
+        // index, its context).
+        let mut run_of: Option<(usize, usize)> = None;
         for (ci, s) in item.steps.iter().filter(|(ci, _)| ctxs.contains(ci)) {
             if s.recv.len() > k::EXEC_MAX_PEERS || s.send.len() > k::EXEC_MAX_PEERS {
                 return Err(Error::internal("a step with more than two peers on one side"));
@@ -206,6 +249,22 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
                 e.send[j] = conn_of(*l, Dir::Send)?;
             }
             protocols |= 1 << e.proto;
+            // Plain receives of one point-to-point operation over P2P (Simple) form runs the
+            // kernel posts for zero-copy (STEP_DIRECT_START on the first, `run` its length).
+            let direct = e.proto == k::PROTO_SIMPLE && direct_receive_peer(s, links).is_some();
+            run_of = match run_of {
+                Some((start, c)) if direct && c == *ci && steps[start].run < u16::MAX => {
+                    steps[start].run += 1;
+                    Some((start, c))
+                }
+                _ if direct && s.bytes < DIRECT_MIN_BYTES => None,
+                _ if direct => {
+                    e.flags |= k::STEP_DIRECT_START;
+                    e.run = 1;
+                    Some((steps.len(), *ci))
+                }
+                _ => None,
+            };
             steps.push(e);
         }
         if steps.len() > first {
@@ -230,7 +289,15 @@ pub(crate) fn encode(run: &Work, links: &Links, ctxs: std::ops::Range<usize>) ->
             let (_, _, divisor) = super::ops::coll_device_op(c.reducer.op, c.reducer.dtype);
             // The first contexts' per-call values travel in the kernel parameter (`calls`).
             let call = if i < k::EXEC_ARG_CTXS { ExecCall::default() } else { call_of(c) };
-            ExecCtx { src: call.src, dst: call.dst, scalar: call.scalar, divisor, sig: c.sig.0, scalar_ptr: call.scalar_ptr }
+            ExecCtx {
+                src: call.src,
+                dst: call.dst,
+                scalar: call.scalar,
+                divisor,
+                sig: c.sig.0,
+                scalar_ptr: call.scalar_ptr,
+                dst_remote: call.dst_remote,
+            }
         })
         .collect();
     let mut bytes = Vec::new();

@@ -150,7 +150,7 @@ mod tests {
     }
 
     fn ctx(dtype: DataType, op: DevOp, proto: Protocol) -> OpCtx {
-        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto, sig: crate::work::OpSig(0), scalar_at: 0 }
+        OpCtx { src: 0x1000, dst: 0x2000, src_len: 64, dst_len: 64, reducer: Reducer::new(dtype, op), proto, sig: crate::work::OpSig(0), scalar_at: 0, dst_remote: 0 }
     }
 
     fn run(ctxs: Vec<OpCtx>, items: Vec<Vec<(usize, Step)>>) -> Work {
@@ -226,7 +226,7 @@ mod tests {
             assert_eq!(e.dst, s.dst.unwrap_or(0) as u64);
             if s.send.len() == 1 {
                 let c = conns[e.send[0] as usize];
-                assert_eq!(c.flags, k::CONN_SEND | k::CONN_LINES_WHOLE, "the P2P send end");
+                assert_eq!(c.flags, k::CONN_SEND | k::CONN_LINES_WHOLE | k::CONN_DIRECT, "the P2P send end");
                 assert_eq!(c.header, 0x10_0000_0000);
                 assert_eq!(c.ll_slots, c.slots + gpu_simple_fifo().bytes() as u64);
                 assert_eq!(c.simple_steps as usize, gpu_simple_fifo().steps);
@@ -280,6 +280,57 @@ mod tests {
                 assert_eq!((c.src, c.dst, c.scalar), (0x1000 * (i as u64 + 1), 0x10_0000 * (i as u64 + 1), scalar(i)), "context {i}: in the image");
             }
         }
+    }
+
+    /// Zero-copy receives: runs of plain point-to-point receives of one operation over P2P
+    /// are marked for the kernel's post (the first step, with the run's length); receives over
+    /// other transports, or mixed with other steps, are not candidates.
+    #[test]
+    fn point_to_point_receives_over_p2p_are_marked_in_runs_per_operation() {
+        let p2p = Link { peer: 1, purpose: Purpose::P2p(0) };
+        let shm = Link { peer: 2, purpose: Purpose::P2p(0) };
+        let mut links = Links::new();
+        links.insert((p2p, Dir::Recv), conn(p2p, Dir::Recv, Kind::P2p, 0x10_0000_0000));
+        links.insert((p2p, Dir::Send), conn(p2p, Dir::Send, Kind::P2p, 0x20_0000_0000));
+        links.insert((shm, Dir::Recv), conn(shm, Dir::Recv, Kind::Shm, 0x30_0000_0000));
+        let simple = || ctx(DataType::Float32, DevOp::Sum, Protocol::Simple);
+        // Contexts 0 and 1 receive from rank 1 (3 and 2 steps), 2 sends to it, 3 receives
+        // from rank 2 over SHM, 4 receives from rank 1 as LL.
+        const C: usize = encode::DIRECT_MIN_BYTES;
+        let recv = |l: u32, n: usize| program::p2p_recv(l, 0, (0, n * C), C);
+        let mut item: Vec<(usize, Step)> = recv(1, 3).into_iter().map(|s| (0, s)).collect();
+        item.extend(recv(1, 2).into_iter().map(|s| (1, s)));
+        let sends: Vec<(usize, Step)> = program::p2p_send(1, 0, (0, 2 * C), C).into_iter().map(|s| (2, s)).collect();
+        let over_shm: Vec<(usize, Step)> = recv(2, 2).into_iter().map(|s| (3, s)).collect();
+        let ll: Vec<(usize, Step)> = recv(1, 1).into_iter().map(|s| (4, s)).collect();
+        let mut ctxs = vec![simple(), simple(), simple(), simple(), ctx(DataType::Float32, DevOp::Sum, Protocol::Ll)];
+        ctxs[0].dst_remote = 0x7000;
+        let r = run(ctxs, vec![item, sends, over_shm]);
+        assert_eq!(encode::direct_receives(&r, &links), vec![(0, 1), (1, 1)]);
+        let enc = encode(&r, &links, 0..5).unwrap().expect("steps");
+        let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], 9);
+        let marks: Vec<(bool, u16)> = steps.iter().map(|s| (s.flags & k::STEP_DIRECT_START != 0, s.run)).collect();
+        assert_eq!(
+            marks,
+            vec![(true, 3), (false, 0), (false, 0), (true, 2), (false, 0), (false, 0), (false, 0), (false, 0), (false, 0)],
+            "a run per receiving operation; sends and SHM receives unmarked"
+        );
+        let conns: Vec<ExecConn> = decode(&enc.bytes, enc.offsets[2], enc.nconns as usize);
+        assert!(conns[steps[0].recv[0] as usize].flags & k::CONN_DIRECT != 0);
+        assert!(conns[steps[7].recv[0] as usize].flags & k::CONN_DIRECT == 0, "SHM");
+        // Where the peer maps the buffer is a call value.
+        assert_eq!(encode::calls(&r).1[0].dst_remote, 0x7000);
+        assert_eq!(encode::calls(&r).1[1].dst_remote, 0);
+        // The kernel's threshold is this one; a run that starts below it is not posted.
+        assert!(include_str!("../../../../kernels/src/device/exec.cu").contains("#define RUSTCCL_DIRECT_MIN_BYTES (64u << 10)"));
+        assert_eq!(encode::DIRECT_MIN_BYTES, 64 << 10);
+        let small = run(vec![simple()], vec![program::p2p_recv(1, 0, (0, 3 * 64), 64).into_iter().map(|s| (0, s)).collect()]);
+        let enc = encode(&small, &links, 0..1).unwrap().expect("steps");
+        let steps: Vec<ExecStep> = decode(&enc.bytes, enc.offsets[3], 3);
+        assert!(steps.iter().all(|s| s.flags & k::STEP_DIRECT_START == 0), "64-byte steps are not posted");
+        // An LL receive (ctx 4) is not a candidate either.
+        let r = run(vec![simple(), simple(), simple(), simple(), ctx(DataType::Float32, DevOp::Sum, Protocol::Ll)], vec![ll]);
+        assert_eq!(encode::direct_receives(&r, &links), vec![]);
     }
 
     #[test]
