@@ -29,6 +29,19 @@ fn mismatch_results(nranks: i32, extra: &[(&str, &str)]) -> Vec<(String, u64, St
         .collect()
 }
 
+/// On the host backend a small all_reduce goes through the board of small collectives
+/// (`coll::small`) and a large one through the FIFOs: ranks whose counts differ that much take
+/// different ways, and still learn of it (not a hang).
+#[test]
+fn ranks_whose_counts_send_them_different_ways_are_caught_on_every_rank() {
+    // 8 bytes on the board, 4 KiB (the scenario's count) above its limit here.
+    let res = mismatch_results(2, &[("MISMATCH", "way"), ("RUSTCCL_HOST_SMALL_BYTES", "64")]);
+    for (rank, (code, ms, msg)) in res.iter().enumerate() {
+        assert_eq!(code, "InvalidUsage", "rank {rank}: {msg}");
+        assert!(*ms < 5000, "rank {rank} learnt of it after {ms} ms: {msg}");
+    }
+}
+
 #[test]
 fn different_datatypes_of_the_same_size_are_caught_on_every_rank_naming_both_sides() {
     let res = mismatch_results(2, &[("MISMATCH", "type")]);

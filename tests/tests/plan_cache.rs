@@ -5,7 +5,8 @@
 //! `NCCL_PROTO` / `NCCL_ALGO` set (read once per process, so they cannot change between
 //! calls: the cached plans are then rings, trees, Simple), so that every kind of program is
 //! served from the cache. That a tuner's choice still applies on every call is checked by
-//! `plugins.rs` / `c_tuner.rs` (a communicator with a tuner does not cache plans).
+//! `plugins.rs` / `c_tuner.rs` (a communicator with a tuner does not cache plans). The same
+//! calls run through the board of small collectives (`rustccl::coll::small`) too.
 
 use std::time::Duration;
 
@@ -16,6 +17,11 @@ fn run(nranks: i32, env: &[(&str, &str)]) {
     let ranks: Vec<i32> = (0..nranks).collect();
     let mut env = env.to_vec();
     env.push(("RUSTCCL_BACKEND", "host"));
+    // Small calls take the board of small collectives (`coll::small`) unless told otherwise:
+    // here they must go through the cache, but for the test of the board below.
+    if !env.iter().any(|(k, _)| *k == "RUSTCCL_HOST_SMALL_BYTES") {
+        env.push(("RUSTCCL_HOST_SMALL_BYTES", "0"));
+    }
     let out = finish_all(spawn("plan-cache", nranks, &ranks, &ids, &env), Duration::from_secs(120));
     assert_all_ok(&out);
     for o in &out {
@@ -32,6 +38,15 @@ fn cached_plans_never_serve_a_call_of_another_shape_two_ranks() {
 #[test]
 fn cached_plans_never_serve_a_call_of_another_shape_three_ranks() {
     run(3, &[]);
+}
+
+/// The same calls through the board of small collectives (every call of up to 32 KiB per
+/// rank): interleaved shapes, in place and out of place, PreMulSum scalars by value and by
+/// address, roots, every result checked.
+#[test]
+fn the_board_of_small_collectives_serves_calls_of_every_shape() {
+    run(2, &[("RUSTCCL_HOST_SMALL_BYTES", "32768")]);
+    run(3, &[("RUSTCCL_HOST_SMALL_BYTES", "32768")]);
 }
 
 #[test]

@@ -144,7 +144,7 @@ fn eligible(comm: &Communicator, task: &Task) -> bool {
 /// caller's business): a non-empty collective, not point-to-point, on a blocking
 /// communicator, and nothing that wants each call planned (check mode, a profiler's plan
 /// records).
-fn may_skip_planner(comm: &Communicator, task: &Task) -> bool {
+pub(super) fn may_skip_planner(comm: &Communicator, task: &Task) -> bool {
     task.count > 0
         && !task.kind.is_p2p()
         && comm.config().blocking

@@ -133,6 +133,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     if queued {
         if !task_is_p2p {
             comm.publish_path(super::symmetric::PATH_USUAL);
+            super::small::note_usual(comm);
         }
         return Ok(());
     }
@@ -147,6 +148,12 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     }
     if !task.kind.is_p2p() {
         comm.publish_path(super::symmetric::PATH_USUAL);
+    }
+    if let Some(r) = super::small::try_run(comm, &task) {
+        return r;
+    }
+    if !task.kind.is_p2p() {
+        super::small::note_usual(comm);
     }
     if let Some(r) = super::cache::try_run(comm, &task) {
         return r;

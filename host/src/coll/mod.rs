@@ -19,6 +19,7 @@ pub mod check;
 pub mod exec;
 pub mod group;
 pub mod plan;
+pub(crate) mod small;
 pub mod symmetric;
 
 

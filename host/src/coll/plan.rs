@@ -135,6 +135,12 @@ fn algo_setting() -> Option<&'static str> {
     V.get_or_init(|| params::env_str("NCCL_ALGO")).as_deref()
 }
 
+/// Whether `NCCL_ALGO` or `NCCL_PROTO` is set (the user chose the programs: ways around the
+/// planner step aside).
+pub(crate) fn forced() -> bool {
+    algo_setting().is_some() || proto_setting().is_some()
+}
+
 fn proto_setting() -> Option<&'static str> {
     static V: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     V.get_or_init(|| params::env_str("NCCL_PROTO")).as_deref()

@@ -178,6 +178,7 @@ impl Communicator {
             grow_id: Mutex::new(None),
             windows: Mutex::new(Default::default()),
             registered: Mutex::new(Default::default()),
+            small_board: Mutex::new(Default::default()),
             sym_path: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
         });

@@ -108,6 +108,8 @@ struct Inner {
     windows: Mutex<crate::window::Windows>,
     /// Buffers registered for zero-copy point-to-point, and peers' buffers mapped here.
     registered: Mutex<registered::Registry>,
+    /// Host backend: the board of the small single collectives (`coll::small`).
+    small_board: Mutex<crate::coll::small::BoardState>,
     /// Host backend: where this rank publishes which way its current collective goes
     /// (`coll::symmetric::host::Path`; 0 until the symmetric collectives' memory exists), and
     /// how many collectives it has started.
@@ -394,6 +396,7 @@ impl Communicator {
         }
         self.release_plugins();
         self.release_registrations();
+        self.release_small_board();
         self.inner.sym_path.store(0, Ordering::Release);
         self.windows().release();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
@@ -684,6 +687,17 @@ impl Communicator {
         f(&self.inner.shared.backend, device, &mut cache.exec)
     }
 
+    /// The board of the small single collectives (host backend).
+    pub(crate) fn small_board(&self) -> std::sync::MutexGuard<'_, crate::coll::small::BoardState> {
+        self.inner.small_board.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn release_small_board(&self) {
+        if let crate::coll::small::BoardState::Ready(b) = std::mem::take(&mut *self.small_board()) {
+            b.release(&**self.backend());
+        }
+    }
+
     /// The executor's reusable device objects.
     pub(crate) fn device_cache(&self) -> std::sync::MutexGuard<'_, DeviceCache> {
         self.inner.device_cache.lock().unwrap_or_else(|p| p.into_inner())
@@ -725,5 +739,8 @@ impl Drop for Inner {
         // Peers' buffers still mapped (an abort; destroy unmaps them itself).
         let registered = self.registered.get_mut().unwrap_or_else(|p| p.into_inner());
         registered.close_imports(&*self.shared.backend);
+        if let crate::coll::small::BoardState::Ready(b) = std::mem::take(self.small_board.get_mut().unwrap_or_else(|p| p.into_inner())) {
+            b.release(&*self.shared.backend);
+        }
     }
 }

@@ -54,13 +54,24 @@ impl Communicator {
         (addr != 0).then(|| unsafe { &*(addr as *const std::sync::atomic::AtomicU64) })
     }
 
-    /// A collective starts: its number, published as pending (host backend with symmetric
-    /// windows only; elsewhere nothing).
+    /// A collective starts: it is counted (every rank counts alike), and its number published
+    /// as pending (host backend with symmetric windows only).
     pub(crate) fn note_collective(&self) {
+        let seq = self.inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(w) = self.path_word() {
-            let seq = self.inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
             w.store(seq << 2, Ordering::Release);
         }
+    }
+
+    /// Host backend: whether the symmetric collectives' memory exists (a symmetric window was
+    /// registered).
+    pub(crate) fn has_symmetric_resources(&self) -> bool {
+        self.inner.sym_path.load(Ordering::Relaxed) != 0
+    }
+
+    /// The number of the current collective (`note_collective`).
+    pub(crate) fn collective_number(&self) -> u64 {
+        self.inner.coll_seq.load(Ordering::Relaxed)
     }
 
     /// Publishes which way the current collective goes (`coll::symmetric::PATH_*`); returns

@@ -116,6 +116,7 @@ pub static PARAMS: &[Param] = &[
     p("RUSTCCL_SYM_KERNEL", Str, None, false, "rustccl: the symmetric kernel collectives on symmetric windows take (auto, off; all_reduce: ll, ld, rsag); every rank must set the same"),
     p("RUSTCCL_SIMPLE_STEPS", Int, Some("4"), false, "rustccl: slots the Simple buffer of a device connection is cut into (2, 4 or 8); a step posts one slot"),
     p("RUSTCCL_HOST_SPIN", Int, Some("64"), false, "rustccl: rounds the host executor spins while waiting before it yields the core (at most 16 when ranks outnumber cores)"),
+    p("RUSTCCL_HOST_SMALL_BYTES", Int, None, false, "rustccl: host backend: single collectives putting at most this many bytes per rank (up to 65536) on the board of small collectives (shared memory, one shot) take it; 0: never; unset: 32 KiB for reductions, 64 KiB for copies"),
     p("RUSTCCL_HOST_DEVICES", Int, Some("64"), false, "rustccl: number of virtual devices of the host backend"),
     p("RUSTCCL_BOOTSTRAP_TIMEOUT", Str, Some("120"), false, "rustccl: seconds bootstrap waits (rendezvous, each bootstrap operation, connection setup)"),
     p("RUSTCCL_HANG_REPORT_S", Str, Some("60"), false, "rustccl: seconds an operation may wait before a hang report is logged"),

@@ -186,6 +186,10 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     }
     let n = comm.nranks_unchecked() as usize;
     if comm.backend().capabilities().host_addressable {
+        // No symmetric window yet: nothing to look up (this runs on every small call).
+        if !comm.has_symmetric_resources() {
+            return None;
+        }
         let place = place_of(comm, task, n)?;
         return Some(host::run_task(comm, task, place));
     }

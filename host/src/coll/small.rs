@@ -1,0 +1,388 @@
+//! Small single collectives on the host backend, one shot through a board in shared memory.
+//!
+//! Every rank of a communicator whose ranks share a host owns a region of shared memory that
+//! every rank maps (the board, made at the first call that takes this way): a word `arrive`
+//! (the number of the last call whose input this rank has put on the board) and `SLOTS`
+//! slots, used by calls in turn. A call `k` of rank r:
+//! 1. waits until every peer has arrived at call `k - SLOTS + 1` (so no peer still reads r's
+//!    slot `k % SLOTS`, last used at `k - SLOTS`; usually true on entry);
+//! 2. puts its input (scaled by its own PreMulSum scalar) and the call's signature in its slot
+//!    `k % SLOTS`, then stores `arrive = k` (release);
+//! 3. waits until the ranks whose input it needs have arrived at `k`, checks their signatures
+//!    (another operation, or other counts, is `ncclInvalidUsage`, not wrong data), and reduces
+//!    or copies straight from their slots into its receive buffer, in rank order (every rank
+//!    gets the same bits as the other paths).
+//!
+//! One store and one wait per call, by the calling thread: no other thread is woken, no system
+//! call on the way (the wait spins, then yields, then naps; failures, aborts and
+//! `NCCL_OP_TIMEOUT_MS` end it with an error). In place and out of place cost the same (the
+//! input is copied to the board either way). Broadcast: only the root puts data, and with
+//! several slots it runs ahead of slow non-roots instead of in lockstep (4 ranks on 2 cores:
+//! 2 µs a call against 5–7 with two slots); reduce: only the root waits in step 3.
+//!
+//! Ranks that disagree (one passes other counts, so takes the usual way where the others take
+//! the board) are found, not waited for: each rank publishes the number of the last collective
+//! it ran the usual way (`usual`), and a rank waiting on the board for a peer that ran this
+//! collective the usual way stops with `ncclInvalidUsage`.
+//!
+//! Taken for a single collective (outside a group, blocking communicator, no check mode or
+//! profiler plan records, no `NCCL_ALGO`/`NCCL_PROTO`) of at most `limit` bytes on the board
+//! per rank, where every rank is on one host; everything the choice depends on is the same on
+//! every rank, so every rank takes the same way. The board is made at the communicator's
+//! first collective of any kind outside a group, with data (every rank makes it there,
+//! whatever way that collective takes), so it exists on every rank before any rank could take
+//! it. (Not inside a group: one thread may drive several ranks there, and making the board
+//! waits for every rank.)
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{CollKind, Task};
+use crate::backend::DevicePtr;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::reduce::Reducer;
+
+/// Slots per rank, and the bytes of each.
+const SLOTS: usize = 8;
+const SLOT: usize = 32 << 10;
+/// Where the slots start in a region (the arrival word and the signatures have the first
+/// cache lines).
+const SLOTS_AT: usize = 128;
+/// Bytes of a region.
+const REGION: usize = SLOTS_AT + SLOTS * SLOT;
+/// Offsets of the words at the head of a region.
+const ARRIVE: usize = 0;
+const USUAL: usize = 8;
+const SIGS: usize = 64;
+
+/// `RUSTCCL_HOST_SMALL_BYTES`: the most bytes a rank puts on the board for one call (0: never
+/// this way; at most the slot size); `None` unset.
+fn setting() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| crate::params::env_int("RUSTCCL_HOST_SMALL_BYTES").ok().flatten().map(|v| v.clamp(0, SLOT as i64) as usize))
+}
+
+/// The most bytes a rank puts on the board for a call of `task`'s kind: the setting, else
+/// where the board stops being faster than the FIFOs (2 ranks on the 2-core development
+/// machine, 2026-12-02: all_reduce in place at 8 KiB 2.2 µs against 8.2 and at 32 KiB 9.4
+/// against 22, at 64 KiB out of place 16.8 against 12.8; broadcast and all_gather the same
+/// from 4 KiB on, run to run swings larger than the difference): a whole slot for reductions,
+/// 4 KiB for copies.
+fn limit(task: &Task) -> usize {
+    setting().unwrap_or(if task.kind.reduces() { SLOT } else { 4 << 10 })
+}
+
+/// A communicator's board.
+#[derive(Default)]
+pub(crate) enum BoardState {
+    /// Not made yet.
+    #[default]
+    NotYet,
+    Ready(Board),
+    /// This communicator never takes this way (ranks on several hosts, or the board could not
+    /// be made on some rank).
+    Off,
+}
+
+pub(crate) struct Board {
+    /// This rank's region (its allocation) and every rank's, mapped here (this rank's own
+    /// included), by rank.
+    mine: DevicePtr,
+    regions: Vec<usize>,
+    imports: Vec<DevicePtr>,
+    /// Calls made so far.
+    calls: u64,
+}
+
+impl Board {
+    fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
+        // SAFETY: `regions[rank]` is a mapped region of at least `REGION` bytes,
+        // page-aligned, kept while the board exists; the head words are only used atomically.
+        unsafe { &*((self.regions[rank] + offset) as *const AtomicU64) }
+    }
+
+    fn slot(&self, rank: usize, call: u64) -> *mut u8 {
+        (self.regions[rank] + SLOTS_AT + (call as usize % SLOTS) * SLOT) as *mut u8
+    }
+
+    /// Gives the memory back (destroy).
+    pub(crate) fn release(self, backend: &dyn crate::backend::DeviceBackend) {
+        for p in self.imports {
+            let _ = backend.close_import(p);
+        }
+        let _ = backend.free(self.mine);
+    }
+}
+
+/// What a call needs on the board per rank, and whether it takes this way at all.
+fn board_bytes(task: &Task, n: usize) -> Option<usize> {
+    let b = task.count.checked_mul(task.dtype.size())?;
+    match task.kind {
+        CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast { .. } | CollKind::Reduce { .. } => Some(b),
+        CollKind::ReduceScatter => b.checked_mul(n),
+        CollKind::Send { .. } | CollKind::Recv { .. } => None,
+    }
+}
+
+/// Makes the board at the communicator's first collective outside a group (a no-op after it, and where the
+/// board is never used: devices, non-blocking communicators, one rank, the limit set to 0).
+pub(crate) fn ensure_board(comm: &Communicator) {
+    let mut state = comm.small_board();
+    if !matches!(*state, BoardState::NotYet) {
+        return;
+    }
+    let used = comm.nranks_unchecked() > 1
+        && comm.backend().capabilities().host_addressable
+        && comm.config().blocking
+        && setting() != Some(0)
+        && !super::plan::forced();
+    *state = if !used {
+        BoardState::Off
+    } else {
+        match make_board(comm) {
+            Ok(Some(b)) => BoardState::Ready(b),
+            Ok(None) => BoardState::Off,
+            Err(e) => {
+                tracing::warn!(target: "COLL", "rank {}: small collectives take the usual way: {}", comm.rank_unchecked(), e.message);
+                BoardState::Off
+            }
+        }
+    };
+}
+
+/// Runs `task`, a collective outside a group, through the board if it takes this way (None:
+/// it does not). The board is made here at the first such collective with data, once its
+/// buffers are checked (a bad argument on one rank is refused at once, not after waiting for
+/// the others to make the board).
+pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
+    if task.count == 0 || task.kind.is_p2p() {
+        return None;
+    }
+    if matches!(*comm.small_board(), BoardState::NotYet) {
+        if let Err(e) = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task)) {
+            return Some(Err(comm.record_error(e)));
+        }
+        ensure_board(comm);
+    }
+    let n = comm.nranks_unchecked() as usize;
+    if !super::cache::may_skip_planner(comm, task) {
+        return None;
+    }
+    let bytes = board_bytes(task, n)?;
+    if bytes > limit(task) {
+        return None;
+    }
+    let mut state = comm.small_board();
+    let BoardState::Ready(board) = &mut *state else { return None };
+    comm.op_log().started(std::slice::from_ref(&task.shape()));
+    let r = run(comm, board, task, bytes);
+    super::cache::finish(comm, &r, false);
+    Some(r.map_err(|e| comm.record_error(e.context(task.kind.name()))))
+}
+
+/// Makes the board (collective: every rank gets here at the same call): `None` where it is not
+/// used (ranks on several hosts).
+fn make_board(comm: &Communicator) -> Result<Option<Board>> {
+    let hosts = comm.host_hashes()?;
+    if hosts.iter().any(|h| *h != hosts[0]) {
+        return Ok(None);
+    }
+    let backend = comm.backend();
+    let device = comm.device()?.max(0) as usize;
+    let me = comm.rank_unchecked() as usize;
+    let mine = backend.alloc_shareable(device, REGION);
+    // Every rank says whether it has a region (and its handle), so all decide alike.
+    let offer = match &mine {
+        Ok((_, h)) => [&[1u8][..], &h.to_bytes()].concat(),
+        Err(_) => vec![0u8],
+    };
+    let all = comm.allgather_bytes(&offer)?;
+    let (mine, _) = match mine {
+        Ok(m) if all.iter().all(|o| o.first() == Some(&1)) => m,
+        Ok((p, _)) => {
+            let _ = backend.free(p);
+            return Err(Error::internal("a peer could not make its board"));
+        }
+        Err(e) => return Err(e),
+    };
+    let n = all.len();
+    let mut board = Board { mine, regions: vec![0; n], imports: Vec::new(), calls: 0 };
+    board.regions[me] = backend.host_address(board.mine, REGION)?;
+    // Rank r's region is mapped last by rank r + 1, which then unlinks its file (the backend's
+    // `import_last`): from then on it lives only in the mappings, and goes with the processes
+    // however they end. So: every region but the one this rank maps last, then (every other
+    // rank has mapped it) that one.
+    let last_of_mine = (me + n - 1) % n;
+    let map = |board: &mut Board, r: usize, last: bool| -> Result<()> {
+        let h = crate::backend::ShareHandle::from_bytes(&all[r][1..])?;
+        let p = if last { backend.import_last(device, &h)? } else { backend.import(device, &h)? };
+        board.imports.push(p);
+        board.regions[r] = backend.host_address(p, REGION)?;
+        Ok(())
+    };
+    let mut mapped: Result<()> = (0..n).filter(|&r| r != me && r != last_of_mine).try_for_each(|r| map(&mut board, r, false));
+    // Every rank says how it went, twice (before and after the last mappings), so all decide
+    // alike: the board for every rank, or for none.
+    for phase in 0..2 {
+        if phase == 1 && mapped.is_ok() {
+            mapped = map(&mut board, last_of_mine, true);
+        }
+        let ok = comm.allgather_bytes(&[mapped.is_ok() as u8]);
+        match ok {
+            Ok(all_ok) if mapped.is_ok() && all_ok.iter().all(|o| o.first() == Some(&1)) => {}
+            ok => {
+                board.release(&**backend);
+                ok?;
+                mapped?;
+                return Err(Error::internal("a peer could not map the boards of the small collectives"));
+            }
+        }
+    }
+    Ok(Some(board))
+}
+
+/// A collective of `comm` (number `Communicator::collective_number`) takes the usual way:
+/// published on the board, if there is one, for peers waiting there.
+pub(crate) fn note_usual(comm: &Communicator) {
+    if let BoardState::Ready(b) = &*comm.small_board() {
+        let me = comm.rank_unchecked() as usize;
+        b.word(me, USUAL).store(comm.collective_number(), Ordering::Release);
+    }
+}
+
+/// Waits until `rank` has arrived at call `call` (or later), in collective number `seq`.
+fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq: u64) -> Result<()> {
+    let word = board.word(rank, ARRIVE);
+    if word.load(Ordering::Acquire) >= call {
+        return Ok(());
+    }
+    let oversubscribed = comm.local_rank_count() as usize > cores();
+    let spin = if oversubscribed { 16 } else { 2048 };
+    let mut start = None;
+    let mut rounds = 0u32;
+    while word.load(Ordering::Acquire) < call {
+        rounds += 1;
+        if rounds <= spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        let start = *start.get_or_insert_with(Instant::now);
+        if rounds.is_multiple_of(64) {
+            // Failures, aborts, hang reports and NCCL_OP_TIMEOUT_MS, as every wait.
+            comm.check_running("collective")?;
+            comm.check_op_health()?;
+            // The peer ran this collective (or a later one) the usual way, and has not arrived
+            // (looked at again after: it publishes `usual` only after its arrivals).
+            if board.word(rank, USUAL).load(Ordering::Acquire) >= seq && word.load(Ordering::Acquire) < call {
+                return Err(Error::invalid_usage(format!(
+                    "rank {rank} ran collective number {seq} with other arguments (count, type, operator or root): \
+                     it took another way than this rank; every rank must call the same collectives with the same arguments"
+                ))
+                .with_kind(crate::error::ErrorKind::Mismatch));
+            }
+        }
+        if start.elapsed() < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    Ok(())
+}
+
+/// The cores this process may run on, read once.
+fn cores() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Result<()> {
+    let n = board.regions.len();
+    let me = comm.rank_unchecked() as usize;
+    let ctx = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task))?;
+    let reducer: Reducer = ctx.host_reducer();
+    let call = board.calls + 1;
+    let seq = comm.collective_number();
+    let sig = ctx.sig.0;
+    let part = task.count * task.dtype.size();
+    // SAFETY (buffers): `ctx.src`/`ctx.dst` are the task's buffers resolved by the backend
+    // (live host memory of `src_len`/`dst_len` bytes); the caller's stream semantics give this
+    // call sole use of them.
+    let src = |len: usize| unsafe { std::slice::from_raw_parts(ctx.src as *const u8, len) };
+    let dst = |len: usize| unsafe { std::slice::from_raw_parts_mut(ctx.dst as *mut u8, len) };
+    let (puts, root) = match task.kind {
+        CollKind::Broadcast { root } => (me == root as usize, Some(root as usize)),
+        CollKind::Reduce { root } => (true, Some(root as usize)),
+        _ => (true, None),
+    };
+    // 1. Nobody still reads this slot of mine, or its signature (from call - SLOTS).
+    if call >= SLOTS as u64 {
+        for p in (0..n).filter(|&p| p != me) {
+            wait_arrival(comm, board, p, call + 1 - SLOTS as u64, seq)?;
+        }
+    }
+    // 2. Input (and signature) on the board, then the arrival.
+    if puts {
+        // SAFETY: this rank's own slot for this call: no peer reads it now (step 1), only this
+        // rank writes it.
+        let slot = unsafe { std::slice::from_raw_parts_mut(board.slot(me, call), bytes) };
+        if task.kind.reduces() {
+            reducer.pre(src(bytes), slot);
+        } else {
+            slot.copy_from_slice(src(bytes));
+        }
+    }
+    board.word(me, SIGS + 8 * (call as usize % SLOTS)).store(sig, Ordering::Relaxed);
+    board.word(me, ARRIVE).store(call, Ordering::Release);
+    board.calls = call;
+    // 3. The inputs this rank needs, straight from the peers' slots.
+    let needs = match task.kind {
+        CollKind::Broadcast { .. } => root.map_or(0..0, |r| r..r + 1),
+        CollKind::Reduce { .. } if Some(me) != root => 0..0,
+        _ => 0..n,
+    };
+    for p in needs.filter(|&p| p != me) {
+        wait_arrival(comm, board, p, call, seq)?;
+        let theirs = board.word(p, SIGS + 8 * (call as usize % SLOTS)).load(Ordering::Relaxed);
+        if theirs != sig {
+            return Err(crate::work::mismatch(me as u32, ctx.sig, p as u32, crate::work::OpSig(theirs)));
+        }
+    }
+    // SAFETY: every slot read below was filled before its rank's arrival at `call`, which this
+    // rank acquired; no rank writes it again before this rank arrives at `call + 1`.
+    let slot_of = |p: usize, off: usize, len: usize| unsafe { std::slice::from_raw_parts(board.slot(p, call).add(off), len) };
+    match task.kind {
+        CollKind::AllReduce => reduce_into(&reducer, n, |p| slot_of(p, 0, part), dst(part)),
+        CollKind::Reduce { .. } if Some(me) == root => reduce_into(&reducer, n, |p| slot_of(p, 0, part), dst(part)),
+        CollKind::Reduce { .. } => {}
+        CollKind::ReduceScatter => reduce_into(&reducer, n, |p| slot_of(p, me * part, part), dst(part)),
+        CollKind::AllGather => {
+            for p in 0..n {
+                // This rank's own part from its send buffer, which in place is that part of the
+                // receive buffer (then nothing to do).
+                let from = if p == me { ctx.src as *const u8 } else { slot_of(p, 0, part).as_ptr() };
+                // SAFETY: part p of the receive buffer (`dst_len` = n × part bytes); a copy
+                // with overlap only in place, where it is the same bytes.
+                unsafe { std::ptr::copy(from, (ctx.dst + p * part) as *mut u8, part) };
+            }
+        }
+        CollKind::Broadcast { .. } => {
+            let from = if puts { ctx.src as *const u8 } else { slot_of(root.unwrap_or(0), 0, part).as_ptr() };
+            // SAFETY: the receive buffer (`part` bytes); in place the root copies onto itself.
+            unsafe { std::ptr::copy(from, ctx.dst as *mut u8, part) };
+        }
+        CollKind::Send { .. } | CollKind::Recv { .. } => unreachable!("point-to-point never takes the board"),
+    }
+    Ok(())
+}
+
+/// `out = in(0) ⊕ in(1) ⊕ ...` in rank order (the inputs already scaled by their ranks'
+/// PreMulSum scalars), then the post-op.
+fn reduce_into<'a>(reducer: &Reducer, n: usize, input: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    reducer.combine(input(0), input(1), out);
+    for p in 2..n {
+        reducer.combine_into(out, input(p));
+    }
+    reducer.post(out);
+}
