@@ -163,7 +163,8 @@ static uint64_t stat(ncclComm_t comm, ncclCommMemStat_t s) {
 }
 
 static void test_suspend(ncclComm_t comm) {
-  const size_t n = 4096;
+  /* 256 KiB: above the host backend's board of small collectives, so the FIFOs are made. */
+  const size_t n = 65536;
   float* a = (float*)calloc(n, sizeof(float));
   for (size_t i = 0; i < n; i++) a[i] = (float)(rank + 1);
   OK(ncclAllReduce(a, a, n, ncclFloat, ncclSum, comm, NULL));
