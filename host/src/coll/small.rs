@@ -26,7 +26,7 @@
 //! collective the usual way stops with `ncclInvalidUsage`.
 //!
 //! Taken for a single collective (outside a group, blocking communicator, no check mode or
-//! profiler plan records, no `NCCL_ALGO`/`NCCL_PROTO`) of at most `limit` bytes on the board
+//! profiler plan records, no `NCCL_ALGO`/`NCCL_PROTO`, no `NCCL_SHM_DISABLE=1`) of at most `limit` bytes on the board
 //! per rank, where every rank is on one host; everything the choice depends on is the same on
 //! every rank, so every rank takes the same way. The board is made at the communicator's
 //! first collective of any kind outside a group, with data (every rank makes it there,
@@ -132,11 +132,14 @@ pub(crate) fn ensure_board(comm: &Communicator) {
     if !matches!(*state, BoardState::NotYet) {
         return;
     }
+    // Shared memory between the ranks: not where the user turned it off (NCCL_SHM_DISABLE=1,
+    // e.g. to run everything over the network).
     let used = comm.nranks_unchecked() > 1
         && comm.backend().capabilities().host_addressable
         && comm.config().blocking
         && setting() != Some(0)
-        && !super::plan::forced();
+        && !super::plan::forced()
+        && crate::params::env_int_or("NCCL_SHM_DISABLE", 0) != 1;
     *state = if !used {
         BoardState::Off
     } else {
