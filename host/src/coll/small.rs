@@ -260,7 +260,7 @@ fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq:
     if word.load(Ordering::Acquire) >= call {
         return Ok(());
     }
-    let oversubscribed = comm.local_rank_count() as usize > cores();
+    let oversubscribed = comm.local_rank_count() as usize > crate::exec::host::cores();
     let spin = if oversubscribed { 16 } else { 2048 };
     let mut start = None;
     let mut rounds = 0u32;
@@ -292,12 +292,6 @@ fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq:
         }
     }
     Ok(())
-}
-
-/// The cores this process may run on, read once.
-fn cores() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Result<()> {

@@ -203,7 +203,7 @@ impl Backoff {
 }
 
 /// The cores this process may run on, read once.
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
