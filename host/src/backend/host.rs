@@ -385,7 +385,7 @@ impl DeviceBackend for HostBackend {
     }
 
     fn host_address(&self, ptr: DevicePtr, bytes: usize) -> Result<usize> {
-        Ok(self.read_memory().resolve(ptr, bytes, "buffer")? as usize)
+        Ok(memory::resolve_locked(&self.memory, ptr, bytes, "buffer")? as usize)
     }
 }
 

@@ -67,6 +67,9 @@ struct Shared {
     peers: Vec<PeerInfo>,
     secret: Secret,
     mail: Mutex<Mail>,
+    /// Set (and never cleared) once `Mail::first` holds a failure: the check every call makes
+    /// without taking the lock.
+    failed: AtomicBool,
     arrived: Condvar,
     /// Outgoing connection to each peer, made on first use.
     out: Vec<Mutex<Option<Conn>>>,
@@ -111,6 +114,7 @@ impl Shared {
         }
         tracing::warn!(target: "BOOTSTRAP", "{reason}");
         mail.first.get_or_insert_with(|| (Some(rank), Error::remote(reason.clone())));
+        self.failed.store(true, Ordering::Release);
         mail.dead.insert(rank, reason);
         self.arrived.notify_all();
         true
@@ -150,6 +154,7 @@ impl Shared {
         // first, whose news can overtake the announcement) failed for the announced reason.
         if mail.first.as_ref().is_none_or(|(dead, _)| *dead == Some(f.origin)) {
             mail.first = Some((None, Error::new(f.code, f.reason.clone())));
+            self.failed.store(true, Ordering::Release);
         }
         mail.comm_failed = Some(f);
         self.arrived.notify_all();
@@ -318,6 +323,7 @@ impl PeerNet {
             peers,
             secret,
             mail: Mutex::new(Mail::default()),
+            failed: AtomicBool::new(false),
             arrived: Condvar::new(),
             out,
             inbound: Mutex::new(Vec::new()),
@@ -349,6 +355,9 @@ impl PeerNet {
     /// The first failure seen among the peers, if any: a dead rank (a remote error) or an
     /// operation failure some rank announced (with its code), whichever came first.
     pub fn failure(&self) -> Option<Error> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
         let mail = self.shared.lock();
         Self::failure_of(&mail)
     }

@@ -184,7 +184,7 @@ fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
 
 fn run_one_rank_untimed(comm: &Communicator, task: &Task) -> Result<()> {
     // The buffers resolved and checked as the planner does it.
-    let ctx = plan::PlanEnv::with(comm, |env| plan::op_ctx(env, task)).map_err(|e| comm.record_error(e))?;
+    let ctx = plan::task_ctx(comm, task).map_err(|e| comm.record_error(e))?;
     if ctx.src == ctx.dst {
         return Ok(());
     }

@@ -163,9 +163,17 @@ pub struct PlanEnv<'a> {
 impl PlanEnv<'_> {
     /// Plans `comm`'s tasks with its environment.
     pub fn with<T>(comm: &Communicator, f: impl FnOnce(&PlanEnv) -> Result<T>) -> Result<T> {
+        let plugins = comm.plugins()?;
+        Self::with_tuner(comm, plugins.tuner.as_ref(), f)
+    }
+
+    fn with_tuner<T>(
+        comm: &Communicator,
+        tuner: Option<&crate::plugin::tuner::TunerInstance>,
+        f: impl FnOnce(&PlanEnv) -> Result<T>,
+    ) -> Result<T> {
         let backend = comm.backend();
         let caps = backend.capabilities();
-        let plugins = comm.plugins()?;
         let resolve = |ptr: DevicePtr, bytes: usize| -> Result<usize> {
             if !caps.host_addressable {
                 return Ok(ptr.0 as usize);
@@ -179,7 +187,7 @@ impl PlanEnv<'_> {
             caps,
             min_ctas: config.min_ctas,
             max_ctas: config.max_ctas,
-            tuner: plugins.tuner.as_ref(),
+            tuner,
             resolve: &resolve,
         };
         f(&env)
@@ -315,6 +323,11 @@ pub(crate) fn op_ctx(env: &PlanEnv, task: &Task) -> Result<OpCtx> {
         scalar_at,
         dst_remote: 0,
     })
+}
+
+/// [`op_ctx`] of `task` on `comm` (what the ways around the planner need: no tuner).
+pub(crate) fn task_ctx(comm: &Communicator, task: &Task) -> Result<OpCtx> {
+    PlanEnv::with_tuner(comm, None, |env| op_ctx(env, task))
 }
 
 /// Builds the work of one communicator's tasks.

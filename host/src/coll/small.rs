@@ -2,23 +2,30 @@
 //!
 //! Every rank of a communicator whose ranks share a host owns a region of shared memory that
 //! every rank maps (the board, made at the first call that takes this way): a word `arrive`
-//! (the number of the last call whose input this rank has put on the board) and `SLOTS`
-//! slots, used by calls in turn. A call `k` of rank r:
-//! 1. waits until every peer has arrived at call `k - SLOTS + 1` (so no peer still reads r's
-//!    slot `k % SLOTS`, last used at `k - SLOTS`; usually true on entry);
-//! 2. puts its input (scaled by its own PreMulSum scalar) and the call's signature in its slot
-//!    `k % SLOTS`, then stores `arrive = k` (release);
-//! 3. waits until the ranks whose input it needs have arrived at `k`, checks their signatures
-//!    (another operation, or other counts, is `ncclInvalidUsage`, not wrong data), and reduces
-//!    or copies straight from their slots into its receive buffer, in rank order (every rank
-//!    gets the same bits as the other paths).
+//! (the number of the last call whose input this rank has put on the board) and a ring of
+//! bytes. Each call takes the next entry of the ring, a header line (the call's signature and
+//! number) and its data rounded up to a cache line; every rank takes the same entries (they
+//! follow from the calls' sizes, which every rank agrees on), so a rank finds a peer's entry
+//! where it put its own. Small calls take little of the ring, so a rank may run many of them
+//! ahead of the others (a broadcast's root, a reduce's non-roots) before it must wait; large
+//! ones reuse the same few cache-sized stretches. A call `k` of rank r:
+//! 1. if its entry reuses ring bytes that an earlier call `j` used, waits until every peer has
+//!    arrived at call `j + 1` (so no peer still reads them; usually true on entry);
+//! 2. puts its input (scaled by its own PreMulSum scalar) and the header in its entry, then
+//!    stores `arrive = k` (release);
+//! 3. waits until the ranks whose input it needs have arrived at `k`, checks their headers
+//!    (another operation, other counts, or an entry elsewhere are `ncclInvalidUsage`, not
+//!    wrong data), and reduces or copies straight from their entries into its receive buffer,
+//!    in rank order (every rank gets the same bits as the other paths).
 //!
 //! One store and one wait per call, by the calling thread: no other thread is woken, no system
 //! call on the way (the wait spins, then yields, then naps; failures, aborts and
 //! `NCCL_OP_TIMEOUT_MS` end it with an error). In place and out of place cost the same (the
-//! input is copied to the board either way). Broadcast: only the root puts data, and with
-//! several slots it runs ahead of slow non-roots instead of in lockstep (4 ranks on 2 cores:
-//! 2 µs a call against 5–7 with two slots); reduce: only the root waits in step 3.
+//! input is copied to the board either way). Broadcast: only the root puts data, and it runs
+//! ahead of slow non-roots instead of in lockstep (4 ranks on 2 cores, 8 B: 0.7–1 µs a call
+//! with the ring, 2–3 with 8 entries, 5–7 with 2); reduce: only the root waits in step 3. A
+//! waiting rank spins only while the peer it waits for was last seen on another CPU (a peer
+//! that shares its CPU runs only when it yields).
 //!
 //! Ranks that disagree (one passes other counts, so takes the usual way where the others take
 //! the board) are found, not waited for: each rank publishes the number of the last collective
@@ -43,24 +50,27 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
 
-/// Slots per rank, and the bytes of each.
-const SLOTS: usize = 8;
-const SLOT: usize = 32 << 10;
-/// Where the slots start in a region (the arrival word and the signatures have the first
+/// The most data bytes of one call on the board.
+const MAX_BYTES: usize = 32 << 10;
+/// Bytes of a rank's ring, and where it starts in its region (the head words have the first
 /// cache lines).
-const SLOTS_AT: usize = 128;
+const RING: usize = 256 << 10;
+const RING_AT: usize = 128;
 /// Bytes of a region.
-const REGION: usize = SLOTS_AT + SLOTS * SLOT;
-/// Offsets of the words at the head of a region.
+const REGION: usize = RING_AT + RING;
+/// Offsets of the words at the head of a region: the last call put on the board, the last
+/// collective run the usual way, the CPU this rank last ran a call on.
 const ARRIVE: usize = 0;
 const USUAL: usize = 8;
-const SIGS: usize = 64;
+const CPU: usize = 16;
+/// An entry's header (signature, call number), before its data.
+const HEADER: usize = 64;
 
 /// `RUSTCCL_HOST_SMALL_BYTES`: the most bytes a rank puts on the board for one call (0: never
 /// this way; at most the slot size); `None` unset.
 fn setting() -> Option<usize> {
     static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| crate::params::env_int("RUSTCCL_HOST_SMALL_BYTES").ok().flatten().map(|v| v.clamp(0, SLOT as i64) as usize))
+    *N.get_or_init(|| crate::params::env_int("RUSTCCL_HOST_SMALL_BYTES").ok().flatten().map(|v| v.clamp(0, MAX_BYTES as i64) as usize))
 }
 
 /// The most bytes a rank puts on the board for a call of `task`'s kind: the setting, else
@@ -70,7 +80,7 @@ fn setting() -> Option<usize> {
 /// from 4 KiB on, run to run swings larger than the difference): a whole slot for reductions,
 /// 4 KiB for copies.
 fn limit(task: &Task) -> usize {
-    setting().unwrap_or(if task.kind.reduces() { SLOT } else { 4 << 10 })
+    setting().unwrap_or(if task.kind.reduces() { MAX_BYTES } else { 4 << 10 })
 }
 
 /// A communicator's board.
@@ -93,17 +103,71 @@ pub(crate) struct Board {
     imports: Vec<DevicePtr>,
     /// Calls made so far.
     calls: u64,
+    /// Where the next entry may start (bytes since the first, over every lap of the ring).
+    next: u64,
+    /// The calls whose entries the next laps will reuse (number, start), oldest first.
+    entries: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// Where a call's entry goes, and which earlier call's readers it must wait for first.
+struct Entry {
+    /// Start, in bytes since the first entry (its place in the ring: modulo `RING`).
+    start: u64,
+    /// The latest call whose entry shares ring bytes with this one: every peer must have
+    /// arrived at the call after it.
+    reuses: Option<u64>,
 }
 
 impl Board {
+    fn new(mine: DevicePtr, n: usize) -> Board {
+        Board {
+            mine,
+            regions: vec![0; n],
+            imports: Vec::new(),
+            calls: 0,
+            next: 0,
+            entries: std::collections::VecDeque::with_capacity(RING / HEADER),
+        }
+    }
+
     fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
         // SAFETY: `regions[rank]` is a mapped region of at least `REGION` bytes,
-        // page-aligned, kept while the board exists; the head words are only used atomically.
+        // page-aligned, kept while the board exists; the head words and headers are only
+        // used atomically.
         unsafe { &*((self.regions[rank] + offset) as *const AtomicU64) }
     }
 
-    fn slot(&self, rank: usize, call: u64) -> *mut u8 {
-        (self.regions[rank] + SLOTS_AT + (call as usize % SLOTS) * SLOT) as *mut u8
+    /// Takes the entry of call `call` with `bytes` of data: the same on every rank that
+    /// makes the same calls.
+    fn take_entry(&mut self, call: u64, bytes: usize) -> Entry {
+        let len = (HEADER + bytes.next_multiple_of(HEADER)) as u64;
+        let mut start = self.next;
+        if start % RING as u64 + len > RING as u64 {
+            // No entry wraps: the rest of this lap stays unused.
+            start = start.next_multiple_of(RING as u64);
+        }
+        self.next = start + len;
+        // Bytes before `start + len - RING` were last used by calls every later wait covers.
+        let mut reuses = None;
+        while let Some(&(c, s)) = self.entries.front() {
+            if s + RING as u64 >= start + len {
+                break;
+            }
+            reuses = Some(c);
+            self.entries.pop_front();
+        }
+        self.entries.push_back((call, start));
+        Entry { start, reuses }
+    }
+
+    /// The header word `i` (0: signature, 1: call number) of `rank`'s entry at `start`.
+    fn header(&self, rank: usize, start: u64, i: usize) -> &AtomicU64 {
+        self.word(rank, RING_AT + (start % RING as u64) as usize + 8 * i)
+    }
+
+    /// `rank`'s data of the entry at `start`.
+    fn data(&self, rank: usize, start: u64) -> *mut u8 {
+        (self.regions[rank] + RING_AT + (start % RING as u64) as usize + HEADER) as *mut u8
     }
 
     /// Gives the memory back (destroy).
@@ -162,13 +226,17 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     if task.count == 0 || task.kind.is_p2p() {
         return None;
     }
-    if matches!(*comm.small_board(), BoardState::NotYet) {
-        if let Err(e) = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task)) {
+    let mut state = comm.small_board();
+    if matches!(*state, BoardState::NotYet) {
+        drop(state);
+        if let Err(e) = super::plan::task_ctx(comm, task) {
             return Some(Err(comm.record_error(e)));
         }
         ensure_board(comm);
+        state = comm.small_board();
     }
-    let n = comm.nranks_unchecked() as usize;
+    let BoardState::Ready(board) = &mut *state else { return None };
+    let n = board.regions.len();
     if !super::cache::may_skip_planner(comm, task) {
         return None;
     }
@@ -176,8 +244,6 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     if bytes > limit(task) {
         return None;
     }
-    let mut state = comm.small_board();
-    let BoardState::Ready(board) = &mut *state else { return None };
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     let r = run(comm, board, task, bytes);
     super::cache::finish(comm, &r, false);
@@ -210,7 +276,7 @@ fn make_board(comm: &Communicator) -> Result<Option<Board>> {
         Err(e) => return Err(e),
     };
     let n = all.len();
-    let mut board = Board { mine, regions: vec![0; n], imports: Vec::new(), calls: 0 };
+    let mut board = Board::new(mine, n);
     board.regions[me] = backend.host_address(board.mine, REGION)?;
     // Rank r's region is mapped last by rank r + 1, which then unlinks its file (the backend's
     // `import_last`): from then on it lives only in the mappings, and goes with the processes
@@ -260,8 +326,18 @@ fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq:
     if word.load(Ordering::Acquire) >= call {
         return Ok(());
     }
+    // Spinning only while the peer may run at the same time: not when it last ran on this
+    // CPU (it runs only when this thread yields), briefly when ranks outnumber cores.
     let oversubscribed = comm.local_rank_count() as usize > crate::exec::host::cores();
-    let spin = if oversubscribed { 16 } else { 2048 };
+    let cpu = current_cpu();
+    let shares_cpu = cpu != u64::MAX && board.word(rank, CPU).load(Ordering::Relaxed) == cpu;
+    let spin = if shares_cpu {
+        0
+    } else if oversubscribed {
+        16
+    } else {
+        2048
+    };
     let mut start = None;
     let mut rounds = 0u32;
     while word.load(Ordering::Acquire) < call {
@@ -294,10 +370,18 @@ fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq:
     Ok(())
 }
 
+/// The CPU the calling thread runs on (a cheap query: glibc reads it from the thread's rseq
+/// area or the vDSO); `u64::MAX` if unknown.
+fn current_cpu() -> u64 {
+    // SAFETY: sched_getcpu takes no arguments and only reads the thread's state.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 { u64::MAX } else { c as u64 }
+}
+
 fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Result<()> {
     let n = board.regions.len();
     let me = comm.rank_unchecked() as usize;
-    let ctx = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task))?;
+    let ctx = super::plan::task_ctx(comm, task)?;
     let reducer: Reducer = ctx.host_reducer();
     let call = board.calls + 1;
     let seq = comm.collective_number();
@@ -313,27 +397,30 @@ fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Res
         CollKind::Reduce { root } => (true, Some(root as usize)),
         _ => (true, None),
     };
-    // 1. Nobody still reads this slot of mine, or its signature (from call - SLOTS).
-    if call >= SLOTS as u64 {
+    // 1. Nobody still reads the ring bytes this call's entry reuses.
+    let entry = board.take_entry(call, bytes);
+    if let Some(reused) = entry.reuses {
         for p in (0..n).filter(|&p| p != me) {
-            wait_arrival(comm, board, p, call + 1 - SLOTS as u64, seq)?;
+            wait_arrival(comm, board, p, reused + 1, seq)?;
         }
     }
-    // 2. Input (and signature) on the board, then the arrival.
+    // 2. Input and header on the board, then the arrival.
     if puts {
-        // SAFETY: this rank's own slot for this call: no peer reads it now (step 1), only this
-        // rank writes it.
-        let slot = unsafe { std::slice::from_raw_parts_mut(board.slot(me, call), bytes) };
+        // SAFETY: this rank's own entry for this call, `bytes` long inside its ring: no peer
+        // reads it now (step 1), only this rank writes it.
+        let data = unsafe { std::slice::from_raw_parts_mut(board.data(me, entry.start), bytes) };
         if task.kind.reduces() {
-            reducer.pre(src(bytes), slot);
+            reducer.pre(src(bytes), data);
         } else {
-            slot.copy_from_slice(src(bytes));
+            data.copy_from_slice(src(bytes));
         }
     }
-    board.word(me, SIGS + 8 * (call as usize % SLOTS)).store(sig, Ordering::Relaxed);
+    board.header(me, entry.start, 0).store(sig, Ordering::Relaxed);
+    board.header(me, entry.start, 1).store(call, Ordering::Relaxed);
+    board.word(me, CPU).store(current_cpu(), Ordering::Relaxed);
     board.word(me, ARRIVE).store(call, Ordering::Release);
     board.calls = call;
-    // 3. The inputs this rank needs, straight from the peers' slots.
+    // 3. The inputs this rank needs, straight from the peers' entries.
     let needs = match task.kind {
         CollKind::Broadcast { .. } => root.map_or(0..0, |r| r..r + 1),
         CollKind::Reduce { .. } if Some(me) != root => 0..0,
@@ -341,14 +428,22 @@ fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Res
     };
     for p in needs.filter(|&p| p != me) {
         wait_arrival(comm, board, p, call, seq)?;
-        let theirs = board.word(p, SIGS + 8 * (call as usize % SLOTS)).load(Ordering::Relaxed);
+        let (theirs, their_call) = (board.header(p, entry.start, 0).load(Ordering::Relaxed), board.header(p, entry.start, 1).load(Ordering::Relaxed));
+        if their_call != call {
+            // Its entry is elsewhere: its calls so far had other sizes.
+            return Err(Error::invalid_usage(format!(
+                "rank {p} put collective number {seq} elsewhere on the board than rank {me}: it passed other counts or types; \
+                 every rank must call the same collectives with the same arguments"
+            ))
+            .with_kind(crate::error::ErrorKind::Mismatch));
+        }
         if theirs != sig {
             return Err(crate::work::mismatch(me as u32, ctx.sig, p as u32, crate::work::OpSig(theirs)));
         }
     }
-    // SAFETY: every slot read below was filled before its rank's arrival at `call`, which this
-    // rank acquired; no rank writes it again before this rank arrives at `call + 1`.
-    let slot_of = |p: usize, off: usize, len: usize| unsafe { std::slice::from_raw_parts(board.slot(p, call).add(off), len) };
+    // SAFETY: every entry read below was filled before its rank's arrival at `call`, which
+    // this rank acquired; no rank writes it again before this rank arrives at a later call.
+    let slot_of = |p: usize, off: usize, len: usize| unsafe { std::slice::from_raw_parts(board.data(p, entry.start).add(off), len) };
     match task.kind {
         CollKind::AllReduce => reduce_into(&reducer, n, |p| slot_of(p, 0, part), dst(part)),
         CollKind::Reduce { .. } if Some(me) == root => reduce_into(&reducer, n, |p| slot_of(p, 0, part), dst(part)),
@@ -382,4 +477,73 @@ fn reduce_into<'a>(reducer: &Reducer, n: usize, input: impl Fn(usize) -> &'a [u8
         reducer.combine_into(out, input(p));
     }
     reducer.post(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> Board {
+        Board::new(DevicePtr(0), 2)
+    }
+
+    #[test]
+    fn small_entries_fill_the_ring_before_any_wait() {
+        let mut b = board();
+        let per_lap = RING / (2 * HEADER) as usize; // 8 B of data: a header and one line
+        for call in 1..=per_lap as u64 {
+            let e = b.take_entry(call, 8);
+            assert_eq!(e.start, (call - 1) * 2 * HEADER as u64);
+            assert_eq!(e.reuses, None, "call {call}");
+        }
+        // The next lap's first entry reuses the first call's bytes only.
+        let e = b.take_entry(per_lap as u64 + 1, 8);
+        assert_eq!(e.start, RING as u64);
+        assert_eq!(e.reuses, Some(1));
+    }
+
+    #[test]
+    fn an_entry_never_wraps_and_waits_for_what_it_reuses() {
+        let mut b = board();
+        let len = (HEADER + MAX_BYTES) as u64;
+        let fit = RING as u64 / len;
+        for call in 1..=fit {
+            assert_eq!(b.take_entry(call, MAX_BYTES).reuses, None);
+        }
+        let e = b.take_entry(fit + 1, MAX_BYTES);
+        assert_eq!(e.start, RING as u64, "the rest of the lap is skipped");
+        assert_eq!(e.reuses, Some(1));
+    }
+
+    /// Every entry, at any mix of sizes, lies in one lap and overlaps no entry of a call after
+    /// the last one it (or an earlier entry) waited for.
+    #[test]
+    fn entries_of_mixed_sizes_overlap_only_calls_waited_for() {
+        let mut b = board();
+        let mut taken: Vec<(u64, u64, u64)> = Vec::new(); // (call, start, len)
+        let mut waited = 0u64;
+        let mut x = 12345u64;
+        for call in 1..20_000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let bytes = match x >> 61 {
+                0..=3 => (x >> 20) as usize % 512,
+                4..=5 => (x >> 20) as usize % 8192,
+                _ => (x >> 20) as usize % (MAX_BYTES + 1),
+            };
+            let e = b.take_entry(call, bytes);
+            let len = (HEADER + bytes.next_multiple_of(HEADER)) as u64;
+            assert!(e.start % RING as u64 + len <= RING as u64);
+            if let Some(r) = e.reuses {
+                assert!(r > waited && r < call);
+                waited = r;
+            }
+            let ring = |s: u64| s % RING as u64;
+            for &(c, s, l) in taken.iter().filter(|(c, _, _)| *c > waited) {
+                let (a0, a1, b0, b1) = (ring(s), ring(s) + l, ring(e.start), ring(e.start) + len);
+                assert!(a1 <= b0 || b1 <= a0, "call {call} overlaps call {c}, which no wait covered");
+            }
+            taken.push((call, e.start, len));
+            taken.retain(|(c, _, _)| *c > waited);
+        }
+    }
 }

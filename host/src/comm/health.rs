@@ -125,14 +125,24 @@ impl Logged {
     }
 }
 
+/// The monotonic clock at its coarse resolution (a few milliseconds, ample for hang reports
+/// and timeouts), since an arbitrary start: a fraction of the cost of `Instant::now`, which
+/// every call here would otherwise pay.
+fn coarse_now() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime only writes the timespec it is given; the clock exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 #[derive(Default)]
 struct LogState {
     seq: u64,
     coll_seq: u64,
     started: Option<Logged>,
     finished: Option<Logged>,
-    /// When the oldest unfinished operation started.
-    busy_since: Option<Instant>,
+    /// When the oldest unfinished operation started ([`coarse_now`]).
+    busy_since: Option<Duration>,
     /// When this rank last logged a report (its own or a peer's) for the current wait.
     reported: Option<Instant>,
 }
@@ -169,7 +179,7 @@ impl OpLog {
             if s.busy_since.is_none() {
                 s.reported = None;
             }
-            s.busy_since = Some(Instant::now());
+            s.busy_since = Some(coarse_now());
         }
     }
 
@@ -190,7 +200,7 @@ impl OpLog {
             started: s.started.as_ref().map(Logged::desc),
             finished: s.finished.as_ref().map(Logged::desc),
             busy: s.busy_since.is_some(),
-            waiting_ms: s.busy_since.map_or(0, |t| t.elapsed().as_millis() as u64),
+            waiting_ms: s.busy_since.map_or(0, |t| coarse_now().saturating_sub(t).as_millis() as u64),
         }
     }
 
@@ -201,7 +211,7 @@ impl OpLog {
 
     /// How long the oldest unfinished operation has waited.
     fn waiting(&self) -> Option<Duration> {
-        self.lock().busy_since.map(|t| t.elapsed())
+        self.lock().busy_since.map(|t| coarse_now().saturating_sub(t))
     }
 
     /// Whether a report was logged during the current wait (or, when idle, lately).

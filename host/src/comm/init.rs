@@ -2,7 +2,7 @@
 //! (`ncclCommInitRankScalable`), and every rank of one process (`ncclCommInitAll`).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{Communicator, Inner, SharedResources, State};
@@ -161,6 +161,7 @@ impl Communicator {
             comm_hash: origin.comm_hash,
             stop: Arc::new(StopFlags::default()),
             state: Mutex::new(State::InProgress),
+            is_ready: AtomicBool::new(false),
             bootstrap: OnceLock::new(),
             init_job: Mutex::new(None),
             finalized: AtomicBool::new(false),
@@ -171,6 +172,7 @@ impl Communicator {
             plugins: Mutex::new(None),
             transports: Mutex::new(Default::default()),
             broken: Mutex::new(None),
+            is_broken: AtomicBool::new(false),
             device_cache: Mutex::new(Default::default()),
             ops: Arc::new(super::health::OpLog::new(rank as u32)),
             jobs: Default::default(),
@@ -228,6 +230,7 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
             Communicator::attach_registrations(inner);
             *inner.plugins.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(plugins));
             *state = State::Ready;
+            inner.is_ready.store(true, Ordering::Release);
             tracing::info!(
                 target: "INIT",
                 "comm {:016x} rank {} nranks {} device {} ({}) - Init COMPLETE",

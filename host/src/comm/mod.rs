@@ -79,6 +79,8 @@ struct Inner {
     comm_hash: u64,
     stop: Arc<StopFlags>,
     state: Mutex<State>,
+    /// Set (for good) when `state` becomes `Ready`: the check every call makes without the lock.
+    is_ready: AtomicBool,
     bootstrap: OnceLock<Bootstrap>,
     init_job: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
@@ -94,6 +96,8 @@ struct Inner {
     /// Set when an operation failed half-way: the FIFOs may hold stale data, so later
     /// operations are refused with this error instead of running on them.
     broken: Mutex<Option<Error>>,
+    /// Set (for good) when `broken` holds an error.
+    is_broken: AtomicBool,
     /// Device objects the executor reuses from call to call (device backends).
     device_cache: Mutex<DeviceCache>,
     /// The operations started and finished (hang reports, timeouts).
@@ -159,6 +163,9 @@ impl Communicator {
         if self.inner.stop.abort.load(Ordering::Acquire) {
             return self.fail(Error::invalid_usage(format!("{what}: the communicator was aborted")));
         }
+        if self.inner.is_ready.load(Ordering::Acquire) {
+            return Ok(self.inner.bootstrap.get().expect("a ready communicator has a bootstrap"));
+        }
         let state_error = match &*self.lock_state() {
             State::InProgress => Some(Error::invalid_argument(format!(
                 "{what}: the communicator is still being initialised (non-blocking); poll async_error until it is no longer InProgress"
@@ -181,9 +188,11 @@ impl Communicator {
         if let Err(e) = self.check_running(what).and_then(|_| self.check_not_suspended(what)) {
             return self.fail(e);
         }
-        let broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(e) = broken {
-            return self.fail(e.context(format!("{what}: an earlier operation failed half-way")));
+        if self.inner.is_broken.load(Ordering::Acquire) {
+            let broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some(e) = broken {
+                return self.fail(e.context(format!("{what}: an earlier operation failed half-way")));
+            }
         }
         Ok(bs)
     }
@@ -471,6 +480,7 @@ impl Communicator {
             let mut broken = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner());
             let first = broken.is_none();
             broken.get_or_insert_with(|| e.clone());
+            self.inner.is_broken.store(true, Ordering::Release);
             first
         };
         let stopped = self.inner.stop.abort.load(Ordering::Acquire) || self.inner.stop.revoked.load(Ordering::Acquire);

@@ -5,6 +5,8 @@
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
 
 use super::shm::SharedRegion;
 use crate::backend::DevicePtr;
@@ -166,6 +168,67 @@ pub struct Table {
     live: BTreeMap<u64, Allocation>,
 }
 
+/// Bumped by every change of any table (under its write lock) and when one is dropped: a
+/// lookup remembered at one generation holds while the generation is unchanged.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// An entry the calling thread resolved lately: (table, generation, entry base, entry bytes,
+/// entry host address). Calls pass the same buffers (a send and a receive buffer) again and
+/// again: they skip the lock and the tree.
+#[derive(Clone, Copy, Default)]
+struct Hit {
+    table: usize,
+    generation: u64,
+    base: u64,
+    bytes: u64,
+    host: usize,
+}
+
+const NO_HIT: Hit = Hit { table: 0, generation: 0, base: 0, bytes: 0, host: 0 };
+
+thread_local! {
+    /// The two entries resolved last, the latest first.
+    static HITS: std::cell::Cell<[Hit; 2]> = const { std::cell::Cell::new([NO_HIT; 2]) };
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// [`Table::resolve`] on the table behind `lock`, without the lock when the calling thread
+/// resolved inside the same entry last and no table changed since.
+pub fn resolve_locked(lock: &RwLock<Table>, ptr: DevicePtr, bytes: usize, what: &str) -> Result<*mut u8> {
+    let id = lock as *const RwLock<Table> as usize;
+    let generation = GENERATION.load(Ordering::Acquire);
+    if bytes > 0 {
+        let hits = HITS.with(|c| c.get());
+        let fits = |h: &Hit| {
+            h.table == id && h.generation == generation && ptr.0 >= h.base && (ptr.0 - h.base) as u128 + bytes as u128 <= h.bytes as u128
+        };
+        if let Some(h) = hits.iter().find(|h| fits(h)) {
+            // SAFETY: the same check as `resolve`, against the entry it found at this
+            // generation, which is still live (any removal changes the generation).
+            return Ok(unsafe { (h.host as *mut u8).add((ptr.0 - h.base) as usize) });
+        }
+    }
+    let table = lock.read().unwrap_or_else(|p| p.into_inner());
+    let host = table.resolve(ptr, bytes, what)?;
+    if bytes > 0 {
+        // Read under the lock: no change can happen between the lookup and this.
+        let generation = GENERATION.load(Ordering::Acquire);
+        if let Some((base, a)) = table.containing(ptr.0) {
+            let hit = Hit { table: id, generation, base, bytes: a.bytes as u64, host: a.base() as usize };
+            HITS.with(|c| {
+                let [latest, _] = c.get();
+                c.set([hit, latest]);
+            });
+        }
+    }
+    Ok(host)
+}
+
 impl Table {
     pub fn len(&self) -> usize {
         self.live.len()
@@ -202,6 +265,7 @@ impl Table {
             )));
         }
         self.live.insert(ptr.0, a);
+        GENERATION.fetch_add(1, Ordering::AcqRel);
         Ok(ptr)
     }
 
@@ -227,6 +291,7 @@ impl Table {
                 a.kind.release_call()
             )));
         }
+        GENERATION.fetch_add(1, Ordering::AcqRel);
         Ok(self.live.remove(&ptr.0).expect("entry found above"))
     }
 
@@ -261,6 +326,24 @@ impl Table {
 mod tests {
     use super::*;
     use crate::error::ResultCode::InvalidArgument;
+
+    #[test]
+    fn remembered_lookups_end_with_the_entry() {
+        let lock = RwLock::new(Table::default());
+        let a = lock.write().unwrap().insert(Allocation::heap(4096, Kind::Device, Some(0)).unwrap()).unwrap();
+        let b = lock.write().unwrap().insert(Allocation::heap(4096, Kind::Device, Some(0)).unwrap()).unwrap();
+        let ha = resolve_locked(&lock, a, 4096, "a").unwrap();
+        let hb = resolve_locked(&lock, b.offset(8), 8, "b").unwrap();
+        // Both remembered: the same answers as the table's, and the same limits.
+        for _ in 0..2 {
+            assert_eq!(resolve_locked(&lock, a.offset(100), 10, "a").unwrap() as usize, ha as usize + 100);
+            assert_eq!(resolve_locked(&lock, b.offset(8), 8, "b").unwrap(), hb);
+            assert_eq!(resolve_locked(&lock, a.offset(4000), 97, "a").unwrap_err().code, InvalidArgument);
+        }
+        lock.write().unwrap().remove(a, "free", &[Kind::Device]).unwrap();
+        assert_eq!(resolve_locked(&lock, a, 8, "a").unwrap_err().code, InvalidArgument);
+        assert_eq!(resolve_locked(&lock, b.offset(8), 8, "b").unwrap(), hb);
+    }
 
     #[test]
     fn heap_entries_are_aligned_zeroed_and_resolvable() {

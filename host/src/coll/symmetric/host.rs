@@ -231,7 +231,7 @@ pub(crate) fn run_all_to_all(comm: &Communicator, shape: OpShape, place: Symmetr
 
 /// This rank's reducer for `task` (its PreMulSum scalar read now when given by address).
 fn reducer_of(comm: &Communicator, task: &Task) -> Result<Reducer> {
-    Ok(super::super::plan::PlanEnv::with(comm, |env| super::super::plan::op_ctx(env, task))?.host_reducer())
+    Ok(super::super::plan::task_ctx(comm, task)?.host_reducer())
 }
 
 /// The frame of every host symmetric collective: the op log, the epoch, the scalars (of

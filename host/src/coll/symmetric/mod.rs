@@ -292,7 +292,7 @@ fn run_copy_engine(comm: &Communicator, stream: Stream, place: SymmetricPlace, b
 }
 
 fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: SymmetricPlace, bytes: u64, n: usize) -> Result<()> {
-    let ctx = super::plan::PlanEnv::with(comm, |env| super::plan::op_ctx(env, task)).map_err(|e| comm.record_error(e))?;
+    let ctx = super::plan::task_ctx(comm, task).map_err(|e| comm.record_error(e))?;
     let (op, scalar, divisor) = crate::exec::gpu::ops::coll_device_op(ctx.reducer.op, ctx.reducer.dtype);
     let (op, dtype) = if kernel.reduces() { (op, task.dtype) } else { (rustccl_kernels::DeviceOp::Sum, crate::types::DataType::Uint8) };
     let rank = comm.rank_unchecked();
