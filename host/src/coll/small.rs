@@ -490,7 +490,7 @@ mod tests {
     #[test]
     fn small_entries_fill_the_ring_before_any_wait() {
         let mut b = board();
-        let per_lap = RING / (2 * HEADER) as usize; // 8 B of data: a header and one line
+        let per_lap = RING / (2 * HEADER); // 8 B of data: a header and one line
         for call in 1..=per_lap as u64 {
             let e = b.take_entry(call, 8);
             assert_eq!(e.start, (call - 1) * 2 * HEADER as u64);
