@@ -42,6 +42,19 @@ fn ranks_whose_counts_send_them_different_ways_are_caught_on_every_rank() {
     }
 }
 
+/// all_gather calls that copy straight from the peers' buffers (`coll::single_copy`) meet a
+/// rank on the board, or one with another count: caught on every rank, not a hang.
+#[test]
+fn single_copies_that_meet_other_counts_are_caught_on_every_rank() {
+    for what in ["gather-way", "gather-count"] {
+        let res = mismatch_results(2, &[("MISMATCH", what), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "64")]);
+        for (rank, (code, ms, msg)) in res.iter().enumerate() {
+            assert_eq!(code, "InvalidUsage", "{what}, rank {rank}: {msg}");
+            assert!(*ms < 5000, "{what}: rank {rank} learnt of it after {ms} ms: {msg}");
+        }
+    }
+}
+
 #[test]
 fn different_datatypes_of_the_same_size_are_caught_on_every_rank_naming_both_sides() {
     let res = mismatch_results(2, &[("MISMATCH", "type")]);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rustccl_tests::*;
 
-fn run(nranks: i32, env: &[(&str, &str)]) {
+fn run(nranks: i32, env: &[(&str, &str)]) -> Vec<u64> {
     let ids = ids_arg(&[new_id()]);
     let ranks: Vec<i32> = (0..nranks).collect();
     let mut env = env.to_vec();
@@ -28,16 +28,23 @@ fn run(nranks: i32, env: &[(&str, &str)]) {
         let line = o.results().into_iter().find(|l| l.starts_with("checked ")).unwrap_or_else(|| panic!("rank {} printed no result: {o:?}", o.rank));
         assert!(line.split_whitespace().nth(1).and_then(|w| w.parse::<usize>().ok()).is_some_and(|n| n > 50), "{line}");
     }
+    // Every rank's count of all_gather calls copied straight from the peers' buffers.
+    out.iter()
+        .map(|o| {
+            let line = o.results().into_iter().find(|l| l.starts_with("single_copies ")).unwrap_or_else(|| panic!("rank {} printed no count: {o:?}", o.rank));
+            line.split_whitespace().nth(1).and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+        })
+        .collect()
 }
 
 #[test]
 fn cached_plans_never_serve_a_call_of_another_shape_two_ranks() {
-    run(2, &[]);
+    run(2, &[("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")]);
 }
 
 #[test]
 fn cached_plans_never_serve_a_call_of_another_shape_three_ranks() {
-    run(3, &[]);
+    run(3, &[("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")]);
 }
 
 /// The same calls through the board of small collectives (every call of up to 32 KiB per
@@ -47,6 +54,20 @@ fn cached_plans_never_serve_a_call_of_another_shape_three_ranks() {
 fn the_board_of_small_collectives_serves_calls_of_every_shape() {
     run(2, &[("RUSTCCL_HOST_SMALL_BYTES", "32768")]);
     run(3, &[("RUSTCCL_HOST_SMALL_BYTES", "32768")]);
+}
+
+/// all_gather calls copied straight from the peers' buffers (`rustccl::coll::single_copy`,
+/// process_vm_readv): every call of at least 4 bytes per rank, then only the large ones (the
+/// default threshold), then none (turned off); every result checked.
+#[test]
+fn single_copies_from_the_peers_buffers_serve_calls_of_every_shape() {
+    // 3 rounds × (3 out of place + 3 + 3 in place and out of place) all_gather calls.
+    let every = run(3, &[("RUSTCCL_HOST_SINGLE_COPY_BYTES", "4")]);
+    assert!(every.iter().all(|&c| c == 27), "every all_gather should copy once: {every:?}");
+    let large = run(2, &[]);
+    assert!(large.iter().all(|&c| c == 6), "only the two 280 KB all_gathers of each round: {large:?}");
+    let off = run(2, &[("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")]);
+    assert!(off.iter().all(|&c| c == 0), "{off:?}");
 }
 
 #[test]

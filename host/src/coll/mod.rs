@@ -20,6 +20,7 @@ pub mod exec;
 pub mod group;
 pub mod plan;
 pub(crate) mod small;
+mod single_copy;
 pub mod symmetric;
 
 

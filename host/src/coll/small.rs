@@ -60,9 +60,13 @@ const RING_AT: usize = 128;
 const REGION: usize = RING_AT + RING;
 /// Offsets of the words at the head of a region: the last call put on the board, the last
 /// collective run the usual way, the CPU this rank last ran a call on.
-const ARRIVE: usize = 0;
+pub(super) const ARRIVE: usize = 0;
 const USUAL: usize = 8;
 const CPU: usize = 16;
+/// The last call whose single copies this rank has finished (`coll::single_copy`), and the
+/// address of the region in its owner's process (to check that peers may read it there).
+pub(super) const DONE: usize = 24;
+const SELF: usize = 32;
 /// An entry's header (signature, call number), before its data.
 const HEADER: usize = 64;
 
@@ -99,23 +103,29 @@ pub(crate) struct Board {
     /// This rank's region (its allocation) and every rank's, mapped here (this rank's own
     /// included), by rank.
     mine: DevicePtr,
-    regions: Vec<usize>,
+    pub(super) regions: Vec<usize>,
     imports: Vec<DevicePtr>,
     /// Calls made so far.
-    calls: u64,
+    pub(super) calls: u64,
     /// Where the next entry may start (bytes since the first, over every lap of the ring).
     next: u64,
+    /// The ranks' process ids, and whether every rank may read every peer's memory with
+    /// `process_vm_readv` (checked on every rank when the board was made).
+    pub(super) pids: Vec<u32>,
+    pub(super) single_copy: bool,
+    /// Calls that took that way so far.
+    pub(crate) single_copies: u64,
     /// The calls whose entries the next laps will reuse (number, start), oldest first.
     entries: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// Where a call's entry goes, and which earlier call's readers it must wait for first.
-struct Entry {
+pub(super) struct Entry {
     /// Start, in bytes since the first entry (its place in the ring: modulo `RING`).
-    start: u64,
+    pub(super) start: u64,
     /// The latest call whose entry shares ring bytes with this one: every peer must have
     /// arrived at the call after it.
-    reuses: Option<u64>,
+    pub(super) reuses: Option<u64>,
 }
 
 impl Board {
@@ -127,10 +137,13 @@ impl Board {
             calls: 0,
             next: 0,
             entries: std::collections::VecDeque::with_capacity(RING / HEADER),
+            pids: Vec::new(),
+            single_copy: false,
+            single_copies: 0,
         }
     }
 
-    fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
+    pub(super) fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
         // SAFETY: `regions[rank]` is a mapped region of at least `REGION` bytes,
         // page-aligned, kept while the board exists; the head words and headers are only
         // used atomically.
@@ -139,7 +152,7 @@ impl Board {
 
     /// Takes the entry of call `call` with `bytes` of data: the same on every rank that
     /// makes the same calls.
-    fn take_entry(&mut self, call: u64, bytes: usize) -> Entry {
+    pub(super) fn take_entry(&mut self, call: u64, bytes: usize) -> Entry {
         let len = (HEADER + bytes.next_multiple_of(HEADER)) as u64;
         let mut start = self.next;
         if start % RING as u64 + len > RING as u64 {
@@ -161,7 +174,7 @@ impl Board {
     }
 
     /// The header word `i` (0: signature, 1: call number) of `rank`'s entry at `start`.
-    fn header(&self, rank: usize, start: u64, i: usize) -> &AtomicU64 {
+    pub(super) fn header(&self, rank: usize, start: u64, i: usize) -> &AtomicU64 {
         self.word(rank, RING_AT + (start % RING as u64) as usize + 8 * i)
     }
 
@@ -180,7 +193,7 @@ impl Board {
 }
 
 /// What a call needs on the board per rank, and whether it takes this way at all.
-fn board_bytes(task: &Task, n: usize) -> Option<usize> {
+pub(super) fn board_bytes(task: &Task, n: usize) -> Option<usize> {
     let b = task.count.checked_mul(task.dtype.size())?;
     match task.kind {
         CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast { .. } | CollKind::Reduce { .. } => Some(b),
@@ -201,7 +214,7 @@ pub(crate) fn ensure_board(comm: &Communicator) {
     let used = comm.nranks_unchecked() > 1
         && comm.backend().capabilities().host_addressable
         && comm.config().blocking
-        && setting() != Some(0)
+        && (setting() != Some(0) || super::single_copy::wanted())
         && !super::plan::forced()
         && crate::params::env_int_or("NCCL_SHM_DISABLE", 0) != 1;
     *state = if !used {
@@ -241,6 +254,13 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
         return None;
     }
     let bytes = board_bytes(task, n)?;
+    if super::single_copy::takes(board, task, bytes) {
+        comm.op_log().started(std::slice::from_ref(&task.shape()));
+        let r = super::single_copy::run(comm, board, task, bytes);
+        board.single_copies += r.is_ok() as u64;
+        super::cache::finish(comm, &r, false);
+        return Some(r.map_err(|e| comm.record_error(e.context(task.kind.name()))));
+    }
     if bytes > limit(task) {
         return None;
     }
@@ -308,6 +328,23 @@ fn make_board(comm: &Communicator) -> Result<Option<Board>> {
             }
         }
     }
+    // Whether every rank may read every peer's memory (process_vm_readv: the same user, no
+    // rule against it): each reads the word where each peer wrote its region's address in its
+    // own process, all say how it went, and all decide alike.
+    board.pids = comm.peer_pids()?;
+    board.word(me, SELF).store(board.regions[me] as u64, Ordering::Release);
+    comm.barrier()?;
+    let readable = (0..n).filter(|&p| p != me).all(|p| {
+        let at = board.word(p, SELF).load(Ordering::Acquire);
+        let mut v = 0u64;
+        // SAFETY: `v` is 8 writable bytes of this process; the remote range is only read by
+        // the kernel, which refuses (EFAULT) an address not mapped there.
+        let got = unsafe { super::single_copy::read_remote(board.pids[p], at + SELF as u64, (&mut v as *mut u64).cast(), 8) };
+        got.is_ok() && v == at
+    });
+    let all = comm.allgather_bytes(&[readable as u8])?;
+    board.single_copy = all.iter().all(|o| o.first() == Some(&1));
+    tracing::debug!(target: "COLL", "rank {me}: board made; single copies from peers' buffers: {}", board.single_copy);
     Ok(Some(board))
 }
 
@@ -321,8 +358,13 @@ pub(crate) fn note_usual(comm: &Communicator) {
 }
 
 /// Waits until `rank` has arrived at call `call` (or later), in collective number `seq`.
-fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq: u64) -> Result<()> {
-    let word = board.word(rank, ARRIVE);
+pub(super) fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq: u64) -> Result<()> {
+    wait_word(comm, board, rank, ARRIVE, call, seq)
+}
+
+/// Waits until `rank`'s head word at `offset` reaches `call`, in collective number `seq`.
+pub(super) fn wait_word(comm: &Communicator, board: &Board, rank: usize, offset: usize, call: u64, seq: u64) -> Result<()> {
+    let word = board.word(rank, offset);
     if word.load(Ordering::Acquire) >= call {
         return Ok(());
     }
@@ -353,7 +395,7 @@ fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq:
             comm.check_op_health()?;
             // The peer ran this collective (or a later one) the usual way, and has not arrived
             // (looked at again after: it publishes `usual` only after its arrivals).
-            if board.word(rank, USUAL).load(Ordering::Acquire) >= seq && word.load(Ordering::Acquire) < call {
+            if offset == ARRIVE && board.word(rank, USUAL).load(Ordering::Acquire) >= seq && word.load(Ordering::Acquire) < call {
                 return Err(Error::invalid_usage(format!(
                     "rank {rank} ran collective number {seq} with other arguments (count, type, operator or root): \
                      it took another way than this rank; every rank must call the same collectives with the same arguments"
@@ -372,7 +414,7 @@ fn wait_arrival(comm: &Communicator, board: &Board, rank: usize, call: u64, seq:
 
 /// The CPU the calling thread runs on (a cheap query: glibc reads it from the thread's rseq
 /// area or the vDSO); `u64::MAX` if unknown.
-fn current_cpu() -> u64 {
+pub(super) fn current_cpu() -> u64 {
     // SAFETY: sched_getcpu takes no arguments and only reads the thread's state.
     let c = unsafe { libc::sched_getcpu() };
     if c < 0 { u64::MAX } else { c as u64 }

@@ -306,6 +306,11 @@ impl Communicator {
         Ok(self.ready("host_hashes")?.peers().iter().map(|p| p.host_hash).collect())
     }
 
+    /// Process ids of every rank, in rank order.
+    pub(crate) fn peer_pids(&self) -> Result<Vec<u32>> {
+        Ok(self.ready("peer_pids")?.peers().iter().map(|p| p.pid).collect())
+    }
+
     // --- Bootstrap operations ----------------------------------------------------------------
 
     /// Blocks until every rank has entered the barrier.
@@ -700,6 +705,15 @@ impl Communicator {
     /// The board of the small single collectives (host backend).
     pub(crate) fn small_board(&self) -> std::sync::MutexGuard<'_, crate::coll::small::BoardState> {
         self.inner.small_board.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Host backend: single all_gather calls that copied straight from the peers' buffers
+    /// (`coll::single_copy`) so far. For tests and logs.
+    pub fn single_copy_calls(&self) -> u64 {
+        match &*self.small_board() {
+            crate::coll::small::BoardState::Ready(b) => b.single_copies,
+            _ => 0,
+        }
     }
 
     fn release_small_board(&self) {

@@ -111,6 +111,13 @@ pub fn mismatch(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         // On the host backend with RUSTCCL_HOST_SMALL_BYTES=64: the board of small collectives
         // for these ranks, the FIFOs for the odd one (COUNT is above the limit).
         ("way", false) => s.comm.all_reduce(s.x, s.y, 2, DataType::Float32, ReduceOp::Sum, s.stream),
+        // With RUSTCCL_HOST_SINGLE_COPY_BYTES=64: single copies from the peers' buffers for
+        // the odd rank (4 KiB per rank), the board for the others (32 B); then both ways
+        // single copies, with other counts.
+        ("gather-way", true) => s.comm.all_gather(s.x, s.y, COUNT, DataType::Float32, s.stream),
+        ("gather-way", false) => s.comm.all_gather(s.x, s.y, 8, DataType::Float32, s.stream),
+        ("gather-count", true) => s.comm.all_gather(s.x, s.y, COUNT - 24, DataType::Float32, s.stream),
+        ("gather-count", false) => s.comm.all_gather(s.x, s.y, COUNT, DataType::Float32, s.stream),
         _ => s.comm.all_reduce(s.x, s.y, COUNT, DataType::Float32, ReduceOp::Sum, s.stream),
     };
     let e = outcome(&s, call, Duration::from_secs(20)).ok_or_else(|| Error::internal("the mismatched operation succeeded"))?;
