@@ -23,6 +23,7 @@ pub mod caps;
 pub mod cuda;
 pub mod fdpass;
 pub mod handle;
+pub mod hip;
 pub mod host;
 pub mod share;
 
@@ -477,6 +478,11 @@ pub fn select_backend() -> Result<Arc<dyn DeviceBackend>> {
         }
         Err(e) => {
             tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the host backend ({})", e.message);
+            if let Ok(p) = hip::runtime::probe().map(|p| p.devices) {
+                if p > 0 {
+                    tracing::warn!(target: "INIT", "{BACKEND_ENV} unset: {p} AMD GPU(s) found, but the hip backend's device operations are not written yet: using the host backend");
+                }
+            }
             HostBackend::shared()?
         }
     };
@@ -507,10 +513,7 @@ pub fn backend_from_name(name: Option<&str>) -> Result<Arc<dyn DeviceBackend>> {
     match backend_kind_from_name(name)? {
         BackendKind::Host => Ok(HostBackend::shared()?),
         BackendKind::Cuda => Ok(CudaBackend::shared()?),
-        kind @ BackendKind::Hip => Err(Error::invalid_usage(format!(
-            "{BACKEND_ENV}={kind}: the {kind} backend is not built yet (a later issue adds it); \
-             use {BACKEND_ENV}=host"
-        ))),
+        BackendKind::Hip => Err(hip::runtime::unavailable()),
     }
 }
 

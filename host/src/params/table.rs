@@ -126,6 +126,8 @@ pub static PARAMS: &[Param] = &[
     p("RUSTCCL_PLAN_CACHE", Int, Some("1"), false, "rustccl: 0 plans (and on devices encodes) every single collective again instead of reusing what the same shape made"),
     p("RUSTCCL_PROFILE_ENQUEUE", Str, None, false, "rustccl: 1 times the stages of the enqueue path (printed at exit)"),
     p("RUSTCCL_NVRTC_PATH", Str, None, false, "rustccl: path of libnvrtc for compiling device kernels at run time"),
+    p("RUSTCCL_HIPRTC_PATH", Str, None, false, "rustccl: path (file or directory) of hipRTC (libhiprtc.so, or ROCm 5's libamdhip64.so) for compiling device kernels for AMD GPUs"),
+    p("RUSTCCL_HIP_PATH", Str, None, false, "rustccl: path (file or directory) of the HIP runtime, libamdhip64.so"),
     p("RUSTCCL_CUDA_INCLUDE", Str, None, false, "rustccl: CUDA include directory for run-time compilation"),
     p("RUSTCCL_KERNEL_DEFINES", Str, None, false, "rustccl: extra -D options for the device kernels (tuning experiments)"),
     p("RUSTCCL_KERNEL_SOURCE_DIR", Str, None, false, "rustccl: directory whose files replace the embedded device sources (experiments)"),

@@ -82,6 +82,19 @@ struct RustcclElemF64 {
 };
 
 // ---- half, bfloat16: one float operation, rounded once ---------------------------------
+#if RUSTCCL_HIP
+// A double to half in one rounding: first to float toward zero with the sticky bit kept in
+// its last place (round to odd; float keeps 13 more bits than half), then to nearest even.
+RUSTCCL_DEVICE unsigned short rustccl_half_rn_from_double(double q) {
+  const float f = __double2float_rz(q);
+  unsigned int u = __float_as_uint(f);
+  if ((double)f != q) u |= 1u;
+  return __half_as_ushort(__float2half_rn(__uint_as_float(u)));
+}
+#define RUSTCCL_HALF_RN_DOUBLE(q) rustccl_half_rn_from_double(q)
+#else
+#define RUSTCCL_HALF_RN_DOUBLE(q) __half_as_ushort(__double2half(q))
+#endif
 struct RustcclElemF16 {
   typedef unsigned short Raw;
   static RUSTCCL_DEVICE float v(Raw a) { return __half2float(__ushort_as_half(a)); }
@@ -92,14 +105,36 @@ struct RustcclElemF16 {
   static RUSTCCL_DEVICE Raw max(Raw a, Raw b) { return rustccl_fmax(a, b, v(a), v(b), (Raw)0x7fff); }
   static RUSTCCL_DEVICE Raw div(Raw a, unsigned long long n) {
     const double q = __ddiv_rn((double)v(a), (double)n);
-    return q != q ? (Raw)0x7fff : __half_as_ushort(__double2half(q));
+    return q != q ? (Raw)0x7fff : RUSTCCL_HALF_RN_DOUBLE(q);
   }
 };
+#if RUSTCCL_HIP
+// bfloat16 rounding on raw bits (HIP has no portable bf16 intrinsics across ROCm versions):
+// a float rounded to nearest even keeping its top 16 bits (not NaN: callers handle it); a
+// double first rounded to float toward zero with the sticky bit kept in the last place
+// (round to odd), so the second rounding is the one rounding of the double (float keeps 16
+// more bits than bfloat16).
+RUSTCCL_DEVICE unsigned short rustccl_bf16_rn(float x) {
+  const unsigned int u = __float_as_uint(x);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+RUSTCCL_DEVICE unsigned short rustccl_bf16_rn_from_double(double q) {
+  const float f = __double2float_rz(q);
+  unsigned int u = __float_as_uint(f);
+  if ((double)f != q) u |= 1u;
+  return rustccl_bf16_rn(__uint_as_float(u));
+}
+#define RUSTCCL_BF16_RN(x) rustccl_bf16_rn(x)
+#define RUSTCCL_BF16_RN_DOUBLE(q) rustccl_bf16_rn_from_double(q)
+#else
+#define RUSTCCL_BF16_RN(x) __bfloat16_as_ushort(__float2bfloat16_rn(x))
+#define RUSTCCL_BF16_RN_DOUBLE(q) __bfloat16_as_ushort(__double2bfloat16(q))
+#endif
 struct RustcclElemBF16 {
   typedef unsigned short Raw;
   static RUSTCCL_DEVICE float v(Raw a) { return __uint_as_float(((unsigned int)a) << 16); }
   static RUSTCCL_DEVICE Raw w(float x) {
-    return x != x ? (Raw)0x7fff : __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    return x != x ? (Raw)0x7fff : RUSTCCL_BF16_RN(x);
   }
   static RUSTCCL_DEVICE Raw add(Raw a, Raw b) { return w(__fadd_rn(v(a), v(b))); }
   static RUSTCCL_DEVICE Raw mul(Raw a, Raw b) { return w(__fmul_rn(v(a), v(b))); }
@@ -107,7 +142,7 @@ struct RustcclElemBF16 {
   static RUSTCCL_DEVICE Raw max(Raw a, Raw b) { return rustccl_fmax(a, b, v(a), v(b), (Raw)0x7fff); }
   static RUSTCCL_DEVICE Raw div(Raw a, unsigned long long n) {
     const double q = __ddiv_rn((double)v(a), (double)n);
-    return q != q ? (Raw)0x7fff : __bfloat16_as_ushort(__double2bfloat16(q));
+    return q != q ? (Raw)0x7fff : RUSTCCL_BF16_RN_DOUBLE(q);
   }
 };
 

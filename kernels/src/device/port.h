@@ -24,12 +24,13 @@
 #endif
 
 #if RUSTCCL_HIP
-// hipRTC makes the runtime API available without the include.
+// hipRTC makes the runtime API and __half available without includes (its own copies of
+// the headers: including the installed ones again redefines them). bfloat16 is handled on
+// raw bits (elem.h), so no bf16 header is needed (ROCm 5.2 has no hip_bf16.h).
 #if !defined(__HIPCC_RTC__)
 #include <hip/hip_runtime.h>
-#endif
 #include <hip/hip_fp16.h>
-#include <hip/hip_bf16.h>
+#endif
 #else
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -62,7 +63,7 @@ typedef long long rustccl_i64;
 typedef unsigned long long rustccl_u64;
 typedef __half rustccl_f16;
 #if RUSTCCL_HIP
-typedef __hip_bfloat16 rustccl_bf16;
+typedef unsigned short rustccl_bf16;  // raw bits: the arithmetic is elem.h's
 #else
 typedef __nv_bfloat16 rustccl_bf16;
 #endif
@@ -87,12 +88,14 @@ typedef __nv_fp8_e5m2 rustccl_f8e5m2;
 #else
 #define RUSTCCL_WARP_SIZE 64
 #endif
+#define RUSTCCL_ALL(pred) __all(pred)
 #define RUSTCCL_SHFL(v, lane) __shfl((v), (lane))
 #define RUSTCCL_SHFL_XOR(v, mask) __shfl_xor((v), (mask))
 #define RUSTCCL_SHFL_DOWN(v, delta) __shfl_down((v), (delta))
 #else
 #define RUSTCCL_WARP_SIZE 32
 #define RUSTCCL_FULL_MASK 0xffffffffu
+#define RUSTCCL_ALL(pred) __all_sync(RUSTCCL_FULL_MASK, (pred))
 #define RUSTCCL_SHFL(v, lane) __shfl_sync(RUSTCCL_FULL_MASK, (v), (lane))
 #define RUSTCCL_SHFL_XOR(v, mask) __shfl_xor_sync(RUSTCCL_FULL_MASK, (v), (mask))
 #define RUSTCCL_SHFL_DOWN(v, delta) __shfl_down_sync(RUSTCCL_FULL_MASK, (v), (delta))

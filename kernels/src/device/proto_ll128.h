@@ -62,7 +62,7 @@ RUSTCCL_DEVICE bool run_ll128(const StepView& shared_view, bool lines_whole) {
       for (int k = 0; k < NR; ++k) {
         for (u32 spins = 0;; ++spins) {
           const bool ok = !active || !lines_whole || t != 7 || in1[u][k] == v.rflag[k];
-          if (__all_sync(0xffffffffu, ok)) break;
+          if (RUSTCCL_ALL(ok)) break;
           if ((spins & 4095) == 4095 && *v.abort) return false;
           if (active) ld_volatile_v2(v.recv[k] + (u64)line * 128 + t * 16, in0[u][k], in1[u][k]);
         }

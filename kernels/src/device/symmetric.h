@@ -30,6 +30,12 @@
 // Spins between two looks at the abort flag.
 #define RUSTCCL_SYM_ABORT_EVERY 1024
 
+#if RUSTCCL_HIP
+// The same orders through the compiler's atomics (system scope on AMD GPUs).
+RUSTCCL_DEVICE u32 sym_ld_acquire(u64 addr) { return __atomic_load_n((u32*)addr, __ATOMIC_ACQUIRE); }
+RUSTCCL_DEVICE void sym_st_relaxed(u64 addr, u32 v) { __atomic_store_n((u32*)addr, v, __ATOMIC_RELAXED); }
+RUSTCCL_DEVICE void sym_fence_release() { __atomic_thread_fence(__ATOMIC_ACQ_REL); }
+#else
 RUSTCCL_DEVICE u32 sym_ld_acquire(u64 addr) {
   u32 v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
@@ -39,6 +45,7 @@ RUSTCCL_DEVICE void sym_st_relaxed(u64 addr, u32 v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(v) : "memory");
 }
 RUSTCCL_DEVICE void sym_fence_release() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+#endif
 
 // Rank r's copy of this rank's flat address `a`.
 RUSTCCL_DEVICE u64 sym_peer(const RustcclSymArgs& a, u64 addr, u32 r) {

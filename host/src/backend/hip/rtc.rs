@@ -1,0 +1,200 @@
+//! hipRTC, AMD's run-time compiler, loaded at run time (nothing of ROCm at build time): the
+//! same kernel sources as NVRTC compiles, built into AMD code objects for `gfx*` targets.
+//!
+//! ROCm 6 and later ship it as `libhiprtc.so`; ROCm 5 (Debian bookworm's 5.2) inside
+//! `libamdhip64.so`, its builtin headers in `libhiprtc-builtins.so`. It compiles for a target
+//! named in the options (`--offload-arch=gfx90a`) without any GPU or driver.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// The file (or directory) to load hipRTC from, before the usual places.
+pub const HIPRTC_PATH_ENV: &str = "RUSTCCL_HIPRTC_PATH";
+
+/// Library names, newest first: ROCm 6+ has hipRTC on its own, ROCm 5 inside the runtime.
+const LIBRARY_NAMES: &[&str] = &["libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
+
+type Program = *mut std::ffi::c_void;
+
+struct Api {
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
+    error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    create: unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int,
+    destroy: unsafe extern "C" fn(*mut Program) -> c_int,
+    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
+    log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    code_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    code: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+}
+
+/// A loaded hipRTC.
+pub struct HipRtc {
+    api: Api,
+    /// Where it was loaded from, and its version (major, minor).
+    pub path: PathBuf,
+    pub version: (i32, i32),
+    _lib: libloading::Library,
+}
+
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The places ROCm installs itself: `$ROCM_PATH/lib`, `/opt/rocm/lib`, Debian's multiarch
+/// directory.
+fn library_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(root) = env_var("ROCM_PATH") {
+        dirs.push(PathBuf::from(root).join("lib"));
+    }
+    dirs.push(PathBuf::from("/opt/rocm/lib"));
+    dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
+    dirs
+}
+
+impl HipRtc {
+    /// The process's hipRTC, loaded on first use; the error is kept and returned to every
+    /// caller.
+    pub fn get() -> Result<&'static HipRtc> {
+        static RTC: OnceLock<Result<HipRtc>> = OnceLock::new();
+        RTC.get_or_init(HipRtc::load).as_ref().map_err(Clone::clone)
+    }
+
+    fn load() -> Result<HipRtc> {
+        let mut files: Vec<PathBuf> = Vec::new();
+        if let Some(p) = env_var(HIPRTC_PATH_ENV) {
+            let p = PathBuf::from(p);
+            if p.is_dir() {
+                files.extend(LIBRARY_NAMES.iter().map(|n| p.join(n)));
+            } else {
+                files.push(p);
+            }
+        }
+        for dir in library_dirs() {
+            files.extend(LIBRARY_NAMES.iter().map(|n| dir.join(n)));
+        }
+        let mut errors: Vec<String> = Vec::new();
+        for file in files.iter().filter(|f| f.exists()) {
+            match HipRtc::open(file.clone()) {
+                Ok(r) => return Ok(r),
+                Err(e) => errors.push(e.message),
+            }
+        }
+        Err(Error::system(format!(
+            "hipRTC not found: none of {} in {HIPRTC_PATH_ENV}, $ROCM_PATH/lib, /opt/rocm/lib or \
+             /usr/lib/x86_64-linux-gnu could be loaded{}; install ROCm's HIP runtime (Debian: \
+             libamdhip64-dev and libhiprtc-builtins5) or set {HIPRTC_PATH_ENV}",
+            LIBRARY_NAMES.join(", "),
+            if errors.is_empty() { String::new() } else { format!(" ({})", errors.join("; ")) },
+        )))
+    }
+
+    fn open(path: PathBuf) -> Result<HipRtc> {
+        // SAFETY: loading the library runs its initialisers, which are sound to run.
+        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| Error::system(format!("loading {}: {e}", path.display())))?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the type is the function's C signature (hiprtc.h).
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| Error::system(format!("{}: no {} (not a hipRTC): {e}", path.display(), $name)))?
+            };
+        }
+        let api = Api {
+            version: sym!("hiprtcVersion"),
+            error_string: sym!("hiprtcGetErrorString"),
+            create: sym!("hiprtcCreateProgram"),
+            destroy: sym!("hiprtcDestroyProgram"),
+            compile: sym!("hiprtcCompileProgram"),
+            log_size: sym!("hiprtcGetProgramLogSize"),
+            log: sym!("hiprtcGetProgramLog"),
+            code_size: sym!("hiprtcGetCodeSize"),
+            code: sym!("hiprtcGetCode"),
+        };
+        let mut rtc = HipRtc { api, path, version: (0, 0), _lib: lib };
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: writes two ints.
+        rtc.check(unsafe { (rtc.api.version)(&mut major, &mut minor) }, "hiprtcVersion")?;
+        rtc.version = (major, minor);
+        Ok(rtc)
+    }
+
+    fn check(&self, r: c_int, what: &str) -> Result<()> {
+        if r == 0 {
+            return Ok(());
+        }
+        // SAFETY: returns a static string for any code.
+        let p = unsafe { (self.api.error_string)(r) };
+        let text = if p.is_null() {
+            "unknown hipRTC error".to_string()
+        } else {
+            // SAFETY: a NUL-terminated static string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        Err(Error::system(format!("{what} failed: {text} ({r})")))
+    }
+
+    /// Compiles `unit` (name, text) with the named `headers` and `options` (the target among
+    /// them: `--offload-arch=gfx90a`), returning the code object and the program log.
+    pub fn compile(&self, unit: (&str, &str), headers: &[(&str, &str)], options: &[String]) -> Result<(Vec<u8>, String)> {
+        let cstr = |s: &str| CString::new(s).map_err(|_| Error::internal(format!("NUL byte in {s:?}")));
+        let src = cstr(unit.1)?;
+        let name = cstr(unit.0)?;
+        let texts = headers.iter().map(|(_, t)| cstr(t)).collect::<Result<Vec<_>>>()?;
+        let names = headers.iter().map(|(n, _)| cstr(n)).collect::<Result<Vec<_>>>()?;
+        let text_ptrs: Vec<*const c_char> = texts.iter().map(|c| c.as_ptr()).collect();
+        let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
+        let opts = options.iter().map(|o| cstr(o)).collect::<Result<Vec<_>>>()?;
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|c| c.as_ptr()).collect();
+        let mut prog: Program = std::ptr::null_mut();
+        // SAFETY: every pointer is to a live NUL-terminated string; the arrays hold
+        // `headers.len()` entries.
+        self.check(
+            unsafe { (self.api.create)(&mut prog, src.as_ptr(), name.as_ptr(), headers.len() as c_int, text_ptrs.as_ptr(), name_ptrs.as_ptr()) },
+            "hiprtcCreateProgram",
+        )?;
+        struct Destroy<'a>(&'a HipRtc, Program);
+        impl Drop for Destroy<'_> {
+            fn drop(&mut self) {
+                // SAFETY: a program hiprtcCreateProgram made, destroyed once.
+                unsafe { (self.0.api.destroy)(&mut self.1) };
+            }
+        }
+        let guard = Destroy(self, prog);
+        let prog = guard.1;
+        // SAFETY: `opt_ptrs` holds `opts.len()` live strings.
+        let r = unsafe { (self.api.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        let log = self.log(prog);
+        if r != 0 {
+            let mut e = self.check(r, &format!("hiprtcCompileProgram({})", unit.0)).unwrap_err();
+            e.message = format!("{}; options {:?}; log:\n{}", e.message, options, log.trim_end());
+            return Err(e);
+        }
+        let mut size = 0usize;
+        // SAFETY: writes one size.
+        self.check(unsafe { (self.api.code_size)(prog, &mut size) }, "hiprtcGetCodeSize")?;
+        let mut code = vec![0u8; size];
+        // SAFETY: `code` holds the `size` bytes hipRTC writes.
+        self.check(unsafe { (self.api.code)(prog, code.as_mut_ptr() as *mut c_char) }, "hiprtcGetCode")?;
+        Ok((code, log))
+    }
+
+    fn log(&self, prog: Program) -> String {
+        let mut size = 0usize;
+        // SAFETY: writes one size.
+        if unsafe { (self.api.log_size)(prog, &mut size) } != 0 || size == 0 {
+            return String::new();
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds the `size` bytes hipRTC writes.
+        if unsafe { (self.api.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
+            return String::new();
+        }
+        // The log is NUL-terminated within `size` (ROCm 5.2 may leave it unterminated).
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+}
