@@ -26,7 +26,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::small::{wait_arrival, wait_word, Board, DONE};
+use super::small::{check_header, wait_arrival, wait_word, Board, DONE};
 use super::{CollKind, Task};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -128,32 +128,18 @@ pub(super) fn run(comm: &Communicator, board: &mut Board, task: &Task, part: usi
         // resolved by the backend; out of place they do not overlap (checked by the API).
         unsafe { std::ptr::copy(ctx.src as *const u8, own_at as *mut u8, part) };
     }
-    let copied = (|| {
-        for &p in &sources {
-            wait_arrival(comm, board, p, call, seq)?;
-            let (theirs, their_call, at) =
-                (board.header(p, entry.start, 0).load(Ordering::Relaxed), board.header(p, entry.start, 1).load(Ordering::Relaxed), board.header(p, entry.start, 2).load(Ordering::Relaxed));
-            if their_call != call {
-                return Err(Error::invalid_usage(format!(
-                    "rank {p} put collective number {seq} elsewhere on the board than rank {me}: it passed other counts or types; \
-                     every rank must call the same collectives with the same arguments"
-                ))
-                .with_kind(crate::error::ErrorKind::Mismatch));
-            }
-            if theirs != sig {
-                return Err(crate::work::mismatch(me as u32, ctx.sig, p as u32, crate::work::OpSig(theirs)));
-            }
-            let into = match task.kind {
-                CollKind::AllGather => ctx.dst + p * part,
-                _ => ctx.dst,
-            };
-            // SAFETY: part p of the receive buffer (`part` bytes inside the resolved receive
-            // buffer); the peer's part stays put until this rank stores DONE (below).
-            unsafe { read_remote(board.pids[p], at, into as *mut u8, part)? };
-        }
-        Ok(())
-    })();
-    copied?;
+    for &p in &sources {
+        wait_arrival(comm, board, p, call, seq)?;
+        check_header(board, p, &entry, call, ctx.sig, me, seq)?;
+        let at = board.header(p, entry.start, 2).load(Ordering::Relaxed);
+        let into = match task.kind {
+            CollKind::AllGather => ctx.dst + p * part,
+            _ => ctx.dst,
+        };
+        // SAFETY: part p of the receive buffer (`part` bytes inside the resolved receive
+        // buffer); the peer's part stays put until this rank stores DONE (below).
+        unsafe { read_remote(board.pids[p], at, into as *mut u8, part)? };
+    }
     board.word(me, DONE).store(call, Ordering::Release);
     // Nobody still reads this rank's buffer when it returns.
     for &p in &readers {

@@ -412,6 +412,24 @@ pub(super) fn wait_word(comm: &Communicator, board: &Board, rank: usize, offset:
     Ok(())
 }
 
+/// After `p`'s arrival at `call`: its entry (at `entry.start` on every rank that made the
+/// same calls) is this call's, with this rank's signature `sig`; else `ncclInvalidUsage`.
+pub(super) fn check_header(board: &Board, p: usize, entry: &Entry, call: u64, sig: crate::work::OpSig, me: usize, seq: u64) -> Result<()> {
+    let (theirs, their_call) = (board.header(p, entry.start, 0).load(Ordering::Relaxed), board.header(p, entry.start, 1).load(Ordering::Relaxed));
+    if their_call != call {
+        // Its entry is elsewhere: its calls so far had other sizes.
+        return Err(Error::invalid_usage(format!(
+            "rank {p} put collective number {seq} elsewhere on the board than rank {me}: it passed other counts or types; \
+             every rank must call the same collectives with the same arguments"
+        ))
+        .with_kind(crate::error::ErrorKind::Mismatch));
+    }
+    if theirs != sig.0 {
+        return Err(crate::work::mismatch(me as u32, sig, p as u32, crate::work::OpSig(theirs)));
+    }
+    Ok(())
+}
+
 /// The CPU the calling thread runs on (a cheap query: glibc reads it from the thread's rseq
 /// area or the vDSO); `u64::MAX` if unknown.
 pub(super) fn current_cpu() -> u64 {
@@ -470,18 +488,7 @@ fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Res
     };
     for p in needs.filter(|&p| p != me) {
         wait_arrival(comm, board, p, call, seq)?;
-        let (theirs, their_call) = (board.header(p, entry.start, 0).load(Ordering::Relaxed), board.header(p, entry.start, 1).load(Ordering::Relaxed));
-        if their_call != call {
-            // Its entry is elsewhere: its calls so far had other sizes.
-            return Err(Error::invalid_usage(format!(
-                "rank {p} put collective number {seq} elsewhere on the board than rank {me}: it passed other counts or types; \
-                 every rank must call the same collectives with the same arguments"
-            ))
-            .with_kind(crate::error::ErrorKind::Mismatch));
-        }
-        if theirs != sig {
-            return Err(crate::work::mismatch(me as u32, ctx.sig, p as u32, crate::work::OpSig(theirs)));
-        }
+        check_header(board, p, &entry, call, ctx.sig, me, seq)?;
     }
     // SAFETY: every entry read below was filled before its rank's arrival at `call`, which
     // this rank acquired; no rank writes it again before this rank arrives at a later call.
