@@ -13,7 +13,7 @@
 //! `/usr/local/cuda*/targets/x86_64-linux/include`; with their `cccl` subdirectory when there
 //! is one (CUDA 13 moved CCCL there).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -27,24 +27,13 @@ pub const CUDA_INCLUDE_ENV: &str = "RUSTCCL_CUDA_INCLUDE";
 /// The library file names tried, newest first.
 pub const LIBRARY_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 
-type Program = *mut c_void;
+use crate::backend::rtc::{Program, ProgramCalls};
 
-/// NVRTC's functions (`nvrtcResult` is a C enum: an int).
+/// NVRTC's functions (`nvrtcResult` is a C enum: an int): the program calls it shares with
+/// hipRTC, and its own.
 struct Api {
+    calls: ProgramCalls,
     version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
-    error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    create: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    destroy: unsafe extern "C" fn(*mut Program) -> c_int,
-    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
-    log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
     cubin_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
     cubin: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
     ptx_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
@@ -187,13 +176,17 @@ impl Nvrtc {
             };
         }
         let api = Api {
+            calls: ProgramCalls {
+                prefix: "nvrtc",
+                error: Error::cuda,
+                error_string: sym!("nvrtcGetErrorString"),
+                create: sym!("nvrtcCreateProgram"),
+                destroy: sym!("nvrtcDestroyProgram"),
+                compile: sym!("nvrtcCompileProgram"),
+                log_size: sym!("nvrtcGetProgramLogSize"),
+                log: sym!("nvrtcGetProgramLog"),
+            },
             version: sym!("nvrtcVersion"),
-            error_string: sym!("nvrtcGetErrorString"),
-            create: sym!("nvrtcCreateProgram"),
-            destroy: sym!("nvrtcDestroyProgram"),
-            compile: sym!("nvrtcCompileProgram"),
-            log_size: sym!("nvrtcGetProgramLogSize"),
-            log: sym!("nvrtcGetProgramLog"),
             cubin_size: sym!("nvrtcGetCUBINSize"),
             cubin: sym!("nvrtcGetCUBIN"),
             ptx_size: sym!("nvrtcGetPTXSize"),
@@ -218,18 +211,7 @@ impl Nvrtc {
     }
 
     fn check(&self, r: c_int, what: &str) -> Result<()> {
-        if r == 0 {
-            return Ok(());
-        }
-        // SAFETY: returns a static string for any code.
-        let p = unsafe { (self.api.error_string)(r) };
-        let text = if p.is_null() {
-            "unknown NVRTC error".to_string()
-        } else {
-            // SAFETY: NUL-terminated static string.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        };
-        Err(Error::cuda(format!("{what} failed: {text} ({r})")))
+        self.api.calls.check(r, what)
     }
 
     /// What to compile for a device of compute capability `cc` (e.g. 90): a CUBIN for
@@ -262,79 +244,24 @@ impl Nvrtc {
         options: &[String],
         cubin: bool,
     ) -> Result<Compiled> {
-        let cstr = |s: &str| CString::new(s).map_err(|_| Error::internal(format!("NUL byte in {s:?}")));
-        let src = cstr(unit.1)?;
-        let name = cstr(unit.0)?;
-        let header_texts = headers.iter().map(|(_, t)| cstr(t)).collect::<Result<Vec<_>>>()?;
-        let header_names = headers.iter().map(|(n, _)| cstr(n)).collect::<Result<Vec<_>>>()?;
-        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|c| c.as_ptr()).collect();
-        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
-        let opts = options.iter().map(|o| cstr(o)).collect::<Result<Vec<_>>>()?;
-        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|c| c.as_ptr()).collect();
-
-        let mut prog: Program = std::ptr::null_mut();
-        // SAFETY: every pointer is to a live NUL-terminated string; the arrays hold
-        // `headers.len()` entries.
-        self.check(
-            unsafe {
-                (self.api.create)(
-                    &mut prog,
-                    src.as_ptr(),
-                    name.as_ptr(),
-                    headers.len() as c_int,
-                    text_ptrs.as_ptr(),
-                    name_ptrs.as_ptr(),
-                )
-            },
-            "nvrtcCreateProgram",
-        )?;
-        struct Destroy<'a>(&'a Nvrtc, Program);
-        impl Drop for Destroy<'_> {
-            fn drop(&mut self) {
-                // SAFETY: a program nvrtcCreateProgram made, destroyed once.
-                unsafe { (self.0.api.destroy)(&mut self.1) };
+        let (image, log) = self.api.calls.compile(unit, headers, options, |prog| {
+            let (size_fn, get_fn, what) = if cubin {
+                (self.api.cubin_size, self.api.cubin, "CUBIN")
+            } else {
+                (self.api.ptx_size, self.api.ptx, "PTX")
+            };
+            let mut size = 0usize;
+            // SAFETY: writes one size.
+            self.check(unsafe { size_fn(prog, &mut size) }, &format!("nvrtcGet{what}Size"))?;
+            let mut out = vec![0u8; size];
+            // SAFETY: `out` holds the `size` bytes NVRTC writes (PTX's size counts its NUL).
+            self.check(unsafe { get_fn(prog, out.as_mut_ptr() as *mut c_char) }, &format!("nvrtcGet{what}"))?;
+            if !cubin && out.last() != Some(&0) {
+                out.push(0);
             }
-        }
-        let guard = Destroy(self, prog);
-        let prog = guard.1;
-
-        // SAFETY: `opt_ptrs` holds `opts.len()` live strings.
-        let r = unsafe { (self.api.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
-        if r != 0 {
-            let log = self.log(prog);
-            let mut e = self.check(r, &format!("nvrtcCompileProgram({})", unit.0)).unwrap_err();
-            e.message = format!("{}; options {:?}; log:\n{}", e.message, options, log.trim_end());
-            return Err(e);
-        }
-        let (size_fn, get_fn, what) = if cubin {
-            (self.api.cubin_size, self.api.cubin, "CUBIN")
-        } else {
-            (self.api.ptx_size, self.api.ptx, "PTX")
-        };
-        let mut size = 0usize;
-        // SAFETY: writes one size.
-        self.check(unsafe { size_fn(prog, &mut size) }, &format!("nvrtcGet{what}Size"))?;
-        let mut out = vec![0u8; size];
-        // SAFETY: `out` holds the `size` bytes NVRTC writes (PTX's size counts its NUL).
-        self.check(unsafe { get_fn(prog, out.as_mut_ptr() as *mut c_char) }, &format!("nvrtcGet{what}"))?;
-        if !cubin && out.last() != Some(&0) {
-            out.push(0);
-        }
-        Ok(Compiled { image: out, log: self.log(prog) })
-    }
-
-    fn log(&self, prog: Program) -> String {
-        let mut size = 0usize;
-        // SAFETY: writes one size.
-        if unsafe { (self.api.log_size)(prog, &mut size) } != 0 || size == 0 {
-            return String::new();
-        }
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` holds the `size` bytes NVRTC writes.
-        if unsafe { (self.api.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
-            return String::new();
-        }
-        String::from_utf8_lossy(&buf).trim_end_matches('\0').to_string()
+            Ok(out)
+        })?;
+        Ok(Compiled { image, log })
     }
 }
 

@@ -5,7 +5,7 @@
 //! `libamdhip64.so`, its builtin headers in `libhiprtc-builtins.so`. It compiles for a target
 //! named in the options (`--offload-arch=gfx90a`) without any GPU or driver.
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -17,18 +17,14 @@ pub const HIPRTC_PATH_ENV: &str = "RUSTCCL_HIPRTC_PATH";
 /// Library names, newest first: ROCm 6+ has hipRTC on its own, ROCm 5 inside the runtime.
 const LIBRARY_NAMES: &[&str] = &["libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
 
-type Program = *mut std::ffi::c_void;
+use crate::backend::rtc::ProgramCalls;
 
+/// hipRTC's functions: the program calls it shares with NVRTC, and its own.
 struct Api {
+    calls: ProgramCalls,
     version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
-    error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    create: unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int,
-    destroy: unsafe extern "C" fn(*mut Program) -> c_int,
-    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
-    log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
-    code_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    code: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    code_size: unsafe extern "C" fn(crate::backend::rtc::Program, *mut usize) -> c_int,
+    code: unsafe extern "C" fn(crate::backend::rtc::Program, *mut c_char) -> c_int,
 }
 
 /// A loaded hipRTC.
@@ -104,13 +100,17 @@ impl HipRtc {
             };
         }
         let api = Api {
+            calls: ProgramCalls {
+                prefix: "hiprtc",
+                error: Error::system,
+                error_string: sym!("hiprtcGetErrorString"),
+                create: sym!("hiprtcCreateProgram"),
+                destroy: sym!("hiprtcDestroyProgram"),
+                compile: sym!("hiprtcCompileProgram"),
+                log_size: sym!("hiprtcGetProgramLogSize"),
+                log: sym!("hiprtcGetProgramLog"),
+            },
             version: sym!("hiprtcVersion"),
-            error_string: sym!("hiprtcGetErrorString"),
-            create: sym!("hiprtcCreateProgram"),
-            destroy: sym!("hiprtcDestroyProgram"),
-            compile: sym!("hiprtcCompileProgram"),
-            log_size: sym!("hiprtcGetProgramLogSize"),
-            log: sym!("hiprtcGetProgramLog"),
             code_size: sym!("hiprtcGetCodeSize"),
             code: sym!("hiprtcGetCode"),
         };
@@ -123,78 +123,20 @@ impl HipRtc {
     }
 
     fn check(&self, r: c_int, what: &str) -> Result<()> {
-        if r == 0 {
-            return Ok(());
-        }
-        // SAFETY: returns a static string for any code.
-        let p = unsafe { (self.api.error_string)(r) };
-        let text = if p.is_null() {
-            "unknown hipRTC error".to_string()
-        } else {
-            // SAFETY: a NUL-terminated static string.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        };
-        Err(Error::system(format!("{what} failed: {text} ({r})")))
+        self.api.calls.check(r, what)
     }
 
     /// Compiles `unit` (name, text) with the named `headers` and `options` (the target among
     /// them: `--offload-arch=gfx90a`), returning the code object and the program log.
     pub fn compile(&self, unit: (&str, &str), headers: &[(&str, &str)], options: &[String]) -> Result<(Vec<u8>, String)> {
-        let cstr = |s: &str| CString::new(s).map_err(|_| Error::internal(format!("NUL byte in {s:?}")));
-        let src = cstr(unit.1)?;
-        let name = cstr(unit.0)?;
-        let texts = headers.iter().map(|(_, t)| cstr(t)).collect::<Result<Vec<_>>>()?;
-        let names = headers.iter().map(|(n, _)| cstr(n)).collect::<Result<Vec<_>>>()?;
-        let text_ptrs: Vec<*const c_char> = texts.iter().map(|c| c.as_ptr()).collect();
-        let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
-        let opts = options.iter().map(|o| cstr(o)).collect::<Result<Vec<_>>>()?;
-        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|c| c.as_ptr()).collect();
-        let mut prog: Program = std::ptr::null_mut();
-        // SAFETY: every pointer is to a live NUL-terminated string; the arrays hold
-        // `headers.len()` entries.
-        self.check(
-            unsafe { (self.api.create)(&mut prog, src.as_ptr(), name.as_ptr(), headers.len() as c_int, text_ptrs.as_ptr(), name_ptrs.as_ptr()) },
-            "hiprtcCreateProgram",
-        )?;
-        struct Destroy<'a>(&'a HipRtc, Program);
-        impl Drop for Destroy<'_> {
-            fn drop(&mut self) {
-                // SAFETY: a program hiprtcCreateProgram made, destroyed once.
-                unsafe { (self.0.api.destroy)(&mut self.1) };
-            }
-        }
-        let guard = Destroy(self, prog);
-        let prog = guard.1;
-        // SAFETY: `opt_ptrs` holds `opts.len()` live strings.
-        let r = unsafe { (self.api.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
-        let log = self.log(prog);
-        if r != 0 {
-            let mut e = self.check(r, &format!("hiprtcCompileProgram({})", unit.0)).unwrap_err();
-            e.message = format!("{}; options {:?}; log:\n{}", e.message, options, log.trim_end());
-            return Err(e);
-        }
-        let mut size = 0usize;
-        // SAFETY: writes one size.
-        self.check(unsafe { (self.api.code_size)(prog, &mut size) }, "hiprtcGetCodeSize")?;
-        let mut code = vec![0u8; size];
-        // SAFETY: `code` holds the `size` bytes hipRTC writes.
-        self.check(unsafe { (self.api.code)(prog, code.as_mut_ptr() as *mut c_char) }, "hiprtcGetCode")?;
-        Ok((code, log))
-    }
-
-    fn log(&self, prog: Program) -> String {
-        let mut size = 0usize;
-        // SAFETY: writes one size.
-        if unsafe { (self.api.log_size)(prog, &mut size) } != 0 || size == 0 {
-            return String::new();
-        }
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` holds the `size` bytes hipRTC writes.
-        if unsafe { (self.api.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
-            return String::new();
-        }
-        // The log is NUL-terminated within `size` (ROCm 5.2 may leave it unterminated).
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
+        self.api.calls.compile(unit, headers, options, |prog| {
+            let mut size = 0usize;
+            // SAFETY: writes one size.
+            self.check(unsafe { (self.api.code_size)(prog, &mut size) }, "hiprtcGetCodeSize")?;
+            let mut code = vec![0u8; size];
+            // SAFETY: `code` holds the `size` bytes hipRTC writes.
+            self.check(unsafe { (self.api.code)(prog, code.as_mut_ptr() as *mut c_char) }, "hiprtcGetCode")?;
+            Ok(code)
+        })
     }
 }

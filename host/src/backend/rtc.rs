@@ -1,0 +1,105 @@
+//! What NVRTC (`cuda::nvrtc`) and hipRTC (`hip::rtc`) share: the same program calls with the
+//! same C signatures (create with named headers, compile with options, the log), so one
+//! routine drives a compile for both; each library keeps its own loading, version and output
+//! calls.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+
+use crate::error::{Error, Result};
+
+/// A program handle (`nvrtcProgram`, `hiprtcProgram`).
+pub(crate) type Program = *mut c_void;
+
+/// The program calls of a run-time compiler (results are C enums: ints, 0 success).
+pub(crate) struct ProgramCalls {
+    /// The calls' prefix in messages (`nvrtc`, `hiprtc`).
+    pub prefix: &'static str,
+    /// The error kind of this library's failures.
+    pub error: fn(String) -> Error,
+    pub error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    pub create: unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int,
+    pub destroy: unsafe extern "C" fn(*mut Program) -> c_int,
+    pub compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
+    pub log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    pub log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+}
+
+impl ProgramCalls {
+    /// `r` as a result: the library's text for a failure of `what`.
+    pub(crate) fn check(&self, r: c_int, what: &str) -> Result<()> {
+        if r == 0 {
+            return Ok(());
+        }
+        // SAFETY: returns a static string for any code.
+        let p = unsafe { (self.error_string)(r) };
+        let text = if p.is_null() {
+            format!("unknown {} error", self.prefix)
+        } else {
+            // SAFETY: a NUL-terminated static string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        };
+        Err((self.error)(format!("{what} failed: {text} ({r})")))
+    }
+
+    /// Compiles `unit` (name, text) with the named `headers` and `options`; `output` takes
+    /// the compiled program's result (a CUBIN, PTX, a code object). Returns it with the
+    /// program log; a failed compile's error carries the options and the log.
+    pub(crate) fn compile<T>(
+        &self,
+        unit: (&str, &str),
+        headers: &[(&str, &str)],
+        options: &[String],
+        output: impl FnOnce(Program) -> Result<T>,
+    ) -> Result<(T, String)> {
+        let cstr = |s: &str| CString::new(s).map_err(|_| Error::internal(format!("NUL byte in {s:?}")));
+        let src = cstr(unit.1)?;
+        let name = cstr(unit.0)?;
+        let texts = headers.iter().map(|(_, t)| cstr(t)).collect::<Result<Vec<_>>>()?;
+        let names = headers.iter().map(|(n, _)| cstr(n)).collect::<Result<Vec<_>>>()?;
+        let text_ptrs: Vec<*const c_char> = texts.iter().map(|c| c.as_ptr()).collect();
+        let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
+        let opts = options.iter().map(|o| cstr(o)).collect::<Result<Vec<_>>>()?;
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|c| c.as_ptr()).collect();
+        let mut prog: Program = std::ptr::null_mut();
+        // SAFETY: every pointer is to a live NUL-terminated string; the arrays hold
+        // `headers.len()` entries.
+        self.check(
+            unsafe { (self.create)(&mut prog, src.as_ptr(), name.as_ptr(), headers.len() as c_int, text_ptrs.as_ptr(), name_ptrs.as_ptr()) },
+            &format!("{}CreateProgram", self.prefix),
+        )?;
+        struct Destroy<'a>(&'a ProgramCalls, Program);
+        impl Drop for Destroy<'_> {
+            fn drop(&mut self) {
+                // SAFETY: a program the create call made, destroyed once.
+                unsafe { (self.0.destroy)(&mut self.1) };
+            }
+        }
+        let guard = Destroy(self, prog);
+        let prog = guard.1;
+        // SAFETY: `opt_ptrs` holds `opts.len()` live strings.
+        let r = unsafe { (self.compile)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        let log = self.log(prog);
+        if r != 0 {
+            let mut e = self.check(r, &format!("{}CompileProgram({})", self.prefix, unit.0)).unwrap_err();
+            e.message = format!("{}; options {:?}; log:\n{}", e.message, options, log.trim_end());
+            return Err(e);
+        }
+        Ok((output(prog)?, log))
+    }
+
+    /// The program log, up to its first NUL (empty when there is none).
+    fn log(&self, prog: Program) -> String {
+        let mut size = 0usize;
+        // SAFETY: writes one size.
+        if unsafe { (self.log_size)(prog, &mut size) } != 0 || size == 0 {
+            return String::new();
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds the `size` bytes the library writes.
+        if unsafe { (self.log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
+            return String::new();
+        }
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+}
