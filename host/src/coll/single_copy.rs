@@ -86,8 +86,6 @@ pub(super) fn run(comm: &Communicator, board: &mut Board, task: &Task, part: usi
     let me = comm.rank_unchecked() as usize;
     let ctx = super::plan::task_ctx(comm, task)?;
     let seq = comm.collective_number();
-    let sig = ctx.sig.0;
-    let call = board.calls + 1;
     // Who reads from whom: every rank from every peer (all_gather), non-roots from the root.
     let root = match task.kind {
         CollKind::Broadcast { root } => Some(root as usize),
@@ -107,17 +105,9 @@ pub(super) fn run(comm: &Communicator, board: &mut Board, task: &Task, part: usi
     // The part this rank offers, in its own process (the root's send buffer; in an in-place
     // all_gather this rank's part of the receive buffer, which is the same).
     let offer = if root.is_none_or(|r| r == me) { ctx.src as u64 } else { 0 };
-    let entry = board.take_entry(call, 0);
-    if let Some(reused) = entry.reuses {
-        for p in (0..n).filter(|&p| p != me) {
-            wait_arrival(comm, board, p, reused + 1, seq)?;
-        }
-    }
-    board.header(me, entry.start, 0).store(sig, Ordering::Relaxed);
-    board.header(me, entry.start, 1).store(call, Ordering::Relaxed);
+    let (call, entry) = board.enter(comm, 0, seq)?;
     board.header(me, entry.start, 2).store(offer, Ordering::Relaxed);
-    board.word(me, super::small::ARRIVE).store(call, Ordering::Release);
-    board.calls = call;
+    board.arrive(me, &entry, call, ctx.sig);
     // This rank's own part, out of place.
     let own_at = match task.kind {
         CollKind::AllGather => ctx.dst + me * part,

@@ -60,7 +60,7 @@ const RING_AT: usize = 128;
 const REGION: usize = RING_AT + RING;
 /// Offsets of the words at the head of a region: the last call put on the board, the last
 /// collective run the usual way, the CPU this rank last ran a call on.
-pub(super) const ARRIVE: usize = 0;
+const ARRIVE: usize = 0;
 const USUAL: usize = 8;
 const CPU: usize = 16;
 /// The last call whose single copies this rank has finished (`coll::single_copy`), and the
@@ -106,7 +106,7 @@ pub(crate) struct Board {
     pub(super) regions: Vec<usize>,
     imports: Vec<DevicePtr>,
     /// Calls made so far.
-    pub(super) calls: u64,
+    calls: u64,
     /// Where the next entry may start (bytes since the first, over every lap of the ring).
     next: u64,
     /// The ranks' process ids, and whether every rank may read every peer's memory with
@@ -152,7 +152,7 @@ impl Board {
 
     /// Takes the entry of call `call` with `bytes` of data: the same on every rank that
     /// makes the same calls.
-    pub(super) fn take_entry(&mut self, call: u64, bytes: usize) -> Entry {
+    fn take_entry(&mut self, call: u64, bytes: usize) -> Entry {
         let len = (HEADER + bytes.next_multiple_of(HEADER)) as u64;
         let mut start = self.next;
         if start % RING as u64 + len > RING as u64 {
@@ -181,6 +181,30 @@ impl Board {
     /// `rank`'s data of the entry at `start`.
     fn data(&self, rank: usize, start: u64) -> *mut u8 {
         (self.regions[rank] + RING_AT + (start % RING as u64) as usize + HEADER) as *mut u8
+    }
+
+    /// Step 1 of call `call` (the next), with `bytes` of data: takes its entry and waits until
+    /// no peer still reads the ring bytes the entry reuses.
+    pub(super) fn enter(&mut self, comm: &Communicator, bytes: usize, seq: u64) -> Result<(u64, Entry)> {
+        let call = self.calls + 1;
+        let entry = self.take_entry(call, bytes);
+        if let Some(reused) = entry.reuses {
+            let me = comm.rank_unchecked() as usize;
+            for p in (0..self.regions.len()).filter(|&p| p != me) {
+                wait_arrival(comm, self, p, reused + 1, seq)?;
+            }
+        }
+        Ok((call, entry))
+    }
+
+    /// The end of step 2 (whatever else the entry holds is in place): the header (signature
+    /// `sig`, call number), the CPU this rank runs on, then its arrival at `call`.
+    pub(super) fn arrive(&mut self, me: usize, entry: &Entry, call: u64, sig: crate::work::OpSig) {
+        self.header(me, entry.start, 0).store(sig.0, Ordering::Relaxed);
+        self.header(me, entry.start, 1).store(call, Ordering::Relaxed);
+        self.word(me, CPU).store(current_cpu(), Ordering::Relaxed);
+        self.word(me, ARRIVE).store(call, Ordering::Release);
+        self.calls = call;
     }
 
     /// Gives the memory back (destroy).
@@ -254,18 +278,18 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
         return None;
     }
     let bytes = board_bytes(task, n)?;
-    if super::single_copy::takes(board, task, bytes) {
-        comm.op_log().started(std::slice::from_ref(&task.shape()));
-        let r = super::single_copy::run(comm, board, task, bytes);
-        board.single_copies += r.is_ok() as u64;
-        super::cache::finish(comm, &r, false);
-        return Some(r.map_err(|e| comm.record_error(e.context(task.kind.name()))));
-    }
-    if bytes > limit(task) {
+    let single_copy = super::single_copy::takes(board, task, bytes);
+    if !single_copy && bytes > limit(task) {
         return None;
     }
     comm.op_log().started(std::slice::from_ref(&task.shape()));
-    let r = run(comm, board, task, bytes);
+    let r = if single_copy {
+        let r = super::single_copy::run(comm, board, task, bytes);
+        board.single_copies += r.is_ok() as u64;
+        r
+    } else {
+        run(comm, board, task, bytes)
+    };
     super::cache::finish(comm, &r, false);
     Some(r.map_err(|e| comm.record_error(e.context(task.kind.name()))))
 }
@@ -311,6 +335,9 @@ fn make_board(comm: &Communicator) -> Result<Option<Board>> {
         Ok(())
     };
     let mut mapped: Result<()> = (0..n).filter(|&r| r != me && r != last_of_mine).try_for_each(|r| map(&mut board, r, false));
+    // This region's address in this process, for the peers' check below (the rounds that
+    // follow order it before their reads).
+    board.word(me, SELF).store(board.regions[me] as u64, Ordering::Release);
     // Every rank says how it went, twice (before and after the last mappings), so all decide
     // alike: the board for every rank, or for none.
     for phase in 0..2 {
@@ -332,8 +359,6 @@ fn make_board(comm: &Communicator) -> Result<Option<Board>> {
     // rule against it): each reads the word where each peer wrote its region's address in its
     // own process, all say how it went, and all decide alike.
     board.pids = comm.peer_pids()?;
-    board.word(me, SELF).store(board.regions[me] as u64, Ordering::Release);
-    comm.barrier()?;
     let readable = (0..n).filter(|&p| p != me).all(|p| {
         let at = board.word(p, SELF).load(Ordering::Acquire);
         let mut v = 0u64;
@@ -370,7 +395,7 @@ pub(super) fn wait_word(comm: &Communicator, board: &Board, rank: usize, offset:
     }
     // Spinning only while the peer may run at the same time: not when it last ran on this
     // CPU (it runs only when this thread yields), briefly when ranks outnumber cores.
-    let oversubscribed = comm.local_rank_count() as usize > crate::exec::host::cores();
+    let oversubscribed = board.regions.len() > crate::exec::host::cores();
     let cpu = current_cpu();
     let shares_cpu = cpu != u64::MAX && board.word(rank, CPU).load(Ordering::Relaxed) == cpu;
     let spin = if shares_cpu {
@@ -443,9 +468,7 @@ fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Res
     let me = comm.rank_unchecked() as usize;
     let ctx = super::plan::task_ctx(comm, task)?;
     let reducer: Reducer = ctx.host_reducer();
-    let call = board.calls + 1;
     let seq = comm.collective_number();
-    let sig = ctx.sig.0;
     let part = task.count * task.dtype.size();
     // SAFETY (buffers): `ctx.src`/`ctx.dst` are the task's buffers resolved by the backend
     // (live host memory of `src_len`/`dst_len` bytes); the caller's stream semantics give this
@@ -458,12 +481,7 @@ fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Res
         _ => (true, None),
     };
     // 1. Nobody still reads the ring bytes this call's entry reuses.
-    let entry = board.take_entry(call, bytes);
-    if let Some(reused) = entry.reuses {
-        for p in (0..n).filter(|&p| p != me) {
-            wait_arrival(comm, board, p, reused + 1, seq)?;
-        }
-    }
+    let (call, entry) = board.enter(comm, bytes, seq)?;
     // 2. Input and header on the board, then the arrival.
     if puts {
         // SAFETY: this rank's own entry for this call, `bytes` long inside its ring: no peer
@@ -475,11 +493,7 @@ fn run(comm: &Communicator, board: &mut Board, task: &Task, bytes: usize) -> Res
             data.copy_from_slice(src(bytes));
         }
     }
-    board.header(me, entry.start, 0).store(sig, Ordering::Relaxed);
-    board.header(me, entry.start, 1).store(call, Ordering::Relaxed);
-    board.word(me, CPU).store(current_cpu(), Ordering::Relaxed);
-    board.word(me, ARRIVE).store(call, Ordering::Release);
-    board.calls = call;
+    board.arrive(me, &entry, call, ctx.sig);
     // 3. The inputs this rank needs, straight from the peers' entries.
     let needs = match task.kind {
         CollKind::Broadcast { .. } => root.map_or(0..0, |r| r..r + 1),

@@ -31,10 +31,17 @@ fn base_options(arch: &str) -> Vec<String> {
     .collect()
 }
 
-fn options(arch: &str, defines: Vec<String>) -> Vec<String> {
+/// Every option of the interpreter for `op` on `dtype` for `arch` (the base ones, then its
+/// defines); an error for the types HIP does not build.
+fn exec_options(arch: &str, op: DeviceOp, dtype: DataType) -> Result<Vec<String>> {
+    if !has_exec(dtype) {
+        return Err(Error::invalid_argument(format!("{dtype} has no collective kernel on AMD GPUs yet (fp8 is not built for HIP)")));
+    }
+    let defines = rustccl_kernels::exec::exec_defines(op, dtype as i32)
+        .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))?;
     let mut options = base_options(arch);
     options.extend(defines);
-    options
+    Ok(options)
 }
 
 /// `exec.cu` compiled by `rtc` with `options`: a non-empty code object and the log.
@@ -51,9 +58,7 @@ fn compile_unit(rtc: &HipRtc, options: &[String]) -> Result<(Vec<u8>, String)> {
 
 /// [`compile_exec`] without the disk cache (always compiles).
 pub fn compile_exec_fresh(arch: &str, op: DeviceOp, dtype: DataType) -> Result<(Vec<u8>, String)> {
-    let defines = rustccl_kernels::exec::exec_defines(op, dtype as i32)
-        .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))?;
-    compile_unit(HipRtc::get()?, &options(arch, defines))
+    compile_unit(HipRtc::get()?, &exec_options(arch, op, dtype)?)
 }
 
 /// Whether the collective interpreter exists for `dtype` on AMD GPUs (every type but fp8).
@@ -73,15 +78,10 @@ pub struct HipCompile {
 /// (e.g. `gfx90a`) under HIP runtime version `runtime_version` (0 when compiling without a
 /// runtime): the disk cache's, else hipRTC's (stored in the cache).
 pub fn compile_exec(arch: &str, runtime_version: u32, op: DeviceOp, dtype: DataType) -> Result<HipCompile> {
-    if !has_exec(dtype) {
-        return Err(Error::invalid_argument(format!("{dtype} has no collective kernel on AMD GPUs yet (fp8 is not built for HIP)")));
-    }
-    let defines = rustccl_kernels::exec::exec_defines(op, dtype as i32)
-        .ok_or_else(|| Error::internal(format!("no collective kernel for {op:?} on {dtype}")))?;
+    let options = exec_options(arch, op, dtype)?;
     let rtc = HipRtc::get()?;
     let start = Instant::now();
     let unit_name = rustccl_kernels::exec::EXEC_SOURCE;
-    let options = options(arch, defines);
     let mut key_options = options.clone();
     key_options.push(format!("hiprtc-{}.{}", rtc.version.0, rtc.version.1));
     key_options.push(format!("unit-{unit_name}"));
