@@ -25,6 +25,7 @@ pub mod fdpass;
 pub mod handle;
 pub mod hip;
 pub mod host;
+pub(crate) mod gpu_memory;
 pub(crate) mod rtc;
 pub mod share;
 

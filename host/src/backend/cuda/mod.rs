@@ -58,7 +58,7 @@ use cudarc::driver::sys;
 use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
 use crate::error::{Error, Result};
 use driver::{check, Ctx, CtxGuard};
-use memory::Table;
+use crate::backend::gpu_memory::Table;
 pub use memory::IPC_HANDLE_BYTES;
 
 /// One device, as found at start.

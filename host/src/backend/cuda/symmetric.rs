@@ -15,7 +15,7 @@ use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use cudarc::driver::sys;
 
 use super::driver::{check, CtxGuard};
-use super::memory::{Entry, Kind};
+use crate::backend::gpu_memory::{Entry, Kind};
 use super::CudaBackend;
 use crate::backend::fdpass::{self, Ticket};
 use crate::backend::{BackendKind, DevicePtr, ShareHandle, SymmetricMemory};
