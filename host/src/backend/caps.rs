@@ -194,6 +194,20 @@ impl Capabilities {
     }
 }
 
+impl Capabilities {
+    /// AMD GPUs (the hip backend): the GPU model with two differences, until the GPU checks
+    /// have run on one. LL128 is left out of the automatic choice (it stays available to
+    /// `NCCL_PROTO`): it relies on a 128-byte line written by eight lanes arriving whole,
+    /// which NVIDIA's GPUs give and AMD's do not promise (RCCL enables it only on the GPUs it
+    /// has validated). No symmetric kernels: the hip backend has no symmetric memory yet.
+    pub fn gpu_amd() -> Capabilities {
+        let mut c = Capabilities::gpu();
+        c.protocols[Protocol::Ll128.index()].latency_us = 1e6;
+        c.symmetric_kernels = false;
+        c
+    }
+}
+
 /// `NCCL_MAX_P2P_NCHANNELS`: the channels point-to-point messages may use, per peer and in
 /// all (1 to 32; out of range: the nearest limit), if set.
 fn max_p2p_channels() -> Option<u32> {
@@ -222,6 +236,12 @@ fn parse_thresholds(s: &str) -> [Option<usize>; 3] {
 pub fn host_static() -> &'static Capabilities {
     static C: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
     C.get_or_init(Capabilities::host)
+}
+
+/// AMD GPUs' capabilities ([`Capabilities::gpu_amd`]), made once.
+pub fn gpu_amd_static() -> &'static Capabilities {
+    static C: std::sync::OnceLock<Capabilities> = std::sync::OnceLock::new();
+    C.get_or_init(Capabilities::gpu_amd)
 }
 
 /// The GPU backends' capabilities, made once.

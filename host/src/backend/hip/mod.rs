@@ -1,14 +1,443 @@
-//! The HIP backend, for AMD GPUs: ROCm's runtime (`libamdhip64`) and run-time compiler
-//! (hipRTC) loaded at run time, so nothing of ROCm is needed to build rustccl.
+//! The HIP backend, for AMD GPUs: ROCm's runtime (`libamdhip64`, [`runtime`]) and run-time
+//! compiler (hipRTC, [`rtc`]) loaded at run time, so nothing of ROCm is needed to build
+//! rustccl. It runs the same collective interpreter as the CUDA backend — the same sources,
+//! compiled by hipRTC for the GPU's `gfx*` target and cached on disk the same way
+//! ([`module`]) — through the same device executor (`exec::gpu`: programs, images, the
+//! watchdog), and keeps its memory with the same bookkeeping (`backend::gpu_memory`).
 //!
-//! What exists so far: [`rtc`] (hipRTC found and loaded, errors that say what to install) and
-//! [`module`] (the collective kernels, the same sources as CUDA's, compiled for a `gfx*`
-//! target and cached on disk as the CUDA backend's are). CI compiles every interpreter for
-//! gfx90a this way. [`runtime`] finds the HIP runtime and counts its GPUs; the backend's
-//! operations on it (memory, streams, events, IPC, launches) are not written:
-//! `RUSTCCL_BACKEND=hip` says so (what is missing, and that). Nothing here has run on an AMD
-//! GPU.
+//! Handles are the runtime's own values: a [`DevicePtr`] is a device address (unified
+//! addressing, as on CUDA), a [`Stream`] a `hipStream_t` (0 the NULL stream, 2
+//! `hipStreamPerThread`), an [`Event`] a `hipEvent_t`. There are no contexts to manage: each
+//! call makes the device it needs current (`hipSetDevice`) and puts the caller's back.
+//!
+//! Differences from CUDA, by design: device memory is fine-grained
+//! (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`: FIFO slots and flags that a peer GPU
+//! or the host polls while a kernel runs must be coherent, which AMD's default coarse-grained
+//! memory is not), host memory is allocated coherent, no symmetric memory (windows) or
+//! zero-copy registered buffers yet (both refused with a clear error), no fp8 kernels, and
+//! LL128 is left out of the automatic choice (`Capabilities::gpu_amd`). `stream_wait_u32`
+//! compares without wrap-around (HIP's `>=`).
+//!
+//! Nothing of this backend has run on an AMD GPU (none is lent to this project): CI compiles
+//! every kernel for gfx90a, and checks the load path and the memory bookkeeping (against a
+//! fake driver); docs/STATUS.md lists what is unverified and the steps to run the GPU checks
+//! on an MI-series machine.
 
+mod launch;
+mod memory;
 pub mod module;
 pub mod rtc;
 pub mod runtime;
+mod streams;
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use super::gpu_memory::Table;
+use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
+use crate::error::{Error, Result};
+use runtime::Runtime;
+
+/// Names the GPU target kernels are compiled for (`gfx90a`), instead of the one the runtime
+/// reports; for a runtime whose device properties rustccl cannot read.
+pub const HIP_ARCH_ENV: &str = "RUSTCCL_HIP_ARCH";
+
+/// One device, as found at start.
+#[derive(Debug)]
+struct Device {
+    name: String,
+    /// The target kernels are compiled for (`gfx90a`; the features after a `:` dropped, so
+    /// the code object runs with either xnack or sramecc setting).
+    arch: String,
+}
+
+/// The HIP backend (see the module docs).
+pub struct HipBackend {
+    rt: &'static Runtime,
+    devices: Vec<Device>,
+    memory: RwLock<Table>,
+    /// Streams this backend created, and their devices.
+    streams: Mutex<HashMap<u64, usize>>,
+    /// Events this backend created, and their devices.
+    events: Mutex<HashMap<u64, usize>>,
+    /// (from, to) device pairs with peer access enabled.
+    peers: Mutex<HashSet<(usize, usize)>>,
+    kernels: launch::Kernels,
+}
+
+impl std::fmt::Debug for HipBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipBackend").field("devices", &self.devices).field("runtime", &self.rt.path).finish()
+    }
+}
+
+/// The `gfx*` target named in a `hipDeviceProp_t` (its `gcnArchName`, e.g.
+/// `gfx90a:sramecc+:xnack-`), found by content: the struct's layout differs between ROCm 5
+/// and 6, and both hold exactly one such name (the marketing name comes first and, should
+/// it also read `gfx…`, names the same target).
+fn arch_in_properties(props: &[u8]) -> Option<String> {
+    let mut at = 0;
+    while let Some(i) = props[at..].windows(3).position(|w| w == b"gfx").map(|i| i + at) {
+        let end = props[i..].iter().position(|&b| b == 0).map_or(props.len(), |n| i + n);
+        let name = std::str::from_utf8(&props[i..end]).ok().and_then(|s| s.split(':').next());
+        if let Some(name) = name.filter(|n| n.len() > 3 && n[3..].bytes().all(|b| b.is_ascii_hexdigit())) {
+            if i == 0 || props[i - 1] == 0 {
+                return Some(name.to_string());
+            }
+        }
+        at = i + 3;
+    }
+    None
+}
+
+/// The current device while it lives, then the caller's again (HIP's runtime API follows
+/// the calling thread's current device; a caller's HIP code must not find it changed).
+pub(crate) struct DeviceGuard {
+    rt: &'static Runtime,
+    prev: c_int,
+    switched: bool,
+}
+
+impl DeviceGuard {
+    pub(crate) fn enter(rt: &'static Runtime, device: usize) -> Result<DeviceGuard> {
+        let mut prev = 0;
+        // SAFETY: writes one int.
+        rt.check(unsafe { (rt.calls.get_device)(&mut prev) }, "hipGetDevice")?;
+        if prev as usize == device {
+            return Ok(DeviceGuard { rt, prev, switched: false });
+        }
+        // SAFETY: `device` is one of the runtime's devices (callers checked it).
+        rt.check(unsafe { (rt.calls.set_device)(device as c_int) }, "hipSetDevice")?;
+        Ok(DeviceGuard { rt, prev, switched: true })
+    }
+}
+
+impl Drop for DeviceGuard {
+    fn drop(&mut self) {
+        if self.switched {
+            // SAFETY: restores the device that was current when we entered.
+            let _ = unsafe { (self.rt.calls.set_device)(self.prev) };
+        }
+    }
+}
+
+impl HipBackend {
+    /// Loads the runtime, initialises it and lists the devices with their targets.
+    ///
+    /// Errors: no runtime (`SystemError`, what to install), `hipInit` failing or no AMD GPU
+    /// (`UnhandledCudaError`, saying so).
+    pub fn new() -> Result<HipBackend> {
+        let rt = Runtime::get()?;
+        // SAFETY: plain runtime call.
+        let r = unsafe { (rt.calls.init)(0) };
+        let mut count = 0;
+        // SAFETY: writes one int.
+        let r = if r == runtime::HIP_SUCCESS { unsafe { (rt.calls.device_count)(&mut count) } } else { r };
+        if r != runtime::HIP_SUCCESS || count <= 0 {
+            let why = if r != runtime::HIP_SUCCESS { rt.error_text(r).0 } else { "0 devices".into() };
+            return Err(Error::cuda(format!(
+                "no AMD GPU: the HIP runtime {} (version {}) found none ({why}); on a machine with one, check the \
+                 amdgpu driver and that this user may open /dev/kfd and /dev/dri (groups video and render)",
+                rt.path.display(),
+                rt.version
+            )));
+        }
+        let override_arch = std::env::var(HIP_ARCH_ENV).ok().filter(|a| !a.trim().is_empty());
+        let mut devices = Vec::new();
+        for ordinal in 0..count {
+            let mut name = [0 as c_char; 256];
+            // SAFETY: the buffer holds 256 bytes; the runtime NUL-terminates.
+            rt.check(unsafe { (rt.calls.device_name)(name.as_mut_ptr(), 256, ordinal) }, "hipDeviceGetName")?;
+            // SAFETY: NUL-terminated by the runtime.
+            let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+            // Room for any ROCm's hipDeviceProp_t (ROCm 6's is ~1.5 KiB).
+            let mut props = vec![0u64; 1024];
+            let get = rt.device_properties_r0600.unwrap_or(rt.calls.device_properties);
+            // SAFETY: the buffer is 8 KiB, more than either layout of the struct.
+            rt.check(unsafe { get(props.as_mut_ptr().cast(), ordinal) }, "hipGetDeviceProperties")?;
+            let bytes: Vec<u8> = props.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            let arch = match (&override_arch, arch_in_properties(&bytes)) {
+                (Some(a), _) => a.trim().to_string(),
+                (None, Some(a)) => a,
+                (None, None) => {
+                    return Err(Error::cuda(format!(
+                        "device {ordinal} ({name}): its GPU target (gcnArchName) could not be read from the HIP runtime \
+                         {} (version {}); set {HIP_ARCH_ENV} (e.g. gfx90a for MI200, gfx942 for MI300)",
+                        rt.path.display(),
+                        rt.version
+                    )))
+                }
+            };
+            devices.push(Device { name, arch });
+        }
+        tracing::info!(
+            target: "INIT",
+            "HIP backend: runtime {} (version {}), {} device(s): {}",
+            rt.path.display(),
+            rt.version,
+            devices.len(),
+            devices.iter().map(|d| format!("{} ({})", d.name, d.arch)).collect::<Vec<_>>().join(", ")
+        );
+        Ok(HipBackend {
+            rt,
+            devices,
+            memory: RwLock::new(Table::default()),
+            streams: Mutex::new(HashMap::new()),
+            events: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashSet::new()),
+            kernels: launch::Kernels::default(),
+        })
+    }
+
+    /// The process's HIP backend, made on first use; a failure is returned to every caller.
+    pub fn shared() -> Result<Arc<HipBackend>> {
+        static SHARED: OnceLock<Result<Arc<HipBackend>>> = OnceLock::new();
+        SHARED.get_or_init(|| HipBackend::new().map(Arc::new)).clone()
+    }
+
+    /// The GPU target of `device` (`gfx90a`).
+    pub fn arch(&self, device: usize) -> Result<&str> {
+        Ok(&self.device(device, "arch")?.arch)
+    }
+
+    fn device(&self, device: usize, op: &str) -> Result<&Device> {
+        self.devices.get(device).ok_or_else(|| {
+            Error::invalid_argument(format!("{op}: device {device} does not exist; the HIP backend sees {}", self.devices.len()))
+        })
+    }
+
+    /// The calling thread's current device.
+    fn current(&self) -> Result<usize> {
+        let mut d = 0;
+        // SAFETY: writes one int.
+        self.rt.check(unsafe { (self.rt.calls.get_device)(&mut d) }, "hipGetDevice")?;
+        Ok(d.max(0) as usize)
+    }
+
+    /// Makes `device` current until the guard drops.
+    fn enter(&self, device: usize) -> Result<DeviceGuard> {
+        self.device(device, "hipSetDevice")?;
+        DeviceGuard::enter(self.rt, device)
+    }
+}
+
+impl DeviceBackend for HipBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Hip
+    }
+
+    fn capabilities(&self) -> &crate::backend::Capabilities {
+        crate::backend::caps::gpu_amd_static()
+    }
+
+    fn current_device(&self) -> Result<Option<i32>> {
+        Ok(Some(self.current()? as i32))
+    }
+
+    fn device_count(&self) -> Result<usize> {
+        Ok(self.devices.len())
+    }
+
+    fn device_name(&self, device: usize) -> Result<String> {
+        let d = self.device(device, "device_name")?;
+        Ok(format!("{} ({})", d.name, d.arch))
+    }
+
+    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
+        super::gpu_memory::alloc(self, device, bytes)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        super::gpu_memory::free(self, ptr)
+    }
+
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
+        super::gpu_memory::alloc_host_mapped(self, bytes)
+    }
+
+    fn free_host_mapped(&self, mem: HostMapped) -> Result<()> {
+        super::gpu_memory::free_host_mapped(self, mem)
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<DevicePtr> {
+        // SAFETY: the caller keeps the promise of this trait method, which the function it
+        // delegates to has too.
+        unsafe { super::gpu_memory::register_host(self, ptr, bytes) }
+    }
+
+    fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
+        super::gpu_memory::unregister_host(self, ptr)
+    }
+
+    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
+        streams::memset(self, dst, value, bytes, stream)
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
+        streams::copy(self, dst, src, bytes, stream)
+    }
+
+    fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()> {
+        streams::copy_to_device(self, dst, src, stream)
+    }
+
+    fn copy_from_device(&self, dst: &mut [u8], src: DevicePtr, stream: Stream) -> Result<()> {
+        streams::copy_from_device(self, dst, src, stream)
+    }
+
+    fn create_stream(&self, device: usize) -> Result<Stream> {
+        streams::create_stream(self, device)
+    }
+
+    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        streams::destroy_stream(self, stream)
+    }
+
+    fn synchronize(&self, stream: Stream) -> Result<()> {
+        streams::synchronize(self, stream)
+    }
+
+    fn query(&self, stream: Stream) -> Result<bool> {
+        streams::query(self, stream)
+    }
+
+    fn create_event(&self, device: usize) -> Result<Event> {
+        streams::create_event(self, device)
+    }
+
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        streams::record_event(self, event, stream)
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        streams::stream_wait_event(self, stream, event)
+    }
+
+    fn query_event(&self, event: Event) -> Result<bool> {
+        streams::query_event(self, event)
+    }
+
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        streams::synchronize_event(self, event)
+    }
+
+    fn destroy_event(&self, event: Event) -> Result<()> {
+        streams::destroy_event(self, event)
+    }
+
+    fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
+        super::gpu_memory::alloc_shareable(self, device, bytes)
+    }
+
+    fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+        super::gpu_memory::import(self, device, handle)
+    }
+
+    fn close_import(&self, ptr: DevicePtr) -> Result<()> {
+        super::gpu_memory::close_import(self, ptr)
+    }
+
+    fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {
+        let _g = self.enter(device)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        self.rt.check(unsafe { (self.rt.calls.mem_get_info)(&mut free, &mut total) }, "hipMemGetInfo")?;
+        Ok(Some((free, total)))
+    }
+
+    fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
+        Err(Error::invalid_usage("host_address: device memory is not host-addressable (hip backend)"))
+    }
+
+    fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
+        launch::launch_exec(self, launch, stream)
+    }
+
+    fn exec_kernel(
+        &self,
+        device: usize,
+        op: rustccl_kernels::DeviceOp,
+        dtype: crate::types::DataType,
+        entry: rustccl_kernels::exec::ExecEntry,
+    ) -> Result<super::ExecKernel> {
+        self.device(device, "exec_kernel")?;
+        launch::exec_kernel(self, device, op, dtype, entry)
+    }
+
+    fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
+        self.device(device, "reach_exec_memory")?;
+        launch::reach_exec_memory(self, device, ptrs)
+    }
+
+    fn check_exec_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.device(device, "check_exec_buffer")?;
+        launch::check_exec_buffer(self, device, ptr, bytes)
+    }
+
+    fn launch_exec_kernel(&self, kernel: &super::ExecKernel, args: &rustccl_kernels::exec::ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+        launch::launch_exec_kernel(self, kernel, args, blocks, stream)
+    }
+
+    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        streams::stream_write_u32(self, addr, value, stream)
+    }
+
+    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        streams::stream_wait_u32(self, addr, value, stream)
+    }
+
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        launch::with_relaxed_capture(self, f)
+    }
+
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        launch::is_capturing(self, stream)
+    }
+
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller keeps the promise of this trait method, which the function it
+        // delegates to has too.
+        unsafe { streams::copy_from_pinned_async(self, dst, src, bytes, stream) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_is_found_in_either_properties_layout() {
+        // ROCm 5's layout: the name first, gcnArchName ~400 bytes in; ROCm 6's: further on.
+        for (name, at) in [("AMD Instinct MI210", 396usize), ("", 1160), ("gfx90a", 396)] {
+            let mut p = vec![0u8; 2048];
+            p[..name.len()].copy_from_slice(name.as_bytes());
+            let arch = b"gfx90a:sramecc+:xnack-";
+            p[at..at + arch.len()].copy_from_slice(arch);
+            assert_eq!(arch_in_properties(&p).as_deref(), Some("gfx90a"), "{name:?} at {at}");
+        }
+        let mut p = vec![0u8; 1024];
+        p[100..107].copy_from_slice(b"gfx1030");
+        assert_eq!(arch_in_properties(&p).as_deref(), Some("gfx1030"));
+        // Not a target: inside another word, or not followed by a hexadecimal number.
+        let mut p = vec![0u8; 1024];
+        p[10..20].copy_from_slice(b"xgfx90a\0\0\0");
+        p[40..45].copy_from_slice(b"gfxzz");
+        assert_eq!(arch_in_properties(&p), None);
+        assert_eq!(arch_in_properties(&[]), None);
+    }
+
+    /// Without the runtime, or with it but no AMD GPU (CI: Debian's ROCm packages, no GPU),
+    /// the backend is a clear error that says what is missing; never a panic.
+    #[test]
+    fn the_hip_backend_without_a_gpu_is_a_clear_error() {
+        match HipBackend::new() {
+            Ok(b) => assert!(b.device_count().unwrap() > 0),
+            Err(e) => assert!(
+                (e.message.contains("no AMD GPU") && e.message.contains("amdhip64")) || e.message.contains("no HIP runtime"),
+                "{}",
+                e.message
+            ),
+        }
+    }
+}

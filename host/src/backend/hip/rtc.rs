@@ -36,22 +36,6 @@ pub struct HipRtc {
     _lib: libloading::Library,
 }
 
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// The places ROCm installs itself: `$ROCM_PATH/lib`, `/opt/rocm/lib`, Debian's multiarch
-/// directory.
-fn library_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(root) = env_var("ROCM_PATH") {
-        dirs.push(PathBuf::from(root).join("lib"));
-    }
-    dirs.push(PathBuf::from("/opt/rocm/lib"));
-    dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
-    dirs
-}
-
 impl HipRtc {
     /// The process's hipRTC, loaded on first use; the error is kept and returned to every
     /// caller.
@@ -61,32 +45,16 @@ impl HipRtc {
     }
 
     fn load() -> Result<HipRtc> {
-        let mut files: Vec<PathBuf> = Vec::new();
-        if let Some(p) = env_var(HIPRTC_PATH_ENV) {
-            let p = PathBuf::from(p);
-            if p.is_dir() {
-                files.extend(LIBRARY_NAMES.iter().map(|n| p.join(n)));
-            } else {
-                files.push(p);
-            }
-        }
-        for dir in library_dirs() {
-            files.extend(LIBRARY_NAMES.iter().map(|n| dir.join(n)));
-        }
-        let mut errors: Vec<String> = Vec::new();
-        for file in files.iter().filter(|f| f.exists()) {
-            match HipRtc::open(file.clone()) {
-                Ok(r) => return Ok(r),
-                Err(e) => errors.push(e.message),
-            }
-        }
-        Err(Error::system(format!(
-            "hipRTC not found: none of {} in {HIPRTC_PATH_ENV}, $ROCM_PATH/lib, /opt/rocm/lib or \
-             /usr/lib/x86_64-linux-gnu could be loaded{}; install ROCm's HIP runtime (Debian: \
-             libamdhip64-dev and libhiprtc-builtins5) or set {HIPRTC_PATH_ENV}",
-            LIBRARY_NAMES.join(", "),
-            if errors.is_empty() { String::new() } else { format!(" ({})", errors.join("; ")) },
-        )))
+        let files = super::runtime::library_files(HIPRTC_PATH_ENV, LIBRARY_NAMES);
+        super::runtime::open_first(&files, |f| HipRtc::open(f.clone())).map_err(|errors| {
+            Error::system(format!(
+                "hipRTC not found: none of {} in {HIPRTC_PATH_ENV}, $ROCM_PATH/lib, /opt/rocm/lib, \
+                 /usr/lib/x86_64-linux-gnu or the dynamic loader's path could be loaded{}; install ROCm's HIP \
+                 runtime (Debian: libamdhip64-dev and libhiprtc-builtins5) or set {HIPRTC_PATH_ENV}",
+                LIBRARY_NAMES.join(", "),
+                if errors.is_empty() { String::new() } else { format!(" ({})", errors.join("; ")) },
+            ))
+        })
     }
 
     fn open(path: PathBuf) -> Result<HipRtc> {
