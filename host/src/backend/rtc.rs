@@ -103,3 +103,36 @@ impl ProgramCalls {
         String::from_utf8_lossy(&buf[..end]).into_owned()
     }
 }
+
+/// Runs `load` (compile or read from the kernel cache, then load) for every operator and
+/// element type with a collective kernel whose type `has` accepts, several at once (compiles
+/// are one core each): how many pairs. What `preload_exec_kernels` of the GPU backends does.
+pub(crate) fn for_every_exec_kernel(
+    has: impl Fn(crate::types::DataType) -> bool,
+    load: impl Fn(rustccl_kernels::DeviceOp, crate::types::DataType) -> Result<()> + Sync,
+) -> Result<usize> {
+    use crate::types::DataType;
+    use rustccl_kernels::DeviceOp;
+    let pairs: Vec<(DeviceOp, DataType)> = DeviceOp::ALL
+        .iter()
+        .flat_map(|&op| DataType::ALL.iter().map(move |&dt| (op, dt)))
+        .filter(|&(op, dt)| has(dt) && rustccl_kernels::exec::exec_defines(op, dt as i32).is_some())
+        .collect();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4).min(pairs.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(op, dt)) = pairs.get(i) else { return Ok(()) };
+                    load(op, dt)?;
+                })
+            })
+            .collect();
+        let panicked = || Err(Error::internal("compile thread panicked"));
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| panicked())).collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(pairs.len())
+}

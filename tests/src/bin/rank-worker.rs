@@ -357,9 +357,17 @@ fn tuned_sizes(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     comm.destroy()
 }
 
-/// Compiles (or finds in the kernel cache) every collective kernel of the cuda backend for
-/// device 0, several at once, so that later runs do not pay for the compiles one by one.
+/// Compiles (or finds in the kernel cache) every collective kernel of the cuda backend (the hip
+/// backend's with RUSTCCL_BACKEND=hip) for device 0, several at once, so that later runs do
+/// not pay for the compiles one by one.
 fn compile_kernels() -> Result<(), Error> {
+    if std::env::var("RUSTCCL_BACKEND").is_ok_and(|b| b.eq_ignore_ascii_case("hip")) {
+        let backend = rustccl::backend::HipBackend::shared()?;
+        let start = Instant::now();
+        let n = backend.preload_exec_kernels(0)?;
+        println!("RESULT compile-kernels: {n} collective kernels for {} ready in {:.1} s", backend.arch(0)?, start.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let backend = rustccl::backend::CudaBackend::shared()?;
     let start = Instant::now();
     let n = backend.preload_exec_kernels(0)?;

@@ -26,28 +26,7 @@ impl CudaBackend {
     pub fn preload_exec_kernels(&self, device: usize) -> Result<usize> {
         let ctx = self.primary(device)?;
         let cc = self.devices[device].cc;
-        let pairs: Vec<(DeviceOp, DataType)> = DeviceOp::ALL
-            .iter()
-            .flat_map(|&op| DataType::ALL.iter().map(move |&dt| (op, dt)))
-            .filter(|(op, dt)| rustccl_kernels::exec::exec_defines(*op, *dt as i32).is_some())
-            .collect();
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4).min(pairs.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(op, dt)) = pairs.get(i) else { return Ok(()) };
-                        self.kernels.exec(ctx, cc, self.driver_version, op, dt)?;
-                    })
-                })
-                .collect();
-            let panicked = || Err(Error::internal("compile thread panicked"));
-            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| panicked())).collect()
-        });
-        results.into_iter().collect::<Result<Vec<()>>>()?;
-        Ok(pairs.len())
+        crate::backend::rtc::for_every_exec_kernel(|_| true, |op, dt| self.kernels.exec(ctx, cc, self.driver_version, op, dt).map(|_| ()))
     }
 
     /// Registers per thread and local memory per thread (bytes) of every collective kernel

@@ -27,6 +27,13 @@ pub(super) struct Kernels {
 }
 
 impl HipBackend {
+    /// Compiles (or reads from the kernel cache) and loads the collective interpreter for
+    /// every operator and type on `device` (fp8 aside), several compiles at once; how many.
+    pub fn preload_exec_kernels(&self, device: usize) -> Result<usize> {
+        self.device(device, "preload_exec_kernels")?;
+        crate::backend::rtc::for_every_exec_kernel(super::module::has_exec, |op, dt| self.exec_functions(device, op, dt).map(|_| ()))
+    }
+
     /// The entry points of the interpreter for `op` on `dtype` on `device`: compiled for its
     /// target (or read from the kernel cache) and loaded on first use.
     fn exec_functions(&self, device: usize, op: DeviceOp, dtype: DataType) -> Result<[u64; 4]> {
