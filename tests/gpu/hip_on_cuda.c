@@ -153,7 +153,8 @@ int hiprtcDestroyProgram(nvrtcProgram* p) { return nvrtcDestroyProgram(p); }
 // optimises by default), the C++ standard and floating-point contraction are renamed.
 int hiprtcCompileProgram(nvrtcProgram p, int n, const char** options) {
   const char** out = calloc(n + 2, sizeof *out);
-  static char arch[64], include[4096];
+  // Per call: compiles run on several threads at once.
+  char arch[64], include[4096];
   const char* sm = getenv("HIPSHIM_SM");
   const char* inc = getenv("HIPSHIM_CUDA_INCLUDE");
   snprintf(arch, sizeof arch, "--gpu-architecture=%s", sm ? sm : "sm_90");

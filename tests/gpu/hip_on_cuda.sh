@@ -17,3 +17,4 @@ export COLL_DTYPES=${COLL_DTYPES:-int8,uint8,int32,uint32,int64,uint64,float16,f
 timeout ${COMPILE_S:-300} $G/rank-worker compile-kernels 1 0 none 2>&1 | grep -E "^(RESULT|ERROR)|rror" | cut -c1-400
 matrix hip_p2p ${MATRIX_S:-120}
 matrix hip_shm ${MATRIX_S:-120} NCCL_P2P_DISABLE=1
+matrix hip_ll128 ${MATRIX_S:-120} NCCL_PROTO=LL128
