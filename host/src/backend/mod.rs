@@ -17,7 +17,7 @@
 //! [`cuda::CudaBackend`] (the driver API loaded at run time: addresses are `CUdeviceptr`s,
 //! streams `CUstream`s, events `CUevent`s; kernels compiled by NVRTC) and [`hip::HipBackend`]
 //! (ROCm's runtime loaded at run time, the same kernels compiled by hipRTC; not yet run on an
-//! AMD GPU). The two GPU backends share their memory bookkeeping ([`gpu_memory`]) and the
+//! AMD GPU). The two GPU backends share their memory bookkeeping (`gpu_memory`) and the
 //! device executor; the handle types here are plain 64-bit values that fit either.
 //! [`select_backend`] picks one from `RUSTCCL_BACKEND`.
 
