@@ -148,6 +148,51 @@ pub(crate) trait MemoryCalls {
     fn pointer_range(&self, ptr: u64) -> std::result::Result<PointerRange, String>;
 }
 
+/// The memory operations of [`crate::backend::DeviceBackend`] for a backend whose memory
+/// is this bookkeeping over its [`MemoryCalls`]: written inside its `impl DeviceBackend`.
+macro_rules! memory_operations {
+    () => {
+        fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
+            $crate::backend::gpu_memory::alloc(self, device, bytes)
+        }
+
+        fn free(&self, ptr: DevicePtr) -> Result<()> {
+            $crate::backend::gpu_memory::free(self, ptr)
+        }
+
+        fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
+            $crate::backend::gpu_memory::alloc_host_mapped(self, bytes)
+        }
+
+        fn free_host_mapped(&self, mem: HostMapped) -> Result<()> {
+            $crate::backend::gpu_memory::free_host_mapped(self, mem)
+        }
+
+        unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<DevicePtr> {
+            // SAFETY: the caller keeps the promise of this trait method, which the function
+            // it delegates to has too.
+            unsafe { $crate::backend::gpu_memory::register_host(self, ptr, bytes) }
+        }
+
+        fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
+            $crate::backend::gpu_memory::unregister_host(self, ptr)
+        }
+
+        fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
+            $crate::backend::gpu_memory::alloc_shareable(self, device, bytes)
+        }
+
+        fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
+            $crate::backend::gpu_memory::import(self, device, handle)
+        }
+
+        fn close_import(&self, ptr: DevicePtr) -> Result<()> {
+            $crate::backend::gpu_memory::close_import(self, ptr)
+        }
+    };
+}
+pub(crate) use memory_operations;
+
 pub(crate) fn read<M: MemoryCalls + ?Sized>(b: &M) -> RwLockReadGuard<'_, Table> {
     b.table().read().unwrap_or_else(|p| p.into_inner())
 }

@@ -482,8 +482,11 @@ pub fn select_backend() -> Result<Arc<dyn DeviceBackend>> {
                 Ok(_) => "no CUDA device".to_string(),
                 Err(e) => e.message,
             };
-            match hip::runtime::probe() {
-                Ok(p) if p.devices > 0 => match HipBackend::shared() {
+            // AMD's GPUs are reached through the amdgpu driver's /dev/kfd: without it, ROCm's
+            // runtime (if installed) is not even loaded.
+            let amd = if std::path::Path::new("/dev/kfd").exists() { hip::runtime::probe().ok() } else { None };
+            match amd {
+                Some(p) if p.devices > 0 => match HipBackend::shared() {
                     Ok(h) => {
                         tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the hip backend ({} AMD GPU(s)); {no_cuda}", p.devices);
                         h

@@ -136,3 +136,12 @@ pub(crate) fn for_every_exec_kernel(
     results.into_iter().collect::<Result<Vec<()>>>()?;
     Ok(pairs.len())
 }
+
+/// Where the kernel compile checks (the NVRTC and hipRTC tests) keep what they compiled:
+/// `RUSTCCL_TEST_KERNEL_CACHE_DIR` (CI sets it to a directory it keeps between runs). A
+/// compile made before with the same sources, options and compiler is read from there, not
+/// repeated; any change to one of them compiles again. Unset: every check compiles.
+#[cfg(test)]
+pub(crate) fn test_kernel_cache() -> Option<rustccl_kernels::KernelCache> {
+    std::env::var_os("RUSTCCL_TEST_KERNEL_CACHE_DIR").filter(|d| !d.is_empty()).map(|d| rustccl_kernels::KernelCache::new(std::path::PathBuf::from(d)))
+}

@@ -194,5 +194,3 @@ impl MemoryCalls for CudaBackend {
         Ok(PointerRange { start, bytes: size, device: (device_mem && ordinal >= 0).then_some(ordinal as usize) })
     }
 }
-
-pub(super) use gpu_memory::{alloc, alloc_host_mapped, alloc_shareable, close_import, free, free_host_mapped, import, register_host, unregister_host};

@@ -34,7 +34,8 @@
 //! it reduces bit for bit as the host reference [`crate::reduce`] does (`exec::gpu::ops`
 //! gives its operator and scalar).
 //!
-//! The trait's operations are grouped by concern: `memory` (allocation, tracking, sharing,
+//! The trait's operations are grouped by concern: `memory` (the driver's calls under the
+//! bookkeeping both GPU backends share, `backend::gpu_memory`: allocation, tracking, sharing,
 //! range checks), `copy` (copies and fills), `streams` (streams, events, and where work on a
 //! stream runs), `launch` (the interpreter's launches, peer access, stream capture); this
 //! file holds the devices and contexts and the trait's table of operations.
@@ -276,34 +277,10 @@ impl DeviceBackend for CudaBackend {
         Ok(self.devices.len())
     }
 
+    crate::backend::gpu_memory::memory_operations!();
+
     fn device_name(&self, device: usize) -> Result<String> {
         Ok(self.device(device, "device_name")?.name.clone())
-    }
-
-    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
-        memory::alloc(self, device, bytes)
-    }
-
-    fn free(&self, ptr: DevicePtr) -> Result<()> {
-        memory::free(self, ptr)
-    }
-
-    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
-        memory::alloc_host_mapped(self, bytes)
-    }
-
-    fn free_host_mapped(&self, mem: HostMapped) -> Result<()> {
-        memory::free_host_mapped(self, mem)
-    }
-
-    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<DevicePtr> {
-        // SAFETY: the caller keeps the promise of this trait method, which the function
-        // it delegates to has too.
-        unsafe { memory::register_host(self, ptr, bytes) }
-    }
-
-    fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
-        memory::unregister_host(self, ptr)
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
@@ -360,18 +337,6 @@ impl DeviceBackend for CudaBackend {
 
     fn destroy_event(&self, event: Event) -> Result<()> {
         streams::destroy_event(self, event)
-    }
-
-    fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
-        memory::alloc_shareable(self, device, bytes)
-    }
-
-    fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
-        memory::import(self, device, handle)
-    }
-
-    fn close_import(&self, ptr: DevicePtr) -> Result<()> {
-        memory::close_import(self, ptr)
     }
 
     fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {

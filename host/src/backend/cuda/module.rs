@@ -305,20 +305,54 @@ pub(crate) fn compile_exec_with_headers(cc: i32, op: DeviceOp, dtype: DataType, 
     compile_exec_in(cc, op, dtype, &[], headers)
 }
 
-/// [`compile_exec_report`] with the named `headers`.
-fn compile_exec_in(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], headers: &[(&str, &str)]) -> Result<ExecCompile> {
+/// [`compile_exec_report`], taken from `cache` when this very compile (the sources, the
+/// options, NVRTC's version) was made before and stored there: what a compile check on a
+/// machine that keeps its cache (CI) need not repeat. The entry holds what the report is
+/// made of (the target, the image's size, the log), not the image.
+pub fn compile_exec_report_cached(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], cache: &KernelCache) -> Result<(ExecCompile, bool)> {
+    let (nvrtc, target, options) = report_options(cc, op, dtype, extra)?;
+    let mut key_options = options.clone();
+    key_options.push(format!("nvrtc-{}.{}", nvrtc.version.0, nvrtc.version.1));
+    key_options.push(format!("report-of-{}", rustccl_kernels::exec::EXEC_SOURCE));
+    let key_refs: Vec<&str> = key_options.iter().map(String::as_str).collect();
+    let key = CacheKey::new(rustccl_kernels::sources(), &target.arch, 0, &key_refs);
+    if let Lookup::Hit(blob) = cache.lookup(&key) {
+        let text = String::from_utf8_lossy(&blob);
+        let mut parts = text.splitn(3, '\n');
+        if let (Some(arch), Some(Ok(image_bytes)), Some(log)) = (parts.next(), parts.next().map(str::parse), parts.next()) {
+            let functions = ptxas::parse(log);
+            return Ok((ExecCompile { arch: arch.to_string(), image_bytes, functions, log: log.to_string() }, true));
+        }
+    }
+    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
+    let c = compile_with(nvrtc, &target, &options, &headers)?;
+    cache
+        .store(&key, format!("{}\n{}\n{}", c.arch, c.image_bytes, c.log).as_bytes())
+        .map_err(|e| Error::system(format!("storing the compile report in {}: {e}", cache.dir().display())))?;
+    Ok((c, false))
+}
+
+/// NVRTC, the target and every option of a compile with ptxas' verbose report.
+fn report_options(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str]) -> Result<(&'static Nvrtc, nvrtc::Target, Vec<String>)> {
     let mut defines = exec_defines(op, dtype)?;
     defines.extend(extra.iter().map(|d| d.to_string()));
     let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: "collective kernel" };
     let nvrtc = Nvrtc::get()?;
     let (target, mut options) = target_and_options(nvrtc, cc, &unit)?;
     options.push(ptxas::VERBOSE_OPTION.to_string());
-    let text = rustccl_kernels::source(unit.name).expect("every unit is embedded");
-    let out = nvrtc.compile_with_log((unit.name, text), headers, &options, target.cubin)?;
-    Ok(ExecCompile {
-        arch: target.arch,
-        image_bytes: out.image.len(),
-        functions: ptxas::parse(&out.log),
-        log: out.log,
-    })
+    Ok((nvrtc, target, options))
+}
+
+/// Compiles `exec.cu` with `options` and the named `headers`: what ptxas reported.
+fn compile_with(nvrtc: &Nvrtc, target: &nvrtc::Target, options: &[String], headers: &[(&str, &str)]) -> Result<ExecCompile> {
+    let name = rustccl_kernels::exec::EXEC_SOURCE;
+    let text = rustccl_kernels::source(name).expect("every unit is embedded");
+    let out = nvrtc.compile_with_log((name, text), headers, options, target.cubin)?;
+    Ok(ExecCompile { arch: target.arch.clone(), image_bytes: out.image.len(), functions: ptxas::parse(&out.log), log: out.log })
+}
+
+/// [`compile_exec_report`] with the named `headers`.
+fn compile_exec_in(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], headers: &[(&str, &str)]) -> Result<ExecCompile> {
+    let (nvrtc, target, options) = report_options(cc, op, dtype, extra)?;
+    compile_with(nvrtc, &target, &options, headers)
 }

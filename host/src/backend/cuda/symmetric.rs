@@ -311,7 +311,7 @@ pub(super) fn export_buffer(b: &CudaBackend, device: usize, ptr: DevicePtr, byte
 /// memory through CUDA IPC.
 pub(super) fn import_buffer(b: &CudaBackend, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
     if ticket_of(handle).is_err() {
-        return super::memory::import(b, device, handle);
+        return crate::backend::gpu_memory::import(b, device, handle);
     }
     let bytes = usize::try_from(handle.bytes()).map_err(|_| Error::invalid_argument("import_buffer: size too large"))?;
     let at = reserve_space(b, bytes)?;
@@ -333,6 +333,6 @@ pub(super) fn close_buffer(b: &CudaBackend, at: DevicePtr) -> Result<()> {
             unmap_at(b, at)?;
             release_space(b, at, bytes)
         }
-        None => super::memory::close_import(b, at),
+        None => crate::backend::gpu_memory::close_import(b, at),
     }
 }

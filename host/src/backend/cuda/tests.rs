@@ -71,6 +71,8 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
     // One compile is ~30 s of one core: two at a time where there are two cores.
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
     let next = std::sync::atomic::AtomicUsize::new(0);
+    let cache = crate::backend::rtc::test_kernel_cache();
+    let hits = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
@@ -80,7 +82,16 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(&(op, dtype, extra)) = pairs.get(i) else { break };
                         let start = std::time::Instant::now();
-                        done.push((i, module::compile_exec_report(90, op, dtype, extra), start.elapsed()));
+                        let c = match &cache {
+                            Some(cache) => module::compile_exec_report_cached(90, op, dtype, extra, cache).map(|(c, hit)| {
+                                if hit {
+                                    hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                c
+                            }),
+                            None => module::compile_exec_report(90, op, dtype, extra),
+                        };
+                        done.push((i, c, start.elapsed()));
                     }
                     done
                 })
@@ -134,6 +145,9 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
                 ));
             }
         }
+    }
+    if let Some(cache) = &cache {
+        eprintln!("{} of {} compiles read from {} (the same sources, options and NVRTC compiled before)", hits.into_inner(), pairs.len(), cache.dir().display());
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -239,35 +239,11 @@ impl DeviceBackend for HipBackend {
         Ok(self.devices.len())
     }
 
+    crate::backend::gpu_memory::memory_operations!();
+
     fn device_name(&self, device: usize) -> Result<String> {
         let d = self.device(device, "device_name")?;
         Ok(format!("{} ({})", d.name, d.arch))
-    }
-
-    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
-        super::gpu_memory::alloc(self, device, bytes)
-    }
-
-    fn free(&self, ptr: DevicePtr) -> Result<()> {
-        super::gpu_memory::free(self, ptr)
-    }
-
-    fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
-        super::gpu_memory::alloc_host_mapped(self, bytes)
-    }
-
-    fn free_host_mapped(&self, mem: HostMapped) -> Result<()> {
-        super::gpu_memory::free_host_mapped(self, mem)
-    }
-
-    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<DevicePtr> {
-        // SAFETY: the caller keeps the promise of this trait method, which the function it
-        // delegates to has too.
-        unsafe { super::gpu_memory::register_host(self, ptr, bytes) }
-    }
-
-    fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
-        super::gpu_memory::unregister_host(self, ptr)
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
@@ -324,18 +300,6 @@ impl DeviceBackend for HipBackend {
 
     fn destroy_event(&self, event: Event) -> Result<()> {
         streams::destroy_event(self, event)
-    }
-
-    fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
-        super::gpu_memory::alloc_shareable(self, device, bytes)
-    }
-
-    fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
-        super::gpu_memory::import(self, device, handle)
-    }
-
-    fn close_import(&self, ptr: DevicePtr) -> Result<()> {
-        super::gpu_memory::close_import(self, ptr)
     }
 
     fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {

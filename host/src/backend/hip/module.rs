@@ -78,6 +78,11 @@ pub struct HipCompile {
 /// (e.g. `gfx90a`) under HIP runtime version `runtime_version` (0 when compiling without a
 /// runtime): the disk cache's, else hipRTC's (stored in the cache).
 pub fn compile_exec(arch: &str, runtime_version: u32, op: DeviceOp, dtype: DataType) -> Result<HipCompile> {
+    compile_exec_with(arch, runtime_version, op, dtype, KernelCache::from_env())
+}
+
+/// [`compile_exec`] with `cache` (None: always compile, and store nothing).
+fn compile_exec_with(arch: &str, runtime_version: u32, op: DeviceOp, dtype: DataType, cache: Option<KernelCache>) -> Result<HipCompile> {
     let options = exec_options(arch, op, dtype)?;
     let rtc = HipRtc::get()?;
     let start = Instant::now();
@@ -88,7 +93,6 @@ pub fn compile_exec(arch: &str, runtime_version: u32, op: DeviceOp, dtype: DataT
     let key_refs: Vec<&str> = key_options.iter().map(String::as_str).collect();
     let key = CacheKey::new(rustccl_kernels::sources(), arch, runtime_version, &key_refs);
     let what = format!("HIP collective kernel {}/{dtype} for {arch}", op.suffix());
-    let cache = KernelCache::from_env();
     if let Some(cache) = &cache {
         match cache.lookup(&key) {
             Lookup::Hit(code) => {
@@ -165,14 +169,25 @@ mod tests {
         // Two at a time (CI has two cores); every failure is reported, not only the first.
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failures = std::sync::Mutex::new(Vec::new());
+        let cache = crate::backend::rtc::test_kernel_cache();
+        let hits = std::sync::atomic::AtomicUsize::new(0);
         let start = Instant::now();
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some((arch, op, dtype)) = units.get(i) else { break };
-                    match compile_exec_fresh(arch, *op, *dtype) {
-                        Ok((code, _)) => assert!(code.len() > 1000, "{arch} {op:?} {dtype}: {} bytes", code.len()),
+                    let compiled = match &cache {
+                        Some(c) => compile_exec_with(arch, 0, *op, *dtype, Some(c.clone())).map(|h| {
+                            if h.cached {
+                                hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            h.code
+                        }),
+                        None => compile_exec_fresh(arch, *op, *dtype).map(|(code, _)| code),
+                    };
+                    match compiled {
+                        Ok(code) => assert!(code.len() > 1000, "{arch} {op:?} {dtype}: {} bytes", code.len()),
                         Err(e) => failures.lock().unwrap().push(format!("{arch} {op:?} {dtype}: {}", e.message)),
                     }
                 });
@@ -180,6 +195,14 @@ mod tests {
         });
         let failures = failures.into_inner().unwrap();
         assert!(failures.is_empty(), "{} of {} failed; the first:\n{}", failures.len(), units.len(), failures[0]);
-        eprintln!("hipRTC {}.{} ({}): {} interpreters compiled for {archs} in {:.0} s", rtc.version.0, rtc.version.1, rtc.path.display(), units.len(), start.elapsed().as_secs_f64());
+        eprintln!(
+            "hipRTC {}.{} ({}): {} interpreters compiled for {archs} in {:.0} s ({} of them read from the test kernel cache: compiled before with the same sources, options and hipRTC)",
+            rtc.version.0,
+            rtc.version.1,
+            rtc.path.display(),
+            units.len(),
+            start.elapsed().as_secs_f64(),
+            hits.into_inner()
+        );
     }
 }

@@ -12,8 +12,8 @@ use crate::backend::gpu_memory;
 use crate::backend::{DevicePtr, Event, Stream};
 use crate::error::{Error, Result};
 
-const MEMCPY_HOST_TO_DEVICE: c_int = 1;
-const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+/// `hipMemcpyDefault` for every copy: the runtime tells host from device memory by address
+/// (unified addressing), so a copy may name host-mapped or registered memory on either side.
 const MEMCPY_DEFAULT: c_int = 4;
 
 pub(super) fn raw(stream: Stream) -> Handle {
@@ -98,7 +98,7 @@ pub(super) fn copy_to_device(b: &HipBackend, dst: DevicePtr, src: &[u8], stream:
     let _g = b.enter_for(stream, &[dst])?;
     gpu_memory::check_range(b, dst, src.len(), "copy_to_device destination")?;
     // SAFETY: `src` is a live slice until the stream synchronisation below; `dst` checked.
-    let r = unsafe { (b.rt.calls.memcpy_async)(dst.0 as Handle, src.as_ptr().cast(), src.len(), MEMCPY_HOST_TO_DEVICE, raw(stream)) };
+    let r = unsafe { (b.rt.calls.memcpy_async)(dst.0 as Handle, src.as_ptr().cast(), src.len(), MEMCPY_DEFAULT, raw(stream)) };
     b.rt.check(r, "hipMemcpyAsync(host to device)")?;
     // SAFETY: a stream of the current device (or a default one).
     b.rt.check(unsafe { (b.rt.calls.stream_synchronize)(raw(stream)) }, "hipStreamSynchronize")
@@ -111,7 +111,7 @@ pub(super) fn copy_from_device(b: &HipBackend, dst: &mut [u8], src: DevicePtr, s
     let _g = b.enter_for(stream, &[src])?;
     gpu_memory::check_range(b, src, dst.len(), "copy_from_device source")?;
     // SAFETY: `dst` is a live slice until the stream synchronisation below; `src` checked.
-    let r = unsafe { (b.rt.calls.memcpy_async)(dst.as_mut_ptr().cast(), src.0 as *const c_void, dst.len(), MEMCPY_DEVICE_TO_HOST, raw(stream)) };
+    let r = unsafe { (b.rt.calls.memcpy_async)(dst.as_mut_ptr().cast(), src.0 as *const c_void, dst.len(), MEMCPY_DEFAULT, raw(stream)) };
     b.rt.check(r, "hipMemcpyAsync(device to host)")?;
     // SAFETY: as above.
     b.rt.check(unsafe { (b.rt.calls.stream_synchronize)(raw(stream)) }, "hipStreamSynchronize")
@@ -127,7 +127,7 @@ pub(super) unsafe fn copy_from_pinned_async(b: &HipBackend, dst: DevicePtr, src:
     let _g = b.enter_for(stream, &[dst])?;
     gpu_memory::check_range(b, dst, bytes, "copy destination")?;
     // SAFETY: the caller keeps `src` pinned and valid until the copy runs; `dst` checked.
-    let r = unsafe { (b.rt.calls.memcpy_async)(dst.0 as Handle, src.cast(), bytes, MEMCPY_HOST_TO_DEVICE, raw(stream)) };
+    let r = unsafe { (b.rt.calls.memcpy_async)(dst.0 as Handle, src.cast(), bytes, MEMCPY_DEFAULT, raw(stream)) };
     b.rt.check(r, "hipMemcpyAsync(pinned host to device)")
 }
 
