@@ -42,7 +42,6 @@
 //! waits for every rank.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use super::{CollKind, Task};
 use crate::backend::DevicePtr;
@@ -395,26 +394,13 @@ pub(super) fn wait_word(comm: &Communicator, board: &Board, rank: usize, offset:
     }
     // Spinning only while the peer may run at the same time: not when it last ran on this
     // CPU (it runs only when this thread yields), briefly when ranks outnumber cores.
-    let oversubscribed = board.regions.len() > crate::exec::host::cores();
     let cpu = current_cpu();
     let shares_cpu = cpu != u64::MAX && board.word(rank, CPU).load(Ordering::Relaxed) == cpu;
-    let spin = if shares_cpu {
-        0
-    } else if oversubscribed {
-        16
-    } else {
-        2048
-    };
-    let mut start = None;
-    let mut rounds = 0u32;
+    let spin = if shares_cpu { 0 } else { crate::exec::backoff::spin_for(board.regions.len(), 2048) };
+    let mut wait = crate::exec::backoff::Backoff::new(spin);
     while word.load(Ordering::Acquire) < call {
-        rounds += 1;
-        if rounds <= spin {
-            std::hint::spin_loop();
-            continue;
-        }
-        let start = *start.get_or_insert_with(Instant::now);
-        if rounds.is_multiple_of(64) {
+        wait.pause();
+        if wait.check_now() {
             // Failures, aborts, hang reports and NCCL_OP_TIMEOUT_MS, as every wait.
             comm.check_running("collective")?;
             comm.check_op_health()?;
@@ -427,11 +413,6 @@ pub(super) fn wait_word(comm: &Communicator, board: &Board, rank: usize, offset:
                 ))
                 .with_kind(crate::error::ErrorKind::Mismatch));
             }
-        }
-        if start.elapsed() < Duration::from_millis(2) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
         }
     }
     Ok(())

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use smallvec::SmallVec;
-use std::time::Duration;
 
 use super::{CommSide, Links};
 use crate::error::{Error, Result};
@@ -88,7 +87,8 @@ thread_local! {
 
 fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
     let mut idle = 0u32;
-    let mut wait = Backoff::new(runs.iter().map(|r| r.comm.local_ranks()).max().unwrap_or(1));
+    let local = runs.iter().map(|r| r.comm.local_ranks()).max().unwrap_or(1) as usize;
+    let mut wait = super::backoff::Backoff::new(super::backoff::spin_for(local, spin_rounds()));
     for run in runs.iter_mut() {
         let p = &mut *run.prep;
         p.cursors.clear();
@@ -147,11 +147,11 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
     }
 }
 
-/// How the calling thread waits while none of its steps can move: it spins (no syscall) for
-/// `RUSTCCL_HOST_SPIN` rounds, then yields the core until [`YIELD`] has passed, then sleeps in
-/// short naps (a peer that slow is stuck or gone; the failure checks run all along). With more
-/// ranks on this host than cores, a peer that is not running needs a core to get on: it
-/// yields after [`OVERSUBSCRIBED_SPIN`] rounds.
+/// How the calling thread waits while none of its steps can move: `exec::backoff` (spin, then
+/// yield the core until 2 ms have passed, then short naps; the failure checks run all along),
+/// spinning `RUSTCCL_HOST_SPIN` rounds (a round polls every waiting step once: tens of
+/// nanoseconds), read once; with more ranks on this host than cores, at most 16 (a peer that is
+/// not running needs a core to get on).
 ///
 /// Spinning pays when the peer runs on another core at the same time: it answers within a
 /// microsecond. When the scheduler keeps both ranks on one core (as it may on a loaded
@@ -159,47 +159,9 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
 /// all-reduce on 2 loaded cores, runs interleaved): 64 rounds gave 1.3-7 µs a call, 16 rounds
 /// 4.7-7, 256 rounds 1.6 µs when the ranks ran apart but 12-17 when together, 4096 rounds
 /// 1.2 µs apart but 140-170 together. 64 is the default: never far off.
-struct Backoff {
-    spin: u32,
-    rounds: u32,
-    since: Option<std::time::Instant>,
-}
-
-/// Spinning rounds (a round polls every waiting step once: tens of nanoseconds):
-/// `RUSTCCL_HOST_SPIN`, read once.
 fn spin_rounds() -> u32 {
     static N: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *N.get_or_init(|| crate::params::env_int_or("RUSTCCL_HOST_SPIN", 64).clamp(0, 1 << 30) as u32)
-}
-const OVERSUBSCRIBED_SPIN: u32 = 16;
-/// Spinning and yielding, before the naps.
-const YIELD: Duration = Duration::from_millis(2);
-
-impl Backoff {
-    fn new(local_ranks: u32) -> Backoff {
-        let spin = if local_ranks as usize > cores() { OVERSUBSCRIBED_SPIN.min(spin_rounds()) } else { spin_rounds() };
-        Backoff { spin, rounds: 0, since: None }
-    }
-
-    /// A step moved: the wait (if any) is over.
-    fn reset(&mut self) {
-        self.rounds = 0;
-        self.since = None;
-    }
-
-    fn pause(&mut self) {
-        self.rounds += 1;
-        if self.rounds <= self.spin {
-            std::hint::spin_loop();
-            return;
-        }
-        let since = *self.since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() < YIELD {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
 }
 
 /// The cores this process may run on, read once.

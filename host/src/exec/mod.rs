@@ -8,6 +8,7 @@
 //! Executors know nothing of communicators: what they need from one (its rank, whether to go
 //! on, where to record an error) comes through [`CommSide`].
 
+pub(crate) mod backoff;
 pub mod gpu;
 pub mod host;
 
