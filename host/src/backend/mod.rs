@@ -472,38 +472,44 @@ pub fn select_backend() -> Result<Arc<dyn DeviceBackend>> {
     if let Some(b) = DEFAULT.get() {
         return Ok(Arc::clone(b));
     }
-    let chosen: Arc<dyn DeviceBackend> = match CudaBackend::shared() {
-        Ok(c) if c.device_count().unwrap_or(0) > 0 => {
-            tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the cuda backend ({} device(s))", c.device_count().unwrap_or(0));
-            c
-        }
-        cuda => {
-            let no_cuda = match cuda {
-                Ok(_) => "no CUDA device".to_string(),
-                Err(e) => e.message,
-            };
-            // AMD's GPUs are reached through the amdgpu driver's /dev/kfd: without it, ROCm's
-            // runtime (if installed) is not even loaded.
-            let amd = if std::path::Path::new("/dev/kfd").exists() { hip::runtime::probe().ok() } else { None };
-            match amd {
-                Some(p) if p.devices > 0 => match HipBackend::shared() {
-                    Ok(h) => {
-                        tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the hip backend ({} AMD GPU(s)); {no_cuda}", p.devices);
-                        h
-                    }
-                    Err(e) => {
-                        tracing::warn!(target: "INIT", "{BACKEND_ENV} unset: {} AMD GPU(s) found, but the hip backend failed to start ({}): using the host backend", p.devices, e.message);
-                        HostBackend::shared()?
-                    }
-                },
-                _ => {
-                    tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the host backend ({no_cuda}; no AMD GPU)");
-                    HostBackend::shared()?
-                }
+    let (kind, why) = automatic_kind(
+        || CudaBackend::shared().and_then(|c| c.device_count()),
+        || std::path::Path::new("/dev/kfd").exists(),
+        || hip::runtime::probe().map(|p| p.devices),
+    );
+    let chosen: Arc<dyn DeviceBackend> = match kind {
+        BackendKind::Cuda => CudaBackend::shared()?,
+        BackendKind::Hip => match HipBackend::shared() {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(target: "INIT", "{BACKEND_ENV} unset: {why}, but the hip backend failed to start ({}): using the host backend", e.message);
+                HostBackend::shared()?
             }
-        }
+        },
+        BackendKind::Host => HostBackend::shared()?,
     };
+    tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the {} backend ({why})", chosen.kind());
     Ok(Arc::clone(DEFAULT.get_or_init(|| chosen)))
+}
+
+/// The automatic choice (no `RUSTCCL_BACKEND`) and why: CUDA when its driver sees a device,
+/// else HIP when the amdgpu driver's `/dev/kfd` exists and ROCm's runtime sees an AMD GPU,
+/// else host. The probes are asked in that order and only as far as needed: a machine with an
+/// NVIDIA GPU never loads ROCm, one without `/dev/kfd` never loads its runtime.
+fn automatic_kind(cuda_devices: impl FnOnce() -> Result<usize>, kfd: impl FnOnce() -> bool, amd_devices: impl FnOnce() -> Result<usize>) -> (BackendKind, String) {
+    let no_cuda = match cuda_devices() {
+        Ok(n) if n > 0 => return (BackendKind::Cuda, format!("{n} CUDA device(s)")),
+        Ok(_) => "no CUDA device".to_string(),
+        Err(e) => e.message,
+    };
+    if !kfd() {
+        return (BackendKind::Host, format!("{no_cuda}; no AMD GPU driver (/dev/kfd)"));
+    }
+    match amd_devices() {
+        Ok(n) if n > 0 => (BackendKind::Hip, format!("{n} AMD GPU(s); {no_cuda}")),
+        Ok(_) => (BackendKind::Host, format!("{no_cuda}; the HIP runtime sees no AMD GPU")),
+        Err(e) => (BackendKind::Host, format!("{no_cuda}; {}", e.message)),
+    }
 }
 
 /// The backend kind `name` (a `RUSTCCL_BACKEND` value) asks for: host when `None` or blank,
@@ -574,6 +580,24 @@ mod tests {
         assert_eq!(e.code, ResultCode::InvalidArgument);
         assert!(e.message.contains("\"opencl\""), "{}", e.message);
         assert!(e.message.contains("host, cuda, hip"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_automatic_choice_is_cuda_then_hip_then_host_and_probes_no_further_than_needed() {
+        let never_usize = || -> Result<usize> { panic!("probed after the choice was made") };
+        let never_bool = || -> bool { panic!("probed after the choice was made") };
+        let none = || Err(Error::cuda("no CUDA driver: libcuda.so.1 not found"));
+        assert_eq!(automatic_kind(|| Ok(2), never_bool, never_usize).0, BackendKind::Cuda);
+        let (kind, why) = automatic_kind(none, || false, never_usize);
+        assert_eq!(kind, BackendKind::Host);
+        assert!(why.contains("libcuda.so.1") && why.contains("/dev/kfd"), "{why}");
+        let (kind, why) = automatic_kind(|| Ok(0), || true, || Ok(4));
+        assert_eq!(kind, BackendKind::Hip);
+        assert!(why.contains("4 AMD GPU(s)") && why.contains("no CUDA device"), "{why}");
+        assert_eq!(automatic_kind(none, || true, || Ok(0)).0, BackendKind::Host);
+        let (kind, why) = automatic_kind(none, || true, || Err(Error::system("no HIP runtime: install ROCm")));
+        assert_eq!(kind, BackendKind::Host);
+        assert!(why.contains("install ROCm"), "{why}");
     }
 
     #[test]
