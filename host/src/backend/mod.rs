@@ -475,17 +475,11 @@ pub fn select_backend() -> Result<Arc<dyn DeviceBackend>> {
     let (kind, why) = automatic_kind(
         || CudaBackend::shared().and_then(|c| c.device_count()),
         || std::path::Path::new("/dev/kfd").exists(),
-        || hip::runtime::probe().map(|p| p.devices),
+        || HipBackend::shared().and_then(|h| h.device_count()),
     );
     let chosen: Arc<dyn DeviceBackend> = match kind {
         BackendKind::Cuda => CudaBackend::shared()?,
-        BackendKind::Hip => match HipBackend::shared() {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(target: "INIT", "{BACKEND_ENV} unset: {why}, but the hip backend failed to start ({}): using the host backend", e.message);
-                HostBackend::shared()?
-            }
-        },
+        BackendKind::Hip => HipBackend::shared()?,
         BackendKind::Host => HostBackend::shared()?,
     };
     tracing::info!(target: "INIT", "{BACKEND_ENV} unset: using the {} backend ({why})", chosen.kind());

@@ -104,6 +104,14 @@ impl ProgramCalls {
     }
 }
 
+/// The kernel cache's key of a compile for `arch` under runtime version `version`: every
+/// kernel source, then `options`, then `tags` (the compiler and its version, the unit, what
+/// the entry holds): anything that changes the output changes the key.
+pub(crate) fn cache_key(arch: &str, version: u32, options: &[String], tags: &[String]) -> rustccl_kernels::CacheKey {
+    let all: Vec<&str> = options.iter().chain(tags).map(String::as_str).collect();
+    rustccl_kernels::CacheKey::new(rustccl_kernels::sources(), arch, version, &all)
+}
+
 /// Runs `load` (compile or read from the kernel cache, then load) for every operator and
 /// element type with a collective kernel whose type `has` accepts, several at once (compiles
 /// are one core each): how many pairs. What `preload_exec_kernels` of the GPU backends does.

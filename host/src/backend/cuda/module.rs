@@ -14,7 +14,7 @@ use std::sync::RwLock;
 use std::time::Instant;
 
 use cudarc::driver::sys;
-use rustccl_kernels::{CacheKey, DeviceOp, KernelCache, Lookup};
+use rustccl_kernels::{DeviceOp, KernelCache, Lookup};
 
 use super::driver::{check, Ctx, CtxGuard};
 use super::nvrtc::{self, Nvrtc};
@@ -196,12 +196,12 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Vec
     let (target, options) = target_and_options(nvrtc, cc, unit_desc)?;
     let what = format!("{} ({})", unit_desc.what, unit_desc.name);
     // The key: every source, the architecture, the driver, the options and NVRTC's version.
-    let mut key_options: Vec<String> = options.clone();
-    key_options.push(format!("nvrtc-{}.{}", nvrtc.version.0, nvrtc.version.1));
-    key_options.push(format!("output-{}", if target.cubin { "cubin" } else { "ptx" }));
-    key_options.push(format!("unit-{}", unit_desc.name));
-    let key_refs: Vec<&str> = key_options.iter().map(String::as_str).collect();
-    let key = CacheKey::new(rustccl_kernels::sources(), &target.arch, driver_version as u32, &key_refs);
+    let tags = [
+        format!("nvrtc-{}.{}", nvrtc.version.0, nvrtc.version.1),
+        format!("output-{}", if target.cubin { "cubin" } else { "ptx" }),
+        format!("unit-{}", unit_desc.name),
+    ];
+    let key = crate::backend::rtc::cache_key(&target.arch, driver_version as u32, &options, &tags);
     let cache = KernelCache::from_env();
 
     if let Some(cache) = &cache {
@@ -291,32 +291,16 @@ impl ExecCompile {
 }
 
 /// Compiles the collective interpreter for `op` on `dtype` with ptxas' verbose report (no
-/// device, no cache), with `extra` `-D` options (kernel knobs) besides the usual ones: the
-/// compile check of `exec.cu` and its register and local memory use.
-pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str]) -> Result<ExecCompile> {
-    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
-    compile_exec_in(cc, op, dtype, extra, &headers)
-}
-
-/// Compiles the collective interpreter for `op` on `dtype` with `headers` in place of the
-/// kernel headers (no device, no cache): for tests of what NVRTC makes of a header.
-#[cfg(test)]
-pub(crate) fn compile_exec_with_headers(cc: i32, op: DeviceOp, dtype: DataType, headers: &[(&str, &str)]) -> Result<ExecCompile> {
-    compile_exec_in(cc, op, dtype, &[], headers)
-}
-
-/// [`compile_exec_report`], taken from `cache` when this very compile (the sources, the
-/// options, NVRTC's version) was made before and stored there: what a compile check on a
-/// machine that keeps its cache (CI) need not repeat. The entry holds what the report is
-/// made of (the target, the image's size, the log), not the image.
-pub fn compile_exec_report_cached(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], cache: &KernelCache) -> Result<(ExecCompile, bool)> {
+/// device), with `extra` `-D` options (kernel knobs) besides the usual ones: the compile check
+/// of `exec.cu` and its register and local memory use. With a `cache`, a compile made before
+/// with the same sources, options and NVRTC is read from there (the entry holds what the
+/// report is made of: the target, the image's size, the log; not the image) and the second
+/// value says so: what a compile check on a machine that keeps its cache (CI) need not repeat.
+pub fn compile_exec_report(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], cache: Option<&KernelCache>) -> Result<(ExecCompile, bool)> {
     let (nvrtc, target, options) = report_options(cc, op, dtype, extra)?;
-    let mut key_options = options.clone();
-    key_options.push(format!("nvrtc-{}.{}", nvrtc.version.0, nvrtc.version.1));
-    key_options.push(format!("report-of-{}", rustccl_kernels::exec::EXEC_SOURCE));
-    let key_refs: Vec<&str> = key_options.iter().map(String::as_str).collect();
-    let key = CacheKey::new(rustccl_kernels::sources(), &target.arch, 0, &key_refs);
-    if let Lookup::Hit(blob) = cache.lookup(&key) {
+    let tags = [format!("nvrtc-{}.{}", nvrtc.version.0, nvrtc.version.1), format!("report-of-{}", rustccl_kernels::exec::EXEC_SOURCE)];
+    let key = crate::backend::rtc::cache_key(&target.arch, 0, &options, &tags);
+    if let Some(Lookup::Hit(blob)) = cache.map(|c| c.lookup(&key)) {
         let text = String::from_utf8_lossy(&blob);
         let mut parts = text.splitn(3, '\n');
         if let (Some(arch), Some(Ok(image_bytes)), Some(log)) = (parts.next(), parts.next().map(str::parse), parts.next()) {
@@ -326,10 +310,20 @@ pub fn compile_exec_report_cached(cc: i32, op: DeviceOp, dtype: DataType, extra:
     }
     let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
     let c = compile_with(nvrtc, &target, &options, &headers)?;
-    cache
-        .store(&key, format!("{}\n{}\n{}", c.arch, c.image_bytes, c.log).as_bytes())
-        .map_err(|e| Error::system(format!("storing the compile report in {}: {e}", cache.dir().display())))?;
+    if let Some(cache) = cache {
+        cache
+            .store(&key, format!("{}\n{}\n{}", c.arch, c.image_bytes, c.log).as_bytes())
+            .map_err(|e| Error::system(format!("storing the compile report in {}: {e}", cache.dir().display())))?;
+    }
     Ok((c, false))
+}
+
+/// Compiles the collective interpreter for `op` on `dtype` with `headers` in place of the
+/// kernel headers (no device, no cache): for tests of what NVRTC makes of a header.
+#[cfg(test)]
+pub(crate) fn compile_exec_with_headers(cc: i32, op: DeviceOp, dtype: DataType, headers: &[(&str, &str)]) -> Result<ExecCompile> {
+    let (nvrtc, target, options) = report_options(cc, op, dtype, &[])?;
+    compile_with(nvrtc, &target, &options, headers)
 }
 
 /// NVRTC, the target and every option of a compile with ptxas' verbose report.
@@ -349,10 +343,4 @@ fn compile_with(nvrtc: &Nvrtc, target: &nvrtc::Target, options: &[String], heade
     let text = rustccl_kernels::source(name).expect("every unit is embedded");
     let out = nvrtc.compile_with_log((name, text), headers, options, target.cubin)?;
     Ok(ExecCompile { arch: target.arch.clone(), image_bytes: out.image.len(), functions: ptxas::parse(&out.log), log: out.log })
-}
-
-/// [`compile_exec_report`] with the named `headers`.
-fn compile_exec_in(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str], headers: &[(&str, &str)]) -> Result<ExecCompile> {
-    let (nvrtc, target, options) = report_options(cc, op, dtype, extra)?;
-    compile_with(nvrtc, &target, &options, headers)
 }

@@ -82,15 +82,10 @@ fn exec_kernel_compiles_with_nvrtc_without_spills() {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(&(op, dtype, extra)) = pairs.get(i) else { break };
                         let start = std::time::Instant::now();
-                        let c = match &cache {
-                            Some(cache) => module::compile_exec_report_cached(90, op, dtype, extra, cache).map(|(c, hit)| {
-                                if hit {
-                                    hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                }
-                                c
-                            }),
-                            None => module::compile_exec_report(90, op, dtype, extra),
-                        };
+                        let c = module::compile_exec_report(90, op, dtype, extra, cache.as_ref()).map(|(c, hit)| {
+                            hits.fetch_add(usize::from(hit), std::sync::atomic::Ordering::Relaxed);
+                            c
+                        });
                         done.push((i, c, start.elapsed()));
                     }
                     done

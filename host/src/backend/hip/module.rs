@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use rustccl_kernels::{CacheKey, DeviceOp, KernelCache, Lookup};
+use rustccl_kernels::{DeviceOp, KernelCache, Lookup};
 
 use super::rtc::HipRtc;
 use crate::error::{Error, Result};
@@ -56,11 +56,6 @@ fn compile_unit(rtc: &HipRtc, options: &[String]) -> Result<(Vec<u8>, String)> {
     Ok((code, log))
 }
 
-/// [`compile_exec`] without the disk cache (always compiles).
-pub fn compile_exec_fresh(arch: &str, op: DeviceOp, dtype: DataType) -> Result<(Vec<u8>, String)> {
-    compile_unit(HipRtc::get()?, &exec_options(arch, op, dtype)?)
-}
-
 /// Whether the collective interpreter exists for `dtype` on AMD GPUs (every type but fp8).
 pub fn has_exec(dtype: DataType) -> bool {
     !matches!(dtype, DataType::Float8e4m3 | DataType::Float8e5m2)
@@ -86,12 +81,8 @@ fn compile_exec_with(arch: &str, runtime_version: u32, op: DeviceOp, dtype: Data
     let options = exec_options(arch, op, dtype)?;
     let rtc = HipRtc::get()?;
     let start = Instant::now();
-    let unit_name = rustccl_kernels::exec::EXEC_SOURCE;
-    let mut key_options = options.clone();
-    key_options.push(format!("hiprtc-{}.{}", rtc.version.0, rtc.version.1));
-    key_options.push(format!("unit-{unit_name}"));
-    let key_refs: Vec<&str> = key_options.iter().map(String::as_str).collect();
-    let key = CacheKey::new(rustccl_kernels::sources(), arch, runtime_version, &key_refs);
+    let tags = [format!("hiprtc-{}.{}", rtc.version.0, rtc.version.1), format!("unit-{}", rustccl_kernels::exec::EXEC_SOURCE)];
+    let key = crate::backend::rtc::cache_key(arch, runtime_version, &options, &tags);
     let what = format!("HIP collective kernel {}/{dtype} for {arch}", op.suffix());
     if let Some(cache) = &cache {
         match cache.lookup(&key) {
@@ -177,15 +168,10 @@ mod tests {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some((arch, op, dtype)) = units.get(i) else { break };
-                    let compiled = match &cache {
-                        Some(c) => compile_exec_with(arch, 0, *op, *dtype, Some(c.clone())).map(|h| {
-                            if h.cached {
-                                hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
-                            h.code
-                        }),
-                        None => compile_exec_fresh(arch, *op, *dtype).map(|(code, _)| code),
-                    };
+                    let compiled = compile_exec_with(arch, 0, *op, *dtype, cache.clone()).map(|h| {
+                        hits.fetch_add(usize::from(h.cached), std::sync::atomic::Ordering::Relaxed);
+                        h.code
+                    });
                     match compiled {
                         Ok(code) => assert!(code.len() > 1000, "{arch} {op:?} {dtype}: {} bytes", code.len()),
                         Err(e) => failures.lock().unwrap().push(format!("{arch} {op:?} {dtype}: {}", e.message)),
