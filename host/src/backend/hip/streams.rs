@@ -20,13 +20,18 @@ pub(super) fn raw(stream: Stream) -> Handle {
     stream.0 as usize as Handle
 }
 
+/// The NULL stream and `hipStreamPerThread` (2): streams of whatever device is current.
+fn is_default_like(stream: Stream) -> bool {
+    stream.0 <= 2
+}
+
 impl HipBackend {
     /// The device work on `stream` runs on; `hint`: the device of the memory involved.
     pub(super) fn stream_device(&self, stream: Stream, hint: Option<usize>) -> Result<usize> {
         if let Some(&device) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream.0) {
             return Ok(device);
         }
-        if stream.0 <= 2 {
+        if is_default_like(stream) {
             return match hint {
                 Some(d) => Ok(d),
                 None => self.current(),
@@ -44,7 +49,8 @@ impl HipBackend {
     /// The device a copy or fill with these pointers runs on, made current until the guard
     /// drops.
     fn enter_for(&self, stream: Stream, ptrs: &[DevicePtr]) -> Result<super::DeviceGuard> {
-        let hint = ptrs.iter().find_map(|p| gpu_memory::tracked_device(self, *p));
+        // The memory's device matters only to a default stream (no lookups otherwise).
+        let hint = if is_default_like(stream) { ptrs.iter().find_map(|p| gpu_memory::tracked_device(self, *p)) } else { None };
         self.enter(self.stream_device(stream, hint)?)
     }
 
