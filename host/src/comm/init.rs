@@ -183,6 +183,7 @@ impl Communicator {
             small_board: Mutex::new(Default::default()),
             sym_path: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
+            net_failure: Default::default(),
         });
         super::health::register(&inner);
         let ids = ids.to_vec();

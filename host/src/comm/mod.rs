@@ -119,6 +119,9 @@ struct Inner {
     /// how many collectives it has started.
     sym_path: AtomicU64,
     coll_seq: AtomicU64,
+    /// The first failure of one of its network connections (set by the proxy): it ends every
+    /// pending and later operation, whichever connection that waits on.
+    net_failure: crate::transport::proxy::FailureSlot,
 }
 
 /// One rank's communicator.
@@ -390,6 +393,9 @@ impl Communicator {
         if let Err(e) = self.wait_device_idle() {
             return self.fail(e.context("finalize"));
         }
+        if let Err(e) = self.deliver_sends() {
+            return self.fail(e.context("finalize"));
+        }
         if let Some(e) = self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return self.fail(e.context("finalize"));
         }
@@ -405,6 +411,14 @@ impl Communicator {
             return self.fail(Error::invalid_argument("destroy: the communicator has already been destroyed"));
         }
         let _ = self.wait_ready();
+        // What this rank still owes its peers goes out before anything closes, unless the
+        // communicator already failed (a failure here is logged: destroy releases the
+        // communicator all the same).
+        if self.check_running("destroy").is_ok() {
+            if let Err(e) = self.wait_device_idle().and_then(|_| self.deliver_sends()) {
+                self.inner.record(e.context("destroy"));
+            }
+        }
         if let Some(bs) = self.inner.bootstrap.get() {
             bs.close(true);
         }
@@ -524,8 +538,11 @@ impl Communicator {
         if self.inner.stop.revoked.load(Ordering::Acquire) {
             return Err(Error::invalid_usage(format!("{what}: the communicator was revoked")).with_kind(ErrorKind::Revoked));
         }
-        match self.inner.bootstrap.get().and_then(|b| b.failure()) {
-            Some(e) => Err(e.context(what)),
+        if let Some(e) = self.inner.bootstrap.get().and_then(|b| b.failure()) {
+            return Err(e.context(what));
+        }
+        match self.inner.net_failure.get() {
+            Some(e) => Err(e.clone().context(what)),
             None => Ok(()),
         }
     }
@@ -577,7 +594,7 @@ impl Communicator {
         let bs = self.ready("connect")?;
         let plugins = self.plugins()?;
         let mut t = self.lock_transports();
-        let proxy = t.proxy.get_or_insert_with(|| Proxy::new(Arc::clone(&plugins.net.plugin.api)));
+        let proxy = t.proxy.get_or_insert_with(|| Proxy::new(Arc::clone(&plugins.net.plugin.api), Arc::clone(&self.inner.net_failure)));
         let cx = Context {
             bootstrap: bs,
             backend: &self.inner.shared.backend,
@@ -725,6 +742,36 @@ impl Communicator {
     /// The executor's reusable device objects.
     pub(crate) fn device_cache(&self) -> std::sync::MutexGuard<'_, DeviceCache> {
         self.inner.device_cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until every network connection has handed the peer what this rank's operations
+    /// put in it: an operation returns once its data is in the connection's FIFO, and the
+    /// proxy sends it later. Bounded by `NCCL_OP_TIMEOUT_MS` (else the bootstrap timeout);
+    /// a connection that fails stops owing, and an abort, a revoke or a failed peer end the
+    /// wait at once. Never called after an abort.
+    fn deliver_sends(&self) -> Result<()> {
+        let mut owing: Vec<Arc<Connection>> = self.lock_transports().conns.values().filter(|c| c.owes_peer()).cloned().collect();
+        if owing.is_empty() {
+            return Ok(());
+        }
+        let limit = self.inner.config.op_timeout.unwrap_or_else(crate::params::bootstrap_timeout);
+        let start = std::time::Instant::now();
+        let mut wait = crate::exec::backoff::Backoff::new(64);
+        loop {
+            owing.retain(|c| c.owes_peer());
+            let Some(c) = owing.first() else { return Ok(()) };
+            self.check_running("delivering the last sends")?;
+            if start.elapsed() > limit {
+                let (unsent, _) = c.fifo.pending();
+                return Err(Error::timeout(format!(
+                    "{unsent} slot(s) for rank {} were not delivered within {:.1} s; the peer may be gone or stuck \
+                     (NCCL_OP_TIMEOUT_MS, else RUSTCCL_BOOTSTRAP_TIMEOUT, bounds this wait)",
+                    c.link.peer,
+                    limit.as_secs_f64()
+                )));
+            }
+            wait.pause();
+        }
     }
 
     /// Drops this communicator's hold on its plugins (finalizing their per-communicator state

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::{CommSide, Links};
+use super::{CommSide, Links, NetReceives};
 use crate::error::{Error, Result};
 use crate::program::{Link, Step};
 use crate::transport::{Connection, Dir, SLOT_BYTES};
@@ -35,6 +35,8 @@ pub struct Prepared {
     conns: Vec<Arc<Connection>>,
     firsts: Vec<usize>,
     cursors: Vec<usize>,
+    /// What each run tells the proxy it will receive.
+    net_receives: NetReceives,
 }
 
 impl Prepared {
@@ -50,7 +52,7 @@ impl Prepared {
                 conns.extend(step.send.iter().map(|l| conn(l, Dir::Send)));
             }
         }
-        Prepared { conns, cursors: Vec::with_capacity(firsts.len()), firsts }
+        Prepared { conns, cursors: Vec::with_capacity(firsts.len()), firsts, net_receives: NetReceives::of(work, links) }
     }
 }
 
@@ -91,6 +93,7 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
     let mut wait = super::backoff::Backoff::new(super::backoff::spin_for(local, spin_rounds()));
     for run in runs.iter_mut() {
         let p = &mut *run.prep;
+        p.net_receives.expect();
         p.cursors.clear();
         p.cursors.extend_from_slice(&p.firsts);
         for item in run.work.items.iter_mut() {

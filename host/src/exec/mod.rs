@@ -17,10 +17,40 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::program::Link;
-use crate::transport::{Connection, Dir};
+use crate::transport::{Connection, Dir, Kind};
+use crate::work::Work;
 
 /// The connections of one communicator's work, by link and direction.
 pub type Links = HashMap<(Link, Dir), Arc<Connection>>;
+
+/// The receiving network connections of a work and how many slots it consumes from each (one
+/// per step that receives on it). Every executor tells the proxy of them
+/// ([`NetReceives::expect`]) each time it runs the work, before it runs it: the proxy posts
+/// receives only for slots an operation will consume (see `Connection::expected`).
+#[derive(Clone, Default)]
+pub struct NetReceives(Vec<(Arc<Connection>, u64)>);
+
+impl NetReceives {
+    pub fn of(work: &Work, links: &Links) -> NetReceives {
+        let mut out: Vec<(Arc<Connection>, u64)> = Vec::new();
+        let recvs = work.items.iter().flat_map(|item| item.steps.iter().flat_map(|(_, s)| s.recv.iter()));
+        for link in recvs {
+            let Some(c) = links.get(&(*link, Dir::Recv)).filter(|c| c.kind == Kind::Net) else { continue };
+            match out.iter_mut().find(|(have, _)| Arc::ptr_eq(have, c)) {
+                Some((_, n)) => *n += 1,
+                None => out.push((Arc::clone(c), 1)),
+            }
+        }
+        NetReceives(out)
+    }
+
+    /// Tells each connection's proxy that the work is about to consume its slots.
+    pub fn expect(&self) {
+        for (c, n) in &self.0 {
+            c.expect_slots(*n);
+        }
+    }
+}
 
 /// What an executor needs from the communicator whose work it runs.
 pub trait CommSide {

@@ -21,6 +21,7 @@ pub mod p2p;
 pub mod proxy;
 pub mod shm;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{DeviceBackend, DevicePtr};
@@ -89,6 +90,12 @@ pub struct Connection {
     pub kind: Kind,
     pub fifo: Fifo,
     pub error: Mutex<Option<Error>>,
+    /// Receiving network connections: slots the executors have said they will consume so far
+    /// (a running total). The proxy posts a receive only for a slot below it, so that the net
+    /// plugin never holds a receive that no operation waits for (NCCL posts receives per step
+    /// of an operation too): a peer that leaves after its last send is then no failure here,
+    /// a failed receive always is, and a connection closes with nothing in flight.
+    expected: AtomicU64,
     /// The profiler's proxy ops planned on this connection (network connections only).
     pub(crate) proxy_ops: crate::plugin::profiler_events::ProxyOpQueue,
     /// Released in order: registrations before the mappings they cover.
@@ -98,7 +105,16 @@ pub struct Connection {
 impl Connection {
     /// A connection over `fifo`, keeping `memory` (released in order) while it lives.
     pub(crate) fn new(link: Link, dir: Dir, kind: Kind, fifo: Fifo, memory: Vec<Memory>) -> Connection {
-        Connection { link, dir, kind, fifo, error: Mutex::new(None), proxy_ops: Default::default(), _memory: memory }
+        Connection {
+            link,
+            dir,
+            kind,
+            fifo,
+            error: Mutex::new(None),
+            expected: AtomicU64::new(0),
+            proxy_ops: Default::default(),
+            _memory: memory,
+        }
     }
 
     /// A connection over a FIFO whose header stand-in is `header` (device addresses in the
@@ -125,7 +141,36 @@ impl Connection {
     pub fn failure(&self) -> Option<Error> {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// An executor is about to consume `slots` more slots of this receiving connection (see
+    /// [`expected`](Self::expected)). Only the proxy's connections need to be told.
+    pub fn expect_slots(&self, slots: u64) {
+        self.expected.fetch_add(slots, Ordering::Release);
+    }
+
+    /// Slots of this receiving connection the executors have said they will consume so far.
+    pub fn expected(&self) -> u64 {
+        self.expected.load(Ordering::Acquire)
+    }
+
+    /// The proxy may post receives on this connection without being told of each step (device
+    /// work, which a graph may replay without the host's knowledge).
+    pub fn post_ahead(&self) {
+        self.expected.store(u64::MAX, Ordering::Release);
+    }
+
+    pub fn posts_ahead(&self) -> bool {
+        self.expected() == u64::MAX
+    }
+
+    /// Whether this is the sending end of a network connection that still holds data the
+    /// proxy has not handed to the plugin, or whose send has not completed, and has not
+    /// failed (what `Communicator::finalize` and `destroy` wait for).
+    pub fn owes_peer(&self) -> bool {
+        self.kind == Kind::Net && self.dir == Dir::Send && self.fifo.head() < self.fifo.tail() && self.failure().is_none()
+    }
 }
+
 
 /// Bytes of each FIFO slot of the host backend (its `Capabilities::slot_bytes`).
 pub const SLOT_BYTES: usize = 512 * 1024;

@@ -3,11 +3,22 @@
 //! freed when the send completes); for a receive connection it is the producer (a free slot
 //! gets a receive posted, and is published when it completes). Requests complete in order per
 //! connection, so slots are handed over in order.
+//!
+//! A receive is posted only for a slot an executor has said it will consume
+//! (`Connection::expected`), so every failed request is a real failure: the first one is
+//! also the communicator's ([`Proxy::new`]'s `failure`), which ends its pending and later
+//! operations whichever connection they wait on. (Device work may be captured into a graph
+//! and replayed without the host knowing: its receiving connections post ahead instead,
+//! [`Connection::post_ahead`], and their failures stay theirs, seen by the watchdog.)
+//!
+//! A send is done when the plugin's request completes, not when the executor fills the
+//! slot: `Communicator::finalize` and `destroy` wait for `Connection::owes_peer` to clear
+//! before the proxy stops and closes the plugin's connections.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -33,17 +44,23 @@ struct Driven {
     track: ProxyTrack,
 }
 
+/// Where the proxy records the first failure of a connection: the communicator's.
+pub type FailureSlot = Arc<OnceLock<Error>>;
+
 pub struct Proxy {
     net: Arc<dyn Net>,
+    failure: FailureSlot,
     add: Mutex<Option<mpsc::Sender<Driven>>>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Proxy {
-    /// A proxy for `net`; its thread starts with the first connection.
-    pub fn new(net: Arc<dyn Net>) -> Proxy {
-        Proxy { net, add: Mutex::new(None), stop: Arc::new(AtomicBool::new(false)), thread: Mutex::new(None) }
+    /// A proxy for `net`; its thread starts with the first connection. The first connection
+    /// that fails (one whose receives are exact, see the module docs) records its error in
+    /// `failure`.
+    pub fn new(net: Arc<dyn Net>, failure: FailureSlot) -> Proxy {
+        Proxy { net, failure, add: Mutex::new(None), stop: Arc::new(AtomicBool::new(false)), thread: Mutex::new(None) }
     }
 
     /// Hands a network connection to the proxy.
@@ -51,10 +68,10 @@ impl Proxy {
         let mut add = self.add.lock().unwrap_or_else(|p| p.into_inner());
         if add.is_none() {
             let (tx, rx) = mpsc::channel();
-            let (net, stop) = (Arc::clone(&self.net), Arc::clone(&self.stop));
+            let (net, stop, failure) = (Arc::clone(&self.net), Arc::clone(&self.stop), Arc::clone(&self.failure));
             let handle = std::thread::Builder::new()
                 .name("rustccl-proxy".into())
-                .spawn(move || run(net, rx, stop))
+                .spawn(move || run(net, rx, stop, failure))
                 .expect("start the proxy thread");
             *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
             *add = Some(tx);
@@ -79,7 +96,7 @@ impl Drop for Proxy {
     }
 }
 
-fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>) {
+fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>, failure: FailureSlot) {
     let mut conns: Vec<Driven> = Vec::new();
     let mut idle = 0u32;
     while !stop.load(Ordering::Acquire) {
@@ -98,6 +115,9 @@ fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>) {
                     d.failed = true;
                     // Its events stop: nothing more will move on it.
                     d.track = ProxyTrack::default();
+                    if !(d.conn.dir == Dir::Recv && d.conn.posts_ahead()) && failure.set(e.clone()).is_ok() {
+                        tracing::info!(target: "NET", "{}", e.message);
+                    }
                     *d.conn.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 }
             }
@@ -125,7 +145,11 @@ fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>) {
 }
 
 fn net_error(d: &Driven, e: rustccl_plugin_api::PluginError) -> Error {
-    Error::from(e).context(format!("network connection with rank {}", d.conn.link.peer))
+    let way = match d.conn.dir {
+        Dir::Send => "to",
+        Dir::Recv => "from",
+    };
+    Error::from(e).context(format!("the network connection {way} rank {} failed", d.conn.link.peer))
 }
 
 /// Sends filled slots; frees them as sends complete.
@@ -155,7 +179,7 @@ fn progress_send(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
 fn progress_recv(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
     let fifo = &d.conn.fifo;
     let mut progress = false;
-    while d.next - fifo.head() < STEPS as u64 && d.inflight.len() < STEPS {
+    while d.next < d.conn.expected() && d.next - fifo.head() < STEPS as u64 && d.inflight.len() < STEPS {
         let (ptr, cap) = fifo.slot_raw(d.next);
         let bufs = [RecvBuffer { data: ptr as usize, size: cap, tag: 0, mr: d.mr }];
         // SAFETY: the slot is free (the consumer popped it) and is not given to the executor

@@ -7,6 +7,7 @@ mod worker_cache;
 mod worker_coll;
 mod worker_faults;
 mod worker_graph;
+mod worker_lifecycle;
 mod worker_nonblocking;
 mod worker_profiler;
 mod worker_streams;
@@ -51,6 +52,8 @@ fn main() {
         "coll-streams" => worker_streams::streams(nranks, rank, &ids),
         "coll-peer-death" => worker_streams::peer_death(nranks, rank, &ids),
         "fault-mismatch" => worker_faults::mismatch(nranks, rank, &ids),
+        "destroy-cycles" => worker_lifecycle::destroy_cycles(nranks, rank, &ids),
+        "net-cut" => worker_lifecycle::net_cut(nranks, rank, &ids),
         "fault-hang" => worker_faults::hang(nranks, rank, &ids),
         "fault-report" => worker_faults::report(nranks, rank, &ids),
         "fault-abort-stuck" => worker_faults::abort_stuck(nranks, rank, &ids),
