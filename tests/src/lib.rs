@@ -299,6 +299,14 @@ impl Nodes {
         cmd
     }
 
+    /// Cuts the link one way: frames node `from` sends to the other node go to a MAC address
+    /// nobody has (a permanent neighbour entry), so the other end drops them, while frames
+    /// the other way still arrive. Needs nothing but iproute2 (no netem, no iptables).
+    pub fn drop_from(&self, from: usize) -> Result<(), String> {
+        let to = self.addr[1 - from].as_str();
+        ip(&["-n", &self.ns[from], "neigh", "replace", to, "lladdr", "02:00:00:00:00:01", "dev", &self.dev[from], "nud", "permanent"])
+    }
+
     /// Makes the namespaces, or says how to skip: the tests need root and iproute2 (CI has
     /// both); `RUSTCCL_SKIP_NETNS=1` skips them where they are not available. `None`: skipped.
     pub fn for_test(prefix: &str, net: u8) -> Option<Nodes> {

@@ -111,6 +111,7 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_BUFFSIZE", Int, Some("4194304"), true, "Bytes of the Simple buffer of each device connection (cut into RUSTCCL_SIMPLE_STEPS slots); every rank must set the same"),
     p("NCCL_PARAM_DUMP_ALL", Bool, Some("0"), false, "List rustccl's private parameters too in key lists and dumps"),
     p("NCCL_OP_TIMEOUT_MS", Int, Some("0"), false, "rustccl: milliseconds an operation may wait before it ends with ncclTimeout on every rank (0: no limit)"),
+    p("RUSTCCL_SOCKET_TIMEOUT_MS", Int, Some("0"), false, "rustccl: socket plugin: milliseconds a connection's peer may stay silent (unacknowledged data, unanswered keepalives) before the connection, and so the communicator, fails (0: TCP's own limits, many minutes)"),
     p("RUSTCCL_BACKEND", Str, None, false, "rustccl: backend to run on (host or cuda; unset: cuda when a GPU is present)"),
     p("RUSTCCL_DEVICE", Int, Some("0"), false, "rustccl: device the C API uses when the calling thread has no current CUDA device"),
     p("RUSTCCL_SYM_KERNEL", Str, None, false, "rustccl: the symmetric kernel collectives on symmetric windows take (auto, off; all_reduce: ll, ld, rsag); every rank must set the same"),

@@ -30,6 +30,7 @@ fn main() {
         let net = SocketNet::with_settings(SocketSettings::loopback(SocketConfig {
             nthreads,
             nsocks_per_thread,
+            liveness: None,
         }));
         let ctx = net
             .init(1, &NetCommConfig::default(), LogFn { log: silent_log })

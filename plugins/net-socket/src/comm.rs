@@ -27,13 +27,14 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use nix::poll::PollFlags;
 use rustccl_plugin_api::net::{RecvBuffer, MAX_REQUESTS};
 use rustccl_plugin_api::{LogFn, PluginError};
 use socket2::Socket;
 
-use crate::connect::{Established, SEND_FLAGS};
+use crate::connect::{set_liveness, Established, SEND_FLAGS};
 use crate::striping::{stripe_from, Reassembly, DEFAULT_MIN_CHUNK};
 use crate::wire::{Header, HEADER_BYTES};
 use crate::worker::{Action, Control, Dispatch, Link, Pool, Task, Transfer, Workers};
@@ -104,9 +105,21 @@ struct Shared {
 }
 
 impl Comm {
-    /// Takes over an established connection and starts its helper threads.
-    pub fn new(dir: Direction, ctx: u64, est: Established, log: LogFn) -> io::Result<Comm> {
+    /// Takes over an established connection and starts its helper threads; with `liveness`,
+    /// a peer silent for that long fails the connection ([`set_liveness`]).
+    pub fn new(
+        dir: Direction,
+        ctx: u64,
+        est: Established,
+        log: LogFn,
+        liveness: Option<Duration>,
+    ) -> io::Result<Comm> {
         est.ctrl.set_nonblocking(true)?;
+        if let Some(limit) = liveness {
+            for sock in std::iter::once(&est.ctrl).chain(&est.data) {
+                set_liveness(sock, limit)?;
+            }
+        }
         let link = Link::new(est.peer, log);
         let nsocks = est.data.len();
         let (dispatch, workers) = Workers::prepare(link.clone(), est.data, est.nthreads)?;

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -44,6 +45,29 @@ fn tcp_socket(addr: &SocketAddr) -> io::Result<Socket> {
     sock.set_nonblocking(true)?;
     sock.set_tcp_nodelay(true)?;
     Ok(sock)
+}
+
+/// Bounds how long the peer of an established connection may stay silent
+/// (`RUSTCCL_SOCKET_TIMEOUT_MS`): data the kernel sent and the peer has not acknowledged for
+/// `limit` fails the socket (`TCP_USER_TIMEOUT`), and so do keepalive probes that go
+/// unanswered for `limit` (sent after a second of silence, every second), which covers
+/// sockets that only receive. A failed socket fails its connection, and the connection's
+/// failure fails the operations that use it, so a partitioned network becomes an error on
+/// every rank instead of a wait without end.
+///
+/// The trade-off: a network that stalls for longer than `limit` (a switch reboot, a long
+/// congestion episode) now breaks the communicator, where TCP alone would have waited
+/// (its retransmissions give up only after many minutes). A peer process that is merely
+/// slow, stopped or descheduled still answers at the TCP level and is not affected.
+pub fn set_liveness(sock: &Socket, limit: Duration) -> io::Result<()> {
+    sock.set_tcp_user_timeout(Some(limit))?;
+    let second = Duration::from_secs(1);
+    sock.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(second)
+            .with_interval(second)
+            .with_retries(limit.as_secs().clamp(1, 127) as u32),
+    )
 }
 
 /// Sets the IP traffic class (`NCCL_IB_TC`-like, from the communicator config); -1: leave it.
@@ -390,6 +414,7 @@ mod tests {
         let config = SocketConfig {
             nthreads: 2,
             nsocks_per_thread: 2,
+            liveness: None,
         };
         let mut stale = Dialer::start(acceptor.addr(), acceptor.magic() ^ 1, config, -1).unwrap();
         until(|| stale.progress().unwrap().then_some(()));

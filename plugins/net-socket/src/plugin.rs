@@ -173,10 +173,14 @@ impl SocketNet {
         log.info(
             subsys::INIT | subsys::NET,
             &format!(
-                "NET/Socket : Using {} ; {} threads x {} sockets per connection",
+                "NET/Socket : Using {} ; {} threads x {} sockets per connection{}",
                 list.join(" "),
                 settings.config.nthreads,
-                settings.config.nsocks_per_thread
+                settings.config.nsocks_per_thread,
+                match settings.config.liveness {
+                    Some(limit) => format!(" ; a peer silent for {} ms fails its connection", limit.as_millis()),
+                    None => String::new(),
+                }
             ),
         );
         let found = Arc::new(found);
@@ -365,7 +369,8 @@ impl Net for SocketNet {
             Ok(true) => {
                 let est = dialing.remove(&key).expect("present").finish();
                 drop(dialing);
-                let comm = Comm::new(Direction::Send, ctx.id, est, c.log).map_err(|e| {
+                let liveness = self.settings()?.config.liveness;
+                let comm = Comm::new(Direction::Send, ctx.id, est, c.log, liveness).map_err(|e| {
                     PluginError::system(format!(
                         "NET/Socket : cannot start the connection to {peer}: {e}"
                     ))
@@ -403,7 +408,8 @@ impl Net for SocketNet {
             None => Ok(None),
             Some(est) => {
                 let peer = est.peer;
-                let comm = Comm::new(Direction::Recv, l.ctx, est, log).map_err(|e| {
+                let liveness = self.settings()?.config.liveness;
+                let comm = Comm::new(Direction::Recv, l.ctx, est, log, liveness).map_err(|e| {
                     PluginError::system(format!(
                         "NET/Socket : cannot start the connection from {peer}: {e}"
                     ))

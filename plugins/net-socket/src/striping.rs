@@ -38,6 +38,11 @@ pub struct SocketConfig {
     pub nthreads: usize,
     /// `NCCL_NSOCKS_PERTHREAD`: sockets each helper thread drives.
     pub nsocks_per_thread: usize,
+    /// `RUSTCCL_SOCKET_TIMEOUT_MS`: how long a connection's peer may stay silent (its data
+    /// unacknowledged, keepalive probes unanswered) before the connection fails; `None` (0 or
+    /// unset, the default): TCP's own limits, which take many minutes. See
+    /// [`crate::connect::set_liveness`].
+    pub liveness: Option<std::time::Duration>,
 }
 
 impl Default for SocketConfig {
@@ -45,6 +50,7 @@ impl Default for SocketConfig {
         SocketConfig {
             nthreads: 1,
             nsocks_per_thread: 1,
+            liveness: None,
         }
     }
 }
@@ -72,9 +78,21 @@ impl SocketConfig {
         };
         let nthreads = read("NCCL_SOCKET_NTHREADS")?.min(MAX_THREADS);
         let nsocks_per_thread = read("NCCL_NSOCKS_PERTHREAD")?.min(MAX_SOCKETS / nthreads);
+        let liveness = match lookup("RUSTCCL_SOCKET_TIMEOUT_MS").as_deref().map(str::trim) {
+            None | Some("") | Some("0") => None,
+            Some(text) => match text.parse::<u64>() {
+                Ok(ms) => Some(std::time::Duration::from_millis(ms)),
+                _ => {
+                    return Err(format!(
+                        "RUSTCCL_SOCKET_TIMEOUT_MS={text} is not a number of milliseconds (0: no limit)"
+                    ))
+                }
+            },
+        };
         Ok(SocketConfig {
             nthreads,
             nsocks_per_thread,
+            liveness,
         })
     }
 
@@ -533,5 +551,13 @@ mod tests {
         let err = SocketConfig::from_lookup(lookup(&[("NCCL_SOCKET_NTHREADS", "0")])).unwrap_err();
         assert_eq!(err, "NCCL_SOCKET_NTHREADS=0 is not a positive integer");
         assert!(SocketConfig::from_lookup(lookup(&[("NCCL_NSOCKS_PERTHREAD", "-2")])).is_err());
+        let liveness = |v: &'static str| {
+            let value = v.to_string();
+            SocketConfig::from_lookup(move |name| (name == "RUSTCCL_SOCKET_TIMEOUT_MS").then(|| value.clone())).map(|c| c.liveness)
+        };
+        assert_eq!(liveness("2500"), Ok(Some(std::time::Duration::from_millis(2500))));
+        assert_eq!(liveness("0"), Ok(None));
+        assert_eq!(liveness(""), Ok(None));
+        assert_eq!(liveness("soon").unwrap_err(), "RUSTCCL_SOCKET_TIMEOUT_MS=soon is not a number of milliseconds (0: no limit)");
     }
 }

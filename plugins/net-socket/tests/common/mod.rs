@@ -19,6 +19,7 @@ pub fn loopback_net(nthreads: usize, nsocks_per_thread: usize) -> SocketNet {
     SocketNet::with_settings(SocketSettings::loopback(SocketConfig {
         nthreads,
         nsocks_per_thread,
+        liveness: None,
     }))
 }
 
