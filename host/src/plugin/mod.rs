@@ -1,5 +1,6 @@
-//! Plugins: discovery of plugin libraries ([`discovery`]), opening them once per process
-//! ([`library`]), and choosing each communicator's network ([`net`]), tuner and profiler.
+//! Plugins: discovery of plugin libraries ([`discovery`]), a check of each file before the
+//! dynamic loader gets it ([`elf_check`]), opening them once per process ([`library`]), and
+//! choosing each communicator's network ([`net`]), tuner and profiler.
 //!
 //! The core sees one interface per kind — the `Net`, `Tuner` and `Profiler` traits of
 //! `rustccl-plugin-api` — whether the plugin is built in, a Rust library of any supported ABI
@@ -11,6 +12,7 @@ pub mod c_net;
 pub mod c_tuner;
 pub mod c_profiler;
 pub mod discovery;
+pub mod elf_check;
 pub mod library;
 pub mod net;
 pub mod profiler;
