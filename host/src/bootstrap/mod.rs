@@ -13,7 +13,7 @@ pub mod wire;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use id::UniqueId;
 use peers::PeerNet;
@@ -243,8 +243,25 @@ impl Bootstrap {
     }
 
     pub fn recv_survivor(&self, peer: u32, tag: u64) -> Result<Vec<u8>> {
-        let cancel = Cancel::after(self.timeout, "bootstrap recv from a survivor");
+        self.recv_survivor_by(peer, tag, Instant::now() + self.timeout)
+    }
+
+    /// As [`recv_survivor`](Self::recv_survivor), waiting until `deadline` (one wait for
+    /// several messages); past it, only a message already here is taken.
+    pub fn recv_survivor_by(&self, peer: u32, tag: u64, deadline: Instant) -> Result<Vec<u8>> {
+        let cancel = Cancel { deadline, ..Cancel::after(Duration::ZERO, "bootstrap recv from a survivor") };
         self.net.recv(peer, INTERNAL_TAG | tag, false, &cancel)
+    }
+
+    /// How long one bootstrap operation may wait (`RUSTCCL_BOOTSTRAP_TIMEOUT`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Tests: a shorter wait than the process's setting, for this bootstrap only.
+    #[cfg(test)]
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     fn check_live(&self) -> Result<()> {

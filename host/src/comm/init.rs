@@ -169,6 +169,7 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             shared,
             children: AtomicU64::new(0),
+            shrink_stopped: AtomicBool::new(false),
             plugins: Mutex::new(None),
             transports: Mutex::new(Default::default()),
             broken: Mutex::new(None),

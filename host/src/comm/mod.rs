@@ -8,6 +8,7 @@
 //! communicator's and the process's last error).
 
 pub mod from_env;
+mod agree;
 mod grow;
 pub mod health;
 mod init;
@@ -87,8 +88,12 @@ struct Inner {
     destroyed: AtomicBool,
     last_error: Mutex<String>,
     shared: Arc<SharedResources>,
-    /// Number of splits and shrinks made from this communicator (all ranks count alike).
+    /// Past the number of every split or shrink child this rank made of this communicator.
+    /// Ranks' counts can differ after failures; children's numbers are agreed (`split.rs`).
     children: AtomicU64,
+    /// Set when a shrink with `ShrinkFlags::Abort` stopped this communicator (`stop.abort`):
+    /// it may still be shrunk again.
+    shrink_stopped: AtomicBool,
     /// The plugins chosen at init (released at destroy).
     plugins: Mutex<Option<Arc<CommPlugins>>>,
     /// Connections made so far, and the proxy thread of the network ones.

@@ -1,8 +1,20 @@
 //! Children of a communicator: split by colour and key (collective over the parent), and
 //! shrink (collective over the ranks that remain, which works when excluded ranks are dead).
 //!
-//! In both, the child's rank 0 starts a fresh root and sends its id to the other members over
-//! the parent's peer connections; then every member initialises the child with that id.
+//! A child is named by its number among the parent's children (its hash is derived from it,
+//! and a split's messages are tagged with it). Each rank counts the children it made, but
+//! failures can leave the counts unequal: after a rank's death, a split that fails inside its
+//! all-gather on one survivor is refused at the door on another that heard of the death
+//! first. So the number is agreed, never taken from the local count: a split's votes carry
+//! each rank's count and every rank takes the largest of them; a shrink's members agree on
+//! the largest of theirs through its coordinator (`agree.rs`). Either way every rank sets its
+//! count past the agreed number. (A grow needs no number: the grown communicator's hash comes
+//! from the grow id, which every rank agrees on in its all-gather, `grow.rs`.)
+//!
+//! In a split, the child's rank 0 starts a fresh root and sends its id to the other members
+//! over the parent's peer connections; in a shrink, the coordinator (the child's rank 0)
+//! starts the root and sends the id with its decision. Then every member initialises the
+//! child with that id.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -44,11 +56,8 @@ struct SplitVote {
     key: i32,
     /// Whether this rank's arguments were valid; if any rank's were not, nobody splits.
     ok: bool,
-}
-
-/// Tag of the message carrying a child's id: kind (1 split, 2 shrink) and child number.
-fn child_tag(kind: u64, seq: u64) -> u64 {
-    crate::bootstrap::tags::child_id(kind, seq)
+    /// This rank's count of children made so far: the split's number is the largest.
+    children: u64,
 }
 
 /// The child's rank 0 starts its root and sends the id to the others; the others receive it.
@@ -81,16 +90,20 @@ impl Communicator {
         } else {
             child_config.resolve().map(|_| ())
         };
-        let vote = SplitVote { color, key, ok: local_check.is_ok() };
-        let seq = self.inner.children.fetch_add(1, Ordering::Relaxed);
+        let vote = SplitVote { color, key, ok: local_check.is_ok(), children: self.inner.children.load(Ordering::Relaxed) };
         let bytes = serde_json::to_vec(&vote).map_err(|e| Error::internal(e.to_string()))?;
         let all = bs.allgather(&bytes).or_else(|e| self.fail(e.context("split")))?;
-        local_check.or_else(|e| self.fail(e.context("split")))?;
         let votes: Vec<SplitVote> = all
             .iter()
             .map(|b| serde_json::from_slice(b))
             .collect::<std::result::Result<_, _>>()
             .or_else(|e| self.fail(Error::remote(format!("split: a rank sent a malformed vote: {e}"))))?;
+        // Every rank sees the same votes: the same number, and the same count after it, also
+        // when the split is refused below. The number is past every number a rank used, so
+        // an id message an earlier failed split left (under its own number) is never read.
+        let seq = votes.iter().map(|v| v.children).max().unwrap_or(0);
+        self.inner.children.fetch_max(seq + 1, Ordering::Relaxed);
+        local_check.or_else(|e| self.fail(e.context("split")))?;
         if let Some(bad) = votes.iter().position(|v| !v.ok) {
             return self.fail(Error::invalid_argument(format!("split: rank {bad} passed invalid arguments")));
         }
@@ -101,7 +114,7 @@ impl Communicator {
         members.sort_by_key(|&r| (votes[r as usize].key, r));
         let me = self.inner.rank;
         let new_rank = members.iter().position(|&r| r == me).expect("a rank is in its own colour") as i32;
-        let tag = child_tag(1, seq);
+        let tag = crate::bootstrap::tags::child_id(seq);
         let id = share_child_id(bs, &members, me, tag).or_else(|e| self.fail(e.context("split")))?;
         let resolved_share = child_config.resolve().map(|c| c.split_share).unwrap_or(false);
         let origin = Origin {
@@ -115,9 +128,10 @@ impl Communicator {
 
     /// `ncclCommShrink`: called by every rank that is not in `exclude` (excluded ranks must
     /// not call it; they may be dead). The child keeps the remaining ranks in their order.
+    /// A shrink that failed may be called again (also after `ShrinkFlags::Abort`).
     pub fn shrink(&self, exclude: &[i32], config: Option<&CommConfig>, flags: ShrinkFlags) -> Result<Communicator> {
         let _g = crate::log::rank_scope(self.inner.rank as i32);
-        let bs = self.ready("shrink")?;
+        let bs = self.shrink_gate()?;
         let n = self.inner.nranks;
         let mut excluded = HashSet::new();
         for &r in exclude {
@@ -134,21 +148,40 @@ impl Communicator {
         }
         if flags == ShrinkFlags::Abort {
             // Ends whatever else is waiting on the parent; the shrink itself does not use the
-            // stop flags.
+            // stop flags. Marked first, so that a retry passes the gate.
+            self.inner.shrink_stopped.store(true, Ordering::Release);
             self.inner.stop.abort.store(true, Ordering::Release);
         }
         let child_config = self.child_config(config);
-        let resolved = child_config.resolve().or_else(|e| self.fail(e.context("shrink")))?;
+        // An invalid config is this rank's error, told to the other members through the
+        // agreement, so that they fail at once too instead of waiting for this rank.
+        let resolved = child_config.resolve();
         let members: Vec<u32> = (0..n).filter(|r| !excluded.contains(r)).collect();
         let new_rank = members.iter().position(|&r| r == me).unwrap() as i32;
-        let seq = self.inner.children.fetch_add(1, Ordering::Relaxed);
-        let id = share_child_id(bs, &members, me, child_tag(2, seq)).or_else(|e| self.fail(e.context("shrink")))?;
+        let children = self.inner.children.load(Ordering::Relaxed);
+        let refusal = resolved.as_ref().err().map(|e| e.message.clone());
+        let agreed = super::agree::agree(bs, &members, me, children, refusal);
+        let resolved = resolved.or_else(|e| self.fail(e.context("shrink")))?;
+        let agreed = agreed.or_else(|e| self.fail(e.context("shrink")))?;
+        self.inner.children.fetch_max(agreed.seq + 1, Ordering::Relaxed);
         let origin = Origin {
             shared: resolved.shrink_share.then(|| Arc::clone(&self.inner.shared)),
-            comm_hash: derive_hash(self.inner.comm_hash, seq, -2),
+            comm_hash: derive_hash(self.inner.comm_hash, agreed.seq, -2),
         };
-        Communicator::create(members.len() as i32, new_rank, &[id], self.inner.device, &child_config, origin)
+        Communicator::create(members.len() as i32, new_rank, &[agreed.id], self.inner.device, &child_config, origin)
             .or_else(|e| self.fail(e.context("shrink")))
+    }
+
+    /// The gate of shrink: [`ready`](Self::ready), except that a communicator stopped by an
+    /// earlier shrink's `ShrinkFlags::Abort` (not destroyed, nor aborted by the user, which
+    /// destroys it) may be shrunk again: that shrink may have failed.
+    fn shrink_gate(&self) -> Result<&Bootstrap> {
+        if self.inner.shrink_stopped.load(Ordering::Acquire) && !self.inner.destroyed.load(Ordering::Acquire) {
+            if let Some(bs) = self.inner.bootstrap.get() {
+                return Ok(bs);
+            }
+        }
+        self.ready("shrink")
     }
 }
 

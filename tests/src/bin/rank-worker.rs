@@ -10,6 +10,7 @@ mod worker_graph;
 mod worker_lifecycle;
 mod worker_nonblocking;
 mod worker_profiler;
+mod worker_shrink;
 mod worker_streams;
 mod worker_typed;
 mod worker_windows;
@@ -39,6 +40,7 @@ fn main() {
         "nonblocking" => nonblocking(nranks, rank, &ids),
         "split" => split(nranks, rank, &ids),
         "kill-shrink" => kill_shrink(nranks, rank, &ids),
+        "split-shrink" => worker_shrink::split_then_shrink(nranks, rank, &ids),
         "net-traffic" => net_traffic(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
         "tuned-sizes" => tuned_sizes(nranks, rank, &ids),
