@@ -3,7 +3,7 @@
 # several ranks as processes on the GPU(s), under MPS when one GPU holds several ranks (so
 # their kernels run at once). A peer killed mid-collective, abort while stuck, ranks in
 # different operations, a rank that never calls (hang report, then the operation timeout and
-# a shrink). Uses the binaries under target/gpu; logs to $OUT.
+# a shrink), destroy right after the last collective (over the network transport and P2P). Uses the binaries under target/gpu; logs to $OUT.
 set -u
 . tests/gpu/env.sh
 export RUSTCCL_BACKEND=cuda
@@ -22,6 +22,8 @@ f() {
     echo "  reports logged: $(cat $OUT/f_$name.*.log | grep -c 'rustccl hang report for'), never-arrived lines: $(cat $OUT/f_$name.*.log | grep -c 'never arrived: ')"
 }
 f peer_death 2 90 coll-peer-death
+f destroy_net 2 240 destroy-cycles CYCLES=${CYCLES:-60} NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+f destroy_p2p 2 240 destroy-cycles CYCLES=${CYCLES:-60}
 f abort_stuck 3 60 fault-abort-stuck
 f mismatch_count 2 60 fault-mismatch MISMATCH=count
 f mismatch_kind 2 60 fault-mismatch MISMATCH=kind NCCL_OP_TIMEOUT_MS=5000
