@@ -56,7 +56,7 @@ pub fn create_root_id() -> Result<UniqueId> {
     let iface = netif::bootstrap_interface()?;
     let (listener, addr) = peers::bind_listener(iface.addr)?;
     let secret = id::random_bytes()?;
-    root::spawn(listener, secret, params::bootstrap_timeout())?;
+    root::spawn(listener, secret, params::bootstrap_timeout(), true)?;
     Ok(UniqueId::from_parts(secret, addr))
 }
 
@@ -65,7 +65,7 @@ pub fn start_comm_id_root(id: &UniqueId) -> Result<()> {
     let addr = id.root_addr();
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::io(format!("NCCL_COMM_ID: rank 0 cannot listen on {addr}"), &e))?;
-    root::spawn(listener, id.secret(), params::bootstrap_timeout())
+    root::spawn(listener, id.secret(), params::bootstrap_timeout(), false)
 }
 
 /// The identity of this host: ranks with equal hashes share a node. `NCCL_HOSTID` overrides

@@ -5,7 +5,9 @@
 //! connection files `Data` frames into a mailbox keyed by (sender, tag), where `recv` finds
 //! them, in order. A connection that ends without a `Bye` means its rank died: the reader
 //! marks it dead, wakes every waiter, and tells the other ranks (`PeerFailed`), so that every
-//! survivor's next operation fails with a remote error instead of waiting.
+//! survivor's next operation fails with a remote error instead of waiting. So does a peer
+//! listener that refuses a connection (it was bound before the rendezvous, so its process is
+//! gone), which is how a rank killed after the table but before it connected is noticed.
 //!
 //! A rank whose operation failed for another reason (a mismatch, a timeout) tells every peer
 //! too (`CommFailed`, [`PeerNet::announce_failure`]): the communicator cannot go on anywhere.
@@ -76,6 +78,10 @@ struct Shared {
     /// Incoming connections, kept so that closing can shut them down.
     inbound: Mutex<Vec<Conn>>,
     closing: AtomicBool,
+    /// Background sends to every peer (news of a failure) not known to have finished:
+    /// closing waits for them, so that a rank whose init fails because a peer is gone still
+    /// tells the others before it leaves.
+    telling: Mutex<Vec<JoinHandle<()>>>,
     status: Mutex<Option<StatusFn>>,
     on_request: Mutex<Option<RequestFn>>,
     on_report: Mutex<Option<ReportFn>>,
@@ -106,18 +112,22 @@ impl Shared {
         }
     }
 
-    /// Records that `rank` failed; returns true when this is news.
-    fn mark_dead(&self, rank: u32, reason: String) -> bool {
+    /// Records that `rank` failed, if this is news; with `spread`, also tells the other
+    /// ranks. The news is on its way (and known to [`PeerNet::close`]) before any waiter
+    /// wakes up: a rank whose init fails with it tells the others before it leaves.
+    fn mark_dead(self: &Arc<Self>, rank: u32, reason: String, spread: bool) {
         let mut mail = self.lock();
         if mail.departed.contains(&rank) || mail.dead.contains_key(&rank) {
-            return false;
+            return;
         }
         tracing::warn!(target: "BOOTSTRAP", "{reason}");
         mail.first.get_or_insert_with(|| (Some(rank), Error::remote(reason.clone())));
         self.failed.store(true, Ordering::Release);
-        mail.dead.insert(rank, reason);
+        mail.dead.insert(rank, reason.clone());
+        if spread {
+            self.spread_failure(rank, reason);
+        }
         self.arrived.notify_all();
-        true
     }
 
     /// Tells every other live peer that `rank` failed (best effort, in the background).
@@ -141,7 +151,13 @@ impl Shared {
     /// As [`tell_all_now`](Self::tell_all_now), in the background.
     fn tell_all(self: &Arc<Self>, skip: Option<u32>, kind: Kind, payload: Vec<u8>) {
         let shared = Arc::clone(self);
-        let _ = std::thread::Builder::new().name("rustccl-notify".into()).spawn(move || shared.tell_all_now(skip, kind, &payload));
+        let spawned =
+            std::thread::Builder::new().name("rustccl-notify".into()).spawn(move || shared.tell_all_now(skip, kind, &payload));
+        if let Ok(handle) = spawned {
+            let mut telling = self.telling.lock().unwrap_or_else(|p| p.into_inner());
+            telling.retain(|h| !h.is_finished());
+            telling.push(handle);
+        }
     }
 
     /// Records an announced operation failure; true when it is the first.
@@ -168,7 +184,9 @@ impl Shared {
         }
         if slot.is_none() {
             let addr = self.peers[to as usize].listen;
-            let mut conn = Conn::connect(addr, MAX_PEER_MESSAGE, cancel)?;
+            // The peer bound its listener before it joined the rendezvous: a refusal means
+            // its process is gone.
+            let mut conn = Conn::connect_listening(addr, MAX_PEER_MESSAGE, cancel)?;
             conn.prove(&self.secret, cancel)?;
             conn.send(Kind::Hello, &[&self.rank.to_le_bytes()], cancel)?;
             *slot = Some(conn);
@@ -248,7 +266,7 @@ impl Shared {
                     let failed = u32::from_le_bytes(payload[..4].try_into().unwrap());
                     let reason = String::from_utf8_lossy(&payload[4..]).into_owned();
                     if failed != self.rank && (failed as usize) < self.peers.len() {
-                        self.mark_dead(failed, format!("{} failed (reported by rank {peer}): {reason}", self.who(failed)));
+                        self.mark_dead(failed, format!("{} failed (reported by rank {peer}): {reason}", self.who(failed)), false);
                     }
                 }
                 Ok((Kind::CommFailed, payload)) if payload.len() >= 8 => {
@@ -307,9 +325,7 @@ impl Shared {
         // A rank that announced a failure told every rank itself; news of its end would only
         // race its announcement.
         let announced = self.lock().comm_failed.as_ref().is_some_and(|f| f.origin == peer);
-        if self.mark_dead(peer, reason.clone()) && !announced {
-            self.spread_failure(peer, reason);
-        }
+        self.mark_dead(peer, reason, !announced);
     }
 }
 
@@ -328,6 +344,7 @@ impl PeerNet {
             out,
             inbound: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
+            telling: Mutex::new(Vec::new()),
             status: Mutex::new(None),
             on_request: Mutex::new(None),
             on_report: Mutex::new(None),
@@ -523,6 +540,11 @@ impl PeerNet {
     /// Closes every connection. Graceful: peers are told first (`Bye`), so that they do not
     /// take this rank's departure for a failure. Not graceful (abort): sockets are cut.
     pub fn close(&self, graceful: bool) {
+        // News of a failure on its way out goes first (each is bounded by about a second).
+        let telling = std::mem::take(&mut *self.shared.telling.lock().unwrap_or_else(|p| p.into_inner()));
+        for handle in telling {
+            let _ = handle.join();
+        }
         if self.shared.closing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -579,6 +601,13 @@ mod tests {
             PeerNet::start(l0, 0, peers.clone(), secret).unwrap(),
             PeerNet::start(l1, 1, peers, secret).unwrap(),
         )
+    }
+
+    fn nets(n: u32, secret: Secret) -> Vec<PeerNet> {
+        let ip = "127.0.0.1".parse().unwrap();
+        let listeners: Vec<_> = (0..n).map(|_| bind_listener(ip).unwrap()).collect();
+        let peers: Vec<_> = listeners.iter().enumerate().map(|(r, (_, a))| info(r as u32, *a)).collect();
+        listeners.into_iter().enumerate().map(|(r, (l, _))| PeerNet::start(l, r as u32, peers.clone(), secret).unwrap()).collect()
     }
 
     fn cancel() -> Cancel<'static> {
@@ -708,5 +737,39 @@ mod tests {
         let t0 = std::time::Instant::now();
         assert_eq!(a.request(1, 0x105, b"late", &cancel()).unwrap_err().code, ResultCode::RemoteError);
         assert!(t0.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_rank_that_fails_because_a_peer_died_tells_the_others_before_it_closes() {
+        for round in 0..100 {
+            let nets = nets(3, [10; 16]);
+            let (a, b, c) = (&nets[0], &nets[1], &nets[2]);
+            // Rank 0 has no connection to rank 1 yet: its news has to open one.
+            c.send(0, 1, b"open", &cancel()).unwrap();
+            assert_eq!(a.recv(2, 1, true, &cancel()).unwrap(), b"open");
+            c.close(false);
+            // Rank 0 sees rank 2 die and leaves at once, as a failed init does.
+            assert!(a.recv(2, 2, true, &cancel()).is_err());
+            a.close(true);
+            let t0 = std::time::Instant::now();
+            let e = b.recv(0, 2, true, &cancel()).unwrap_err();
+            assert!(e.message.starts_with("rank 2 "), "round {round}: rank 1 did not hear of rank 2: {e}");
+            assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        }
+    }
+
+    #[test]
+    fn a_peer_whose_listener_is_gone_is_failed_at_once_not_retried() {
+        let nets = nets(3, [11; 16]);
+        nets[2].close(false);
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        let e = nets[0].send(2, 1, b"x", &cancel()).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        assert_eq!(e.code, ResultCode::RemoteError, "{e}");
+        assert!(e.message.starts_with("rank 2 ") && e.message.contains("refused"), "{e}");
+        // Rank 1, waiting on rank 0, hears of it.
+        let e = nets[1].recv(0, 1, true, &cancel()).unwrap_err();
+        assert!(e.message.starts_with("rank 2 "), "{e}");
     }
 }

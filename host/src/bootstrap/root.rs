@@ -6,8 +6,10 @@
 //! the whole table and passes it back through its own root, which forwards it.
 //!
 //! Whatever goes wrong (a rank that never arrives, ranks that disagree about the size,
-//! two processes claiming one rank, mismatched versions), every rank that did arrive receives
-//! a `Fail` message saying what, so each fails with the same clear error.
+//! two processes claiming one rank, mismatched versions, a registered rank whose connection
+//! closes because its process died), every rank that did arrive receives a `Fail` message
+//! saying what, so each fails with the same clear error; ranks that arrive later are told
+//! the same until the rendezvous would have timed out.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -18,13 +20,18 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::id::Secret;
-use super::wire::{Cancel, Conn};
+use super::wire::{self, Cancel, Conn, SilenceBroken};
 use crate::error::{Error, Result, ResultCode};
 
 /// Largest control message a root accepts.
 pub const MAX_CONTROL_BYTES: u64 = 16 << 20;
 /// How long an accepted connection has to prove the secret and say what it wants.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the root looks at the connections of the ranks waiting for the table: one that
+/// closed means its rank is gone, and every other rank is told at once.
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the root waits for a message or a connection before it looks around again.
+const TICK: Duration = Duration::from_millis(10);
 
 /// What a rank tells the others about itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,14 +81,17 @@ pub fn root_of(nranks: u32, n_ids: u32, rank: u32) -> u32 {
 }
 
 /// Starts a root thread on `listener`. It waits without limit for the first rank; from then
-/// on the others have `timeout` to arrive.
-pub fn spawn(listener: TcpListener, secret: Secret, timeout: Duration) -> Result<()> {
+/// on the others have `timeout` to arrive. With `tell_latecomers`, a root whose rendezvous
+/// failed stays until then to answer ranks that still arrive with the same failure (for a
+/// root whose id is its own; not for an `NCCL_COMM_ID` root, whose fixed address a retry
+/// in this process must be able to listen on again at once).
+pub fn spawn(listener: TcpListener, secret: Secret, timeout: Duration, tell_latecomers: bool) -> Result<()> {
     listener.set_nonblocking(true).map_err(|e| Error::io("bootstrap root listener", &e))?;
     let addr = listener.local_addr().map_err(|e| Error::io("bootstrap root listener", &e))?;
     std::thread::Builder::new()
         .name("rustccl-root".into())
         .spawn(move || {
-            Root::new(secret, timeout, addr).run(listener);
+            Root::new(secret, timeout, addr, tell_latecomers).run(listener);
         })
         .map_err(|e| Error::io("starting the bootstrap root thread", &e))?;
     tracing::info!(target: "BOOTSTRAP", "Bootstrap root listening on {addr}");
@@ -98,10 +108,19 @@ struct Root {
     secret: Secret,
     timeout: Duration,
     addr: SocketAddr,
+    tell_latecomers: bool,
     deadline: Option<Instant>,
     expect: Option<Expect>,
     members: BTreeMap<u32, (Conn, PeerInfo)>,
     reports: BTreeMap<u32, (Conn, Vec<PeerInfo>)>,
+}
+
+type Sender = mpsc::Sender<(Conn, RootMsg)>;
+type Receiver = mpsc::Receiver<(Conn, RootMsg)>;
+
+/// "rank R (pid P on HOST)": how messages name a rank.
+fn describe(info: &PeerInfo) -> String {
+    format!("rank {} (pid {} on {})", info.rank, info.pid, info.hostname)
 }
 
 fn fail(conn: &mut Conn, code: ResultCode, message: &str) {
@@ -110,45 +129,119 @@ fn fail(conn: &mut Conn, code: ResultCode, message: &str) {
 }
 
 impl Root {
-    fn new(secret: Secret, timeout: Duration, addr: SocketAddr) -> Root {
-        Root { secret, timeout, addr, deadline: None, expect: None, members: BTreeMap::new(), reports: BTreeMap::new() }
+    fn new(secret: Secret, timeout: Duration, addr: SocketAddr, tell_latecomers: bool) -> Root {
+        Root {
+            secret,
+            timeout,
+            addr,
+            tell_latecomers,
+            deadline: None,
+            expect: None,
+            members: BTreeMap::new(),
+            reports: BTreeMap::new(),
+        }
     }
 
     fn run(mut self, listener: TcpListener) {
         let (tx, rx) = mpsc::channel::<(Conn, RootMsg)>();
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => self.spawn_handshake(stream, from, tx.clone()),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: accept failed: {e}", self.addr),
+        if let Err(e) = self.rendezvous(&listener, &tx, &rx) {
+            self.fail_all(e.code, &e.message);
+            if self.tell_latecomers {
+                self.fail_latecomers(&listener, &tx, &rx, &e);
             }
-            match rx.recv_timeout(Duration::from_millis(10)) {
-                Ok((conn, msg)) => {
-                    if let Err(e) = self.on_message(conn, msg) {
-                        self.fail_all(e.code, &e.message);
-                        return;
-                    }
-                }
+        }
+    }
+
+    /// Collects the ranks (and, for root 0 of several, the other subsets) and hands out the
+    /// table; an error is what every rank that arrived must be told.
+    fn rendezvous(&mut self, listener: &TcpListener, tx: &Sender, rx: &Receiver) -> Result<()> {
+        let mut next_watch = Instant::now();
+        loop {
+            self.accept(listener, tx);
+            match rx.recv_timeout(TICK) {
+                Ok((conn, msg)) => self.on_message(conn, msg)?,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => unreachable!("the root holds a sender"),
             }
-            if self.complete() {
-                if let Err(e) = self.finish() {
-                    self.fail_all(e.code, &e.message);
-                }
-                return;
+            let complete = self.complete();
+            // Once more just before the table goes out: a rank that left must not be in it.
+            if complete || Instant::now() >= next_watch {
+                self.check_waiting()?;
+                next_watch = Instant::now() + WATCH_INTERVAL;
+            }
+            if complete {
+                return self.finish();
             }
             if self.deadline.is_some_and(|d| Instant::now() >= d) {
-                let message = self.timeout_message();
-                self.fail_all(ResultCode::RemoteError, &message);
-                return;
+                return Err(Error::remote(self.timeout_message()));
+            }
+        }
+    }
+
+    /// Takes a waiting connection, if any, and starts its handshake.
+    fn accept(&self, listener: &TcpListener, tx: &Sender) {
+        match listener.accept() {
+            Ok((stream, from)) => self.spawn_handshake(stream, from, tx.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: accept failed: {e}", self.addr),
+        }
+    }
+
+    /// Fails the rendezvous if a rank waiting for the table (or, at root 0, the leader of a
+    /// subset waiting with its report) is gone: its connection closed or broke. Nothing
+    /// else can arrive on these connections before the root answers.
+    fn check_waiting(&self) -> Result<()> {
+        let conns: Vec<&Conn> = self.members.values().map(|(c, _)| c).chain(self.reports.values().map(|(c, _)| c)).collect();
+        let Some((i, sign)) = wire::silence_broken(&conns, Duration::ZERO)?.into_iter().next() else {
+            return Ok(());
+        };
+        let who = match self.members.values().nth(i) {
+            Some((_, info)) => describe(info),
+            None => {
+                let (k, (_, peers)) = self.reports.iter().nth(i - self.members.len()).expect("an index of conns");
+                let leader = peers.first().map(describe).unwrap_or_else(|| "a rank".into());
+                format!("{leader}, which brought the ranks of root {k} to root 0,")
+            }
+        };
+        Err(Error::remote(match sign {
+            SilenceBroken::Closed => {
+                format!("{who} closed its bootstrap connection during init (the process exited or was killed?)")
+            }
+            SilenceBroken::Failed(e) => {
+                format!("{who} lost its bootstrap connection during init ({e}; the process exited or was killed?)")
+            }
+            SilenceBroken::SentData => format!("{who} sent data to the bootstrap root {} out of turn during init", self.addr),
+        }))
+    }
+
+    /// After a failure: answers the ranks (and subset leaders) that still arrive with the
+    /// same failure, so that they fail at once instead of waiting for a root that is gone,
+    /// until all have been told or the rendezvous would have timed out anyway.
+    fn fail_latecomers(&mut self, listener: &TcpListener, tx: &Sender, rx: &Receiver, e: &Error) {
+        let until = self.deadline.unwrap_or_else(Instant::now);
+        while Instant::now() < until && !self.complete() {
+            self.accept(listener, tx);
+            if let Ok((mut conn, msg)) = rx.recv_timeout(TICK) {
+                match msg {
+                    RootMsg::Register { info, .. } => {
+                        tracing::debug!(target: "BOOTSTRAP", "Bootstrap root {}: told {} that init failed", self.addr, describe(&info));
+                        fail(&mut conn, e.code, &e.message);
+                        // Counted only so that `complete` says when everyone has been told.
+                        self.members.entry(info.rank).or_insert((conn, info));
+                    }
+                    RootMsg::Report { root_index, peers, .. } => {
+                        fail(&mut conn, e.code, &e.message);
+                        self.reports.entry(root_index).or_insert((conn, peers));
+                    }
+                    _ => fail(&mut conn, e.code, &e.message),
+                }
             }
         }
     }
 
     /// Handshake and first message on a thread of their own, so that a slow or silent
     /// connection cannot hold up the rendezvous.
-    fn spawn_handshake(&self, stream: std::net::TcpStream, from: SocketAddr, tx: mpsc::Sender<(Conn, RootMsg)>) {
+    fn spawn_handshake(&self, stream: std::net::TcpStream, from: SocketAddr, tx: Sender) {
         let secret = self.secret;
         let addr = self.addr;
         let _ = std::thread::Builder::new().name("rustccl-root-hs".into()).spawn(move || {
@@ -202,7 +295,7 @@ impl Root {
         self.start_clock();
         match msg {
             RootMsg::Register { nranks, n_ids, root_index, info } => {
-                let who = format!("rank {} (pid {} on {})", info.rank, info.pid, info.hostname);
+                let who = describe(&info);
                 self.check_shape(nranks, n_ids, root_index, &who)?;
                 let mine = self.expect.as_ref().map(|e| e.root_index).unwrap_or(0);
                 if root_index != mine || !subset(nranks, n_ids, mine).contains(&info.rank) {
@@ -334,6 +427,72 @@ impl Root {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SECRET: Secret = [7; 16];
+
+    fn info(rank: u32) -> PeerInfo {
+        PeerInfo {
+            rank,
+            listen: "127.0.0.1:9".parse().unwrap(),
+            version: "test".into(),
+            host_hash: 1,
+            hostname: "h".into(),
+            pid: 1000 + rank,
+            device: 0,
+        }
+    }
+
+    fn start_root() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        spawn(listener, SECRET, Duration::from_secs(60), true).unwrap();
+        addr
+    }
+
+    fn send(addr: SocketAddr, msg: &RootMsg) -> Conn {
+        let cancel = Cancel::after(Duration::from_secs(10), "test");
+        let mut conn = Conn::connect(addr, MAX_CONTROL_BYTES, &cancel).unwrap();
+        conn.prove(&SECRET, &cancel).unwrap();
+        conn.send_json(msg, &cancel).unwrap();
+        conn
+    }
+
+    fn register(addr: SocketAddr, nranks: u32, rank: u32) -> Conn {
+        send(addr, &RootMsg::Register { nranks, n_ids: 1, root_index: 0, info: info(rank) })
+    }
+
+    /// The `Fail` message `conn` receives within a second.
+    fn failure(conn: &mut Conn) -> (i32, String) {
+        let t0 = Instant::now();
+        match conn.recv_json(&Cancel::after(Duration::from_secs(10), "test")).unwrap() {
+            RootMsg::Fail { code, message } => {
+                assert!(t0.elapsed() < Duration::from_secs(1), "after {:?}: {message}", t0.elapsed());
+                (code, message)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_registered_rank_that_goes_away_fails_the_waiting_ranks_and_the_latecomers_at_once() {
+        let addr = start_root();
+        let mut rank0 = register(addr, 3, 0);
+        drop(register(addr, 3, 2));
+        let (code, message) = failure(&mut rank0);
+        assert_eq!(code, ResultCode::RemoteError as i32);
+        assert_eq!(message, "rank 2 (pid 1002 on h) closed its bootstrap connection during init (the process exited or was killed?)");
+        // Rank 1 comes after the failure: the root is still there to tell it.
+        assert_eq!(failure(&mut register(addr, 3, 1)), (code, message));
+    }
+
+    #[test]
+    fn a_subset_leader_that_goes_away_at_root_0_fails_root_0s_ranks_at_once() {
+        let addr = start_root();
+        let mut rank0 = send(addr, &RootMsg::Register { nranks: 2, n_ids: 2, root_index: 0, info: info(0) });
+        drop(send(addr, &RootMsg::Report { nranks: 2, n_ids: 2, root_index: 1, peers: vec![info(1)] }));
+        let (_, message) = failure(&mut rank0);
+        assert!(message.starts_with("rank 1 (pid 1001 on h), which brought the ranks of root 1 to root 0, closed"), "{message}");
+    }
 
     #[test]
     fn subsets_cover_every_rank_once() {

@@ -136,11 +136,29 @@ impl Conn {
     /// Connects to `addr`, retrying refused connections (the listener may not be up yet)
     /// until the deadline.
     pub fn connect(addr: SocketAddr, max_payload: u64, cancel: &Cancel) -> Result<Conn> {
+        Conn::connect_to(addr, max_payload, cancel, true)
+    }
+
+    /// Connects to a listener that is known to be up (a peer's, announced in the rank table
+    /// after it was bound): a refusal means its process is gone, so it is a remote error at
+    /// once instead of a retry until the deadline. Timeouts (a host that does not answer)
+    /// are still retried until the deadline.
+    pub fn connect_listening(addr: SocketAddr, max_payload: u64, cancel: &Cancel) -> Result<Conn> {
+        Conn::connect_to(addr, max_payload, cancel, false)
+    }
+
+    fn connect_to(addr: SocketAddr, max_payload: u64, cancel: &Cancel, retry_refused: bool) -> Result<Conn> {
         loop {
             cancel.check().map_err(|e| e.context(format!("connecting to {addr}")))?;
             let step = cancel.remaining().min(Duration::from_secs(2)).max(Duration::from_millis(10));
             match TcpStream::connect_timeout(&addr, step) {
                 Ok(s) => return Conn::new(s, max_payload),
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused && !retry_refused => {
+                    return Err(Error::remote(format!(
+                        "{}: connecting to {addr}: refused, nothing listens there any more (the process exited or was killed?)",
+                        cancel.what
+                    )))
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -293,6 +311,58 @@ impl Conn {
     }
 }
 
+/// What a connection whose peer must stay silent showed (see [`silence_broken`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SilenceBroken {
+    /// The peer closed its end: its process exited or was killed.
+    Closed,
+    /// The connection failed (reset): its process or host went away.
+    Failed(String),
+    /// The peer sent data.
+    SentData,
+}
+
+/// Which of `conns`, connections whose peers must stay silent (ranks registered with a root
+/// and waiting for its answer), showed a sign within `wait`: each such connection's index
+/// and what it showed. One `poll(2)` for all of them, so that a root can watch thousands
+/// of waiting ranks; data is only peeked at, never consumed.
+pub fn silence_broken(conns: &[&Conn], wait: Duration) -> Result<Vec<(usize, SilenceBroken)>> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    if conns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut fds: Vec<PollFd> = conns.iter().map(|c| PollFd::new(c.stream.as_fd(), PollFlags::POLLIN)).collect();
+    let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, timeout) {
+        Ok(_) => {}
+        Err(nix::errno::Errno::EINTR) => return Ok(Vec::new()),
+        Err(e) => return Err(Error::system(format!("poll on {} bootstrap connections: {e}", conns.len()))),
+    }
+    let mut out = Vec::new();
+    for (i, fd) in fds.iter().enumerate() {
+        if fd.revents().is_none_or(|r| r.is_empty()) {
+            continue;
+        }
+        let mut byte = [0u8; 1];
+        let sign = match peek_nonblocking(&conns[i].stream, &mut byte) {
+            Ok(0) => SilenceBroken::Closed,
+            Ok(_) => SilenceBroken::SentData,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => continue,
+            Err(e) => SilenceBroken::Failed(e.to_string()),
+        };
+        out.push((i, sign));
+    }
+    Ok(out)
+}
+
+/// Peeks at `stream` without waiting (its reads otherwise block, with a timeout).
+fn peek_nonblocking(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    recv(stream.as_raw_fd(), buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT).map_err(std::io::Error::from)
+}
+
 /// The bytes of a frame header.
 pub const FRAME_HEADER_BYTES: usize = HEADER_BYTES;
 
@@ -410,5 +480,35 @@ mod tests {
         let cancel = Cancel { abort: Some(&flag), ..Cancel::after(Duration::from_secs(60), "waiting") };
         let e = s.recv(&cancel).unwrap_err();
         assert!(e.message.contains("aborted"));
+    }
+
+    #[test]
+    fn a_refused_connection_to_a_listener_that_was_up_is_a_remote_error_at_once() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let t0 = Instant::now();
+        let e = Conn::connect_listening(addr, 1 << 20, &Cancel::after(Duration::from_secs(10), "test")).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::RemoteError, "{e}");
+        assert!(e.message.contains("refused"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn silence_broken_tells_a_closed_connection_from_data_and_consumes_nothing() {
+        let cancel = Cancel::after(Duration::from_secs(5), "test");
+        let (mut talker, mut a) = pair();
+        let (closer, b) = pair();
+        let (_quiet, c) = pair();
+        assert_eq!(silence_broken(&[&a, &b, &c], Duration::ZERO).unwrap(), vec![]);
+        talker.send(Kind::Control, &[b"x"], &cancel).unwrap();
+        drop(closer);
+        let mut seen = Vec::new();
+        let t0 = Instant::now();
+        while seen.len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+            seen = silence_broken(&[&a, &b, &c], Duration::from_millis(100)).unwrap();
+        }
+        assert_eq!(seen, vec![(0, SilenceBroken::SentData), (1, SilenceBroken::Closed)]);
+        assert_eq!(a.recv(&cancel).unwrap(), (Kind::Control, b"x".to_vec()), "the data is still there");
     }
 }

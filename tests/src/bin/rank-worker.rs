@@ -7,6 +7,7 @@ mod worker_cache;
 mod worker_coll;
 mod worker_faults;
 mod worker_graph;
+mod worker_init;
 mod worker_lifecycle;
 mod worker_nonblocking;
 mod worker_profiler;
@@ -72,6 +73,8 @@ fn main() {
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),
+        "init-timed" => worker_init::timed(nranks, rank, &ids),
+        "init-die" => worker_init::die(nranks, rank, &ids),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
