@@ -329,6 +329,9 @@ impl Shared {
     }
 }
 
+/// How long a failed send waits for the peer's own connection to tell why it went.
+const SETTLE: Duration = Duration::from_millis(250);
+
 impl PeerNet {
     /// Starts accepting peer connections on `listener` (bound before the rendezvous).
     pub fn start(listener: TcpListener, rank: u32, peers: Vec<PeerInfo>, secret: Secret) -> Result<PeerNet> {
@@ -476,16 +479,34 @@ impl PeerNet {
         }
         self.shared.send_frame(peer, Kind::Data, &[&tag.to_le_bytes(), data], cancel).map_err(|e| {
             if cancel.check().is_ok() && e.code == crate::error::ResultCode::RemoteError {
+                // The peer's last frames (news of another rank's failure, its goodbye) may
+                // still be on their way on its own connection to this rank: a rank whose init
+                // failed because a third one died tells the others, then leaves, and its
+                // leaving can reach this send first. Its reader gets a moment to catch up;
+                // then the first failure known is the cause to report.
+                self.settle(peer, SETTLE);
                 let departed = self.shared.lock().departed.contains(&peer);
                 if departed {
-                    return Error::remote(format!("{} has destroyed its communicator", self.shared.who(peer)));
+                    return self
+                        .failure()
+                        .unwrap_or_else(|| Error::remote(format!("{} has destroyed its communicator", self.shared.who(peer))));
                 }
                 let reason = format!("{} cannot be reached: {}", self.shared.who(peer), e.message);
                 self.shared.fail_peer(peer, reason.clone());
-                return Error::remote(reason);
+                return self.failure().unwrap_or_else(|| Error::remote(reason));
             }
             e
         })
+    }
+
+    /// Waits up to `limit` until the reader of `peer`'s connection has seen it leave or fail.
+    fn settle(&self, peer: u32, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        let mut mail = self.shared.lock();
+        while !(mail.departed.contains(&peer) || mail.dead.contains_key(&peer)) {
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else { break };
+            mail = self.shared.arrived.wait_timeout(mail, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 
     /// Receives the next message from `peer` under `tag`. With `strict`, the failure of any
