@@ -22,8 +22,13 @@
 //! versions (`export_profiler!(v1, ...)` as well) to stay loadable by older hosts.
 //!
 //! Rules (as NCCL's): only `init` may fail in a way that matters (it disables the profiler
-//! for that communicator); the host ignores errors of the other calls, so a plugin should
-//! return `Ok` whenever it can. `start_event` may return the handle `0`: "not tracked"; the
+//! for that communicator, and the host does not call `finalize` for it); the host ignores
+//! errors of the other calls, so a plugin should return `Ok` whenever it can. `init` may
+//! succeed with the context handle `0` (NCCL's NULL context): the profiler has switched
+//! itself off for that communicator, and the host calls nothing else for it, not even
+//! `finalize` (so a plugin must not hand out `0` as a live context; [`HandleRegistry`](crate::HandleRegistry)
+//! never does). `comm_name` and the descriptor's strings are borrowed for the call: copy
+//! what you keep. `start_event` may return the handle `0`: "not tracked"; the
 //! host then passes `0` as the parent of the event's children and does not call
 //! `stop_event` / `record_event_state` for it (a plugin must still accept and ignore `0`).
 //! Events may be started, stopped and updated from any thread (the proxy thread, the
@@ -280,7 +285,8 @@ pub struct StateArgs {
 /// The profiler plugin interface.
 pub trait Profiler: Send + Sync {
     /// Starts the profiler for one communicator (`comm_name` may be empty); returns its
-    /// context and the [`event_type`] mask of the events it wants.
+    /// context and the [`event_type`] mask of the events it wants. Context `0`: switched off
+    /// for this communicator (no event, no `finalize`).
     fn init(
         &self,
         comm_id: u64,

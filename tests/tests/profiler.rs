@@ -1,7 +1,8 @@
 //! The core's profiler events, seen by real profiler plugins in rank processes (host backend,
 //! `NCCL_SHM_DISABLE=1` so that the network transport's proxy runs): NCCL's C profiler ABI v5
 //! through a C plugin compiled here from `plugins/testing/c-profiler/` (it counts the events
-//! started and stopped per type), one whose init fails, and rustccl's trace plugin.
+//! started and stopped per type), one whose init fails, one whose init returns a NULL context,
+//! one that keeps the pointers NCCL lets it keep, and rustccl's trace plugin.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -109,6 +110,47 @@ fn a_c_profiler_whose_init_fails_is_skipped_with_one_line() {
         "{}",
         lines[0]
     );
+}
+
+#[test]
+fn a_c_profiler_whose_init_returns_a_null_context_is_never_called_again() {
+    // Built so: init succeeds with a NULL context and asks for every event (NVIDIA's Inspector
+    // when switched off); any later call aborts the rank.
+    let lib = c_profiler("null_context", &["-DPROFILER_NULL_CONTEXT"]);
+    let logs = profiled(&[("NCCL_PROFILER_PLUGIN", &lib)]);
+    for (rank, log) in logs.iter().enumerate() {
+        assert!(log.contains(&format!("c-profiler: init rank {rank} returns a NULL context")), "{log}");
+        let off: Vec<&str> = log.lines().filter(|l| l.contains("switched itself off")).collect();
+        assert_eq!(off.len(), 1, "one INFO line: {log}");
+        assert!(off[0].contains("INFO") && off[0].contains("c-null-context (NCCL C profiler ABI v5) from"), "{}", off[0]);
+        assert!(off[0].contains("no events, no finalize"), "{}", off[0]);
+        assert!(!log.contains("PROFILER/Plugin: using"), "{log}");
+    }
+}
+
+#[test]
+fn a_c_profiler_may_keep_the_comm_name_and_event_strings_until_finalize() {
+    // Built so: it keeps init's commName pointer and the descriptors' string pointers, and
+    // reads them at stop and at finalize.
+    let lib = c_profiler("keeps_pointers", &["-DPROFILER_KEEPS_POINTERS"]);
+    let out = temp("c-profiler-kept");
+    let name = format!("rustccl-profiled-comm-{}", std::process::id());
+    profiled(&[("NCCL_PROFILER_PLUGIN", &lib), ("RUSTCCL_C_PROFILER_OUT", &out), ("RUSTCCL_TEST_COMM_NAME", &name)]);
+    for rank in 0..2 {
+        let path = format!("{out}.{rank}");
+        // Lossy: a freed name reads as garbage.
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e} (finalize wrote nothing)"));
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = std::fs::remove_file(&path);
+        let line = |what: &str| text.lines().find_map(|l| l.strip_prefix(what)).unwrap_or_else(|| panic!("{what}: {text}")).to_string();
+        assert_eq!(line("comm_name "), name, "rank {rank}: init's commName read at finalize:\n{text}");
+        let coll: Vec<String> = line("first_coll ").split(' ').map(String::from).collect();
+        assert_eq!(&coll[..2], ["AllReduce", "ncclInt32"], "rank {rank}: the first Coll's strings read at finalize:\n{text}");
+        assert!(coll[2..].iter().all(|s| !s.is_empty() && s != "(null)"), "rank {rank}: its algorithm and protocol:\n{text}");
+        let strings: Vec<u64> = line("strings ").split(' ').map(|x| x.parse().unwrap()).collect();
+        assert!(strings[0] > 0, "rank {rank}: events kept strings:\n{text}");
+        assert_eq!(strings[1], 0, "rank {rank}: every kept string still read the same at stop:\n{text}");
+    }
 }
 
 #[test]

@@ -17,7 +17,25 @@
 //!
 //! The event mask a plugin asks for at `init` is cut to what its version knows. Event and
 //! context handles are the plugin's pointers. Only `init` may fail (its code is checked);
-//! `name` and `recordEventState` may be NULL, the other members may not.
+//! `name` and `recordEventState` may be NULL, the other members may not. An `init` that
+//! succeeds with a NULL context switches the profiler off for that communicator: the core
+//! calls nothing else for it, not even `finalize` (see [`super::profiler::select`]).
+//!
+//! How long what the adapter hands the plugin stays valid (NCCL's rules, which plugins rely
+//! on):
+//!
+//! - `commName` (init, v4 on): until after that context's `finalize`. NCCL passes
+//!   `comm->config.commName`, alive as long as the communicator, and plugins keep the
+//!   pointer (NCCL's example profiler prints it at finalize): see [`CommNames`].
+//! - The strings of event descriptors (function, data type, algorithm, protocol): for the
+//!   life of the process. NCCL passes static strings, and plugins keep them in their events
+//!   to read at stop or finalize: see [`c_name`]. The `name` of v1 … v3's Coll / P2p is NULL,
+//!   as NCCL's adapters pass it.
+//! - `parentObj` and `parentGroup`: handles the plugin returned from `startEvent`. As in
+//!   NCCL, an API event may already be stopped when its Coll / P2p starts; the core keeps
+//!   every other parent running until its children stop.
+//! - The descriptor and the state arguments themselves, and the buffers and streams they
+//!   name by address: for the call (as NCCL's, which are on its stack).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -40,7 +58,9 @@ use super::Plugin;
 // Names as C strings.
 
 /// A C string for a name of the core's descriptors (functions, types, algorithms,
-/// protocols: a small set, interned for the life of the process).
+/// protocols: a small set, interned for the life of the process). NCCL passes static strings
+/// there, and a plugin may keep the pointer past the call (to read at stop or finalize), so
+/// no name may be a temporary.
 fn c_name(s: RStr<'_>) -> *const c_char {
     static NAMES: Mutex<Option<HashMap<Box<str>, &'static CStr>>> = Mutex::new(None);
     let s = s.as_str();
@@ -347,10 +367,43 @@ enum Tables {
     V6(&'static ProfilerV6),
 }
 
+/// The communicator names given to a plugin's `init`, kept per context it returned until
+/// after that context's `finalize` (NCCL's `commName` lives as long as the communicator, and
+/// plugins keep the pointer).
+///
+/// A plugin may return the same context for several communicators: their names then stay
+/// until the last of them is finalized. A name given to an `init` that fails or returns a
+/// NULL context is freed when `init` returns: the core calls nothing else for that
+/// communicator, so the plugin has no call left in which to read it.
+#[derive(Default)]
+struct CommNames(Mutex<HashMap<usize, (usize, Vec<CString>)>>);
+
+impl CommNames {
+    fn keep(&self, ctx: *mut c_void, name: CString) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (live, names) = map.entry(ctx as usize).or_default();
+        *live += 1;
+        names.push(name);
+    }
+
+    /// `ctx` was finalized: its names, once no other communicator holds that context (for
+    /// the caller to drop).
+    fn release(&self, ctx: *mut c_void) -> Vec<CString> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((live, _)) = map.get_mut(&(ctx as usize)) else { return Vec::new() };
+        *live -= 1;
+        if *live > 0 {
+            return Vec::new();
+        }
+        map.remove(&(ctx as usize)).map(|(_, names)| names).unwrap_or_default()
+    }
+}
+
 /// A C profiler of one of NCCL's versions.
 pub struct CProfiler {
     version: u32,
     tables: Tables,
+    names: CommNames,
 }
 
 // SAFETY: the tables are immutable data of a loaded library; NCCL calls a profiler from any
@@ -416,8 +469,9 @@ impl Profiler for CProfiler {
         let mut mask: c_int = 0;
         let (nn, nr, r) = (nnodes as c_int, nranks as c_int, rank as c_int);
         let what = format!("ncclProfiler_v{}.init", self.version);
-        // SAFETY: every pointer is valid for the call; the logger is the shared C logger;
-        // the member was checked non-NULL at load.
+        // SAFETY: every pointer is valid for the call, and `name` until after the context's
+        // finalize (kept below); the logger is the shared C logger; the member was checked
+        // non-NULL at load.
         let rc = unsafe {
             match self.tables {
                 Tables::V1(t) => (t.init.unwrap())(&mut ctx, &mut mask),
@@ -429,6 +483,9 @@ impl Profiler for CProfiler {
             }
         };
         c_abi::check(rc, &what)?;
+        if !ctx.is_null() {
+            self.names.keep(ctx, name);
+        }
         Ok((PluginHandle { id: ctx as usize as u64 }, (mask as u32) & known_types(self.version)))
     }
 
@@ -468,8 +525,11 @@ impl Profiler for CProfiler {
 
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
         let Some(f) = self.finalize_fn() else { return Ok(()) };
-        // SAFETY: the context the plugin's init returned, finalized once.
-        c_abi::check(unsafe { f(handle_ptr(ctx)) }, "ncclProfiler.finalize")
+        // SAFETY: the (non-NULL) context the plugin's init returned, finalized once; the
+        // commName it was given is still alive (released after the call).
+        let rc = unsafe { f(handle_ptr(ctx)) };
+        drop(self.names.release(handle_ptr(ctx)));
+        c_abi::check(rc, "ncclProfiler.finalize")
     }
 }
 
@@ -508,7 +568,7 @@ pub fn find(lib: &Arc<PluginLibrary>) -> Result<Option<ProfilerPlugin>, String> 
                 let name = table_name(t);
                 let missing = missing(t);
                 if missing.is_empty() {
-                    let api = Arc::new(CProfiler { version: $v, tables: Tables::$variant(t) });
+                    let api = Arc::new(CProfiler { version: $v, tables: Tables::$variant(t), names: CommNames::default() });
                     if !refused.is_empty() {
                         tracing::info!(target: "PROFILE", "PROFILER/Plugin: {}: passed over {}", lib.path, refused.join("; "));
                     }
@@ -596,6 +656,20 @@ mod tests {
         assert!(descr_v4(&a).is_none() && descr_v5(&a).is_some());
         assert!(descr_v2(&EventDescr::new(ty::KERNEL_CH, api, 0)).is_none());
         assert!(descr_v3(&EventDescr::new(ty::KERNEL_CH, api, 0)).is_some());
+    }
+
+    #[test]
+    fn comm_names_live_until_the_last_finalize_of_their_context() {
+        let names = CommNames::default();
+        let (own, shared) = (0x10 as *mut c_void, 0x20 as *mut c_void);
+        let name = |s: &str| CString::new(s).unwrap();
+        names.keep(own, name("a"));
+        names.keep(shared, name("b"));
+        names.keep(shared, name("c"));
+        assert!(names.release(shared).is_empty(), "another communicator still holds that context");
+        assert_eq!(names.release(shared), [name("b"), name("c")]);
+        assert_eq!(names.release(own), [name("a")]);
+        assert!(names.release(own).is_empty(), "nothing is kept for a context already finalized");
     }
 
     #[test]

@@ -224,8 +224,14 @@ enum Table {
     V5 { init: InitV5, coll_info: CollInfoV4, finalize: Finalize, chunk: Option<ChunkSizeV6> },
 }
 
-/// A plugin's context pointer (NULL is allowed: a tuner without state).
-struct CtxPtr(Ctx);
+/// A plugin's context pointer (NULL is allowed: a tuner without state), with what v5+'s
+/// init was given by address. NCCL passes `&comm->nvlDomainInfo` and `&comm->tunerConstants`,
+/// alive as long as the communicator, so a tuner may keep the pointers: they stay here until
+/// after the context's finalize. (The cost table of `getCollInfo` is the call's, as NCCL's.)
+struct CtxPtr {
+    ctx: Ctx,
+    _given: Option<Box<(NvlDomainInfoV5, TunerConstantsV5)>>,
+}
 // SAFETY: the pointer is only handed back to the plugin that made it; NCCL, too, calls a
 // tuner from whichever thread runs the communicator.
 unsafe impl Send for CtxPtr {}
@@ -343,9 +349,11 @@ impl CTuner {
     }
 
     fn ctx(&self, h: PluginHandle) -> Result<Ctx, PluginError> {
-        self.contexts
-            .with(h, |c| c.0)
-            .ok_or_else(|| PluginError::invalid_argument(format!("C tuner {}: unknown context {}", self.name, h.id)))
+        self.contexts.with(h, |c| c.ctx).ok_or_else(|| self.unknown(h))
+    }
+
+    fn unknown(&self, h: PluginHandle) -> PluginError {
+        PluginError::invalid_argument(format!("C tuner {}: unknown context {}", self.name, h.id))
     }
 
     fn what(&self, call: &str) -> String {
@@ -359,6 +367,7 @@ const UNDEF: c_int = -1;
 impl Tuner for CTuner {
     fn init(&self, comm_id: u64, nranks: usize, nnodes: usize, _log: LogFn) -> Result<PluginHandle, PluginError> {
         let mut ctx: Ctx = std::ptr::null_mut();
+        let mut given = None;
         let log = c_abi::logger();
         let code = match self.table {
             Table::V2 { init, .. } | Table::V3 { init, .. } | Table::V4 { init, .. } => {
@@ -367,12 +376,12 @@ impl Tuner for CTuner {
                 unsafe { init(nranks, nnodes, log, &mut ctx) }
             }
             Table::V5 { init, .. } => {
-                let mut nvl = nvl_domain_info(nranks, nnodes);
                 let defaults = TunerConstantsV5::nccl_defaults();
-                let mut constants = defaults;
-                // SAFETY: as above; both structs live on this stack frame for the call.
-                let code = unsafe { init(&mut ctx, comm_id, nranks, nnodes, log, &mut nvl, &mut constants) };
-                if code == c_abi::result::SUCCESS && constants != defaults {
+                let (nvl, constants) = &mut **given.insert(Box::new((nvl_domain_info(nranks, nnodes), defaults)));
+                // SAFETY: as above; both structs are boxed, kept with the context until after
+                // its finalize.
+                let code = unsafe { init(&mut ctx, comm_id, nranks, nnodes, log, nvl, constants) };
+                if code == c_abi::result::SUCCESS && *constants != defaults {
                     tracing::info!(
                         target: "TUNING",
                         "TUNER/Plugin: {} changed ncclTunerConstants at init; rustccl's cost model has its own figures and ignores them (the tuner's getCollInfo still applies)",
@@ -383,7 +392,7 @@ impl Tuner for CTuner {
             }
         };
         c_abi::check(code, &self.what("init"))?;
-        Ok(self.contexts.insert(CtxPtr(ctx)))
+        Ok(self.contexts.insert(CtxPtr { ctx, _given: given }))
     }
 
     fn get_coll_info(
@@ -476,13 +485,15 @@ impl Tuner for CTuner {
     }
 
     fn finalize(&self, h: PluginHandle) -> Result<(), PluginError> {
-        let ctx = self.ctx(h)?;
-        self.contexts.remove(h);
+        let kept = self.contexts.remove(h).ok_or_else(|| self.unknown(h))?;
         let finalize = match self.table {
             Table::V2 { finalize, .. } | Table::V3 { finalize, .. } | Table::V4 { finalize, .. } | Table::V5 { finalize, .. } => finalize,
         };
-        // SAFETY: a mandatory member, given the context its init made, once.
-        c_abi::check(unsafe { finalize(ctx) }, &self.what("finalize"))
+        // SAFETY: a mandatory member, given the context its init made, once; what its init
+        // was given by address is still alive (`kept`, dropped after the call).
+        let code = unsafe { finalize(kept.ctx) };
+        drop(kept);
+        c_abi::check(code, &self.what("finalize"))
     }
 }
 

@@ -93,6 +93,11 @@ pub struct CommInfo<'a> {
 }
 
 /// Loads and initialises the profiler for a communicator, if there is one.
+///
+/// As NCCL does, a profiler whose `init` fails is passed over for this communicator (no
+/// finalize: it has no context to end), and one whose `init` succeeds with context 0 (C:
+/// NULL) is switched off for it: no instance, so no event and no finalize, and no other
+/// candidate is tried in its place.
 pub fn select(info: &CommInfo, net_library: Option<&Arc<PluginLibrary>>) -> Option<Arc<ProfilerInstance>> {
     let search = super::search(PluginKind::Profiler, net_library, from_library);
     let mut skipped = search.skipped;
@@ -101,6 +106,21 @@ pub fn select(info: &CommInfo, net_library: Option<&Arc<PluginLibrary>>) -> Opti
         let (plugin, family) = found.plugin;
         let abi = format!("{family} v{}", plugin.abi_version);
         match plugin.api.init(info.comm_id, info.name, info.nnodes, info.nranks, info.rank, super::logger()) {
+            Ok((ctx, _)) if ctx.id == 0 => {
+                // NCCL's rule (src/plugin/profiler.cc): a profiler that returns success with a
+                // NULL context has switched itself off for this communicator (NVIDIA's
+                // Inspector does so when it is disabled): it gets no event and no finalize.
+                tracing::info!(
+                    target: "PROFILE",
+                    "PROFILER/Plugin: {} ({}) from {} returned no context for comm {:016x} rank {}: it switched itself off for this communicator (no events, no finalize)",
+                    plugin.name,
+                    abi,
+                    plugin.origin,
+                    info.comm_id,
+                    info.rank
+                );
+                break;
+            }
             Ok((ctx, mask)) => {
                 tracing::info!(
                     target: "PROFILE",

@@ -16,6 +16,8 @@
  *   CTCP_COLLNET        also exports a `ncclCollNetPlugin_v11` symbol
  *   CTCP_NO_VDEVICE     the v9+ tables' makeVDevice is NULL
  */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -279,12 +281,36 @@ static result_t irecv_size(P comm, int n, P* data, size_t* sizes, int* tags, P* 
   return ctcp_irecv(comm, n, data, sizes, tags, mhs, req);
 }
 /* v10+: with profiler handles, which this plugin ignores */
+/* v10: NCCL gives every connect of a communicator the same config, alive until the net is
+ * finalized, so a plugin may keep it. The first one is kept, and every later connect, send
+ * and receive checks that it still reads the traffic class it read then. */
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static const comm_config_t* kept_config;
+static int kept_traffic_class;
+
+static void check_kept_config(const comm_config_t* config, const char* call) {
+  pthread_mutex_lock(&kept_lock);
+  if (!kept_config && config) {
+    kept_config = config;
+    kept_traffic_class = config->traffic_class;
+  }
+  int same = !kept_config || kept_config->traffic_class == kept_traffic_class;
+  pthread_mutex_unlock(&kept_lock);
+  if (!same) {
+    fprintf(stderr, "CTcp: at %s, the config the first v10 connect was given no longer reads the same\n", call);
+    fflush(stderr);
+    abort();
+  }
+}
+
 static result_t isend_prof(P comm, P data, size_t size, int tag, P mh, P phandle, P* req) {
   (void)phandle;
+  check_kept_config(NULL, "isend");
   return ctcp_isend(comm, data, size, tag, mh, req);
 }
 static result_t irecv_prof(P comm, int n, P* data, size_t* sizes, int* tags, P* mhs, P* phandles, P* req) {
   (void)phandles;
+  check_kept_config(NULL, "irecv");
   return ctcp_irecv(comm, n, data, sizes, tags, mhs, req);
 }
 
@@ -328,6 +354,7 @@ static result_t init_v10(logger_t log, profiler_cb_t prof) {
 }
 static result_t connect_v10(int dev, comm_config_t* config, P handle, P* send_comm, P* dev_comm) {
   if (!config) return RC_INTERNAL;
+  check_kept_config(config, "connect");
   return connect_v7(dev, handle, send_comm, dev_comm);
 }
 

@@ -8,11 +8,15 @@
  * Rule: an AllReduce of at most RUSTCCL_C_TUNER_MAX_BYTES bytes (default 65536) runs as
  * TREE/LL on RUSTCCL_C_TUNER_CHANNELS channels (default 2); everything else is left to the
  * host. The v5/v6 init also raises one of the tuner constants, which rustccl reports as
- * ignored. The declarations below are this file's own, laid out as NCCL's plugin headers
+ * ignored, and keeps the nvlDomainInfo and constants pointers it is given (NCCL's live as long
+ * as the communicator): every later call checks that they still read what they read at init,
+ * and aborts with a message if not. The declarations below are this file's own, laid out as NCCL's plugin headers
  * define them. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef TUNER_VERSION
 #define TUNER_VERSION 5
@@ -41,7 +45,21 @@ typedef struct {
 struct state {
   size_t maxBytes;
   int channels;
+  /* v5+: init's pointers, kept, and what they read at the end of init. */
+  const nvl_info_t* nvl;
+  const constants_t* constants;
+  nvl_info_t nvlSeen;
+  constants_t constantsSeen;
 };
+
+static void check_kept(const struct state* s, const char* call) {
+  if ((s->nvl && memcmp(s->nvl, &s->nvlSeen, sizeof s->nvlSeen) != 0) ||
+      (s->constants && memcmp(s->constants, &s->constantsSeen, sizeof s->constantsSeen) != 0)) {
+    fprintf(stderr, "c-tuner: at %s, the nvlDomainInfo or constants init was given no longer read the same\n", call);
+    fflush(stderr);
+    abort();
+  }
+}
 
 __attribute__((unused)) static size_t env_size(const char* name, size_t dflt) {
   const char* v = getenv(name);
@@ -58,6 +76,8 @@ static result_t start(size_t nRanks, size_t nNodes, logger_t log, void** ctx) {
   if (!s) return INTERNAL;
   s->maxBytes = env_size("RUSTCCL_C_TUNER_MAX_BYTES", 65536);
   s->channels = (int)env_size("RUSTCCL_C_TUNER_CHANNELS", 2);
+  s->nvl = NULL;
+  s->constants = NULL;
   *ctx = s;
   if (log)
     log(LOG_INFO, SUBSYS_TUNING, __FILE__, __LINE__, "c-tuner: v%d init for %zu ranks on %zu nodes, AllReduce <= %zu B -> TREE/LL x %d",
@@ -73,6 +93,7 @@ static int in_range(void* ctx, int coll, size_t nBytes) {
 
 /* v3+: the table is the address of a float[numAlgo][numProto] array. */
 __attribute__((unused)) static result_t edit_table(void* ctx, int coll, size_t nBytes, float** table, int numAlgo, int numProto, int* nChannels) {
+  check_kept(ctx, "getCollInfo");
   if (!in_range(ctx, coll, nBytes) || numAlgo <= ALGO_TREE || numProto <= PROTO_LL) return OK;
   float* cost = (float*)table;
   float* entry = &cost[ALGO_TREE * numProto + PROTO_LL];
@@ -82,6 +103,7 @@ __attribute__((unused)) static result_t edit_table(void* ctx, int coll, size_t n
 }
 
 static result_t stop(void* ctx) {
+  check_kept(ctx, "finalize");
   free(ctx);
   return OK;
 }
@@ -97,6 +119,13 @@ static result_t init_new(void** ctx, uint64_t commId, size_t nRanks, size_t nNod
     log(LOG_INFO, SUBSYS_TUNING, __FILE__, __LINE__, "c-tuner: %d NVLink domains of %d..%d ranks", nvl->domains, nvl->minRanks,
         nvl->maxRanks);
   if (constants) constants->base[ALGO_TREE][PROTO_LL] += 1.0;
+  if (r == OK) {
+    struct state* s = *ctx;
+    s->nvl = nvl;
+    s->constants = constants;
+    if (nvl) s->nvlSeen = *nvl;
+    if (constants) s->constantsSeen = *constants;
+  }
   return r;
 }
 #endif

@@ -1,6 +1,7 @@
 //! Scenario `profiled`: a few operations for a profiler plugin to see — an all-reduce and a
 //! broadcast outside a group, and a group with an all-reduce and a send/receive ring — each
-//! checked, then the communicator destroyed (the profiler is finalized).
+//! checked, then the communicator destroyed (the profiler is finalized). The communicator is
+//! named by `RUSTCCL_TEST_COMM_NAME` if set.
 
 use rustccl::backend::{DevicePtr, Stream};
 use rustccl::types::DataType;
@@ -30,7 +31,9 @@ fn expect(what: &str, got: Vec<i32>, want: Vec<i32>) -> Result<(), Error> {
 }
 
 pub fn profiled(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &CommConfig::default())?;
+    // RUSTCCL_TEST_COMM_NAME: the config's comm name (a profiler gets it at init).
+    let config = CommConfig { comm_name: std::env::var("RUSTCCL_TEST_COMM_NAME").ok(), ..CommConfig::default() };
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, 0, &config)?;
     let (n, me) = (nranks as usize, rank as usize);
     let cnt = 300_000usize; // several slots of 512 KiB on the network
     let input: Vec<i32> = (0..cnt as i32).map(|i| i % 17 + me as i32).collect();

@@ -101,6 +101,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The config v10's `connect` is given for a traffic class. NCCL passes every connect of a
+/// communicator the same `ncclNetCommConfig_v10_t`, alive from the net's init to its
+/// finalize, so a plugin may keep the pointer: one config per traffic class (a handful of
+/// values) lives for the life of the process. (v11+'s `init` gets a config for the call,
+/// as NCCL's is on its stack.)
+fn v10_config(traffic_class: c_int) -> *mut CommConfig {
+    static CONFIGS: Mutex<BTreeMap<c_int, usize>> = Mutex::new(BTreeMap::new());
+    let mut configs = lock(&CONFIGS);
+    let addr = configs
+        .entry(traffic_class)
+        .or_insert_with(|| Box::into_raw(Box::new(CommConfig { traffic_class })) as usize);
+    *addr as *mut CommConfig
+}
+
 fn ptr(p: usize) -> *mut c_void {
     p as *mut c_void
 }
@@ -428,14 +442,14 @@ impl Net for CNet {
         };
         let mut comm: *mut c_void = std::ptr::null_mut();
         let mut dev_handle: *mut c_void = std::ptr::null_mut();
-        let mut cfg = CommConfig { traffic_class: tc };
         // SAFETY: the table's function with the handle's persistent bytes, storage for the
-        // connection, and device-handle storage holding NULL (no offload requested).
+        // connection, device-handle storage holding NULL (no offload requested) and, for
+        // v10, a config that is never freed.
         let code = unsafe {
             match self.fns.connect {
                 Connect::V6(f) => f(dev, h, &mut comm),
                 Connect::V7(f) => f(dev, h, &mut comm, &mut dev_handle),
-                Connect::V10(f) => f(dev, &mut cfg, h, &mut comm, &mut dev_handle),
+                Connect::V10(f) => f(dev, v10_config(tc), h, &mut comm, &mut dev_handle),
                 Connect::Ctx(f) => f(ptr(c_ctx), dev, h, &mut comm, &mut dev_handle),
             }
         };
