@@ -13,12 +13,16 @@
 //! Not covered: a file that changes between this check and `dlopen`, and libraries the plugin
 //! itself depends on (`DT_NEEDED`), which the loader finds and maps on its own.
 //!
-//! A small hand parser (the header and program header layouts are fixed by the ELF
-//! specification); no crate in the build reads ELF.
+//! The `object` crate reads the headers, through its [`ReadCache`]: plain reads of just the
+//! bytes asked for, against the file's real size (a memory map of a truncated file is what
+//! faults). What is left here is which failure to report, in words.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
+
+use object::elf::{self, ELFCLASS32, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB};
+use object::read::elf::{ElfFile, FileHeader, ProgramHeader};
+use object::{Architecture, Endianness, Object, ReadCache, ReadRef};
 
 /// Why a file cannot be loaded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,55 +51,48 @@ impl std::fmt::Display for Unfit {
     }
 }
 
-const MAGIC: &[u8; 4] = b"\x7fELF";
-const ELFCLASS32: u8 = 1;
-const ELFCLASS64: u8 = 2;
-const ELFDATA2LSB: u8 = 1;
-const ELFDATA2MSB: u8 = 2;
-const EV_CURRENT: u8 = 1;
-const ET_DYN: u16 = 3;
-const PT_LOAD: u32 = 1;
+/// The ELF header of this build's class: the only class read past the identification bytes.
+#[cfg(target_pointer_width = "64")]
+type Header = elf::FileHeader64<Endianness>;
+#[cfg(target_pointer_width = "32")]
+type Header = elf::FileHeader32<Endianness>;
 
-/// `e_machine` values and the names Rust gives the architectures (`std::env::consts::ARCH`).
-const MACHINES: &[(u16, &str)] = &[
-    (3, "x86"),
-    (8, "mips"),
-    (20, "powerpc"),
-    (21, "powerpc64"),
-    (22, "s390x"),
-    (40, "arm"),
-    (43, "sparc64"),
-    (62, "x86_64"),
-    (183, "aarch64"),
-    (243, "riscv64"),
-    (258, "loongarch64"),
+/// `object`'s architectures and the names Rust gives them (`std::env::consts::ARCH`).
+const ARCHITECTURES: &[(Architecture, &str)] = &[
+    (Architecture::I386, "x86"),
+    (Architecture::X86_64, "x86_64"),
+    (Architecture::Arm, "arm"),
+    (Architecture::Aarch64, "aarch64"),
+    (Architecture::Mips, "mips"),
+    (Architecture::Mips64, "mips64"),
+    (Architecture::PowerPc, "powerpc"),
+    (Architecture::PowerPc64, "powerpc64"),
+    (Architecture::S390x, "s390x"),
+    (Architecture::Sparc64, "sparc64"),
+    (Architecture::Riscv32, "riscv32"),
+    (Architecture::Riscv64, "riscv64"),
+    (Architecture::LoongArch64, "loongarch64"),
 ];
 
 /// The ELF file properties this build loads.
 #[derive(Clone, Copy, Debug)]
 struct Host {
-    class: u8,
-    data: u8,
-    /// `None` on an architecture missing from [`MACHINES`]: the machine is then not checked.
-    machine: Option<u16>,
+    class: elf::FileClass,
+    data: elf::DataEncoding,
+    /// `None` on an architecture missing from [`ARCHITECTURES`]: the machine is then not checked.
+    machine: Option<Architecture>,
 }
 
 fn host() -> Host {
     let arch = std::env::consts::ARCH;
-    // riscv32 and riscv64 share EM_RISCV, mips and mips64 share EM_MIPS.
-    let arch = match arch {
-        "riscv32" => "riscv64",
-        "mips64" => "mips",
-        a => a,
-    };
     Host {
         class: if cfg!(target_pointer_width = "64") { ELFCLASS64 } else { ELFCLASS32 },
         data: if cfg!(target_endian = "little") { ELFDATA2LSB } else { ELFDATA2MSB },
-        machine: MACHINES.iter().find(|(_, name)| *name == arch).map(|(m, _)| *m),
+        machine: ARCHITECTURES.iter().find(|(_, name)| *name == arch).map(|(a, _)| *a),
     }
 }
 
-fn class_name(class: u8) -> &'static str {
+fn class_name(class: elf::FileClass) -> &'static str {
     if class == ELFCLASS64 {
         "64-bit"
     } else {
@@ -103,7 +100,7 @@ fn class_name(class: u8) -> &'static str {
     }
 }
 
-fn data_name(data: u8) -> &'static str {
+fn data_name(data: elf::DataEncoding) -> &'static str {
     if data == ELFDATA2LSB {
         "little-endian"
     } else {
@@ -111,69 +108,23 @@ fn data_name(data: u8) -> &'static str {
     }
 }
 
-fn machine_name(machine: u16) -> String {
-    match MACHINES.iter().find(|(m, _)| *m == machine) {
+/// Rust's name for `arch`, or the raw `e_machine` value for one without a name here.
+fn machine_name(arch: Architecture, e_machine: elf::Machine) -> String {
+    match ARCHITECTURES.iter().find(|(a, _)| *a == arch) {
         Some((_, name)) => name.to_string(),
-        None => format!("machine {machine}"),
+        None => format!("machine {e_machine}"),
     }
 }
 
-/// Sizes of the structures of one ELF class.
-struct Layout {
-    header: usize,
-    phentsize: usize,
-}
-
-fn layout(class: u8) -> Layout {
-    if class == ELFCLASS64 {
-        Layout { header: 64, phentsize: 56 }
-    } else {
-        Layout { header: 52, phentsize: 32 }
-    }
-}
-
-/// Reads fixed-size fields in the file's byte order.
-struct Fields<'a> {
-    bytes: &'a [u8],
-    big: bool,
-}
-
-impl Fields<'_> {
-    fn u16(&self, at: usize) -> u16 {
-        let b = [self.bytes[at], self.bytes[at + 1]];
-        if self.big {
-            u16::from_be_bytes(b)
-        } else {
-            u16::from_le_bytes(b)
-        }
-    }
-
-    fn u32(&self, at: usize) -> u32 {
-        let b: [u8; 4] = self.bytes[at..at + 4].try_into().expect("4 bytes");
-        if self.big {
-            u32::from_be_bytes(b)
-        } else {
-            u32::from_le_bytes(b)
-        }
-    }
-
-    fn u64(&self, at: usize) -> u64 {
-        let b: [u8; 8] = self.bytes[at..at + 8].try_into().expect("8 bytes");
-        if self.big {
-            u64::from_be_bytes(b)
-        } else {
-            u64::from_le_bytes(b)
-        }
-    }
-
-    /// An address-sized field (`u32` in ELF32, `u64` in ELF64), widened.
-    fn word(&self, at: usize, class: u8) -> u64 {
-        if class == ELFCLASS64 {
-            self.u64(at)
-        } else {
-            u64::from(self.u32(at))
-        }
-    }
+/// `object`'s architecture for an ELF header (from `e_machine`, the class and, for MIPS, the
+/// flags). `object` gives it only for a whole parsed file ([`ElfFile`]), and parsing one also
+/// reads the section headers, which the dynamic loader never reads (a file whose section
+/// headers are cut off still loads). So the header is parsed alone, its table offsets cleared.
+fn architecture(header: &Header) -> Architecture {
+    let mut alone = *header;
+    alone.e_phoff = Default::default();
+    alone.e_shoff = Default::default();
+    ElfFile::<Header>::parse(object::bytes_of(&alone)).map_or(Architecture::Unknown, |f| f.architecture())
 }
 
 /// Checks that `path` is a library this process can hand to `dlopen` without the loader
@@ -196,96 +147,90 @@ pub fn check_library(path: &Path) -> Result<(), Unfit> {
 /// The checks on an open file of `size` bytes, against `host`'s properties.
 fn check_elf(file: &File, size: u64, host: Host) -> Result<(), Unfit> {
     let truncated = |what: String| Unfit::broken(format!("truncated: {what}"));
-    let read = |at: u64, len: usize| -> Result<Vec<u8>, Unfit> {
-        let mut buf = vec![0u8; len];
-        file.read_exact_at(&mut buf, at).map_err(|e| Unfit::broken(format!("cannot be read: {e}")))?;
-        Ok(buf)
-    };
+    // `ReadCache` keeps no I/O error; a read of bytes inside the file fails only on one.
+    let read_failed = || Unfit::broken("cannot be read: a read inside the file failed");
     if size == 0 {
         return Err(Unfit::broken("empty file"));
     }
-    let ident = read(0, size.min(16) as usize)?;
-    let magic_len = ident.len().min(4);
-    if ident[..magic_len] != MAGIC[..magic_len] {
+    let data = &ReadCache::new(file);
+    let start = data.read_bytes_at(0, size.min(16)).map_err(|()| read_failed())?;
+    if !elf::ELFMAG.starts_with(&start[..start.len().min(4)]) {
         return Err(Unfit::broken("not an ELF file (it does not begin with \\x7fELF)"));
     }
-    if ident.len() < 16 {
+    if start.len() < 16 {
         return Err(truncated(format!("{size} bytes, shorter than an ELF header")));
     }
-    let (class, data) = (ident[4], ident[5]);
+    // The identification bytes (`e_ident`) decide the header's size and byte order, so they
+    // are looked at alone first; `object` reads them only as part of a whole header.
+    let (class, data_order, version) = (elf::FileClass(start[4]), elf::DataEncoding(start[5]), elf::FileVersion(start[6]));
     if class != ELFCLASS32 && class != ELFCLASS64 {
         return Err(Unfit::broken(format!("invalid ELF class {class}")));
     }
-    if data != ELFDATA2LSB && data != ELFDATA2MSB {
-        return Err(Unfit::broken(format!("invalid ELF byte order {data}")));
+    if data_order != ELFDATA2LSB && data_order != ELFDATA2MSB {
+        return Err(Unfit::broken(format!("invalid ELF byte order {data_order}")));
     }
-    if ident[6] != EV_CURRENT {
-        return Err(Unfit::broken(format!("unknown ELF version {}", ident[6])));
+    if version != elf::EV_CURRENT {
+        return Err(Unfit::broken(format!("unknown ELF version {version}")));
     }
     if class != host.class {
         return Err(Unfit::foreign(format!("a {} library, this build is {}", class_name(class), class_name(host.class))));
     }
-    if data != host.data {
+    if data_order != host.data {
         // Not passed over in a search: the loader fails on it, as here.
-        return Err(Unfit::broken(format!("a {} library, this build is {}", data_name(data), data_name(host.data))));
+        return Err(Unfit::broken(format!("a {} library, this build is {}", data_name(data_order), data_name(host.data))));
     }
-    let lay = layout(class);
-    if size < lay.header as u64 {
-        return Err(truncated(format!("{size} bytes, shorter than an ELF header ({} bytes)", lay.header)));
+    let header_len = size_of::<Header>();
+    if size < header_len as u64 {
+        return Err(truncated(format!("{size} bytes, shorter than an ELF header ({header_len} bytes)")));
     }
-    let header = read(0, lay.header)?;
-    let h = Fields { bytes: &header, big: data == ELFDATA2MSB };
-    let machine = h.u16(18);
+    let header = Header::parse(data).map_err(|_| read_failed())?;
+    let endian = if data_order == ELFDATA2MSB { Endianness::Big } else { Endianness::Little };
+    let e_machine = header.e_machine(endian);
     if let Some(want) = host.machine {
-        if machine != want {
+        let arch = architecture(header);
+        if arch != want {
             return Err(Unfit::foreign(format!(
-                "built for {} (e_machine {machine}), this build is {}",
-                machine_name(machine),
-                machine_name(want)
+                "built for {} (e_machine {e_machine}), this build is {}",
+                machine_name(arch, e_machine),
+                std::env::consts::ARCH
             )));
         }
     }
-    let e_type = h.u16(16);
-    if e_type != ET_DYN {
+    let e_type = header.e_type(endian);
+    if e_type != elf::ET_DYN {
         let what = match e_type {
-            0 => "none".to_string(),
-            1 => "a relocatable object (ET_REL)".to_string(),
-            2 => "an executable (ET_EXEC)".to_string(),
-            4 => "a core dump (ET_CORE)".to_string(),
+            elf::ET_NONE => "none".to_string(),
+            elf::ET_REL => "a relocatable object (ET_REL)".to_string(),
+            elf::ET_EXEC => "an executable (ET_EXEC)".to_string(),
+            elf::ET_CORE => "a core dump (ET_CORE)".to_string(),
             t => format!("ELF type {t}"),
         };
         return Err(Unfit::broken(format!("not a shared library: {what}")));
     }
-    let (phoff, phentsize, phnum) = if class == ELFCLASS64 {
-        (h.u64(32), h.u16(54), h.u16(56))
-    } else {
-        (u64::from(h.u32(28)), h.u16(42), h.u16(44))
-    };
-    if phnum == 0 {
+    let segments = header.program_headers(endian, data).map_err(|_| {
+        // `object` refuses a table of another entry size, or one that is not inside the file.
+        let (phentsize, want) = (header.e_phentsize(endian), size_of::<<Header as FileHeader>::ProgramHeader>());
+        if usize::from(phentsize) != want {
+            return Unfit::broken(format!("program header entry size {phentsize}, expected {want}"));
+        }
+        #[allow(clippy::useless_conversion)] // `e_phoff` is a `u32` in 32-bit builds.
+        let phoff: u64 = header.e_phoff(endian).into();
+        let table_end = phoff.saturating_add(u64::from(header.e_phnum(endian)) * want as u64);
+        if table_end > size {
+            return truncated(format!("the program headers end at byte {table_end} of a {size}-byte file"));
+        }
+        read_failed()
+    })?;
+    if segments.is_empty() {
         return Err(Unfit::broken("no program headers"));
     }
-    if usize::from(phentsize) != lay.phentsize {
-        return Err(Unfit::broken(format!("program header entry size {phentsize}, expected {}", lay.phentsize)));
-    }
-    let table_len = usize::from(phnum) * lay.phentsize;
-    let table_end = phoff.saturating_add(table_len as u64);
-    if table_end > size {
-        return Err(truncated(format!("the program headers end at byte {table_end} of a {size}-byte file")));
-    }
-    let table = read(phoff, table_len)?;
-    let p = Fields { bytes: &table, big: data == ELFDATA2MSB };
     let mut loads = 0;
-    for i in 0..usize::from(phnum) {
-        let at = i * lay.phentsize;
-        if p.u32(at) != PT_LOAD {
+    for (i, segment) in segments.iter().enumerate() {
+        if segment.p_type(endian) != elf::PT_LOAD {
             continue;
         }
         loads += 1;
-        let (offset, filesz) = if class == ELFCLASS64 {
-            (p.word(at + 8, class), p.word(at + 32, class))
-        } else {
-            (p.word(at + 4, class), p.word(at + 16, class))
-        };
+        let (offset, filesz) = segment.file_range(endian);
         let end = offset.saturating_add(filesz);
         if end > size {
             // `i` counts program headers, as `readelf -l` numbers segments.
@@ -381,23 +326,23 @@ mod tests {
         let bytes = std::fs::read(real_library()).unwrap();
         let host = host();
         let big = host.data == ELFDATA2MSB;
-        let other: u16 = if host.machine == Some(183) { 62 } else { 183 };
+        let (other, other_name): (u16, _) = if host.machine == Some(Architecture::Aarch64) { (62, "x86_64") } else { (183, "aarch64") };
         let mut patched = bytes.clone();
         patched[18..20].copy_from_slice(&if big { other.to_be_bytes() } else { other.to_le_bytes() });
         let e = check_library(&dir.write("machine.so", &patched)).unwrap_err();
         assert!(e.foreign, "{e}");
         assert_eq!(
             e.reason,
-            format!("built for {} (e_machine {other}), this build is {}", machine_name(other), std::env::consts::ARCH)
+            format!("built for {other_name} (e_machine {other}), this build is {}", std::env::consts::ARCH)
         );
         let mut patched = bytes.clone();
         let other_class = if host.class == ELFCLASS64 { ELFCLASS32 } else { ELFCLASS64 };
-        patched[4] = other_class;
+        patched[4] = other_class.0;
         let e = check_library(&dir.write("class.so", &patched)).unwrap_err();
         assert!(e.foreign, "{e}");
         assert_eq!(e.reason, format!("a {} library, this build is {}", class_name(other_class), class_name(host.class)));
         let mut patched = bytes;
-        patched[5] = if big { ELFDATA2LSB } else { ELFDATA2MSB };
+        patched[5] = if big { ELFDATA2LSB.0 } else { ELFDATA2MSB.0 };
         let e = check_library(&dir.write("data.so", &patched)).unwrap_err();
         assert!(!e.foreign && e.reason.contains("-endian library, this build is"), "{e}");
     }

@@ -35,7 +35,7 @@ pub enum OpenError {
 static OPEN: Mutex<Option<HashMap<String, Weak<PluginLibrary>>>> = Mutex::new(None);
 
 /// Opens `file` (a path, or a name the dynamic linker searches for), or returns the copy
-/// already open in this process. The file is checked first ([`check_before_open`]): a broken
+/// already open in this process. The file is checked first (`check_before_open`): a broken
 /// one is refused with the reason instead of crashing the process inside `dlopen`.
 pub fn open(file: &str) -> Result<Arc<PluginLibrary>, OpenError> {
     let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
