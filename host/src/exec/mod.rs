@@ -24,10 +24,12 @@ use crate::work::Work;
 pub type Links = HashMap<(Link, Dir), Arc<Connection>>;
 
 /// The receiving network connections of a work and how many slots it consumes from each (one
-/// per step that receives on it). Every executor tells the proxy of them
+/// per step that receives on it). The host executor tells the proxy of them
 /// ([`NetReceives::expect`]) each time it runs the work, before it runs it: the proxy posts
-/// receives only for slots an operation will consume (see `Connection::expected`).
-#[derive(Clone, Default)]
+/// receives only for slots an operation will consume (see `Connection::expected`). Device work
+/// is not counted: graphs replay it without the host knowing, so its receiving connections
+/// post ahead (`Connection::post_ahead`, set when `transport::net` makes them).
+#[derive(Clone)]
 pub struct NetReceives(Vec<(Arc<Connection>, u64)>);
 
 impl NetReceives {
