@@ -4,17 +4,35 @@
  * built against NVIDIA's nccl.h up to 2.30 run on rustccl; programs built against this header
  * run on either library.
  *
- * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.26.6: the newest NCCL release whose
- * whole API rustccl implements. Of the calls newer releases added, symmetric memory windows
- * (ncclCommWindowRegister/Deregister, 2.27; ncclWinGetUserPtr, ncclGetLsaDevicePointer,
- * ncclGetPeerDevicePointer, 2.29) and the device API's LSA subset (ncclDevCommCreate/Destroy,
- * ncclLsaBarrierCreateRequirement, teams; nccl_device.h, 2.28) work on the host backend and on
- * GPUs of one host; the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29), multimem and
- * GIN are refused with ncclInvalidUsage and a message. A program that picks features by
- * version therefore does not pick those. Everything else newer than 2.26 works:
- * ncclCommShrink, ncclCommRevoke, ncclAlltoAll/Gather/Scatter (2.27/2.28), ncclCommGrow and
- * ncclCommGetUniqueId, ncclCommSuspend/Resume and ncclCommMemStats (2.29), the ncclParam* API
- * and ncclTimeout (2.30), and the 2.30.7 ncclConfig_t fields.
+ * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.28.9 (22809), the NCCL release whose API
+ * rustccl implements. Of what 2.27 and 2.28 added, these work on the host backend and on GPUs
+ * of one host: symmetric memory windows (ncclCommWindowRegister/Deregister, 2.27), the device
+ * API's LSA subset (nccl_device.h: ncclDevCommCreate/Destroy, ncclLsaBarrierCreateRequirement,
+ * teams, window and resource pointers, LSA barriers), ncclCommShrink, ncclCommRevoke and
+ * ncclAlltoAll/Gather/Scatter. ncclMemAlloc makes memory windows can be made of; it is never
+ * multicast memory, as NCCL's is not.
+ *
+ * What 2.28 offers only on hardware rustccl does not drive is refused as NCCL refuses it where
+ * that hardware is missing, with a message in ncclGetLastError naming it:
+ *   - multimem (NVLink SHARP multicast, NVLS): ncclDevCommCreate with lsaMultimem or a team
+ *     requirement's multimem set returns ncclInvalidArgument (no multicast object is made);
+ *   - GIN (GPU-initiated networking): ncclDevCommCreate with ginForceEnable, ginSignalCount,
+ *     ginCounterCount, ginConnectionType, GIN barriers (railGinBarrierCount,
+ *     worldGinBarrierCount, or barrierCount where the LSA team is not every rank) or a resource
+ *     requirement with GIN signals or counters, and ncclGinBarrierCreateRequirement, return
+ *     ncclInvalidUsage.
+ * ncclCommQueryProperties (2.29) says so beforehand: multimemSupport false, ginType
+ * NCCL_GIN_TYPE_NONE. The device API's LL all-to-all sessions are not in rustccl's
+ * nccl_device.h: ncclLLA2ACreateRequirement returns ncclInvalidUsage (ncclLLA2ACalcSlots
+ * computes as NCCL's; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them).
+ *
+ * Newer calls exist too and work: ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume,
+ * ncclCommMemStats, ncclWinGetUserPtr, ncclGetLsaDevicePointer, ncclGetPeerDevicePointer,
+ * ncclCommQueryProperties (2.29), the ncclParam* API and ncclTimeout (2.30), and the 2.30.7
+ * ncclConfig_t fields; ncclGetLsaMultimemDevicePointer and ncclGetMultimemDevicePointer (2.29)
+ * give NULL, as NCCL's do without multimem. The one-sided ncclPutSignal/ncclSignal/
+ * ncclWaitSignal (2.29) are not written yet and return ncclInvalidUsage; a program that picks
+ * features by version does not reach them, since the version says 2.28.
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -28,10 +46,10 @@ extern "C" {
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 26
-#define NCCL_PATCH 6
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22606
+#define NCCL_VERSION_CODE 22809
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
 /* The CUDA runtime's stream; rustccl's host backend ignores it (NULL is fine). */
@@ -66,6 +84,7 @@ typedef enum {
 
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+/* 2.29: orders GIN's network writes into the window; accepted without effect (no GIN). */
 #define NCCL_WIN_STRICT_ORDERING 0x02
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
@@ -253,7 +272,7 @@ NCCL_DECLARE(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, siz
 NCCL_DECLARE(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
-/* One-sided operations (2.29): refused with ncclInvalidUsage until symmetric memory lands. */
+/* One-sided operations (2.29): not written yet, refused with ncclInvalidUsage. */
 NCCL_DECLARE(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);

@@ -19,11 +19,15 @@
  *     programs read (rank, nRanks, lsaRank, lsaSize, lsaBarrier) have NCCL's names.
  *   - A resource handle is a byte offset into the device communicator's resource memory
  *     (NCCL's counts 128-byte units); ncclGetResourceBufferOffset converts as NCCL's does.
- *   - Not supported: multimem (NVLS), GIN (network) barriers, signals and counters, the
- *     hybrid ncclBarrierSession, LL all-to-all. ncclDevCommCreate refuses requirements for
- *     them with ncclInvalidUsage and a message. The LSA team is every rank when the ranks
- *     share a host and the backend has symmetric memory (the host backend); else each rank
- *     alone.
+ *   - Not supported, because rustccl drives no such hardware: multimem (NVLink SHARP
+ *     multicast, NVLS) and GIN (GPU-initiated networking: GIN barriers, signals, counters, the
+ *     hybrid ncclBarrierSession). ncclDevCommCreate refuses requirements for them with the
+ *     code NCCL returns where that hardware is missing, and a message in ncclGetLastError
+ *     naming it: multimem ncclInvalidArgument, GIN ncclInvalidUsage (see nccl.h's header).
+ *     ncclCommQueryProperties reports multimemSupport false and ginType NCCL_GIN_TYPE_NONE.
+ *   - Not written: LL all-to-all sessions (ncclLLA2ACreateRequirement is ncclInvalidUsage).
+ *   - The LSA team is every rank when the ranks share a host and the backend has symmetric
+ *     memory (the host backend, CUDA); else each rank alone.
  */
 #ifndef NCCL_DEVICE_H_
 #define NCCL_DEVICE_H_
@@ -93,7 +97,8 @@ struct ncclWindow_vidmem {
   uint32_t mcOffset4K;
 };
 
-/* Multimem is not supported: only so ncclTeamRequirements has NCCL's layout. */
+/* Multimem (NVLS) is not supported: here for ncclTeamRequirements' layout and the multimem
+ * pointer calls; rustccl never hands out a non-NULL mcBasePtr. */
 struct ncclMultimemHandle {
   void* mcBasePtr;
 };
@@ -108,7 +113,10 @@ typedef enum {
  * kernels need. rustccl accepts resourceRequirementsList, teamRequirementsList (without
  * multimem), lsaBarrierCount, and barrierCount where the LSA team is every rank (it then
  * counts as LSA barriers: the barriers of comm.lsaBarrier are max(lsaBarrierCount,
- * barrierCount)); ginContextCount and the GIN hints that ask for nothing are ignored. */
+ * barrierCount)); ginContextCount, the GIN hints that ask for nothing, and lsaLLA2ABlockCount /
+ * lsaLLA2ASlotCount (which NCCL ignores too) are ignored. Multimem (lsaMultimem) is refused with
+ * ncclInvalidArgument, GIN (ginForceEnable, ginSignalCount, ginCounterCount,
+ * ginConnectionType, GIN barriers) with ncclInvalidUsage. */
 struct ncclDevCommRequirements {
   size_t size;
   unsigned int magic;
@@ -247,6 +255,12 @@ ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t*
 ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t* devComm);
 /* props initialized with NCCL_COMM_PROPERTIES_INITIALIZER (2.29). */
 ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
+/* Multicast addresses of a window (2.29): *outPtr = NULL, as NCCL's where the system has no
+ * multimem; a NULL window or outPtr, a window that is not live, or (for the second) a handle
+ * whose mcBasePtr is NULL is ncclInvalidArgument. */
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void** outPtr);
+ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset, ncclMultimemHandle_t multimem,
+                                          void** outPtr);
 /* Fills *outReq (bufferSize 4 * nBarriers * (1 + team.nRanks)) and outHandle->nBarriers; add
  * *outReq to ncclDevCommRequirements' resourceRequirementsList to get outHandle->bufHandle. */
 ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t* outHandle,

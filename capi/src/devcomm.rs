@@ -3,8 +3,9 @@
 //! device communicator, then the resource requirements in list order), registered as a window
 //! so each rank reaches every LSA peer's copy at `resourceFlatBase + peer × stride`. Kernels
 //! (and host C++, on the host backend) use it through the header's inline functions; the
-//! library only lays it out, makes it, and frees it. Multimem and GIN (network) requirements
-//! are refused with a message.
+//! library only lays it out, makes it, and frees it. Requirements for hardware rustccl does
+//! not drive are refused before anything is allocated, with NCCL 2.28's codes for a system
+//! without it (`refuse_missing_hardware`): multimem (NVLS) and GIN.
 //!
 //! Each device communicator names a record of this library (`internal`), kept in a live set
 //! so a destroyed, copied-after-destroy or foreign one is an error, not a crash.
@@ -24,7 +25,7 @@ use crate::NcclTeam;
 /// communicator carries.
 const API_MAGIC: c_uint = 0xcafe_beef;
 /// `NCCL_VERSION_CODE` of nccl.h (written into each device communicator).
-const VERSION_CODE: c_uint = 22606;
+const VERSION_CODE: c_uint = rustccl::version::NCCL_VERSION_CODE as c_uint;
 /// The smallest requirements layout with a `size` field (2.29.2's: up to `ginCounterCount`).
 const MIN_REQS_SIZE: usize = 72;
 /// Resources are aligned to this at least (the barriers' 32-bit words, and room for vectors).
@@ -228,20 +229,43 @@ unsafe fn read_requirements(reqs: *const DevCommRequirements) -> Result<DevCommR
     Ok(r)
 }
 
-const NO_MULTIMEM: &str = "multimem (NVLS) is not supported by rustccl; leave lsaMultimem and the team requirements' \
-                           multimem false and use unicast LSA pointers and barriers";
+/// NCCL's answer where the system has no NVLS multicast (`symTeamObtain`: "Multicast support
+/// requested for team but none available on system."): `ncclInvalidArgument`.
+fn no_multimem(asked: &str) -> Error {
+    Error::invalid_argument(format!(
+        "{asked} asks for multimem, which needs NVLink SHARP multicast (NVLS) hardware: rustccl drives none \
+         (ncclCommQueryProperties reports multimemSupport false); leave lsaMultimem and the team requirements' \
+         multimem false and use unicast LSA pointers and barriers"
+    ))
+}
 
-/// Refuses what rustccl's device communicators do not have.
-fn check_supported(r: &DevCommRequirements, lsa_world: bool) -> Result<(), Error> {
-    if r.lsa_multimem != 0 {
-        return Err(Error::invalid_usage(NO_MULTIMEM));
-    }
+/// NCCL's answer where the system has no GIN-capable network (`ncclGinConnectOnce`: "GIN not
+/// supported."): `ncclInvalidUsage`.
+pub(crate) fn no_gin(asked: &str) -> Error {
+    Error::invalid_usage(format!(
+        "{asked} asks for GIN (GPU-initiated networking), which needs a GIN-capable network device (a NIC NCCL's GIN \
+         plugin drives): rustccl drives none (ncclCommQueryProperties reports ginType NCCL_GIN_TYPE_NONE); \
+         leave the gin* fields, GIN barrier counts and resource GIN signals and counters at 0, and use LSA barriers"
+    ))
+}
+
+/// Checks the counts (`lsaLLA2ABlockCount` / `lsaLLA2ASlotCount` are not read: NCCL ignores
+/// them too, its LL all-to-all takes a resource requirement instead), then refuses what needs
+/// hardware rustccl does not drive, in NCCL 2.28.9's order (`ncclDevrCommCreateInternal`): GIN
+/// first (`ncclInvalidUsage`), then multimem on the LSA team and on each team requirement
+/// (`ncclInvalidArgument`). Runs before anything is allocated, so a refusal makes no memory
+/// and no multicast object.
+///
+/// # Safety
+/// `teams` and `resources` are nodes of the caller's lists (readable).
+unsafe fn refuse_missing_hardware(
+    r: &DevCommRequirements, teams: &[*mut TeamRequirements], resources: &[*mut DevResourceRequirements],
+    lsa_world: bool,
+) -> Result<(), Error> {
     let counts = [
         ("barrierCount", r.barrier_count),
         ("lsaBarrierCount", r.lsa_barrier_count),
         ("railGinBarrierCount", r.rail_gin_barrier_count),
-        ("lsaLLA2ABlockCount", r.lsa_lla2a_block_count),
-        ("lsaLLA2ASlotCount", r.lsa_lla2a_slot_count),
         ("ginSignalCount", r.gin_signal_count),
         ("ginCounterCount", r.gin_counter_count),
         ("worldGinBarrierCount", r.world_gin_barrier_count),
@@ -258,21 +282,26 @@ fn check_supported(r: &DevCommRequirements, lsa_world: bool) -> Result<(), Error
         ("worldGinBarrierCount", r.world_gin_barrier_count > 0),
     ];
     if let Some((name, _)) = gin.iter().find(|(_, asked)| *asked) {
-        return Err(Error::invalid_usage(format!(
-            "reqs->{name} asks for GIN (GPU-initiated networking), which rustccl does not support; \
-             leave the gin* fields and the GIN barrier counts at their initializer values"
-        )));
-    }
-    if r.lsa_lla2a_block_count > 0 || r.lsa_lla2a_slot_count > 0 {
-        return Err(Error::invalid_usage(
-            "LL all-to-all (lsaLLA2ABlockCount, lsaLLA2ASlotCount) is not supported by rustccl; leave them 0",
-        ));
+        return Err(no_gin(&format!("reqs->{name}")));
     }
     if r.barrier_count > 0 && !lsa_world {
-        return Err(Error::invalid_usage(
-            "barrierCount asks for world barriers, which need GIN across hosts where the LSA team is not every rank; \
-             rustccl does not support GIN: use lsaBarrierCount (LSA barriers)",
+        return Err(no_gin(
+            "reqs->barrierCount (world barriers, where the LSA team is not every rank; use lsaBarrierCount instead)",
         ));
+    }
+    for (i, &x) in resources.iter().enumerate() {
+        // SAFETY: a node of the caller's list (the function's contract).
+        let x = unsafe { &*x };
+        if x.gin_signal_count != 0 || x.gin_counter_count != 0 {
+            return Err(no_gin(&format!("resource requirement {i} (ginSignalCount, ginCounterCount)")));
+        }
+    }
+    if r.lsa_multimem != 0 {
+        return Err(no_multimem("reqs->lsaMultimem"));
+    }
+    // SAFETY: nodes of the caller's list (the function's contract).
+    if let Some(i) = teams.iter().position(|t| unsafe { (**t).multimem } != 0) {
+        return Err(no_multimem(&format!("team requirement {i}")));
     }
     Ok(())
 }
@@ -330,18 +359,14 @@ pub unsafe fn create(comm: CommHandle, reqs: *const DevCommRequirements, out: *m
     // SAFETY: checked non-null; the caller's struct.
     let r = unsafe { read_requirements(reqs)? };
     let lsa_world = crate::mem_api::lsa_is_world(&c.comm);
-    check_supported(&r, lsa_world)?;
-    let (rank, nranks) = (c.comm.user_rank()?, c.comm.count()?);
-    let (lsa_rank, lsa_size) = if lsa_world { (rank, nranks) } else { (0, 1) };
-
     // SAFETY: the caller's lists (the function's contract).
     let teams = unsafe { walk(r.team_requirements_list, |t| t.next, "teamRequirementsList")? };
-    // SAFETY: nodes of the caller's list.
-    if teams.iter().any(|t| unsafe { (**t).multimem } != 0) {
-        return Err(Error::invalid_usage(NO_MULTIMEM));
-    }
     // SAFETY: the caller's list.
     let resources = unsafe { walk(r.resource_requirements_list, |x| x.next, "resourceRequirementsList")? };
+    // SAFETY: nodes of the caller's lists, just walked.
+    unsafe { refuse_missing_hardware(&r, &teams, &resources, lsa_world)? };
+    let (rank, nranks) = (c.comm.user_rank()?, c.comm.count()?);
+    let (lsa_rank, lsa_size) = if lsa_world { (rank, nranks) } else { (0, 1) };
 
     // The device communicator's own LSA barrier, then the list in order.
     let mut layout = Layout { end: 0 };
@@ -357,12 +382,6 @@ pub unsafe fn create(comm: CommHandle, reqs: *const DevCommRequirements, out: *m
     for (i, &x) in resources.iter().enumerate() {
         // SAFETY: a node of the caller's list.
         let x = unsafe { &*x };
-        if x.gin_signal_count != 0 || x.gin_counter_count != 0 {
-            return Err(Error::invalid_usage(format!(
-                "resource requirement {i} asks for GIN signals or counters, which rustccl does not support; leave \
-                 ginSignalCount and ginCounterCount 0"
-            )));
-        }
         let align = x.buffer_align.max(MIN_ALIGN);
         if !align.is_power_of_two() {
             return Err(Error::invalid_argument(format!(
@@ -519,11 +538,19 @@ pub unsafe fn query_properties(comm: CommHandle, props: *mut CommProperties) -> 
     }
     // SAFETY: non-null; every layout starts with its size (the caller's contract).
     let (size, magic) = unsafe { ((props as *const usize).read_unaligned(), (*props).magic) };
+    // As NCCL (and as ncclDevCommCreate's requirements): a wrong magic is invalid usage.
+    if magic != API_MAGIC {
+        return Err(Error::invalid_usage(format!(
+            "props->magic is {magic:#x}, not NCCL_API_MAGIC: initialize ncclCommProperties_t with \
+             NCCL_COMM_PROPERTIES_INITIALIZER"
+        )));
+    }
     // size, magic, version, then at least rank and nRanks.
     const MIN: usize = 24;
-    if size < MIN || magic != API_MAGIC {
+    if size < MIN {
         return Err(Error::invalid_argument(format!(
-            "props->size {size} / magic {magic:#x}: initialize ncclCommProperties_t with NCCL_COMM_PROPERTIES_INITIALIZER"
+            "props->size is {size}, smaller than any ncclCommProperties_t ({MIN} bytes): initialize it with \
+             NCCL_COMM_PROPERTIES_INITIALIZER"
         )));
     }
     let lsa_world = crate::mem_api::lsa_is_world(&c.comm);

@@ -1,8 +1,9 @@
 //! Memory (`ncclMemAlloc`, registration), symmetric windows, one-sided operations and the
 //! device API. Windows, and device communicators (`crate::devcomm`, made of windows), work
-//! where the backend has symmetric memory (the host backend; device backends refuse with
-//! `ncclInvalidUsage` and a message); one-sided operations, GIN barriers and LL all-to-all are
-//! refused the same way until they are written.
+//! where the backend has symmetric memory (the host backend and CUDA; others refuse with a
+//! message). What needs hardware rustccl does not drive answers as NCCL does without it: GIN
+//! barriers `ncclInvalidUsage` (`devcomm::no_gin`), multicast pointers NULL. One-sided
+//! operations and LL all-to-all are not written: `ncclInvalidUsage` with a message.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
@@ -50,9 +51,30 @@ fn peer_pointer(win: *mut c_void, offset: usize, rank: c_int, out: *mut *mut c_v
     Ok(())
 }
 
-const NOT_YET: &str = "GIN barriers and LL all-to-all are not supported by rustccl yet (device communicators have LSA barriers)";
-const ONE_SIDED: &str =
-    "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal) need symmetric memory windows, which rustccl does not support yet";
+const NO_LLA2A: &str = "LL all-to-all sessions are not in rustccl's nccl_device.h (not written yet): exchange through \
+                        window or resource pointers and LSA barriers";
+const ONE_SIDED: &str = "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal, NCCL 2.29) are not written in \
+                         rustccl yet (it reports NCCL 2.28.9): write into a peer's window through the device API's \
+                         LSA pointers instead";
+
+/// NCCL's `ncclMultimemHandle` (by value: one pointer).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MultimemHandle {
+    mc_base_ptr: *mut c_void,
+}
+
+/// What NCCL's multicast pointer calls give where the system has no multimem: a live window,
+/// a non-NULL `outPtr`, and then `*outPtr` = NULL with success (rustccl drives no NVLS).
+fn no_multicast_pointer(win: *mut c_void, out: *mut *mut c_void, what: &str) -> Result<(), Error> {
+    if win.is_null() || out.is_null() {
+        return Err(Error::invalid_argument(format!("{what}: window or outPtr is NULL")));
+    }
+    windows::with(win, what, |_| ())?;
+    // SAFETY: checked non-null.
+    unsafe { *out = std::ptr::null_mut() };
+    Ok(())
+}
 
 nccl_api! {
     fn ncclMemAlloc / pncclMemAlloc(out: *mut *mut c_void, size: usize) -> NcclResult {
@@ -201,7 +223,28 @@ nccl_api! {
         guard("ncclGetPeerDevicePointer", || peer_pointer(win, offset, peer, out, "ncclGetPeerDevicePointer"))
     }
 
-    /// One-sided operations (2.29) write into a peer's symmetric window: refused with windows.
+    /// 2.29. NULL: the system has no multimem (NVLS), as NCCL answers then.
+    fn ncclGetLsaMultimemDevicePointer / pncclGetLsaMultimemDevicePointer(win: *mut c_void, _offset: usize, out: *mut *mut c_void) -> NcclResult {
+        guard("ncclGetLsaMultimemDevicePointer", || no_multicast_pointer(win, out, "ncclGetLsaMultimemDevicePointer"))
+    }
+
+    /// 2.29. A handle without a multicast base is invalid (as NCCL); rustccl never makes one
+    /// with a base, so a live window gives NULL, as NCCL's does without multimem.
+    fn ncclGetMultimemDevicePointer / pncclGetMultimemDevicePointer(
+        win: *mut c_void, _offset: usize, multimem: MultimemHandle, out: *mut *mut c_void,
+    ) -> NcclResult {
+        guard("ncclGetMultimemDevicePointer", || {
+            if !win.is_null() && !out.is_null() && multimem.mc_base_ptr.is_null() {
+                return Err(Error::invalid_argument(
+                    "multimem.mcBasePtr is NULL: multimem handles come from ncclDevCommCreate's team requirements, and \
+                     rustccl makes none (no NVLink SHARP multicast, NVLS)",
+                ));
+            }
+            no_multicast_pointer(win, out, "ncclGetMultimemDevicePointer")
+        })
+    }
+
+    /// One-sided operations (2.29) write into a peer's symmetric window: not written yet.
     fn ncclPutSignal / pncclPutSignal(
         _localbuff: *const c_void, _count: usize, _datatype: c_int, _peer: c_int, _peer_win: *mut c_void, _offset: usize,
         _sig_idx: c_int, _ctx: c_int, _flags: u32, comm: CommHandle, _stream: *mut c_void,
@@ -250,20 +293,23 @@ nccl_api! {
         guard("ncclLsaBarrierCreateRequirement", || devcomm::lsa_barrier_requirement(team, n, handle, req))
     }
 
+    /// GIN barriers need a GIN-capable network: refused as NCCL refuses GIN without one.
     fn ncclGinBarrierCreateRequirement / pncclGinBarrierCreateRequirement(
-        _comm: CommHandle, _team: NcclTeam, _n: c_int, _handle: *mut c_void, _req: *mut c_void,
+        comm: CommHandle, _team: NcclTeam, _n: c_int, _handle: *mut c_void, _req: *mut c_void,
     ) -> NcclResult {
-        guard("ncclGinBarrierCreateRequirement", || Err(Error::invalid_usage(NOT_YET)))
+        guard_comm("ncclGinBarrierCreateRequirement", comm, || Err(devcomm::no_gin("ncclGinBarrierCreateRequirement")))
     }
 
     fn ncclLLA2ACreateRequirement / pncclLLA2ACreateRequirement(
         _blocks: c_int, _slots: c_int, _handle: *mut c_void, _req: *mut c_void,
     ) -> NcclResult {
-        guard("ncclLLA2ACreateRequirement", || Err(Error::invalid_usage(NOT_YET)))
+        guard("ncclLLA2ACreateRequirement", || Err(Error::invalid_usage(NO_LLA2A)))
     }
 
-    fn ncclLLA2ACalcSlots / pncclLLA2ACalcSlots(_max_elts: c_int, _max_elt_size: c_int) -> c_int {
-        0
+    /// Slots an LL all-to-all needs for `max_elts` elements of `max_elt_size` bytes: one per
+    /// 8 bytes of each (NCCL's arithmetic; overflow wraps).
+    fn ncclLLA2ACalcSlots / pncclLLA2ACalcSlots(max_elts: c_int, max_elt_size: c_int) -> c_int {
+        max_elts.wrapping_mul(max_elt_size.wrapping_add(7) / 8)
     }
 
     /// Every rank, stride 1.

@@ -9,13 +9,14 @@ pub const fn nccl_version(major: i32, minor: i32, patch: i32) -> i32 {
     }
 }
 
-/// The version `ncclGetVersion` reports: the newest NCCL release whose whole API rustccl
-/// implements, 2.26.6. Symmetric memory windows (2.27), the device API (2.28) and the one-sided
-/// put/signal calls (2.29) exist but are refused with `ncclInvalidUsage`, so a caller that
-/// chooses features by version does not pick them. Everything else up to 2.30.7 is implemented
-/// (shrink, revoke, AlltoAll/Gather/Scatter, grow, suspend/resume, memory statistics, the
-/// parameter API, `ncclTimeout`), and the structs have 2.30.7's layout ([`ABI_VERSION_CODE`]).
-pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 26, 6);
+/// The version `ncclGetVersion` and `NCCL_VERSION_CODE` report: NCCL 2.28.9, whose API
+/// rustccl implements on the hardware it drives: symmetric memory windows (2.27), the device
+/// API's LSA subset (2.28), shrink, revoke, AlltoAll/Gather/Scatter. What 2.28 offers only on
+/// hardware rustccl does not drive is refused with the code NCCL returns where that hardware is
+/// missing: multimem (NVLink SHARP multicast) with `ncclInvalidArgument`, GIN (GPU-initiated
+/// networking) with `ncclInvalidUsage`. Most newer calls (2.29, 2.30) exist and work too (not
+/// the one-sided put/signal calls); the structs have 2.30.7's layout ([`ABI_VERSION_CODE`]).
+pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 28, 9);
 
 /// The NCCL release whose C declarations and struct layouts `nccl.h` follows (2.30.7).
 pub const ABI_VERSION_CODE: i32 = nccl_version(2, 30, 7);
@@ -40,7 +41,7 @@ mod tests {
     use super::*;
     #[test]
     fn version_code_matches_nccl_formula() {
-        assert_eq!(NCCL_VERSION_CODE, 22606);
+        assert_eq!(NCCL_VERSION_CODE, 22809);
         assert_eq!(ABI_VERSION_CODE, 23007);
         assert_eq!(nccl_version(2, 8, 4), 2804);
         assert_eq!(nccl_version(2, 14, 0), 21400);

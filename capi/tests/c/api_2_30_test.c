@@ -19,7 +19,7 @@
 static void test_version_and_codes(void) {
   int v = 0;
   OK(ncclGetVersion(&v));
-  CHECK(v == NCCL_VERSION(2, 26, 6) && v == NCCL_VERSION_CODE, "version %d", v);
+  CHECK(v == NCCL_VERSION(2, 28, 9) && v == NCCL_VERSION_CODE, "version %d", v);
   CHECK(ncclTimeout == 8 && ncclNumResults == 9, "ncclTimeout %d", (int)ncclTimeout);
   CHECK(strstr(ncclGetErrorString(ncclTimeout), "timed out") != NULL, "string of ncclTimeout: %s", ncclGetErrorString(ncclTimeout));
   CHECK(sizeof(ncclConfig_t) == offsetof(ncclConfig_t, graphStreamOrdering) + sizeof(int), "2.30 config layout");

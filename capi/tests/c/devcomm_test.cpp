@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #define USAGE(call) CHECK((call) == ncclInvalidUsage, "%s should be ncclInvalidUsage (%s)", #call, ncclGetLastError(NULL))
+/* The last error of comm names what it must. */
+#define SAYS(comm, text) \
+  CHECK(strstr(ncclGetLastError(comm), text) != NULL, "last error should say \"%s\": %s", text, ncclGetLastError(comm))
 
 static const int kWords = 1024; /* 4 KiB of pattern per rank */
 
@@ -25,35 +28,77 @@ static void test_bad_requirements(ncclComm_t comm) {
   INVALID(ncclDevCommCreate(comm, NULL, &dev));
   INVALID(ncclDevCommCreate(comm, &reqs, NULL));
   INVALID(ncclDevCommCreate(NULL, &reqs, &dev));
+  /* Multimem (NVLS) and GIN: rustccl drives neither, and refuses them with NCCL 2.28.9's codes
+   * for a system without them (multimem ncclInvalidArgument, GIN ncclInvalidUsage), naming the
+   * hardware. */
   {
     ncclDevCommRequirements_t r = reqs;
     r.lsaMultimem = true;
-    USAGE(ncclDevCommCreate(comm, &r, &dev));
-    CHECK(strstr(ncclGetLastError(comm), "multimem") != NULL, "multimem message: %s", ncclGetLastError(comm));
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "lsaMultimem");
+    SAYS(comm, "NVLink SHARP multicast (NVLS)");
   }
   {
-    ncclTeamRequirements_t tr;
+    ncclTeamRequirements_t tr, tr2;
     memset(&tr, 0, sizeof tr);
+    memset(&tr2, 0, sizeof tr2);
     tr.team = ncclTeamLsa(comm);
-    tr.multimem = true;
+    tr.next = &tr2;
+    tr2.team = ncclTeamWorld(comm);
+    tr2.multimem = true;
     ncclDevCommRequirements_t r = reqs;
     r.teamRequirementsList = &tr;
-    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "team requirement 1");
+    SAYS(comm, "NVLS");
   }
   {
     ncclDevCommRequirements_t r = reqs;
     r.ginSignalCount = 1;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
-    CHECK(strstr(ncclGetLastError(comm), "GIN") != NULL, "GIN message: %s", ncclGetLastError(comm));
+    SAYS(comm, "reqs->ginSignalCount");
+    SAYS(comm, "GIN (GPU-initiated networking)");
+    SAYS(comm, "GIN-capable network");
+    r = reqs;
+    r.ginCounterCount = 1;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
     r = reqs;
     r.railGinBarrierCount = 2;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
     r = reqs;
-    r.ginForceEnable = true;
+    r.worldGinBarrierCount = 1;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
     r = reqs;
-    r.lsaLLA2ABlockCount = 1;
+    r.ginConnectionType = NCCL_GIN_CONNECTION_RAIL;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
+    r = reqs;
+    r.ginForceEnable = true;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "ginForceEnable");
+    /* Both: GIN is refused first, as NCCL checks it first. */
+    r.lsaMultimem = true;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "GIN");
+    /* The GIN hints that ask for nothing are ignored; so are the LL all-to-all counts, as NCCL
+     * ignores them (this device communicator works, and is destroyed). */
+    r = reqs;
+    r.ginContextCount = 8;
+    r.ginQueueDepth = 64;
+    r.lsaLLA2ABlockCount = 1;
+    r.lsaLLA2ASlotCount = 16;
+    OK(ncclDevCommCreate(comm, &r, &dev));
+    OK(ncclDevCommDestroy(comm, &dev));
+  }
+  {
+    ncclGinBarrierHandle_t* noHandle = NULL;
+    ncclDevResourceRequirements_t rq;
+    USAGE(ncclGinBarrierCreateRequirement(comm, ncclTeamRail(comm), 1, noHandle, &rq));
+    SAYS(comm, "GIN (GPU-initiated networking)");
+    /* LL all-to-all: its slot count as NCCL computes it; its sessions are not written. */
+    CHECK(ncclLLA2ACalcSlots(10, 12) == 20 && ncclLLA2ACalcSlots(3, 8) == 3 && ncclLLA2ACalcSlots(0, 4) == 0,
+          "ncclLLA2ACalcSlots %d %d", ncclLLA2ACalcSlots(10, 12), ncclLLA2ACalcSlots(3, 8));
+    USAGE(ncclLLA2ACreateRequirement(1, 4, NULL, &rq));
+    CHECK(strstr(ncclGetLastError(NULL), "LL all-to-all") != NULL, "LL all-to-all message: %s", ncclGetLastError(NULL));
   }
   {
     ncclDevCommRequirements_t r = reqs;
@@ -77,6 +122,8 @@ static void test_bad_requirements(ncclComm_t comm) {
     rr.bufferAlign = 16;
     rr.ginCounterCount = 1;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "resource requirement 0");
+    SAYS(comm, "GIN");
   }
   ncclLsaBarrierHandle_t h;
   ncclDevResourceRequirements_t rq;
@@ -122,7 +169,39 @@ int main(void) {
   INVALID(ncclCommQueryProperties(comm, NULL));
   ncclCommProperties_t bad = props;
   bad.magic = 0;
+  USAGE(ncclCommQueryProperties(comm, &bad)); /* as NCCL, and as ncclDevCommCreate's magic */
+  bad = props;
+  bad.size = 16;
   INVALID(ncclCommQueryProperties(comm, &bad));
+
+  /* Multicast pointers of a window (2.29): NULL, as NCCL's without multimem. */
+  {
+    void* mc = &props;
+    OK(ncclGetLsaMultimemDevicePointer(win, 64, &mc));
+    CHECK(mc == NULL, "LSA multimem pointer %p", mc);
+    ncclMultimemHandle_t none = {NULL}, some = {(void*)&props};
+    mc = &props;
+    OK(ncclGetMultimemDevicePointer(win, 0, some, &mc));
+    CHECK(mc == NULL, "multimem pointer %p", mc);
+    INVALID(ncclGetMultimemDevicePointer(win, 0, none, &mc));
+    INVALID(ncclGetLsaMultimemDevicePointer(NULL, 0, &mc));
+    INVALID(ncclGetLsaMultimemDevicePointer(win, 0, NULL));
+    INVALID(ncclGetLsaMultimemDevicePointer((ncclWindow_t)&props, 0, &mc));
+  }
+
+  /* Window flags: NCCL_WIN_STRICT_ORDERING (2.29; GIN's ordering) is accepted, an unknown bit is
+   * not (collective: every rank passes the same). */
+  {
+    void* mem = NULL;
+    OK(ncclMemAlloc(&mem, 4096));
+    ncclWindow_t strict = NULL;
+    OK(ncclCommWindowRegister(comm, mem, 4096, &strict, NCCL_WIN_COLL_SYMMETRIC | NCCL_WIN_STRICT_ORDERING));
+    CHECK(strict != NULL, "strict-ordering window");
+    OK(ncclCommWindowDeregister(comm, strict));
+    ncclWindow_t unknown = NULL;
+    INVALID(ncclCommWindowRegister(comm, mem, 4096, &unknown, 4));
+    OK(ncclMemFree(mem));
+  }
 
   /* Requirements: a barrier of the caller's own (3 barriers over the LSA team) and 1000 bytes
    * aligned to 256. */
@@ -155,6 +234,7 @@ int main(void) {
   OK(ncclDevCommCreate(comm, &reqs, &dev));
 
   CHECK(dev.magic == NCCL_API_MAGIC && dev.internal != NULL && dev.abortFlag == NULL, "magic %#x", dev.magic);
+  CHECK(dev.version == 22809 && reqs.version == NCCL_VERSION_CODE, "version %u", dev.version);
   CHECK(dev.rank == rank && dev.nRanks == nranks, "rank %d nRanks %d", dev.rank, dev.nRanks);
   CHECK(dev.lsaRank == rank && dev.lsaSize == nranks, "lsaRank %d lsaSize %d", dev.lsaRank, dev.lsaSize);
   CHECK(dev.lsaBarrier.nBarriers == 2, "lsaBarrier.nBarriers %d", dev.lsaBarrier.nBarriers);

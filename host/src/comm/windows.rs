@@ -19,7 +19,7 @@ impl Communicator {
     /// makes it, starting a multiple of 4096 bytes into its allocation) as a window every rank
     /// reaches. Collective: every rank calls it, and every rank registers and deregisters its
     /// windows in the same order. `flags`: [`crate::window::WIN_DEFAULT`] or
-    /// [`crate::window::WIN_COLL_SYMMETRIC`].
+    /// [`crate::window::WIN_COLL_SYMMETRIC`], with [`crate::window::WIN_STRICT_ORDERING`] or not.
     pub fn window_register(&self, ptr: DevicePtr, bytes: usize, flags: u32) -> Result<Window> {
         let device = self.device()? as usize;
         let (rank, nranks) = (self.inner.rank as usize, self.inner.nranks as usize);

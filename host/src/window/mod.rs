@@ -28,6 +28,9 @@ use space::Space;
 pub const WIN_DEFAULT: u32 = 0;
 /// `NCCL_WIN_COLL_SYMMETRIC`: collectives on buffers in this window may use its peers' copies.
 pub const WIN_COLL_SYMMETRIC: u32 = 1;
+/// `NCCL_WIN_STRICT_ORDERING` (2.29): orders the network's (GIN's) writes into the window.
+/// Accepted, as NCCL accepts it, and without effect: rustccl has no GIN.
+pub const WIN_STRICT_ORDERING: u32 = 2;
 /// `NCCL_WIN_REQUIRED_ALIGNMENT`: a window starts this far into its allocation, or a multiple.
 pub const WIN_ALIGNMENT: usize = 4096;
 /// Offsets in the space are multiples of this (NCCL's cuMem granularity, 2 MiB on GPUs).
@@ -204,9 +207,10 @@ impl Windows {
             if ptr.0 == 0 || bytes == 0 {
                 return Err(Error::invalid_argument(format!("a window needs a buffer and a size (got {ptr}, {bytes} bytes)")));
             }
-            if flags & !WIN_COLL_SYMMETRIC != 0 {
+            if flags & !(WIN_COLL_SYMMETRIC | WIN_STRICT_ORDERING) != 0 {
                 return Err(Error::invalid_argument(format!(
-                    "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0) and NCCL_WIN_COLL_SYMMETRIC (1) exist"
+                    "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0), NCCL_WIN_COLL_SYMMETRIC (1) and \
+                     NCCL_WIN_STRICT_ORDERING (2) exist"
                 )));
             }
             self.local_part(x, ptr, bytes).map(|(mem, known)| (ptr, mem, known))

@@ -106,7 +106,8 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         (plain, 4096, 0, ResultCode::InvalidArgument),
         // (The allocation's real size: a GPU rounds it up to its granularity.)
         (mem, b.symmetric_memory(mem)?.bytes + 1, 0, ResultCode::InvalidArgument),
-        (mem, 4096, 2, ResultCode::InvalidArgument),
+        // (4: no such flag; 2 is NCCL_WIN_STRICT_ORDERING, accepted.)
+        (mem, 4096, 4, ResultCode::InvalidArgument),
     ];
     for (i, (p, len, flags, kind)) in bad.into_iter().enumerate() {
         // Rank 0 alone asks for the bad window; the others ask for a good one.
