@@ -114,6 +114,8 @@ pub struct LogConfig {
     /// Subsystems whose INFO/DEBUG/TRACE events are shown.
     pub subsys: SubsysMask,
     pub destination: Destination,
+    /// `NCCL_DEBUG` is `VERSION`, `INFO`, `ABORT` or `TRACE`: the version line is shown.
+    pub version: bool,
 }
 
 impl LogConfig {
@@ -127,7 +129,9 @@ impl LogConfig {
             }
             None => Destination::Stderr,
         };
-        LogConfig { level: parse_level(debug), subsys: SubsysMask::parse(subsys), destination }
+        let version = non_empty(debug)
+            .is_some_and(|d| matches!(d.to_ascii_uppercase().as_str(), "VERSION" | "INFO" | "ABORT" | "TRACE"));
+        LogConfig { level: parse_level(debug), subsys: SubsysMask::parse(subsys), destination, version }
     }
 
     /// The configuration the process environment gives.
@@ -424,6 +428,21 @@ pub fn init() {
     });
 }
 
+/// NCCL's version line (`NCCL version 2.28.9 ...`), once per process, when `NCCL_DEBUG` asks
+/// for it (`VERSION` or more): the first communicator's init calls this, as NCCL does, so that
+/// a user sees which library a program loaded.
+pub fn version_banner(line: impl FnOnce() -> String) {
+    static SHOWN: AtomicBool = AtomicBool::new(false);
+    init();
+    let Some(state) = GLOBAL.get() else { return };
+    let state = state.read().unwrap_or_else(|p| p.into_inner());
+    if !state.config.version || SHOWN.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let text = format_line(host_name(), std::process::id(), thread_id(), thread_rank(), Level::INFO, &line());
+    state.output.write_line(&text);
+}
+
 /// Reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE again (`ncclResetDebugInit`).
 pub fn reload_from_env() {
     let Some(state) = GLOBAL.get() else {
@@ -443,6 +462,14 @@ mod tests {
 
     fn config(debug: Option<&str>, subsys: Option<&str>) -> LogConfig {
         LogConfig::from_vars(debug, subsys, None)
+    }
+
+    #[test]
+    fn the_version_line_shows_from_nccl_debug_version_on() {
+        for (debug, shown) in [("VERSION", true), ("version", true), ("INFO", true), ("TRACE", true), ("WARN", false), ("NONE", false), ("", false)] {
+            assert_eq!(LogConfig::from_vars(Some(debug), None, None).version, shown, "NCCL_DEBUG={debug}");
+        }
+        assert!(!LogConfig::from_vars(None, None, None).version);
     }
 
     #[test]

@@ -18,6 +18,26 @@ pub const fn nccl_version(major: i32, minor: i32, patch: i32) -> i32 {
 /// the one-sided put/signal calls); the structs have 2.30.7's layout ([`ABI_VERSION_CODE`]).
 pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 28, 9);
 
+/// `major.minor.patch` of [`NCCL_VERSION_CODE`] (the form of NCCL's "NCCL version" line).
+pub fn nccl_version_string() -> String {
+    let c = NCCL_VERSION_CODE;
+    format!("{}.{}.{}", c / 10000, c % 10000 / 100, c % 100)
+}
+
+/// The file this library was loaded from (`libnccl.so.2` for C programs, the executable for
+/// Rust ones), as the dynamic loader says; `None` if it cannot say.
+pub fn loaded_from() -> Option<String> {
+    // SAFETY: Dl_info is plain C data (pointers and integers), for which all zeroes is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let addr = nccl_version_string as *const libc::c_void;
+    // SAFETY: dladdr only reads the address (a function of this library) and fills `info`;
+    // the name it points to belongs to the loader and lives as long as the object is loaded,
+    // which it is while this code runs: it is copied out at once.
+    let found = unsafe { libc::dladdr(addr, &mut info) } != 0 && !info.dli_fname.is_null();
+    // SAFETY: checked non-NULL above; a NUL-terminated string owned by the loader.
+    found.then(|| unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+}
+
 /// The NCCL release whose C declarations and struct layouts `nccl.h` follows (2.30.7).
 pub const ABI_VERSION_CODE: i32 = nccl_version(2, 30, 7);
 
@@ -39,6 +59,13 @@ pub fn announced_version() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn version_string_and_library_path() {
+        assert_eq!(nccl_version_string(), "2.28.9");
+        let path = loaded_from().expect("dladdr names the test executable");
+        assert!(std::path::Path::new(&path).exists(), "{path}");
+    }
+
     #[test]
     fn version_code_matches_nccl_formula() {
         assert_eq!(NCCL_VERSION_CODE, 22809);

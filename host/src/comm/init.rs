@@ -136,6 +136,10 @@ impl Communicator {
                 ids.len()
             )));
         }
+        crate::log::version_banner(|| {
+            let from = crate::version::loaded_from().unwrap_or_else(|| "an unknown file".into());
+            format!("NCCL version {} (rustccl {}, from {from})", crate::version::nccl_version_string(), crate::version::RUSTCCL_VERSION)
+        });
         let resolved = config.resolve()?;
         let shared = match origin.shared {
             Some(s) => s,
