@@ -68,7 +68,7 @@ fn base_options(have_fp8: bool) -> Vec<String> {
     .into_iter()
     // Tuning knobs of the device code for experiments (e.g. `-DRUSTCCL_SIMPLE_UNROLL=8`);
     // part of the cache key like every option.
-    .chain(std::env::var("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
+    .chain(crate::params::env_str("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
     .collect()
 }
 

@@ -27,7 +27,7 @@ fn base_options(arch: &str) -> Vec<String> {
         "-DRUSTCCL_HAVE_FP8=0".to_string(),
     ]
     .into_iter()
-    .chain(std::env::var("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
+    .chain(crate::params::env_str("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
     .collect()
 }
 
