@@ -5,6 +5,7 @@
 
 mod worker_cache;
 mod worker_coll;
+mod worker_env;
 mod worker_faults;
 mod worker_graph;
 mod worker_lifecycle;
@@ -72,6 +73,7 @@ fn main() {
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),
+        "env-params" => worker_env::params(),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),
