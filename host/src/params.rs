@@ -1,11 +1,12 @@
 //! Parameters. NCCL's own names (`NCCL_*`) keep their NCCL meaning; rustccl's own knobs are
 //! `RUSTCCL_*`. Every parameter the library reads goes through [`resolve`] (and the helpers
 //! built on it: [`env_str`], [`env_int`], [`env_int_or`], [`env_seconds_or`]), which asks the
-//! env plugin when one is in use ([`crate::plugin::env`]) and the process environment
-//! otherwise, and says where the value came from ([`Source`]). Each value set by the user or
-//! the plugin is logged once (ENV). [`table`] lists them all, for the parameter query API
-//! (NCCL 2.30's `ncclParam*`).
+//! env plugin when one is in use ([`crate::plugin::env`]), else the process environment, then
+//! NCCL's configuration files ([`conf_file`]), and says where the value came from
+//! ([`Source`]). Each value set by the user, a file or the plugin is logged once (ENV).
+//! [`table`] lists them all, for the parameter query API (NCCL 2.30's `ncclParam*`).
 
+pub mod conf_file;
 pub mod table;
 
 pub use table::{lookup, Param, ParamType, ParamValue};
@@ -27,6 +28,9 @@ pub enum Source {
     Environment,
     /// The env plugin answered a value the environment does not hold.
     Plugin,
+    /// A configuration file ([`conf_file`]): the environment does not set it and no env
+    /// plugin is in use.
+    ConfigFile,
 }
 
 impl Source {
@@ -36,6 +40,7 @@ impl Source {
             Source::Default => "Default",
             Source::Environment => "EnvVar",
             Source::Plugin => "EnvPlugin",
+            Source::ConfigFile => "ConfigFile",
         }
     }
 }
@@ -50,6 +55,8 @@ pub struct Resolved {
     pub plugin: Option<&'static str>,
     /// The environment holds a value that the env plugin left unset.
     pub hidden_by_plugin: bool,
+    /// The configuration file the value came from ([`Source::ConfigFile`]).
+    pub file: Option<&'static std::path::Path>,
 }
 
 /// The variable of the process environment, `None` when unset or blank.
@@ -62,18 +69,25 @@ fn process_env(name: &str) -> Option<String> {
 /// With an env plugin in use, its answer decides (see [`crate::plugin::env`]): a value equal
 /// to the environment's counts as [`Source::Environment`] (the plugin passed it through), any
 /// other as [`Source::Plugin`], and no value as unset even where the environment has one.
-/// `NCCL_ENV_PLUGIN` itself is read from the environment (it names the plugin).
+/// Without one, the environment decides, then the configuration files ([`conf_file`]).
+/// `NCCL_ENV_PLUGIN` and `NCCL_CONF_FILE` themselves are read from the environment (they say
+/// where the others come from).
 pub fn resolve(name: &str) -> Resolved {
-    let from_env = || {
-        let value = process_env(name);
-        let source = if value.is_some() { Source::Environment } else { Source::Default };
-        Resolved { value, source, plugin: None, hidden_by_plugin: false }
+    let unset = Resolved { value: None, source: Source::Default, plugin: None, hidden_by_plugin: false, file: None };
+    let from_env = || match process_env(name) {
+        Some(v) => Resolved { value: Some(v), source: Source::Environment, ..unset.clone() },
+        None => unset.clone(),
     };
-    if name == "NCCL_ENV_PLUGIN" {
+    if name == "NCCL_ENV_PLUGIN" || name == "NCCL_CONF_FILE" {
         return from_env();
     }
     match env_plugin::get(name) {
-        Answer::NoPlugin => from_env(),
+        Answer::NoPlugin => match (from_env(), conf_file::get(name)) {
+            (r, Some(s)) if r.value.is_none() => {
+                Resolved { value: Some(s.value.clone()), source: Source::ConfigFile, file: Some(&s.file), ..unset }
+            }
+            (r, _) => r,
+        },
         Answer::Plugin { plugin, value } => {
             let value = value.filter(|v| !v.trim().is_empty());
             let env = process_env(name);
@@ -82,7 +96,7 @@ pub fn resolve(name: &str) -> Resolved {
                 (Some(v), Some(e)) if v == e => Source::Environment,
                 (Some(_), _) => Source::Plugin,
             };
-            Resolved { hidden_by_plugin: value.is_none() && env.is_some(), value, source, plugin: Some(plugin) }
+            Resolved { hidden_by_plugin: value.is_none() && env.is_some(), value, source, plugin: Some(plugin), file: None }
         }
     }
 }
@@ -97,6 +111,10 @@ fn log_once(name: &str, r: &Resolved) {
     let plugin = r.plugin.unwrap_or("?");
     match (&r.value, r.source) {
         (Some(v), Source::Plugin) => tracing::info!(target: "ENV", "{name} set by env plugin {plugin} to {v}"),
+        (Some(v), Source::ConfigFile) => {
+            let file = r.file.map(|f| f.display().to_string()).unwrap_or_default();
+            tracing::info!(target: "ENV", "{name} set by configuration file {file} to {v}")
+        }
         (Some(v), _) => tracing::info!(target: "ENV", "{name} set by environment to {v}"),
         (None, _) if r.hidden_by_plugin => {
             tracing::info!(target: "ENV", "{name} is set in the environment but env plugin {plugin} leaves it unset: the default applies")
@@ -191,8 +209,8 @@ mod tests {
         assert_eq!(resolve("RUSTCCL_TEST_PARAM_SOURCE").source, Source::Default, "blank is unset");
         assert_eq!(resolve("RUSTCCL_TEST_PARAM_NEVER_SET").value, None);
         assert_eq!(
-            [Source::Default, Source::Environment, Source::Plugin].map(Source::nccl_name),
-            ["Default", "EnvVar", "EnvPlugin"]
+            [Source::Default, Source::Environment, Source::Plugin, Source::ConfigFile].map(Source::nccl_name),
+            ["Default", "EnvVar", "EnvPlugin", "ConfigFile"]
         );
     }
 

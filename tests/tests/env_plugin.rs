@@ -170,3 +170,27 @@ fn none_a_missing_plugin_and_a_failing_init_leave_the_environment_in_charge() {
     );
     assert!(!log.contains("c-env: finalize"), "no finalize for a plugin whose init failed: {log}");
 }
+
+#[test]
+fn a_configuration_file_fills_what_the_environment_leaves_unset() {
+    let dir = worker_path().parent().unwrap().join("c-env");
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join(format!("nccl.{}.conf", std::process::id()));
+    std::fs::write(&conf, "# a site's settings\nNCCL_PROTO=LL\nNCCL_MIN_CTAS=5\n#NCCL_ALGO=Tree\nNCCL_DEBUG=INFO\n").unwrap();
+    let conf_path = conf.to_string_lossy().into_owned();
+    let names = "NCCL_PROTO,NCCL_MIN_CTAS,NCCL_ALGO,NCCL_CONF_FILE";
+    let (lines, log) = params(names, &[("NCCL_CONF_FILE", &conf_path), ("NCCL_MIN_CTAS", "3"), ("NCCL_DEBUG", "")]);
+    assert_eq!(param(&lines, "NCCL_PROTO"), "LL ConfigFile");
+    assert_eq!(param(&lines, "NCCL_MIN_CTAS"), "3 EnvVar", "the environment wins over the file");
+    assert_eq!(param(&lines, "NCCL_ALGO"), "- Default", "a comment sets nothing");
+    assert_eq!(param(&lines, "NCCL_CONF_FILE"), format!("{conf_path} EnvVar"));
+    assert!(!info_lines(&log).is_empty(), "the file's NCCL_DEBUG=INFO sets the log level: {log}");
+    assert!(log.contains("current value=LL set_by=ConfigFile"), "{log}");
+
+    // With an env plugin in use, its answer is final: the files are not consulted.
+    let plugin = c_env("libnccl-env-c-v1.so", &[]);
+    let (lines, _) = params(names, &[("NCCL_CONF_FILE", &conf_path), ("NCCL_ENV_PLUGIN", &plugin)]);
+    assert_eq!(param(&lines, "NCCL_PROTO"), "Simple EnvPlugin");
+    assert_eq!(param(&lines, "NCCL_MIN_CTAS"), "1 Default");
+    std::fs::remove_file(&conf).unwrap();
+}

@@ -95,6 +95,7 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_NET_PLUGIN", Str, None, true, "Network plugin library to load (name, suffix or path; none disables)"),
     p("NCCL_TUNER_PLUGIN", Str, None, true, "Tuner plugin library to load"),
     p("NCCL_PROFILER_PLUGIN", Str, None, true, "Profiler plugin library to load"),
+    p("NCCL_CONF_FILE", Str, None, true, "Configuration file of NAME=VALUE lines read instead of ~/.nccl.conf (then /etc/nccl.conf), for what the environment does not set; read from the environment itself"),
     p("NCCL_ENV_PLUGIN", Str, None, true, "Env plugin library through which every parameter is resolved (name, suffix or path; none disables); read from the environment itself"),
     p("NCCL_ALGO", Str, None, true, "Algorithms the planner may choose (Ring, Tree; ^ excludes)"),
     p("NCCL_THREAD_THRESHOLDS", Str, None, true, "Bytes per thread below which a channel is dropped: LL LL128 Simple (negative keeps the default)"),
@@ -185,6 +186,7 @@ impl Param {
             let origin = match source {
                 super::Source::Environment => "set in the environment",
                 super::Source::Plugin => "set by the env plugin",
+                super::Source::ConfigFile => "set in a configuration file",
                 super::Source::Default => "default",
             };
             Error::invalid_argument(format!("{}={text:?} ({origin}) is not {what}", self.name))
@@ -209,7 +211,7 @@ pub fn listed() -> impl Iterator<Item = &'static Param> {
 }
 
 /// Logs every listed parameter with its value, where it came from (NCCL's names: `EnvVar`,
-/// `EnvPlugin`, `Default`) and its default (INFO, ENV).
+/// `EnvPlugin`, `ConfigFile`, `Default`) and its default (INFO, ENV).
 pub fn dump_all() {
     for p in listed() {
         let (value, source) = p.resolved();
