@@ -133,6 +133,7 @@ pub static PARAMS: &[Param] = &[
     p("RUSTCCL_HIPRTC_PATH", Str, None, false, "rustccl: path (file or directory) of hipRTC (libhiprtc.so, or ROCm 5's libamdhip64.so) for compiling device kernels for AMD GPUs"),
     p("RUSTCCL_HIP_PATH", Str, None, false, "rustccl: path (file or directory) of the HIP runtime, libamdhip64.so"),
     p("RUSTCCL_HIP_ARCH", Str, None, false, "rustccl: the AMD GPU target (e.g. gfx90a, gfx942) the hip backend compiles kernels for, instead of the gcnArchName the runtime reports"),
+    p("RUSTCCL_KERNEL_CACHE_DIR", Str, None, false, "rustccl: directory of compiled device kernels (unset: $XDG_CACHE_HOME/rustccl/kernels or ~/.cache/rustccl/kernels)"),
     p("RUSTCCL_CUDA_INCLUDE", Str, None, false, "rustccl: CUDA include directory for run-time compilation"),
     p("RUSTCCL_KERNEL_DEFINES", Str, None, false, "rustccl: extra -D options for the device kernels (tuning experiments)"),
     p("RUSTCCL_KERNEL_SOURCE_DIR", Str, None, false, "rustccl: directory whose files replace the embedded device sources (experiments)"),

@@ -202,7 +202,7 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Vec
         format!("unit-{}", unit_desc.name),
     ];
     let key = crate::backend::rtc::cache_key(&target.arch, driver_version as u32, &options, &tags);
-    let cache = KernelCache::from_env();
+    let cache = crate::backend::rtc::kernel_cache();
 
     if let Some(cache) = &cache {
         match cache.lookup(&key) {

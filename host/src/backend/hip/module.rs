@@ -73,7 +73,7 @@ pub struct HipCompile {
 /// (e.g. `gfx90a`) under HIP runtime version `runtime_version` (0 when compiling without a
 /// runtime): the disk cache's, else hipRTC's (stored in the cache).
 pub fn compile_exec(arch: &str, runtime_version: u32, op: DeviceOp, dtype: DataType) -> Result<HipCompile> {
-    compile_exec_with(arch, runtime_version, op, dtype, KernelCache::from_env())
+    compile_exec_with(arch, runtime_version, op, dtype, crate::backend::rtc::kernel_cache())
 }
 
 /// [`compile_exec`] with `cache` (None: always compile, and store nothing).
