@@ -75,7 +75,7 @@ pub(crate) fn current_device() -> i32 {
     if let Ok(Some(d)) = rustccl::backend::select_backend().and_then(|b| b.current_device()) {
         return d;
     }
-    std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    rustccl::params::env_str("RUSTCCL_DEVICE").and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Publishes a new communicator; a non-blocking one still initialising reports InProgress.

@@ -89,7 +89,7 @@ nccl_api! {
             // The caller's current device (cudaSetDevice), as NCCL.
             let device = match backend.current_device()? {
                 Some(d) => usize::try_from(d).map_err(|_| Error::invalid_usage(format!("current device {d} is negative")))?,
-                None => std::env::var("RUSTCCL_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+                None => rustccl::params::env_str("RUSTCCL_DEVICE").and_then(|v| v.trim().parse().ok()).unwrap_or(0),
             };
             // Memory windows can be made of.
             let p = backend.alloc_symmetric(device, size)?;

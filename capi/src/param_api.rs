@@ -1,4 +1,8 @@
 //! NCCL 2.30's parameter API over rustccl's parameter table (`rustccl::params::table`).
+//! Values are read through `rustccl::params::resolve`, the lookup every parameter read of the
+//! library goes through (the env plugin when one is in use, else the environment, then NCCL's
+//! configuration files); `ncclParamDumpAll` logs each with where it came from, by NCCL's names
+//! (`set_by=EnvVar`, `EnvPlugin`, `ConfigFile`, `Default`).
 //!
 //! An `ncclParamHandle_t` is the address of a table entry; handles are checked against the
 //! table before use, so a stale or made-up handle is an `ncclInvalidArgument`, never a read.

@@ -134,10 +134,11 @@ impl LogConfig {
         LogConfig { level: parse_level(debug), subsys: SubsysMask::parse(subsys), destination, version }
     }
 
-    /// The configuration the process environment gives.
+    /// The configuration the parameters give (through the env plugin when one is in use).
     pub fn from_env() -> LogConfig {
-        // Read directly, not through params::env_str: that logs, and logging is not set up yet.
-        let var = |name| std::env::var(name).ok();
+        // params::resolve, not env_str: that logs, and logging is not set up yet. The first
+        // lookup loads the env plugin, whose own lines wait for this configuration.
+        let var = |name| crate::params::resolve(name).value;
         let (debug, subsys, file) =
             (var("NCCL_DEBUG"), var("NCCL_DEBUG_SUBSYS"), var("NCCL_DEBUG_FILE"));
         LogConfig::from_vars(debug.as_deref(), subsys.as_deref(), file.as_deref())
@@ -412,7 +413,8 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// Sets logging up from the environment and installs the global subscriber, unless the
 /// embedding program installed one already (then its subscriber is left alone). Only the
-/// first call does anything.
+/// first call does anything (but lines kept by [`emit_when_ready`] are logged by whichever
+/// call finds them).
 pub fn init() {
     GLOBAL.get_or_init(|| {
         let config = LogConfig::from_env();
@@ -426,6 +428,91 @@ pub fn init() {
         INSTALLED.store(installed, Ordering::Relaxed);
         state
     });
+    let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
+    replay(pending);
+}
+
+/// Whether [`init`] has set logging up (the log level is known).
+pub fn is_initialized() -> bool {
+    GLOBAL.get().is_some()
+}
+
+/// One event [`capture`] kept: its level, target (subsystem) and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Captured {
+    pub level: Level,
+    pub target: String,
+    pub message: String,
+}
+
+/// Keeps every event of the calling thread, whatever its level, while `f` runs.
+struct CaptureLayer(Arc<Mutex<Vec<Captured>>>);
+
+impl<S: Subscriber> Layer<S> for CaptureLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let mut visitor = MessageVisitor { message: String::new(), fields: String::new() };
+        event.record(&mut visitor);
+        let meta = event.metadata();
+        let line = Captured { level: *meta.level(), target: meta.target().to_string(), message: visitor.message + &visitor.fields };
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    }
+}
+
+/// Runs `f` and returns what it logged on this thread instead of logging it. For what runs
+/// before logging can be set up: the env plugin is loaded by the first parameter lookup, which
+/// is the lookup of `NCCL_DEBUG` itself, so its lines wait for the level it helps decide.
+pub fn capture<T>(f: impl FnOnce() -> T) -> (T, Vec<Captured>) {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(CaptureLayer(lines.clone()));
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let lines = std::mem::take(&mut *lines.lock().unwrap_or_else(|p| p.into_inner()));
+    (out, lines)
+}
+
+/// Lines waiting for [`init`].
+static PENDING: Mutex<Vec<Captured>> = Mutex::new(Vec::new());
+
+/// Logs `lines` now if logging is set up, else as soon as [`init`] sets it up.
+pub fn emit_when_ready(lines: Vec<Captured>) {
+    if lines.is_empty() {
+        return;
+    }
+    {
+        let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+        if !is_initialized() {
+            pending.extend(lines);
+            return;
+        }
+    }
+    replay(lines);
+}
+
+/// Logs captured lines again, each at its level and under its subsystem (an unknown target
+/// is logged as `ENV`: tracing needs targets known when the program is built).
+fn replay(lines: Vec<Captured>) {
+    macro_rules! at {
+        ($lvl:ident, $line:expr, [$($name:literal),*]) => {
+            match $line.target.as_str() {
+                $($name => tracing::$lvl!(target: $name, "{}", $line.message),)*
+                _ => tracing::$lvl!(target: "ENV", "{}", $line.message),
+            }
+        };
+    }
+    macro_rules! by_target {
+        ($lvl:ident, $line:expr) => {
+            at!($lvl, $line, ["INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ALLOC", "CALL", "PROXY",
+                "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "PLUGIN"])
+        };
+    }
+    for line in lines {
+        match line.level {
+            Level::ERROR => by_target!(error, line),
+            Level::WARN => by_target!(warn, line),
+            Level::INFO => by_target!(info, line),
+            Level::DEBUG => by_target!(debug, line),
+            _ => by_target!(trace, line),
+        }
+    }
 }
 
 /// NCCL's version line (`NCCL version 2.28.9 ...`), once per process, when `NCCL_DEBUG` asks

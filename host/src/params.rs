@@ -1,7 +1,12 @@
-//! Parameters from the environment. NCCL's own names (`NCCL_*`) keep their NCCL meaning;
-//! rustccl's own knobs are `RUSTCCL_*`. Each value set by the user is logged once (ENV).
+//! Parameters. NCCL's own names (`NCCL_*`) keep their NCCL meaning; rustccl's own knobs are
+//! `RUSTCCL_*`. Every parameter the library reads goes through [`resolve`] (and the helpers
+//! built on it: [`env_str`], [`env_int`], [`env_int_or`], [`env_seconds_or`]), which asks the
+//! env plugin when one is in use ([`crate::plugin::env`]), else the process environment, then
+//! NCCL's configuration files ([`conf_file`]), and says where the value came from
+//! ([`Source`]). Each value set by the user, a file or the plugin is logged once (ENV).
 //! [`table`] lists them all, for the parameter query API (NCCL 2.30's `ncclParam*`).
 
+pub mod conf_file;
 pub mod table;
 
 pub use table::{lookup, Param, ParamType, ParamValue};
@@ -11,25 +16,118 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::plugin::env::{self as env_plugin, Answer};
 
-static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+/// Where a parameter's value came from (NCCL 2.30's `ncclParamSource_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Not set: the parameter's default applies.
+    Default,
+    /// The process environment (with an env plugin in use: the plugin answered the
+    /// environment's own value).
+    Environment,
+    /// The env plugin answered a value the environment does not hold.
+    Plugin,
+    /// A configuration file ([`conf_file`]): the environment does not set it and no env
+    /// plugin is in use.
+    ConfigFile,
+}
 
-fn log_once(name: &str, value: &str) {
-    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
-    if logged.get_or_insert_with(HashSet::new).insert(name.to_string()) {
-        tracing::info!(target: "ENV", "{name} set by environment to {value}");
+impl Source {
+    /// NCCL's name, as `ncclParamDumpAll` prints it (`set_by=`).
+    pub fn nccl_name(self) -> &'static str {
+        match self {
+            Source::Default => "Default",
+            Source::Environment => "EnvVar",
+            Source::Plugin => "EnvPlugin",
+            Source::ConfigFile => "ConfigFile",
+        }
     }
 }
 
-/// The variable's value, or `None` when unset or empty.
-pub fn env_str(name: &str) -> Option<String> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => {
-            log_once(name, &v);
-            Some(v)
-        }
-        _ => None,
+/// A parameter's value as the library sees it, and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// `None`: unset (or set to blanks), so the default applies.
+    pub value: Option<String>,
+    pub source: Source,
+    /// The env plugin that was asked, if one is in use.
+    pub plugin: Option<&'static str>,
+    /// The environment holds a value that the env plugin left unset.
+    pub hidden_by_plugin: bool,
+    /// The configuration file the value came from ([`Source::ConfigFile`]).
+    pub file: Option<&'static std::path::Path>,
+}
+
+/// The variable of the process environment, `None` when unset or blank.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The one function through which the library reads a parameter, without logging it.
+///
+/// With an env plugin in use, its answer decides (see [`crate::plugin::env`]): a value equal
+/// to the environment's counts as [`Source::Environment`] (the plugin passed it through), any
+/// other as [`Source::Plugin`], and no value as unset even where the environment has one.
+/// Without one, the environment decides, then the configuration files ([`conf_file`]).
+/// `NCCL_ENV_PLUGIN` and `NCCL_CONF_FILE` themselves are read from the environment (they say
+/// where the others come from).
+pub fn resolve(name: &str) -> Resolved {
+    let unset = Resolved { value: None, source: Source::Default, plugin: None, hidden_by_plugin: false, file: None };
+    let from_env = || match process_env(name) {
+        Some(v) => Resolved { value: Some(v), source: Source::Environment, ..unset.clone() },
+        None => unset.clone(),
+    };
+    if name == "NCCL_ENV_PLUGIN" || name == "NCCL_CONF_FILE" {
+        return from_env();
     }
+    match env_plugin::get(name) {
+        Answer::NoPlugin => match (from_env(), conf_file::get(name)) {
+            (r, Some(s)) if r.value.is_none() => {
+                Resolved { value: Some(s.value.clone()), source: Source::ConfigFile, file: Some(&s.file), ..unset }
+            }
+            (r, _) => r,
+        },
+        Answer::Plugin { plugin, value } => {
+            let value = value.filter(|v| !v.trim().is_empty());
+            let env = process_env(name);
+            let source = match (&value, &env) {
+                (None, _) => Source::Default,
+                (Some(v), Some(e)) if v == e => Source::Environment,
+                (Some(_), _) => Source::Plugin,
+            };
+            Resolved { hidden_by_plugin: value.is_none() && env.is_some(), value, source, plugin: Some(plugin), file: None }
+        }
+    }
+}
+
+static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+fn log_once(name: &str, r: &Resolved) {
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if !logged.get_or_insert_with(HashSet::new).insert(name.to_string()) {
+        return;
+    }
+    let plugin = r.plugin.unwrap_or("?");
+    match (&r.value, r.source) {
+        (Some(v), Source::Plugin) => tracing::info!(target: "ENV", "{name} set by env plugin {plugin} to {v}"),
+        (Some(v), Source::ConfigFile) => {
+            let file = r.file.map(|f| f.display().to_string()).unwrap_or_default();
+            tracing::info!(target: "ENV", "{name} set by configuration file {file} to {v}")
+        }
+        (Some(v), _) => tracing::info!(target: "ENV", "{name} set by environment to {v}"),
+        (None, _) if r.hidden_by_plugin => {
+            tracing::info!(target: "ENV", "{name} is set in the environment but env plugin {plugin} leaves it unset: the default applies")
+        }
+        (None, _) => {}
+    }
+}
+
+/// The parameter's value, or `None` when unset or empty; the first value seen is logged.
+pub fn env_str(name: &str) -> Option<String> {
+    let r = resolve(name);
+    log_once(name, &r);
+    r.value
 }
 
 /// An integer parameter: `None` when unset, an error naming the variable when it does not parse.
@@ -99,6 +197,21 @@ mod tests {
         assert_eq!(parse_int("+3"), Some(3));
         assert_eq!(parse_int("abc"), None);
         assert_eq!(parse_int(""), None);
+    }
+
+    #[test]
+    fn without_an_env_plugin_the_environment_decides_and_says_so() {
+        // No env plugin is installed where unit tests run (the lookup finds none).
+        std::env::set_var("RUSTCCL_TEST_PARAM_SOURCE", " 7 ");
+        let r = resolve("RUSTCCL_TEST_PARAM_SOURCE");
+        assert_eq!((r.value.as_deref(), r.source, r.plugin), (Some(" 7 "), Source::Environment, None));
+        std::env::set_var("RUSTCCL_TEST_PARAM_SOURCE", "  ");
+        assert_eq!(resolve("RUSTCCL_TEST_PARAM_SOURCE").source, Source::Default, "blank is unset");
+        assert_eq!(resolve("RUSTCCL_TEST_PARAM_NEVER_SET").value, None);
+        assert_eq!(
+            [Source::Default, Source::Environment, Source::Plugin, Source::ConfigFile].map(Source::nccl_name),
+            ["Default", "EnvVar", "EnvPlugin", "ConfigFile"]
+        );
     }
 
     #[test]

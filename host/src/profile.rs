@@ -30,7 +30,7 @@ static STATE: AtomicU8 = AtomicU8::new(0);
 fn enabled() -> bool {
     match STATE.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var("RUSTCCL_PROFILE_ENQUEUE").is_ok_and(|v| v == "1");
+            let on = crate::params::resolve("RUSTCCL_PROFILE_ENQUEUE").value.is_some_and(|v| v.trim() == "1");
             STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }

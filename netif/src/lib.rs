@@ -293,15 +293,23 @@ fn choose_default(ifaces: &[Interface], of_family: &[&Interface]) -> Result<(Int
     )))
 }
 
-/// The interface bootstrap uses, from `NCCL_SOCKET_IFNAME` and `NCCL_SOCKET_FAMILY`. The
-/// first success is logged (BOOTSTRAP) and kept for the rest of the process; errors are not.
+/// The interface bootstrap uses, from `NCCL_SOCKET_IFNAME` and `NCCL_SOCKET_FAMILY` of the
+/// process environment (see [`bootstrap_interface_from`]).
 pub fn bootstrap_interface() -> Result<Interface> {
+    bootstrap_interface_from(env_str)
+}
+
+/// The interface bootstrap uses, from `NCCL_SOCKET_IFNAME` and `NCCL_SOCKET_FAMILY` as
+/// `lookup` gives them (the host passes its parameter lookup, so that an env plugin sees
+/// them). The first success is logged (BOOTSTRAP) and kept for the rest of the process;
+/// errors are not.
+pub fn bootstrap_interface_from(lookup: impl Fn(&str) -> Option<String>) -> Result<Interface> {
     static CHOSEN: OnceLock<Interface> = OnceLock::new();
     if let Some(iface) = CHOSEN.get() {
         return Ok(iface.clone());
     }
-    let spec = env_str("NCCL_SOCKET_IFNAME");
-    let family = env_str("NCCL_SOCKET_FAMILY").and_then(|f| Family::parse(&f));
+    let spec = lookup("NCCL_SOCKET_IFNAME");
+    let family = lookup("NCCL_SOCKET_FAMILY").and_then(|f| Family::parse(&f));
     let ifaces = list_interfaces()?;
     let (iface, reason) = choose(&ifaces, spec.as_deref(), family)?;
     if CHOSEN.set(iface.clone()).is_ok() {

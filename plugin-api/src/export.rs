@@ -23,6 +23,7 @@ pub enum PluginKind {
     Net,
     Tuner,
     Profiler,
+    Env,
 }
 
 impl PluginKind {
@@ -32,6 +33,7 @@ impl PluginKind {
             PluginKind::Net => "net",
             PluginKind::Tuner => "tuner",
             PluginKind::Profiler => "profiler",
+            PluginKind::Env => "env",
         }
     }
 
@@ -41,6 +43,7 @@ impl PluginKind {
             PluginKind::Net => "NCCL_NET_PLUGIN",
             PluginKind::Tuner => "NCCL_TUNER_PLUGIN",
             PluginKind::Profiler => "NCCL_PROFILER_PLUGIN",
+            PluginKind::Env => "NCCL_ENV_PLUGIN",
         }
     }
 }

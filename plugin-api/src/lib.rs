@@ -1,6 +1,6 @@
 //! Stable-ABI definitions shared by rustccl and its plugins.
 //!
-//! Three plugin kinds, each a module with the same shape: a safe trait the host uses and a
+//! Four plugin kinds, each a module with the same shape: a safe trait the host uses and a
 //! plugin implements, one `#[repr(C)]` [`abi_stable::StableAbi`] table of `extern "C"` shims per
 //! ABI version, an `export_*!` macro that puts a table in a cdylib under the symbol
 //! `rustccl_<kind>_v<N>` (see [`export`]), and a client per version that implements the
@@ -12,7 +12,9 @@
 //!   (`rustccl_tuner_v2`), `export_tuner!(v1 | v2, ...)` (or `export_tuner_v1!` /
 //!   `export_tuner_v2!`), `TunerV1Client` / `TunerV2Client`;
 //! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV2` (`rustccl_profiler_v2`),
-//!   `export_profiler!`, `ProfilerV2Client`; [`profiler_v1`]: the older table and its client.
+//!   `export_profiler!`, `ProfilerV2Client`; [`profiler_v1`]: the older table and its client;
+//! * [`env`]: trait [`env::Env`], table `EnvV1` (`rustccl_env_v1`), `export_env!`,
+//!   `EnvV1Client`: one per process, through which the library resolves every parameter.
 //!
 //! This root module holds what the kinds share: [`PluginError`] / [`PResult`] (the result of
 //! every exported function), the host's logger [`LogFn`], [`call_guarded`] (no panic crosses
@@ -32,6 +34,7 @@ use std::sync::Mutex;
 use abi_stable::std_types::{RResult, RStr, RString};
 use abi_stable::StableAbi;
 
+pub mod env;
 pub mod export;
 pub mod net;
 pub mod profiler;
@@ -97,6 +100,7 @@ pub mod log_level {
 pub mod subsys {
     pub const INIT: u64 = 0x1;
     pub const NET: u64 = 0x10;
+    pub const ENV: u64 = 0x80;
     pub const TUNING: u64 = 0x40;
     pub const PROFILE: u64 = 0x4000;
 }

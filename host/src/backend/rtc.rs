@@ -145,6 +145,20 @@ pub(crate) fn for_every_exec_kernel(
     Ok(pairs.len())
 }
 
+/// The disk cache of compiled kernels: `RUSTCCL_KERNEL_CACHE_DIR` (read as a parameter, so that
+/// an env plugin or a configuration file may set it), else under `XDG_CACHE_HOME` or `HOME`
+/// (see [`rustccl_kernels::cache_dir_from`]); `None` when no directory can be determined.
+pub(crate) fn kernel_cache() -> Option<rustccl_kernels::KernelCache> {
+    rustccl_kernels::cache_dir_from(|name| {
+        if name == rustccl_kernels::CACHE_DIR_ENV {
+            crate::params::env_str(name).map(std::ffi::OsString::from)
+        } else {
+            std::env::var_os(name)
+        }
+    })
+    .map(rustccl_kernels::KernelCache::new)
+}
+
 /// Where the kernel compile checks (the NVRTC and hipRTC tests) keep what they compiled:
 /// `RUSTCCL_TEST_KERNEL_CACHE_DIR` (CI sets it to a directory it keeps between runs). A
 /// compile made before with the same sources, options and compiler is read from there, not

@@ -53,7 +53,7 @@ pub fn get_unique_id() -> Result<UniqueId> {
 /// Starts a root with a fresh secret on the bootstrap interface and returns its id (what
 /// `get_unique_id` does without `NCCL_COMM_ID`; split and shrink use it for their children).
 pub fn create_root_id() -> Result<UniqueId> {
-    let iface = netif::bootstrap_interface()?;
+    let iface = netif::bootstrap_interface_from(params::env_str)?;
     let (listener, addr) = peers::bind_listener(iface.addr)?;
     let secret = id::random_bytes()?;
     root::spawn(listener, secret, params::bootstrap_timeout(), true)?;
@@ -112,7 +112,7 @@ impl Bootstrap {
     /// Joins the rendezvous of `req.ids` and connects this rank to its peers.
     pub fn init(req: &JoinRequest, stop: Arc<StopFlags>) -> Result<Bootstrap> {
         let timeout = params::bootstrap_timeout();
-        let iface = netif::bootstrap_interface()?;
+        let iface = netif::bootstrap_interface_from(params::env_str)?;
         let (listener, listen) = peers::bind_listener(iface.addr)?;
         let info = PeerInfo {
             rank: req.rank,

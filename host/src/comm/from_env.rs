@@ -76,9 +76,16 @@ fn usage(msg: String) -> Error {
 }
 
 impl LaunchEnv {
-    /// Reads the process environment (see the module documentation).
+    /// Reads the process environment (see the module documentation); NCCL's own variables
+    /// (`NCCL_COMM_ID`) through the parameter lookup, so that an env plugin resolves them.
     pub fn detect() -> Result<LaunchEnv> {
-        LaunchEnv::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+        LaunchEnv::from_lookup(|name| {
+            if name.starts_with("NCCL_") {
+                crate::params::env_str(name)
+            } else {
+                std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+            }
+        })
     }
 
     /// As [`LaunchEnv::detect`], with the variables read through `get` (tests use a map).

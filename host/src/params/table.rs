@@ -3,8 +3,9 @@
 //! The query API (`ncclParamBind`, `ncclParamGet*`, `ncclParamGetParameter`,
 //! `ncclParamGetAllParameterKeys`, `ncclParamDumpAll`) reads values through it.
 //!
-//! A value is the environment variable of the same name when set (read at the time of the
-//! query), else the default. rustccl's own knobs (`RUSTCCL_*`, and `NCCL_OP_TIMEOUT_MS`) are
+//! A value is what [`super::resolve`] gives at the time of the query (the env plugin's answer
+//! when one is in use, else the environment variable of the same name), else the default;
+//! [`Param::resolved`] also says where it came from. rustccl's own knobs (`RUSTCCL_*`, and `NCCL_OP_TIMEOUT_MS`) are
 //! private: listed only with `NCCL_PARAM_DUMP_ALL=true`, as NCCL lists its undocumented ones.
 
 use crate::error::{Error, Result};
@@ -94,6 +95,8 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_NET_PLUGIN", Str, None, true, "Network plugin library to load (name, suffix or path; none disables)"),
     p("NCCL_TUNER_PLUGIN", Str, None, true, "Tuner plugin library to load"),
     p("NCCL_PROFILER_PLUGIN", Str, None, true, "Profiler plugin library to load"),
+    p("NCCL_CONF_FILE", Str, None, true, "Configuration file of NAME=VALUE lines read instead of ~/.nccl.conf (then /etc/nccl.conf), for what the environment does not set; read from the environment itself"),
+    p("NCCL_ENV_PLUGIN", Str, None, true, "Env plugin library through which every parameter is resolved (name, suffix or path; none disables); read from the environment itself"),
     p("NCCL_ALGO", Str, None, true, "Algorithms the planner may choose (Ring, Tree; ^ excludes)"),
     p("NCCL_THREAD_THRESHOLDS", Str, None, true, "Bytes per thread below which a channel is dropped: LL LL128 Simple (negative keeps the default)"),
     p("NCCL_PROTO", Str, None, true, "Protocols the planner may choose (Simple, LL, LL128; ^ excludes; on the host backend Ring/LL is the one-shot exchange)"),
@@ -130,6 +133,7 @@ pub static PARAMS: &[Param] = &[
     p("RUSTCCL_HIPRTC_PATH", Str, None, false, "rustccl: path (file or directory) of hipRTC (libhiprtc.so, or ROCm 5's libamdhip64.so) for compiling device kernels for AMD GPUs"),
     p("RUSTCCL_HIP_PATH", Str, None, false, "rustccl: path (file or directory) of the HIP runtime, libamdhip64.so"),
     p("RUSTCCL_HIP_ARCH", Str, None, false, "rustccl: the AMD GPU target (e.g. gfx90a, gfx942) the hip backend compiles kernels for, instead of the gcnArchName the runtime reports"),
+    p("RUSTCCL_KERNEL_CACHE_DIR", Str, None, false, "rustccl: directory of compiled device kernels (unset: $XDG_CACHE_HOME/rustccl/kernels or ~/.cache/rustccl/kernels)"),
     p("RUSTCCL_CUDA_INCLUDE", Str, None, false, "rustccl: CUDA include directory for run-time compilation"),
     p("RUSTCCL_KERNEL_DEFINES", Str, None, false, "rustccl: extra -D options for the device kernels (tuning experiments)"),
     p("RUSTCCL_KERNEL_SOURCE_DIR", Str, None, false, "rustccl: directory whose files replace the embedded device sources (experiments)"),
@@ -158,21 +162,34 @@ fn parse_bool(s: &str) -> Option<bool> {
 }
 
 impl Param {
-    /// Whether the variable is set (not empty).
+    /// Whether the parameter is set (not empty), in the environment or by the env plugin.
     pub fn is_set(&self) -> bool {
-        std::env::var(self.name).is_ok_and(|v| !v.trim().is_empty())
+        super::resolve(self.name).value.is_some()
     }
 
-    /// The current value: the environment's, else the default. A value that does not parse
-    /// as the parameter's type is an `InvalidArgument` naming it.
+    /// The current value: the one set, else the default. A value that does not parse as the
+    /// parameter's type is an `InvalidArgument` naming it.
     pub fn value(&self) -> Result<ParamValue> {
-        let set = std::env::var(self.name).ok().filter(|v| !v.trim().is_empty());
-        let from_env = set.is_some();
+        self.resolved().0
+    }
+
+    /// The current value (as [`Param::value`]) and where it came from.
+    pub fn resolved(&self) -> (Result<ParamValue>, super::Source) {
+        let r = super::resolve(self.name);
+        (self.parse(r.value, r.source), r.source)
+    }
+
+    fn parse(&self, set: Option<String>, source: super::Source) -> Result<ParamValue> {
         let Some(text) = set.or_else(|| self.default.map(str::to_string)) else {
             return Ok(ParamValue::Unset);
         };
         let bad = |what: &str| {
-            let origin = if from_env { "set in the environment" } else { "default" };
+            let origin = match source {
+                super::Source::Environment => "set in the environment",
+                super::Source::Plugin => "set by the env plugin",
+                super::Source::ConfigFile => "set in a configuration file",
+                super::Source::Default => "default",
+            };
             Error::invalid_argument(format!("{}={text:?} ({origin}) is not {what}", self.name))
         };
         Ok(match self.ty {
@@ -194,10 +211,12 @@ pub fn listed() -> impl Iterator<Item = &'static Param> {
     PARAMS.iter().filter(move |p| all || p.published)
 }
 
-/// Logs every listed parameter with its value, where it came from and its default (INFO, ENV).
+/// Logs every listed parameter with its value, where it came from (NCCL's names: `EnvVar`,
+/// `EnvPlugin`, `ConfigFile`, `Default`) and its default (INFO, ENV).
 pub fn dump_all() {
     for p in listed() {
-        let current = match p.value() {
+        let (value, source) = p.resolved();
+        let current = match value {
             Ok(ParamValue::Unset) => "<unset>".to_string(),
             Ok(v) => v.to_text(),
             Err(e) => format!("<invalid: {}>", e.message),
@@ -209,7 +228,7 @@ pub fn dump_all() {
             p.name,
             p.ty.c_name(),
             p.description,
-            if p.is_set() { "Environment" } else { "Default" },
+            source.nccl_name(),
             p.default.unwrap_or("<unset>")
         );
     }
@@ -269,7 +288,7 @@ mod tests {
                     continue;
                 }
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
-                for call in ["env_str(\"", "env_int(\"", "env_int_or(\"", "env_seconds_or(\"", "env::var(\""] {
+                for call in ["env_str(\"", "env_int(\"", "env_int_or(\"", "env_seconds_or(\"", "resolve(\"", "env::var(\""] {
                     for (at, _) in text.match_indices(call) {
                         let rest = &text[at + call.len()..];
                         let name = &rest[..rest.find('"').unwrap_or(0)];

@@ -1,18 +1,21 @@
 //! Plugins: discovery of plugin libraries ([`discovery`]), a check of each file before the
-//! dynamic loader gets it ([`elf_check`]), opening them once per process ([`library`]), and
-//! choosing each communicator's network ([`net`]), tuner and profiler.
+//! dynamic loader gets it ([`elf_check`]), opening them once per process ([`library`]),
+//! choosing each communicator's network ([`net`]), tuner and profiler, and the process's env
+//! plugin ([`env`]), through which every parameter is resolved.
 //!
-//! The core sees one interface per kind — the `Net`, `Tuner` and `Profiler` traits of
+//! The core sees one interface per kind — the `Net`, `Tuner`, `Profiler` and `Env` traits of
 //! `rustccl-plugin-api` — whether the plugin is built in, a Rust library of any supported ABI
 //! version (adapted by the version's client type), or, in a later issue, a C library built for
 //! NCCL's ABI.
 
 pub mod c_abi;
+pub mod c_env;
 pub mod c_net;
 pub mod c_tuner;
 pub mod c_profiler;
 pub mod discovery;
 pub mod elf_check;
+pub mod env;
 pub mod library;
 pub mod net;
 pub mod profiler;
@@ -114,7 +117,17 @@ pub fn search<P>(
     also_in: Option<&Arc<PluginLibrary>>,
     load: impl Fn(&Arc<PluginLibrary>) -> Result<P, String>,
 ) -> Search<P> {
-    let env = params::env_str(kind.env_var());
+    search_with(kind, params::env_str(kind.env_var()), also_in, load)
+}
+
+/// [`search`] given the variable's value (`None`: unset), for the env plugin, whose variable
+/// is read from the process environment before any parameter can be.
+pub fn search_with<P>(
+    kind: PluginKind,
+    env: Option<String>,
+    also_in: Option<&Arc<PluginLibrary>>,
+    load: impl Fn(&Arc<PluginLibrary>) -> Result<P, String>,
+) -> Search<P> {
     let mut out = Search { found: Vec::new(), skipped: Vec::new(), not_found: Vec::new(), disabled: false };
     let why = match &env {
         Some(v) => format!("{}={v}", kind.env_var()),
@@ -192,6 +205,8 @@ pub extern "C" fn host_log(level: i32, flags: u64, message: RStr<'_>) {
                 tracing::$lvl!(target: "TUNING", "{msg}")
             } else if target_is(subsys::PROFILE) {
                 tracing::$lvl!(target: "PROFILE", "{msg}")
+            } else if target_is(subsys::ENV) {
+                tracing::$lvl!(target: "ENV", "{msg}")
             } else {
                 tracing::$lvl!(target: "PLUGIN", "{msg}")
             }

@@ -69,7 +69,7 @@ impl Drop for NetInstance {
 /// The built-in Socket plugin (one instance per process, like a loaded library's).
 pub fn builtin_socket() -> NetPlugin {
     static SOCKET: std::sync::OnceLock<Arc<rustccl_net_socket::SocketNet>> = std::sync::OnceLock::new();
-    let socket: Arc<dyn Net> = SOCKET.get_or_init(|| Arc::new(rustccl_net_socket::SocketNet::new())).clone();
+    let socket: Arc<dyn Net> = SOCKET.get_or_init(|| Arc::new(rustccl_net_socket::SocketNet::with_lookup(crate::params::env_str))).clone();
     Plugin::builtin(socket, "Socket", NET_ABI_VERSIONS[0])
 }
 

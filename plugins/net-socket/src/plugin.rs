@@ -32,11 +32,16 @@ pub struct SocketSettings {
 
 impl SocketSettings {
     /// Reads `NCCL_SOCKET_NTHREADS`, `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_IFNAME` and
-    /// `NCCL_SOCKET_FAMILY`.
+    /// `NCCL_SOCKET_FAMILY` from the process environment.
     pub fn from_env() -> Result<SocketSettings, String> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        SocketSettings::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the same variables through `lookup` (name → value).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<SocketSettings, String> {
+        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         Ok(SocketSettings {
-            config: SocketConfig::from_env()?,
+            config: SocketConfig::from_lookup(&lookup)?,
             ifname: var("NCCL_SOCKET_IFNAME"),
             family: var("NCCL_SOCKET_FAMILY").and_then(|f| Family::parse(&f)),
         })
@@ -79,10 +84,14 @@ struct Listen {
 /// repeats the same call until it completes.
 type DialKey = (u64, i32, [u8; rustccl_plugin_api::net::NET_HANDLE_BYTES]);
 
+/// How the plugin reads a variable (name → value).
+pub type Lookup = fn(&str) -> Option<String>;
+
 /// The TCP socket net plugin.
 pub struct SocketNet {
-    /// Given to the constructor, or read from the environment at the first `init`.
+    /// Given to the constructor, or read through `lookup` at the first `init`.
     settings: OnceLock<SocketSettings>,
+    lookup: Lookup,
     devices: Mutex<Option<Arc<Vec<Device>>>>,
     contexts: Registry<Context>,
     listens: Registry<Arc<Mutex<Listen>>>,
@@ -112,8 +121,17 @@ fn no_such(what: &str, h: PluginHandle) -> PluginError {
 impl SocketNet {
     /// A plugin that reads its settings from the environment at the first `init`.
     pub fn new() -> SocketNet {
+        SocketNet::with_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// A plugin that reads its settings through `lookup` at the first `init`: the host's
+    /// built-in instance passes its parameter lookup, so that an env plugin resolves the
+    /// socket variables as NCCL's resolves its socket transport's. Loaded as a library of its
+    /// own, the plugin reads the process environment, as other net plugins do.
+    pub fn with_lookup(lookup: Lookup) -> SocketNet {
         SocketNet {
             settings: OnceLock::new(),
+            lookup,
             devices: Mutex::new(None),
             contexts: Registry::new(Kind::Context),
             listens: Registry::new(Kind::Listen),
@@ -149,7 +167,7 @@ impl SocketNet {
         if let Some(s) = self.settings.get() {
             return Ok(s);
         }
-        let read = SocketSettings::from_env().map_err(PluginError::invalid_argument)?;
+        let read = SocketSettings::from_lookup(self.lookup).map_err(PluginError::invalid_argument)?;
         Ok(self.settings.get_or_init(|| read))
     }
 

@@ -5,6 +5,7 @@
 
 mod worker_cache;
 mod worker_coll;
+mod worker_env;
 mod worker_faults;
 mod worker_graph;
 mod worker_init;
@@ -75,6 +76,7 @@ fn main() {
         "from-env" => from_env(nranks, rank),
         "init-timed" => worker_init::timed(nranks, rank, &ids),
         "init-die" => worker_init::die(nranks, rank, &ids),
+        "env-params" => worker_env::params(),
         "init-only" => Communicator::init_rank_scalable(nranks, rank, &ids, 0, &CommConfig::default()).map(|c| {
             let _ = c.destroy();
         }),

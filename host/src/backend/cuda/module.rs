@@ -68,7 +68,7 @@ fn base_options(have_fp8: bool) -> Vec<String> {
     .into_iter()
     // Tuning knobs of the device code for experiments (e.g. `-DRUSTCCL_SIMPLE_UNROLL=8`);
     // part of the cache key like every option.
-    .chain(std::env::var("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
+    .chain(crate::params::env_str("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
     .collect()
 }
 
@@ -202,7 +202,7 @@ fn compile_or_load(cc: i32, driver_version: i32, unit_desc: &Unit) -> Result<Vec
         format!("unit-{}", unit_desc.name),
     ];
     let key = crate::backend::rtc::cache_key(&target.arch, driver_version as u32, &options, &tags);
-    let cache = KernelCache::from_env();
+    let cache = crate::backend::rtc::kernel_cache();
 
     if let Some(cache) = &cache {
         match cache.lookup(&key) {

@@ -112,7 +112,7 @@ fn dedup(paths: Vec<PathBuf>) -> Vec<PathBuf> {
 }
 
 fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
+    crate::params::env_str(name)
 }
 
 impl Nvrtc {

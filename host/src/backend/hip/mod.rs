@@ -143,7 +143,7 @@ impl HipBackend {
                 rt.version
             )));
         }
-        let override_arch = std::env::var(HIP_ARCH_ENV).ok().filter(|a| !a.trim().is_empty());
+        let override_arch = crate::params::env_str(HIP_ARCH_ENV);
         let mut devices = Vec::new();
         for ordinal in 0..count {
             let mut name = [0 as c_char; 256];

@@ -27,7 +27,7 @@ fn base_options(arch: &str) -> Vec<String> {
         "-DRUSTCCL_HAVE_FP8=0".to_string(),
     ]
     .into_iter()
-    .chain(std::env::var("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
+    .chain(crate::params::env_str("RUSTCCL_KERNEL_DEFINES").unwrap_or_default().split_whitespace().map(str::to_string))
     .collect()
 }
 
@@ -73,7 +73,7 @@ pub struct HipCompile {
 /// (e.g. `gfx90a`) under HIP runtime version `runtime_version` (0 when compiling without a
 /// runtime): the disk cache's, else hipRTC's (stored in the cache).
 pub fn compile_exec(arch: &str, runtime_version: u32, op: DeviceOp, dtype: DataType) -> Result<HipCompile> {
-    compile_exec_with(arch, runtime_version, op, dtype, KernelCache::from_env())
+    compile_exec_with(arch, runtime_version, op, dtype, crate::backend::rtc::kernel_cache())
 }
 
 /// [`compile_exec`] with `cache` (None: always compile, and store nothing).

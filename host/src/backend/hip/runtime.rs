@@ -19,7 +19,7 @@ const LIBRARY_NAMES: &[&str] = &["libamdhip64.so.7", "libamdhip64.so.6", "libamd
 /// path (bare names). The runtime and hipRTC both search this way.
 pub(crate) fn library_files(env: &str, names: &[&str]) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = Vec::new();
-    if let Some(p) = std::env::var_os(env).filter(|p| !p.is_empty()).map(PathBuf::from) {
+    if let Some(p) = crate::params::env_str(env).map(PathBuf::from) {
         if p.is_dir() {
             files.extend(names.iter().map(|n| p.join(n)));
         } else {
