@@ -154,3 +154,37 @@ mod tests {
         assert_eq!(unsafe { c_str_or(c"IB".as_ptr(), "none") }, "IB");
     }
 }
+
+/// A C table's mandatory member, or why the table is refused (`abi`: whose ABI requires it).
+pub(crate) fn required<F>(f: Option<F>, symbol: &str, member: &str, abi: &str) -> Result<F, String> {
+    f.ok_or_else(|| format!("{symbol} has a NULL {member}, which NCCL's {abi} ABI requires"))
+}
+
+/// A C table's name, which must not be NULL.
+pub(crate) fn table_name(ptr: *const c_char, symbol: &str) -> Result<String, String> {
+    if ptr.is_null() {
+        return Err(format!("{symbol} has a NULL name"));
+    }
+    // SAFETY: non-NULL; a plugin's name is a NUL-terminated string of its library, alive
+    // while the library is loaded.
+    Ok(unsafe { c_str_or(ptr, "") })
+}
+
+/// The first table that `load` finds and accepts among `versions` (newest first). `Ok(None)`:
+/// the library exports none; a refused table lets an older one be tried, and the error lists
+/// every refusal.
+pub(crate) fn newest_table<T>(versions: &[u32], mut load: impl FnMut(u32) -> Result<Option<T>, String>) -> Result<Option<T>, String> {
+    let mut refused = Vec::new();
+    for &v in versions {
+        match load(v) {
+            Ok(Some(t)) => return Ok(Some(t)),
+            Ok(None) => {}
+            Err(e) => refused.push(e),
+        }
+    }
+    if refused.is_empty() {
+        Ok(None)
+    } else {
+        Err(refused.join("; "))
+    }
+}

@@ -77,16 +77,7 @@ impl std::fmt::Debug for CEnv {
 }
 
 fn need<F>(f: Option<F>, symbol: &str, member: &str) -> Result<F, String> {
-    f.ok_or_else(|| format!("{symbol} has a NULL {member}, which NCCL's env ABI requires"))
-}
-
-fn name_of(ptr: *const c_char, symbol: &str) -> Result<String, String> {
-    if ptr.is_null() {
-        return Err(format!("{symbol} has a NULL name"));
-    }
-    // SAFETY: non-NULL; a plugin's name is a NUL-terminated string of its library, alive while
-    // the library is loaded.
-    Ok(unsafe { c_abi::c_str_or(ptr, "") })
+    c_abi::required(f, symbol, member, "env")
 }
 
 impl CEnv {
@@ -94,19 +85,7 @@ impl CEnv {
     /// `Ok(None)`: it exports none. A refused table lets an older one be tried; the error
     /// lists every refusal.
     pub fn from_library(lib: &PluginLibrary) -> Result<Option<CEnv>, String> {
-        let mut refused = Vec::new();
-        for &v in C_ENV_ABI_VERSIONS {
-            match Self::version(lib, v) {
-                Ok(Some(e)) => return Ok(Some(e)),
-                Ok(None) => {}
-                Err(e) => refused.push(e),
-            }
-        }
-        if refused.is_empty() {
-            Ok(None)
-        } else {
-            Err(refused.join("; "))
-        }
+        c_abi::newest_table(C_ENV_ABI_VERSIONS, |v| Self::version(lib, v))
     }
 
     fn version(lib: &PluginLibrary, v: u32) -> Result<Option<CEnv>, String> {
@@ -126,7 +105,7 @@ impl CEnv {
             _ => return Ok(None),
         };
         let get_env = need(get_env, s, "getEnv")?;
-        let name = name_of(name, s)?;
+        let name = c_abi::table_name(name, s)?;
         Ok(Some(CEnv { name, version: v, init, finalize, get_env, calls: Mutex::new(()) }))
     }
 
@@ -212,7 +191,7 @@ mod tests {
         let build = || -> Result<CEnv, String> {
             let init = Init::V1(need(t.init, s, "init")?);
             let get_env = need(t.get_env, s, "getEnv")?;
-            Ok(CEnv { name: name_of(t.name, s)?, version: 1, init, finalize: t.finalize, get_env, calls: Mutex::new(()) })
+            Ok(CEnv { name: c_abi::table_name(t.name, s)?, version: 1, init, finalize: t.finalize, get_env, calls: Mutex::new(()) })
         };
         build().unwrap_or_else(|e| panic!("{e}"))
     }

@@ -251,16 +251,7 @@ impl std::fmt::Debug for CTuner {
 }
 
 fn need<F>(f: Option<F>, symbol: &str, member: &str) -> Result<F, String> {
-    f.ok_or_else(|| format!("{symbol} has a NULL {member}, which NCCL's tuner ABI requires"))
-}
-
-fn name_of(ptr: *const c_char, symbol: &str) -> Result<String, String> {
-    if ptr.is_null() {
-        return Err(format!("{symbol} has a NULL name"));
-    }
-    // SAFETY: non-NULL; a plugin's name is a NUL-terminated string of its library, alive
-    // while the library is loaded.
-    Ok(unsafe { c_abi::c_str_or(ptr, "") })
+    c_abi::required(f, symbol, member, "tuner")
 }
 
 impl CTuner {
@@ -268,19 +259,7 @@ impl CTuner {
     /// `Ok(None)`: it exports none. A table with a NULL name or mandatory member is refused
     /// and an older one tried; the error lists every refusal.
     pub fn from_library(lib: &PluginLibrary) -> Result<Option<CTuner>, String> {
-        let mut refused = Vec::new();
-        for &v in C_TUNER_ABI_VERSIONS {
-            match Self::version(lib, v) {
-                Ok(Some(t)) => return Ok(Some(t)),
-                Ok(None) => {}
-                Err(e) => refused.push(e),
-            }
-        }
-        if refused.is_empty() {
-            Ok(None)
-        } else {
-            Err(refused.join("; "))
-        }
+        c_abi::newest_table(C_TUNER_ABI_VERSIONS, |v| Self::version(lib, v))
     }
 
     fn version(lib: &PluginLibrary, v: u32) -> Result<Option<CTuner>, String> {
@@ -303,7 +282,7 @@ impl CTuner {
                     coll_info: need(t.get_coll_info, s, "getCollInfo")?,
                     finalize: need(t.destroy, s, "destroy")?,
                 };
-                (name_of(t.name, s)?, table)
+                (c_abi::table_name(t.name, s)?, table)
             }
             3 => {
                 let t = table!(NcclTunerV3);
@@ -312,7 +291,7 @@ impl CTuner {
                     coll_info: need(t.get_coll_info, s, "getCollInfo")?,
                     finalize: need(t.destroy, s, "destroy")?,
                 };
-                (name_of(t.name, s)?, table)
+                (c_abi::table_name(t.name, s)?, table)
             }
             4 => {
                 let t = table!(NcclTunerV4);
@@ -321,7 +300,7 @@ impl CTuner {
                     coll_info: need(t.get_coll_info, s, "getCollInfo")?,
                     finalize: need(t.destroy, s, "destroy")?,
                 };
-                (name_of(t.name, s)?, table)
+                (c_abi::table_name(t.name, s)?, table)
             }
             5 => {
                 let t = table!(NcclTunerV5);
@@ -331,7 +310,7 @@ impl CTuner {
                     finalize: need(t.finalize, s, "finalize")?,
                     chunk: None,
                 };
-                (name_of(t.name, s)?, table)
+                (c_abi::table_name(t.name, s)?, table)
             }
             6 => {
                 let t = table!(NcclTunerV6);
@@ -341,7 +320,7 @@ impl CTuner {
                     finalize: need(t.finalize, s, "finalize")?,
                     chunk: t.get_chunk_size,
                 };
-                (name_of(t.name, s)?, table)
+                (c_abi::table_name(t.name, s)?, table)
             }
             _ => return Ok(None),
         };
