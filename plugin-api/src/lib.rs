@@ -13,7 +13,7 @@
 //!   `export_tuner_v2!`), `TunerV1Client` / `TunerV2Client`;
 //! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV2` (`rustccl_profiler_v2`),
 //!   `export_profiler!`, `ProfilerV2Client`; [`profiler_v1`]: the older table and its client;
-//! * [`env`]: trait [`env::Env`], table `EnvV1` (`rustccl_env_v1`), `export_env!`,
+//! * [`mod@env`]: trait [`env::Env`], table `EnvV1` (`rustccl_env_v1`), `export_env!`,
 //!   `EnvV1Client`: one per process, through which the library resolves every parameter.
 //!
 //! This root module holds what the kinds share: [`PluginError`] / [`PResult`] (the result of

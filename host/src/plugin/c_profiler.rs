@@ -26,10 +26,10 @@
 //!
 //! - `commName` (init, v4 on): until after that context's `finalize`. NCCL passes
 //!   `comm->config.commName`, alive as long as the communicator, and plugins keep the
-//!   pointer (NCCL's example profiler prints it at finalize): see [`CommNames`].
+//!   pointer (NCCL's example profiler prints it at finalize): see `CommNames`.
 //! - The strings of event descriptors (function, data type, algorithm, protocol): for the
 //!   life of the process. NCCL passes static strings, and plugins keep them in their events
-//!   to read at stop or finalize: see [`c_name`]. The `name` of v1 … v3's Coll / P2p is NULL,
+//!   to read at stop or finalize: see `c_name`. The `name` of v1 … v3's Coll / P2p is NULL,
 //!   as NCCL's adapters pass it.
 //! - `parentObj` and `parentGroup`: handles the plugin returned from `startEvent`. As in
 //!   NCCL, an API event may already be stopped when its Coll / P2p starts; the core keeps

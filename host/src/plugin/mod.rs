@@ -1,7 +1,7 @@
 //! Plugins: discovery of plugin libraries ([`discovery`]), a check of each file before the
 //! dynamic loader gets it ([`elf_check`]), opening them once per process ([`library`]),
 //! choosing each communicator's network ([`net`]), tuner and profiler, and the process's env
-//! plugin ([`env`]), through which every parameter is resolved.
+//! plugin ([`mod@env`]), through which every parameter is resolved.
 //!
 //! The core sees one interface per kind — the `Net`, `Tuner`, `Profiler` and `Env` traits of
 //! `rustccl-plugin-api` — whether the plugin is built in, a Rust library of any supported ABI
