@@ -3,7 +3,7 @@
 //! any process that outlives its time limit, so that a hang fails a test instead of hanging it.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -328,6 +328,27 @@ impl Drop for Nodes {
     }
 }
 
+/// Compiles the C test plugin `sources` (paths under `plugins/testing/`) with `options` into
+/// the shared library `out`: written beside it under a name of this process's, then renamed
+/// into place, so that test programs compiling the same plugin at once never see half a file.
+pub fn compile_c_plugin(sources: &[&str], out: &Path, options: &[&str]) {
+    let dir = out.parent().expect("a library path has a directory");
+    std::fs::create_dir_all(dir).unwrap();
+    let name = out.file_name().unwrap().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC"])
+        .args(options)
+        .arg("-o")
+        .arg(&tmp)
+        .args(sources.iter().map(|s| root.join(s)))
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "compiling {sources:?} with {options:?} failed");
+    std::fs::rename(&tmp, out).unwrap();
+}
+
 /// The C test net plugin `plugins/testing/c-net-tcp/ctcp*.c` ("CTcp"), compiled with `cc` into
 /// `target/<profile>/c-net-tcp/libctcp-<variant>.so` (once per variant and test process; the
 /// file is renamed into place, so test programs compiling it at once never see half a file).
@@ -360,18 +381,10 @@ pub fn c_net_plugin(variant: &str) -> PathBuf {
     }
     let exe = std::env::current_exe().expect("current executable");
     let target = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("exe dir");
-    let dir = target.join("c-net-tcp");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("libctcp-{variant}.so"));
-    let tmp = dir.join(format!(".libctcp-{variant}.{}.so", std::process::id()));
-    let src_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-net-tcp");
-    let src = src_dir.join("ctcp.c");
-    let mut cc = Command::new("cc");
-    cc.args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-shared", "-fPIC", "-pthread"]);
-    cc.args(flag).arg("-o").arg(&tmp).arg(&src).arg(src_dir.join("ctcp_tables.c"));
-    let status = cc.status().expect("run cc");
-    assert!(status.success(), "compiling {} ({variant}) failed", src.display());
-    std::fs::rename(&tmp, &out).unwrap();
+    let out = target.join("c-net-tcp").join(format!("libctcp-{variant}.so"));
+    let mut options = vec!["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread"];
+    options.extend(flag);
+    compile_c_plugin(&["c-net-tcp/ctcp.c", "c-net-tcp/ctcp_tables.c"], &out, &options);
     built.push((variant.to_string(), out.clone()));
     out
 }

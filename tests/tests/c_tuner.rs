@@ -4,8 +4,6 @@
 //! that inside the range and its own choice outside, the data must still be right, and the log
 //! must name the ABI version in one line.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,20 +13,10 @@ use rustccl_tests::*;
 fn c_tuner(tag: &str, flags: &[&str]) -> String {
     static LOCK: Mutex<()> = Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = worker_path().parent().unwrap().join("c-tuner");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("libnccl-tuner-c-{tag}.so"));
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-tuner/c_tuner.c");
-    let tmp = dir.join(format!(".{tag}.{}.so", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-std=gnu99", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
-        .arg(&tmp)
-        .args(flags)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(status.success(), "compiling {} with {flags:?} failed", src.display());
-    std::fs::rename(&tmp, &out).unwrap();
+    let out = worker_path().parent().unwrap().join("c-tuner").join(format!("libnccl-tuner-c-{tag}.so"));
+    let mut options = vec!["-std=gnu99", "-Wall", "-Werror"];
+    options.extend_from_slice(flags);
+    compile_c_plugin(&["c-tuner/c_tuner.c"], &out, &options);
     out.to_string_lossy().into_owned()
 }
 

@@ -7,7 +7,6 @@
 //! (`plugins/testing/env-rust`) answers `NCCL_ALGO=Ring` and hides `NCCL_SHM_DISABLE`.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,20 +16,10 @@ use rustccl_tests::*;
 fn c_env(file: &str, flags: &[&str]) -> String {
     static LOCK: Mutex<()> = Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = worker_path().parent().unwrap().join("c-env");
-    let out = dir.join(file);
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testing/c-env/c_env.c");
-    let tmp = dir.join(format!(".c-env.{}.so", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-std=gnu99", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread", "-o"])
-        .arg(&tmp)
-        .args(flags)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(status.success(), "compiling {} with {flags:?} failed", src.display());
-    std::fs::rename(&tmp, &out).unwrap();
+    let out = worker_path().parent().unwrap().join("c-env").join(file);
+    let mut options = vec!["-std=gnu99", "-Wall", "-Wextra", "-Werror", "-pthread"];
+    options.extend_from_slice(flags);
+    compile_c_plugin(&["c-env/c_env.c"], &out, &options);
     out.to_string_lossy().into_owned()
 }
 

@@ -4,27 +4,16 @@
 //! started and stopped per type), one whose init fails, one whose init returns a NULL context,
 //! one that keeps the pointers NCCL lets it keep, and rustccl's trace plugin.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use rustccl_tests::*;
 
 /// Compiles the C profiler (with `defines`) next to the rank worker; returns its path.
 fn c_profiler(variant: &str, defines: &[&str]) -> String {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = worker_path()
-        .parent()
-        .unwrap()
-        .join(format!("librustccl_test_c_profiler_{variant}_{}.so", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-shared", "-fPIC", "-std=gnu99", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .args(defines)
-        .arg(root.join("plugins/testing/c-profiler/profiler_v5.c"))
-        .status()
-        .expect("run cc");
-    assert!(status.success(), "compiling the C profiler failed");
+    let out = worker_path().parent().unwrap().join(format!("librustccl_test_c_profiler_{variant}_{}.so", std::process::id()));
+    let mut options = vec!["-std=gnu99", "-Wall", "-Werror"];
+    options.extend_from_slice(defines);
+    compile_c_plugin(&["c-profiler/profiler_v5.c"], &out, &options);
     out.to_string_lossy().into_owned()
 }
 
