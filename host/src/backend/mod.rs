@@ -40,6 +40,29 @@ pub use hip::HipBackend;
 pub use host::HostBackend;
 pub use share::ShareHandle;
 
+/// Host work a device stream runs in its order ([`DeviceBackend::launch_host_callback`]).
+pub struct HostCallback(pub Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for HostCallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostCallback")
+    }
+}
+
+impl HostCallback {
+    /// The C entry point the drivers call with a `*const HostCallback` as user data.
+    ///
+    /// # Safety
+    /// `user` must point to a live `HostCallback` (see `launch_host_callback`).
+    pub(crate) unsafe extern "C" fn trampoline(user: *mut std::ffi::c_void) {
+        // SAFETY: the caller of `launch_host_callback` keeps the callback alive while the
+        // stream may run it.
+        let callback = unsafe { &*(user as *const HostCallback) };
+        // A panic must not unwind into the driver's thread.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (callback.0)()));
+    }
+}
+
 /// One launch of the collective interpreter: its parameter, its grid, the kernel's operator
 /// and element type, and the memory it touches (checked, and made reachable, before launch).
 #[derive(Clone, Debug)]
@@ -442,6 +465,19 @@ pub trait DeviceBackend: Send + Sync + std::fmt::Debug {
     /// Whether work enqueued on `stream` is being captured into a graph (then it is recorded,
     /// not run, and may be replayed any number of times later).
     fn is_capturing(&self, stream: Stream) -> Result<bool>;
+
+    /// Enqueues `callback` on `stream`: a driver thread runs it once the work enqueued before
+    /// it is done, and the work enqueued after it waits for it (`cuLaunchHostFunc`). On a
+    /// captured stream it becomes a host node of the graph and runs at every replay. The
+    /// callback must not call the backend. Device backends only.
+    ///
+    /// # Safety
+    /// `callback` must stay alive (the caller keeps a clone of the `Arc`) as long as the
+    /// stream may run it: until it ran, or, captured, as long as the graph may be replayed.
+    unsafe fn launch_host_callback(&self, callback: &Arc<HostCallback>, stream: Stream) -> Result<()> {
+        let _ = (callback, stream);
+        Err(no_kernels("launch_host_callback"))
+    }
 
     /// Enqueues a copy of `bytes` from pinned host memory at `src` to `dst` on `stream`.
     ///

@@ -24,16 +24,19 @@ use crate::work::Work;
 pub type Links = HashMap<(Link, Dir), Arc<Connection>>;
 
 /// The receiving network connections of a work and how many slots it consumes from each (one
-/// per step that receives on it). The host executor tells the proxy of them
-/// ([`NetReceives::expect`]) each time it runs the work, before it runs it: the proxy posts
-/// receives only for slots an operation will consume (see `Connection::expected`). Device work
-/// is not counted: graphs replay it without the host knowing, so its receiving connections
-/// post ahead (`Connection::post_ahead`, set when `transport::net` makes them).
+/// per step that receives on it). Executors tell the proxy of them ([`NetReceives::expect`])
+/// each time the work runs, before it runs: the proxy posts receives only for slots an
+/// operation will consume (see `Connection::expected`). The host executor tells it itself;
+/// the device executor at launch, or from a host callback at each replay of a captured launch
+/// (`gpu::announce_receives`).
 #[derive(Clone)]
 pub struct NetReceives(Vec<(Arc<Connection>, u64)>);
 
 impl NetReceives {
     pub fn of(work: &Work, links: &Links) -> NetReceives {
+        if !links.values().any(|c| c.kind == Kind::Net && c.dir == Dir::Recv) {
+            return NetReceives(Vec::new());
+        }
         let mut out: Vec<(Arc<Connection>, u64)> = Vec::new();
         let recvs = work.items.iter().flat_map(|item| item.steps.iter().flat_map(|(_, s)| s.recv.iter()));
         for link in recvs {
@@ -44,6 +47,11 @@ impl NetReceives {
             }
         }
         NetReceives(out)
+    }
+
+    /// Whether the work receives nothing over the network.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// Tells each connection's proxy that the work is about to consume its slots.

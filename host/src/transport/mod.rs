@@ -153,16 +153,6 @@ impl Connection {
         self.expected.load(Ordering::Acquire)
     }
 
-    /// The proxy may post receives on this connection without being told of each step (device
-    /// work, which a graph may replay without the host's knowledge).
-    pub fn post_ahead(&self) {
-        self.expected.store(u64::MAX, Ordering::Release);
-    }
-
-    pub fn posts_ahead(&self) -> bool {
-        self.expected() == u64::MAX
-    }
-
     /// Whether this is the sending end of a network connection that still holds data the
     /// proxy has not handed to the plugin, or whose send has not completed, and has not
     /// failed (what `Communicator::finalize` and `destroy` wait for).

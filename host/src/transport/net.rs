@@ -118,10 +118,6 @@ fn net_connection(cx: &Context, link: Link, dir: Dir, comm: PluginHandle, mem: L
     let (base, len) = fifo.slots_region();
     let mr = cx.net.plugin.api.reg_mr(comm, base as usize, len, PTR_HOST).map_err(Error::from)?;
     let conn = Arc::new(Connection::new(link, dir, Kind::Net, fifo, memory));
-    if !cx.backend.capabilities().host_addressable {
-        // Device work (graphs replay it unseen): receives are posted ahead (see `proxy`).
-        conn.post_ahead();
-    }
     cx.proxy.add(Arc::clone(&conn), comm, mr);
     Ok(conn)
 }

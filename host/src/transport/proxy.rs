@@ -7,9 +7,9 @@
 //! A receive is posted only for a slot an executor has said it will consume
 //! (`Connection::expected`), so every failed request is a real failure: the first one is
 //! also the communicator's ([`Proxy::new`]'s `failure`), which ends its pending and later
-//! operations whichever connection they wait on. (Device work may be captured into a graph
-//! and replayed without the host knowing: its receiving connections post ahead instead,
-//! [`Connection::post_ahead`], and their failures stay theirs, seen by the watchdog.)
+//! operations whichever connection they wait on. Host and device work alike announce their
+//! receives (`exec::NetReceives`; a captured device launch from a host callback at each
+//! replay), so a connection closes with no receive in flight.
 //!
 //! A send is done when the plugin's request completes, not when the executor fills the
 //! slot: `Communicator::finalize` and `destroy` wait for `Connection::owes_peer` to clear
@@ -115,7 +115,7 @@ fn run(net: Arc<dyn Net>, rx: mpsc::Receiver<Driven>, stop: Arc<AtomicBool>, fai
                     d.failed = true;
                     // Its events stop: nothing more will move on it.
                     d.track = ProxyTrack::default();
-                    if !(d.conn.dir == Dir::Recv && d.conn.posts_ahead()) && failure.set(e.clone()).is_ok() {
+                    if failure.set(e.clone()).is_ok() {
                         tracing::info!(target: "NET", "{}", e.message);
                     }
                     *d.conn.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);

@@ -467,10 +467,27 @@ result_t ctcp_test(void* request, int* done, int* sizes) {
   return rc;
 }
 
+/* A receive connection closed with receives still posted: NCCL never does that (it posts a
+ * receive only for a step of an operation), and some vendors' plugins leak or invalidate
+ * them. Said as a warning; with CTCP_CHECK_CLOSE=1 in the environment the process aborts,
+ * so that tests see it. */
+static void check_close(struct comm* c) {
+  int inflight = 0;
+  for (int i = 0; i < MAX_REQS; i++) inflight += c->reqs[i].used != 0;
+  if (c->is_send || inflight == 0) return;
+  LOG(LOG_WARN, "CTcp: closing a receive connection with %d receives in flight", inflight);
+  const char* strict = getenv("CTCP_CHECK_CLOSE");
+  if (strict && strcmp(strict, "1") == 0) {
+    fprintf(stderr, "CTcp: CTCP_CHECK_CLOSE=1: a receive connection was closed with %d receives in flight\n", inflight);
+    abort();
+  }
+}
+
 result_t ctcp_close_comm(void* comm) {
   struct comm* c = comm;
   if (!c) return RC_INVALID_ARG;
   pthread_mutex_lock(&lock);
+  check_close(c);
   if (c->prev) c->prev->next = c->next;
   else comms = c->next;
   if (c->next) c->next->prev = c->prev;

@@ -125,3 +125,16 @@ pub(super) fn stream_wait_u32(b: &CudaBackend, addr: DevicePtr, value: u32, stre
     };
     check(r, "cuStreamWaitValue32")
 }
+
+/// `cuLaunchHostFunc`: the driver calls `callback` in stream order (see the trait).
+///
+/// # Safety
+/// As `DeviceBackend::launch_host_callback`: `callback` outlives every run of it.
+pub(super) unsafe fn launch_host_callback(b: &CudaBackend, callback: &std::sync::Arc<crate::backend::HostCallback>, stream: Stream) -> Result<()> {
+    let place = b.place_for(stream, &[])?;
+    let _g = CtxGuard::enter(place.ctx)?;
+    let user = std::sync::Arc::as_ptr(callback) as *mut c_void;
+    // SAFETY: the trampoline reads `user` as the callback, which the caller keeps alive.
+    let r = unsafe { sys::cuLaunchHostFunc(raw_stream(stream), Some(crate::backend::HostCallback::trampoline), user) };
+    check(r, "cuLaunchHostFunc")
+}

@@ -65,6 +65,7 @@ const SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    "cuLaunchHostFunc",
     "cuMemGetInfo_v2",
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",

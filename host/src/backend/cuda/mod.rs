@@ -416,6 +416,11 @@ impl DeviceBackend for CudaBackend {
         launch::launch_exec_kernel(self, kernel, args, blocks, stream)
     }
 
+    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<super::HostCallback>, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract is the driver call's.
+        unsafe { copy::launch_host_callback(self, callback, stream) }
+    }
+
     fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
         copy::stream_write_u32(self, addr, value, stream)
     }

@@ -120,6 +120,7 @@ runtime_calls! {
     stream_wait_event = "hipStreamWaitEvent": fn(Handle, Handle, c_uint);
     stream_capture_info = "hipStreamGetCaptureInfo": fn(Handle, *mut c_int, *mut u64);
     exchange_capture_mode = "hipThreadExchangeStreamCaptureMode": fn(*mut c_int);
+    launch_host_func = "hipLaunchHostFunc": fn(Handle, unsafe extern "C" fn(*mut c_void), *mut c_void);
     stream_write_value32 = "hipStreamWriteValue32": fn(Handle, Handle, u32, c_uint);
     stream_wait_value32 = "hipStreamWaitValue32": fn(Handle, Handle, u32, c_uint, u32);
     event_create = "hipEventCreateWithFlags": fn(*mut Handle, c_uint);

@@ -137,6 +137,17 @@ pub(super) unsafe fn copy_from_pinned_async(b: &HipBackend, dst: DevicePtr, src:
     b.rt.check(r, "hipMemcpyAsync(pinned host to device)")
 }
 
+/// `hipLaunchHostFunc` (untested: no AMD GPU here).
+///
+/// # Safety
+/// As `DeviceBackend::launch_host_callback`: `callback` outlives every run of it.
+pub(super) unsafe fn launch_host_callback(b: &HipBackend, callback: &std::sync::Arc<crate::backend::HostCallback>, stream: Stream) -> Result<()> {
+    let _g = b.enter_for(stream, &[])?;
+    let user = std::sync::Arc::as_ptr(callback) as *mut c_void;
+    // SAFETY: the trampoline reads `user` as the callback, which the caller keeps alive.
+    b.rt.check(unsafe { (b.rt.calls.launch_host_func)(raw(stream), crate::backend::HostCallback::trampoline, user) }, "hipLaunchHostFunc")
+}
+
 pub(super) fn stream_write_u32(b: &HipBackend, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
     let _g = b.enter_for(stream, &[addr])?;
     // SAFETY: a 4-byte device address the caller maps; ordered after the stream's earlier work.

@@ -31,7 +31,7 @@ use super::state::{fits_arena, ArenaImage};
 use super::ExecState;
 use crate::backend::{DeviceBackend, DevicePtr, ExecKernel};
 use crate::error::Result;
-use crate::exec::Links;
+use crate::exec::{Links, NetReceives};
 use crate::profile::{self, Stage};
 use crate::work::Work;
 
@@ -44,6 +44,8 @@ pub(crate) struct CachedLaunch {
     kernel: ExecKernel,
     /// The connections the image names (kept alive with it).
     links: Links,
+    /// The network receives each launch consumes (told to the proxy at launch).
+    receives: NetReceives,
 }
 
 impl CachedLaunch {
@@ -63,7 +65,7 @@ impl CachedLaunch {
         }
         let kernel = backend.exec_kernel(device, seg.op, seg.dtype, enc.entry)?;
         backend.reach_exec_memory(device, &enc.slots)?;
-        Ok(Some(CachedLaunch { enc, image: None, kernel, links: links.clone() }))
+        Ok(Some(CachedLaunch { enc, image: None, kernel, links: links.clone(), receives: NetReceives::of(run, links) }))
     }
 
     /// The connections the image names.
@@ -108,6 +110,7 @@ impl CachedLaunch {
             }
         };
         profile::stage(Stage::Image, t);
+        super::announce_receives(backend, state, &self.receives, capturing, stream)?;
         let t = profile::start();
         for c in &run.ctxs {
             for (ptr, bytes) in [(c.src, c.src_len), (c.dst, c.dst_len)] {
@@ -130,7 +133,7 @@ impl CachedLaunch {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::fake::{links_for, FakeDevice};
+    use super::super::fake::{links_for, links_of_kind, FakeDevice};
     use super::*;
     use crate::backend::{Capabilities, Stream};
     use crate::coll::plan::{self, PlanEnv};
@@ -326,5 +329,46 @@ pub(crate) mod tests {
         assert_ne!(log.uploads[1].0, log.uploads[2].0);
         let image = log.uploads[0].1.len();
         assert!(state.held_bytes().1 >= 2 * 2 * image, "both captured images are kept (host and device copies)");
+        assert!(log.host_callbacks.is_empty(), "no network connection: nothing to tell a proxy");
+    }
+
+    #[test]
+    fn launches_announce_their_network_receives_and_captured_ones_do_so_at_each_replay() {
+        use crate::transport::{Dir, Kind};
+        let work = planned(&task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000));
+        let links = links_of_kind(&work, Kind::Net);
+        let (fake, backend) = backend();
+        let mut state = ExecState::default();
+        let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().expect("one launch");
+        // What one launch consumes from each receiving connection: a slot per step that
+        // receives on it (the kernel's positions move by one per step).
+        let recvs: Vec<_> = links.values().filter(|c| c.dir == Dir::Recv).cloned().collect();
+        assert!(!recvs.is_empty());
+        let per_launch = |c: &Arc<crate::transport::Connection>| -> u64 {
+            work.items.iter().flat_map(|i| i.steps.iter()).filter(|(_, s)| s.recv.contains(&c.link)).count() as u64
+        };
+        let expected = |n: u64| recvs.iter().all(|c| c.expected() == n * per_launch(c));
+        assert!(recvs.iter().all(|c| per_launch(c) > 0));
+        assert!(expected(0));
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        assert!(expected(1), "a cached launch tells the proxy at once");
+        super::super::launch(&backend, 0, &mut state, &work, &links).unwrap();
+        assert!(expected(2), "an uncached launch too");
+        fake.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
+        cached.launch(&backend, 0, &mut state, &work).unwrap();
+        assert!(expected(2), "a captured launch tells nothing at capture");
+        let (callback, launches_before) = {
+            let log = fake.log();
+            assert_eq!(log.host_callbacks.len(), 1);
+            (Arc::clone(&log.host_callbacks[0].0), log.host_callbacks[0].1)
+        };
+        assert_eq!(launches_before, 2, "the host node comes before the captured kernel");
+        for replay in 1..=3 {
+            (callback.0)();
+            assert!(expected(2 + replay), "each replay tells the proxy of its receives");
+        }
+        assert!(Arc::strong_count(&callback) >= 3, "the communicator's state keeps the callback");
+        state.release(&backend);
+        assert_eq!(Arc::strong_count(&callback), 2, "released with the communicator's state");
     }
 }

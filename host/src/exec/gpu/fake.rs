@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use rustccl_kernels::exec::{ExecArgs, ExecEntry};
 use rustccl_kernels::DeviceOp;
 
-use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostMapped, ShareHandle, Stream};
+use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostCallback, HostMapped, ShareHandle, Stream};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -35,6 +35,8 @@ pub(crate) struct Log {
     pub events_recorded: usize,
     pub waits: usize,
     pub relaxed: usize,
+    /// Host callbacks enqueued, with how many launches the log held when each came.
+    pub host_callbacks: Vec<(std::sync::Arc<HostCallback>, usize)>,
 }
 
 #[derive(Default, Debug)]
@@ -179,6 +181,12 @@ impl DeviceBackend for FakeDevice {
         self.log().relaxed += 1;
         f()
     }
+    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<HostCallback>, _stream: Stream) -> Result<()> {
+        let mut log = self.log();
+        let at = log.launches.len();
+        log.host_callbacks.push((std::sync::Arc::clone(callback), at));
+        Ok(())
+    }
     fn is_capturing(&self, _stream: Stream) -> Result<bool> {
         Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
     }
@@ -196,8 +204,13 @@ impl DeviceBackend for FakeDevice {
 /// Made-up P2P connections for every link `run`'s steps use, their slots and headers at
 /// made-up device addresses.
 pub(crate) fn links_for(run: &crate::work::Work) -> crate::exec::Links {
+    links_of_kind(run, crate::transport::Kind::P2p)
+}
+
+/// As [`links_for`], connections of `kind`.
+pub(crate) fn links_of_kind(run: &crate::work::Work, kind: crate::transport::Kind) -> crate::exec::Links {
     use crate::transport::fifo::{header_bytes, Fifo, LocalMemory};
-    use crate::transport::{gpu_simple_fifo, gpu_slot_bytes, Connection, Dir, Kind};
+    use crate::transport::{gpu_simple_fifo, gpu_slot_bytes, Connection, Dir};
     let mut wanted = Vec::new();
     for item in &run.items {
         for (_, s) in &item.steps {
@@ -214,7 +227,7 @@ pub(crate) fn links_for(run: &crate::work::Work) -> crate::exec::Links {
         // SAFETY: the header stand-in is zeroed and lives with the connection; the device
         // addresses are only encoded, never touched.
         let fifo = unsafe { Fifo::with_device_slots(header.ptr(), base, base + 4096, gpu_slot_bytes(), gpu_simple_fifo().steps) };
-        links.insert((link, dir), std::sync::Arc::new(Connection::for_test(link, dir, Kind::P2p, fifo, header)));
+        links.insert((link, dir), std::sync::Arc::new(Connection::for_test(link, dir, kind, fifo, header)));
     }
     links
 }

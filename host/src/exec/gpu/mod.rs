@@ -14,7 +14,13 @@
 //! pays the upload once, whatever its buffers; a single collective repeated with one shape
 //! outside a group (`coll::cache`) skips planning and encoding as well, and launches what
 //! [`cached`] kept. A launch captured into a CUDA graph gets an image of its own that lives as
-//! long as the communicator, since the graph may be replayed at any time. Everything here
+//! long as the communicator, since the graph may be replayed at any time.
+//!
+//! Each launch tells the network proxy how many slots it will consume from each receiving
+//! network connection ([`announce_receives`]), so that the proxy posts a receive only for a
+//! step some launch will take, as NCCL posts proxy operations per launched plan: at once for
+//! a launch that runs now, and from a host node before the kernel, at every replay, for a
+//! captured one (NCCL uploads a persistent plan's proxy operations from a host callback too). Everything here
 //! goes through the `DeviceBackend` trait, so CUDA and a later HIP backend share it.
 
 pub mod cached;
@@ -28,8 +34,8 @@ use std::sync::Arc;
 
 use rustccl_kernels::exec as k;
 
-use super::Links;
-use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch};
+use super::{Links, NetReceives};
+use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch, HostCallback, Stream};
 use crate::error::{Error, Result};
 use crate::profile::{self, Stage};
 use crate::work::Work;
@@ -53,6 +59,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         state.follow_last(backend, stream)?;
     }
     let t = std::time::Instant::now();
+    announce_receives(backend, state, &NetReceives::of(run, links), capturing, stream)?;
     for c in &run.copies {
         backend.copy(DevicePtr(c.dst as u64), DevicePtr(c.src as u64), c.bytes, stream)?;
     }
@@ -93,6 +100,34 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         state.launched(backend, device, stream)?;
         profile::record(Stage::Event, t);
     }
+    Ok(())
+}
+
+/// Tells the proxy of the network receives a launch on `stream` will consume: at once when
+/// the launch runs now (the count is a running total, so telling early is right), or, for a
+/// captured launch, from a host callback enqueued before its kernel, which runs at every
+/// replay of the graph. Nothing to do without receiving network connections.
+pub(crate) fn announce_receives(
+    backend: &Arc<dyn DeviceBackend>,
+    state: &mut ExecState,
+    receives: &NetReceives,
+    capturing: bool,
+    stream: Stream,
+) -> Result<()> {
+    if receives.is_empty() {
+        return Ok(());
+    }
+    if !capturing {
+        receives.expect();
+        return Ok(());
+    }
+    let each_replay = receives.clone();
+    let callback = Arc::new(HostCallback(Box::new(move || each_replay.expect())));
+    // SAFETY: `state` keeps the callback as long as the communicator, as the captured
+    // launch's image (replaying a graph after its communicator is gone is the caller's error,
+    // as with NCCL).
+    unsafe { backend.launch_host_callback(&callback, stream)? };
+    state.keep_captured(callback);
     Ok(())
 }
 

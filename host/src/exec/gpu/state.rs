@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rustccl_kernels::exec as k;
 
-use crate::backend::{DeviceBackend, DevicePtr, Event, HostMapped, Stream};
+use crate::backend::{DeviceBackend, DevicePtr, Event, HostCallback, HostMapped, Stream};
 use crate::error::Result;
 
 /// Bytes of each communicator's image arena (pinned host memory and as much device memory).
@@ -62,6 +62,9 @@ pub struct ExecState {
     lookups: u64,
     /// Images of captured launches: kept until the communicator goes.
     captured: Vec<Image>,
+    /// Host callbacks of captured launches (they tell the proxy of a replay's network
+    /// receives): kept until the communicator goes, as the images.
+    captured_callbacks: Vec<Arc<HostCallback>>,
     /// The stream of the last launch not captured, and an event recorded after that launch
     /// (recorded at once: the caller may destroy the stream before the communicator).
     pub(crate) last: Option<Stream>,
@@ -144,11 +147,17 @@ impl ExecState {
         }
     }
 
+    /// Keeps the host callback of a captured launch as long as the communicator.
+    pub(crate) fn keep_captured(&mut self, callback: Arc<HostCallback>) {
+        self.captured_callbacks.push(callback);
+    }
+
     /// Frees everything (the device must be idle).
     pub(crate) fn release(&mut self, backend: &Arc<dyn DeviceBackend>) {
         self.cache.clear();
         self.generation += 1;
         let images = self.arena.take().map(|a| a.mem).into_iter().chain(self.captured.drain(..)).collect::<Vec<_>>();
+        self.captured_callbacks.clear();
         for i in images {
             let _ = backend.free(i.device);
             let _ = backend.free_host_mapped(i.host);
