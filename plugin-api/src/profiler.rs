@@ -174,7 +174,7 @@ pub mod net_plugin_type {
 /// | `event_type`, `parent`, `rank` | all (`parent`: the handle `start_event` gave the parent event; 0 = none or not tracked) |
 /// | `parent_group` | Coll, P2p: the Group event (their `parent` is the CollApi / P2pApi event, as in NCCL's v5) |
 /// | `func` | Coll, P2p, CollApi, P2pApi (`"AllReduce"`, `"Send"`, `"Recv"`, ...) |
-/// | `seq_number` | Coll (the communicator's sequence number of that function) |
+/// | `seq_number` | Coll (the communicator's sequence number of that function); KernelCh: its start timer in nanoseconds (NCCL's `kernelCh.pTimer`; carried here so that v2's layout stays) |
 /// | `count`, `datatype` | Coll, P2p, CollApi, P2pApi (elements, NCCL's type name, e.g. `"ncclFloat32"`) |
 /// | `root` | Coll, CollApi (root rank of Broadcast / Reduce, else -1) |
 /// | `send_buff`, `recv_buff` | Coll (addresses); P2p: the one buffer in `send_buff` (Send) or `recv_buff` (Recv) |
@@ -272,7 +272,7 @@ impl<'a> EventDescr<'a> {
 /// | `trans_size` | ProxyStep (bytes moved so far) |
 /// | `appended_proxy_ops` | ProxyCtrlAppend, ProxyCtrlAppendEnd |
 /// | `net_data` | NetPluginUpdate (the net plugin's data, an address) |
-/// | `p_timer` | KernelChStop (GPU timer) |
+/// | `p_timer` | KernelChStop (the channel's stop timer, nanoseconds, as its start's `seq_number`) |
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StateArgs {

@@ -179,3 +179,63 @@ fn the_trace_profiler_records_api_group_collective_and_proxy_events() {
         }
     }
 }
+
+/// Runs the `profiled` scenario under the C profiler that asks for Coll and P2p only (built
+/// with -DPROFILER_COLL_P2P_ONLY) with `env`; returns each rank's counts (`name → numbers`).
+fn coll_p2p_only(lib: &str, env: &[(&str, &str)]) -> Vec<std::collections::HashMap<String, Vec<u64>>> {
+    let out = temp(&format!("c-profiler-coll-p2p-{}", new_id_suffix()));
+    let mut all = vec![("NCCL_PROFILER_PLUGIN", lib), ("RUSTCCL_C_PROFILER_OUT", out.as_str())];
+    all.extend_from_slice(env);
+    profiled(&all);
+    (0..2)
+        .map(|rank| {
+            let path = format!("{out}.{rank}");
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e} (finalize wrote nothing)"));
+            let _ = std::fs::remove_file(&path);
+            text.lines()
+                .filter_map(|l| {
+                    let mut w = l.split(' ');
+                    let name = w.next()?.to_string();
+                    Some((name, w.map(|x| x.parse().unwrap()).collect()))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn new_id_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[test]
+fn a_profiler_asking_for_coll_and_p2p_gets_them_under_api_events_and_completes_each_on_its_kernel_channels() {
+    let lib = c_profiler("coll_p2p_only", &["-DPROFILER_COLL_P2P_ONLY"]);
+    // Over the network; over shared memory; over shared memory with a small all-reduce last
+    // (the host backend's board of small collectives).
+    let runs: [(&str, &[(&str, &str)], u64); 3] = [
+        ("network", &[("NCCL_SHM_DISABLE", "1")], 5),
+        ("shared memory", &[("NCCL_SHM_DISABLE", "0")], 5),
+        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6),
+    ];
+    for (what, env, ops) in runs {
+        for (rank, c) in coll_p2p_only(&lib, env).iter().enumerate() {
+            let at = |k: &str, i: usize| c.get(k).and_then(|v| v.get(i).copied()).unwrap_or_else(|| panic!("{what}: no {k}: {c:?}"));
+            // Three all-reduces and a broadcast (the last all-reduce only with the board), a
+            // send and a receive.
+            assert_eq!(at("ops", 0), ops, "{what}, rank {rank}: Coll and P2p events: {c:?}");
+            assert_eq!(at("parents", 0), ops, "{what}, rank {rank}: each under its CollApi / P2pApi event: {c:?}");
+            assert_eq!(at("parents", 1), 0, "{what}, rank {rank}: none under anything else: {c:?}");
+            assert_eq!(at("ops", 1), ops, "{what}, rank {rank}: every operation completed on its KernelCh stops: {c:?}");
+            assert!(at("channels", 0) >= ops, "{what}, rank {rank}: KernelCh events: {c:?}");
+            assert_eq!(at("channels", 1), at("channels", 0), "{what}, rank {rank}: each with its timers: {c:?}");
+            assert_eq!(at("channels", 2), 0, "{what}, rank {rank}: no KernelCh without a parent or timers: {c:?}");
+            assert_eq!(at("bad", 0), 0, "{what}, rank {rank}: every handle stopped once: {c:?}");
+            assert_eq!(at("unplanned", 0), ops - 5, "{what}, rank {rank}: the small all-reduce took the board: {c:?}");
+            for t in ["Group", "Coll", "P2p", "KernelCh", "CollApi", "P2pApi", "GroupApi"] {
+                assert_eq!(at(t, 0), at(t, 1), "{what}, rank {rank}: {t} started and stopped: {c:?}");
+            }
+        }
+    }
+}

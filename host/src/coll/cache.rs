@@ -16,7 +16,8 @@
 //! Backends use it when their capabilities ask for it (`Capabilities::plan_cache`: the host
 //! and the GPU ones), unless `RUSTCCL_PLAN_CACHE=0`. Calls that need what the cache skips go
 //! the full way: inside a group, on a non-blocking communicator, with a tuner plugin (which is
-//! asked on every call), with a profiler loaded (its events come from the planner), with
+//! asked on every call), with a profiler loaded (its events come from the planner; the other ways around the
+//! planner give their own, see `profiler_events::single_op`), with
 //! `RUSTCCL_CHECK_COLLECTIVES`, point-to-point, one rank, and empty operations.
 //!
 //! The cache lives with the communicator's connections (`comm::Transports`): when those go
@@ -24,6 +25,7 @@
 //! back after; one whose run failed is dropped (the communicator is broken by then anyway).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use crate::plugin::profiler_events;
 
 use rustccl_plugin_api::Protocol;
 
@@ -137,19 +139,19 @@ fn switched_on() -> bool {
 
 /// Whether the fast path may run `task` (outside a group) on `comm`.
 fn eligible(comm: &Communicator, task: &Task) -> bool {
-    comm.nranks_unchecked() > 1 && comm.backend().capabilities().plan_cache && switched_on() && may_skip_planner(comm, task)
+    comm.nranks_unchecked() > 1
+        && comm.backend().capabilities().plan_cache
+        && switched_on()
+        && may_skip_planner(comm, task)
+        && !crate::plugin::profiler_events::wants_plan_record()
 }
 
 /// What every way around the planner needs (a single collective outside a group is the
 /// caller's business): a non-empty collective, not point-to-point, on a blocking
-/// communicator, and nothing that wants each call planned (check mode, a profiler's plan
-/// records).
+/// communicator, and no check mode (which checks each call's plan). A profiler does not keep
+/// an operation from them: each gives its events (`profiler_events::single_op`).
 pub(super) fn may_skip_planner(comm: &Communicator, task: &Task) -> bool {
-    task.count > 0
-        && !task.kind.is_p2p()
-        && comm.config().blocking
-        && !super::check::enabled()
-        && !crate::plugin::profiler_events::wants_plan_record()
+    task.count > 0 && !task.kind.is_p2p() && comm.config().blocking && !super::check::enabled()
 }
 
 /// The end of a call that skipped the planner: a failure breaks the communicator, and the
@@ -168,8 +170,8 @@ pub(super) fn finish(comm: &Communicator, r: &Result<()>, device: bool) {
 /// (what the planner makes plain copies of): in place nothing, out of place one copy (a copy
 /// engine on devices), without the planner, the group machinery or the cache — as NCCL, whose
 /// one-rank calls cost a host-side check and at most a `cudaMemcpyAsync`. `None` when the
-/// full way must run it (a computing operator, a group, a non-blocking communicator, a
-/// profiler, check mode, point-to-point).
+/// full way must run it (a computing operator, a group, a non-blocking communicator, check
+/// mode, point-to-point).
 pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     let eligible = comm.nranks_unchecked() == 1 && may_skip_planner(comm, task) && plan::one_rank_identity(task);
     eligible.then(|| run_one_rank(comm, task))
@@ -177,7 +179,10 @@ pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()
 
 fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
     let start = crate::profile::start();
+    let events = profiler_events::single_op(comm, task, || profiler_events::OpPlan { algo: "", proto: "", channels: 1 });
     let r = run_one_rank_untimed(comm, task);
+    // (A device copy is enqueued by then, in stream order; its channel completes here.)
+    profiler_events::end_single_op(events, &r);
     crate::profile::stage(crate::profile::Stage::Total, start);
     r
 }

@@ -79,9 +79,16 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     for (run, links) in runs.iter_mut().zip(conns) {
         if run.device {
             let _launch = run.profile.as_ref().and_then(|p| p.kernel_launch(run.work.stream.0));
+            let channels = run.profile.as_ref().map(|p| p.start_channels());
             run.comm.launch_on_device(&mut run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
+            if let Some(c) = channels {
+                c.launched(&run.comm);
+            }
         }
     }
+    // The profiler's KernelCh events of the host work: their channels start now and complete
+    // when the executor has run them.
+    let channels: Vec<_> = runs.iter().filter(|r| !r.device).filter_map(|r| r.profile.as_ref().map(|p| p.start_channels())).collect();
     let mut preps: Vec<exec::host::Prepared> =
         runs.iter().zip(conns).filter(|(r, _)| !r.device).map(|(r, links)| exec::host::Prepared::new(&r.work, links)).collect();
     let mut host: Vec<exec::host::HostRun<'_>> = runs
@@ -90,7 +97,11 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
         .zip(preps.iter_mut())
         .map(|(r, prep)| exec::host::HostRun { work: &mut r.work, prep, comm: &r.comm })
         .collect();
-    exec::host::run(&mut host)
+    let r = exec::host::run(&mut host);
+    if r.is_ok() {
+        channels.into_iter().for_each(|c| c.complete());
+    }
+    r
 }
 
 /// Makes (or finds) every connection the items use, all at once.

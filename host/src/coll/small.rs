@@ -32,8 +32,8 @@
 //! it ran the usual way (`usual`), and a rank waiting on the board for a peer that ran this
 //! collective the usual way stops with `ncclInvalidUsage`.
 //!
-//! Taken for a single collective (outside a group, blocking communicator, no check mode or
-//! profiler plan records, no `NCCL_ALGO`/`NCCL_PROTO`, no `NCCL_SHM_DISABLE=1`) of at most `limit` bytes on the board
+//! Taken for a single collective (outside a group, blocking communicator, no check mode, no
+//! `NCCL_ALGO`/`NCCL_PROTO`, no `NCCL_SHM_DISABLE=1`) of at most `limit` bytes on the board
 //! per rank, where every rank is on one host; everything the choice depends on is the same on
 //! every rank, so every rank takes the same way. The board is made at the communicator's
 //! first collective of any kind outside a group, with data (every rank makes it there,
@@ -42,6 +42,7 @@
 //! waits for every rank.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use crate::plugin::profiler_events::{self, OpPlan};
 
 use super::{CollKind, Task};
 use crate::backend::DevicePtr;
@@ -282,6 +283,8 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
         return None;
     }
     comm.op_log().started(std::slice::from_ref(&task.shape()));
+    // For a profiler: one channel, no NCCL algorithm.
+    let events = profiler_events::single_op(comm, task, || OpPlan { algo: "", proto: "", channels: 1 });
     let r = if single_copy {
         let r = super::single_copy::run(comm, board, task, bytes);
         board.single_copies += r.is_ok() as u64;
@@ -289,6 +292,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     } else {
         run(comm, board, task, bytes)
     };
+    profiler_events::end_single_op(events, &r);
     super::cache::finish(comm, &r, false);
     Some(r.map_err(|e| comm.record_error(e.context(task.kind.name()))))
 }

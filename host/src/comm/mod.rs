@@ -38,6 +38,9 @@ const PEER_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(10
 #[derive(Default)]
 pub(crate) struct DeviceCache {
     pub exec: crate::exec::gpu::ExecState,
+    /// The profiler's KernelCh events of launched work, completed when the watchdog sees
+    /// the launches done (dropped, with no KernelChStop, if the work fails).
+    pub profiled: Vec<crate::plugin::profiler_events::Channels>,
 }
 
 /// A communicator's connections, made on first use and kept until destroy.
@@ -626,6 +629,7 @@ impl Communicator {
             let comm = Communicator { inner };
             if comm.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                 comm.device_cache().exec.abort();
+                drop(std::mem::take(&mut comm.device_cache().profiled));
                 comm.release_copy_engine_waits();
                 comm.inner.ops.all_finished();
                 continue;
@@ -681,8 +685,15 @@ impl Communicator {
         };
         if done {
             self.inner.ops.all_finished();
+            let launched = std::mem::take(&mut self.device_cache().profiled);
+            launched.into_iter().for_each(crate::plugin::profiler_events::Channels::complete);
         }
         done
+    }
+
+    /// Keeps the KernelCh events of device work just launched until it completes.
+    pub(crate) fn profiled_launch(&self, channels: crate::plugin::profiler_events::Channels) {
+        self.device_cache().profiled.push(channels);
     }
 
     /// Waits until this communicator's device work has completed; a failure found meanwhile

@@ -268,6 +268,12 @@ fn p2p_v4(d: &EventDescr<'_>) -> P2pV4 {
     }
 }
 
+/// A KernelCh's channel and start timer (the core's descriptor carries the timer in
+/// `seq_number`, see [`EventDescr`]).
+fn kernel_ch_v4(d: &EventDescr<'_>) -> KernelChV4 {
+    KernelChV4 { channel_id: d.channel_id.max(0) as u8, p_timer: d.seq_number }
+}
+
 fn descr_v4(d: &EventDescr<'_>) -> Option<DescrV4> {
     let u = match d.event_type {
         ty::GROUP | ty::PROXY_CTRL => UnionV4 { _room: [0; 16] },
@@ -275,7 +281,7 @@ fn descr_v4(d: &EventDescr<'_>) -> Option<DescrV4> {
         ty::P2P => UnionV4 { p2p: p2p_v4(d) },
         ty::PROXY_OP => UnionV4 { proxy_op: proxy_op(d) },
         ty::PROXY_STEP => UnionV4 { proxy_step: ProxyStepD { step: d.step } },
-        ty::KERNEL_CH => UnionV4 { kernel_ch: KernelChV4 { channel_id: d.channel_id.max(0) as u8, p_timer: 0 } },
+        ty::KERNEL_CH => UnionV4 { kernel_ch: kernel_ch_v4(d) },
         ty::NET_PLUGIN => UnionV4 { net_plugin: NetPluginD { id: d.net_plugin_id, data: ptr(d.net_data) } },
         _ => return None,
     };
@@ -310,7 +316,7 @@ fn descr_v5(d: &EventDescr<'_>) -> Option<DescrV5> {
         ty::P2P => UnionV5 { p2p: P2pV5 { v4: p2p_v4(d), parent_group: handle_ptr(d.parent_group) } },
         ty::PROXY_OP => UnionV5 { proxy_op: proxy_op(d) },
         ty::PROXY_STEP => UnionV5 { proxy_step: ProxyStepD { step: d.step } },
-        ty::KERNEL_CH => UnionV5 { kernel_ch: KernelChV4 { channel_id: d.channel_id.max(0) as u8, p_timer: 0 } },
+        ty::KERNEL_CH => UnionV5 { kernel_ch: kernel_ch_v4(d) },
         ty::NET_PLUGIN => UnionV5 { net_plugin: NetPluginD { id: d.net_plugin_id, data: ptr(d.net_data) } },
         _ => return None,
     };

@@ -8,10 +8,27 @@
 //! | Group | each communicator's share of a group that runs | none |
 //! | Coll / P2p | each planned task (algorithm, protocol, channels) | CollApi / P2pApi; `parent_group` = Group |
 //! | KernelLaunch | device work enqueued on its stream | GroupApi |
+//! | KernelCh | each channel of a Coll / P2p: started when its work starts, KernelChStop (with the stop timer) and stop when it completed | Coll / P2p |
 //! | ProxyOp | the proxy's share of one task on one network connection | Coll / P2p |
 //! | ProxyStep | one slot of a proxy op: SendWait or RecvWait when posted, RecvGPUWait when a receive lands | ProxyOp |
 //!
-//! Only event types in the profiler's mask are started. Every started event is an [`Event`],
+//! Every way an operation runs gives these events: the planner's (host executor, shared
+//! memory or network, and device launches), and the ways around it for single collectives
+//! (the board of small collectives and its single copies, one-rank copies, the symmetric
+//! paths), which report one channel ([`single_op`]); so a profiler that completes an
+//! operation on its KernelCh stops (NCCL's Inspector, Google's CoMMA) sees every one complete.
+//!
+//! KernelCh timers (`pTimer` at start and at KernelChStop) are nanoseconds of the host's
+//! clock ([`host_timer_ns`], on the Unix epoch like the GPU's globaltimer NCCL reads): on the
+//! host backend taken when the channel's work starts and when the executor has finished it
+//! (the host executor finishes every channel of a run before it returns, so they share the
+//! stop); on a GPU when the work is launched and when the host learns it completed (the
+//! communicator's watchdog sees the launch's event done), not the kernel's globaltimer.
+//!
+//! A type starts when its own bit or a descendant's is in the profiler's mask, as NCCL does
+//! ([`activated_by`]): a profiler that asks for Coll only still gets each Coll under its
+//! CollApi event (the parent handle it was given), and one that asks for KernelCh gets the
+//! Coll / P2p its channels belong to. Every started event is an [`Event`],
 //! stopped when dropped, so errors and aborts stop them too; an event of the execution
 //! hierarchy (Group → Coll → ProxyOp → ProxyStep) holds its parent, which therefore stops
 //! after its children (a collective's event lasts until the proxy has moved its data).
@@ -29,7 +46,7 @@ use rustccl_plugin_api::profiler::{event_type as ty, state, EventDescr, StateArg
 use rustccl_plugin_api::PluginHandle;
 
 use super::profiler::{any_active, ProfilerInstance};
-use crate::coll::plan::PlanRecord;
+use crate::coll::plan::{PlanRecord, TaskPlan};
 use crate::coll::{CollKind, Task};
 use crate::comm::Communicator;
 use crate::exec::Links;
@@ -48,9 +65,10 @@ pub struct Event {
 }
 
 impl Event {
-    /// Starts an event if its type is in the mask and the plugin tracks it.
+    /// Starts an event if its type or a descendant's is in the mask ([`activated_by`]) and
+    /// the plugin tracks it.
     fn start(prof: &Arc<ProfilerInstance>, descr: &EventDescr<'_>, parent: Option<Arc<Event>>) -> Option<Event> {
-        if !prof.wants(descr.event_type) {
+        if !prof.wants(activated_by(descr.event_type)) {
             return None;
         }
         match prof.plugin.api.start_event(prof.ctx, descr) {
@@ -86,6 +104,39 @@ impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Event({})", self.handle.id)
     }
+}
+
+/// The mask bits that start events of `event_type`: its own and its descendants' (NCCL's
+/// `groupApiMask`, `collApiMask`, `p2pApiMask` and the task and proxy rules of
+/// `src/plugin/profiler.cc`), so that a child's parent is there to be named.
+pub fn activated_by(event_type: u32) -> u32 {
+    let under_step = ty::PROXY_STEP | ty::NET_PLUGIN;
+    let under_op = ty::PROXY_OP | under_step;
+    let under_task = under_op | ty::KERNEL_CH;
+    match event_type {
+        ty::GROUP_API => ty::ALL & !ty::PROXY_CTRL,
+        ty::COLL_API => ty::COLL_API | ty::COLL | under_task,
+        ty::P2P_API => ty::P2P_API | ty::P2P | under_task,
+        ty::GROUP => ty::GROUP | ty::COLL | ty::P2P | under_task,
+        ty::COLL => ty::COLL | under_task,
+        ty::P2P => ty::P2P | under_task,
+        ty::PROXY_OP => under_op,
+        ty::PROXY_STEP => under_step,
+        t => t,
+    }
+}
+
+/// The host's clock for KernelCh timers: nanoseconds since the Unix epoch (as the GPU's
+/// globaltimer), read from a monotonic clock anchored once, so that a stop never reads
+/// before its start.
+pub fn host_timer_ns() -> u64 {
+    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+    static ANCHOR: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    let (at, epoch_ns) = *ANCHOR.get_or_init(|| {
+        let ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        (Instant::now(), ns)
+    });
+    epoch_ns + at.elapsed().as_nanos() as u64
 }
 
 fn handle_of<E: std::borrow::Borrow<Event>>(e: Option<&E>) -> PluginHandle {
@@ -265,13 +316,15 @@ pub struct RunEvents {
     prof: Arc<ProfilerInstance>,
     /// Per context of the work: the Coll / P2p event of its task.
     by_ctx: Vec<Option<Arc<Event>>>,
+    /// Per task: its Coll / P2p event and how many channels it uses.
+    by_task: Vec<(Option<Arc<Event>>, u32)>,
     group_api: PluginHandle,
     _group: Option<Arc<Event>>,
 }
 
 impl std::fmt::Debug for RunEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RunEvents({} tasks)", self.by_ctx.len())
+        write!(f, "RunEvents({} tasks)", self.by_task.len())
     }
 }
 
@@ -281,6 +334,62 @@ pub fn wants_plan_record() -> bool {
     any_active()
 }
 
+/// What a Coll / P2p event says of how its task runs: algorithm and protocol names (empty
+/// where the way it takes has none of NCCL's) and channels.
+#[derive(Clone, Copy, Debug)]
+pub struct OpPlan {
+    pub algo: &'static str,
+    pub proto: &'static str,
+    pub channels: u32,
+}
+
+impl From<&TaskPlan> for OpPlan {
+    fn from(p: &TaskPlan) -> OpPlan {
+        OpPlan { algo: p.algo.map_or("", |a| a.name()), proto: p.proto.map_or("", |p| p.name()), channels: p.channels }
+    }
+}
+
+/// Starts the Group event of a share of a group.
+fn start_group(prof: &Arc<ProfilerInstance>) -> Option<Arc<Event>> {
+    Event::start(prof, &EventDescr::new(ty::GROUP, NONE, prof.rank), None).map(Arc::new)
+}
+
+/// Starts the Coll / P2p event of `task` (parent: its CollApi / P2pApi event; `group` its
+/// Group event).
+fn start_task(prof: &Arc<ProfilerInstance>, task: &Task, plan: OpPlan, group: &Option<Arc<Event>>) -> Option<Arc<Event>> {
+    let parent = PluginHandle { id: task.profile.api };
+    let common = EventDescr {
+        func: RStr::from_str(task.kind.name()),
+        count: task.count,
+        datatype: RStr::from_str(nccl_type_name(task.dtype)),
+        n_channels: plan.channels as i32,
+        parent_group: handle_of(group.as_ref()),
+        ..EventDescr::new(ty::COLL, parent, prof.rank)
+    };
+    let d = match task.kind {
+        CollKind::Send { .. } | CollKind::Recv { .. } => {
+            let is_send = matches!(task.kind, CollKind::Send { .. });
+            EventDescr {
+                event_type: ty::P2P,
+                peer: peer_of(&task.kind),
+                send_buff: if is_send { task.send.0 as usize } else { 0 },
+                recv_buff: if is_send { 0 } else { task.recv.0 as usize },
+                ..common
+            }
+        }
+        _ => EventDescr {
+            seq_number: prof.seq[coll_index(&task.kind)].fetch_add(1, Ordering::Relaxed),
+            root: root_of(&task.kind),
+            send_buff: task.send.0 as usize,
+            recv_buff: task.recv.0 as usize,
+            algo: RStr::from_str(plan.algo),
+            proto: RStr::from_str(plan.proto),
+            ..common
+        },
+    };
+    Event::start(prof, &d, group.clone()).map(Arc::new)
+}
+
 /// Starts the Group event and the Coll / P2p events of a planned share of a group.
 pub fn start_run(comm: &Communicator, tasks: &[Task], record: Option<&PlanRecord>) -> Option<RunEvents> {
     if !any_active() {
@@ -288,54 +397,59 @@ pub fn start_run(comm: &Communicator, tasks: &[Task], record: Option<&PlanRecord
     }
     let record = record?;
     let prof = profiler_of(comm)?;
-    let rank = prof.rank;
-    let wanted = ty::GROUP | ty::COLL | ty::P2P | ty::PROXY_OP | ty::PROXY_STEP | ty::KERNEL_LAUNCH;
-    if !prof.wants(wanted) {
+    if !prof.wants(activated_by(ty::GROUP) | ty::KERNEL_LAUNCH) {
         return None;
     }
-    let group = Event::start(&prof, &EventDescr::new(ty::GROUP, NONE, rank), None).map(Arc::new);
-    let group_handle = handle_of(group.as_ref());
-    let mut by_task: Vec<Option<Arc<Event>>> = Vec::with_capacity(tasks.len());
+    let group = start_group(&prof);
+    let mut by_task: Vec<(Option<Arc<Event>>, u32)> = Vec::with_capacity(tasks.len());
     for (i, task) in tasks.iter().enumerate() {
-        let Some(planned) = record.tasks.get(i).copied().flatten() else {
-            by_task.push(None);
-            continue;
-        };
-        let parent = PluginHandle { id: task.profile.api };
-        let common = EventDescr {
-            func: RStr::from_str(task.kind.name()),
-            count: task.count,
-            datatype: RStr::from_str(nccl_type_name(task.dtype)),
-            n_channels: planned.channels as i32,
-            parent_group: group_handle,
-            ..EventDescr::new(ty::COLL, parent, rank)
-        };
-        let d = match task.kind {
-            CollKind::Send { .. } | CollKind::Recv { .. } => {
-                let is_send = matches!(task.kind, CollKind::Send { .. });
-                EventDescr {
-                    event_type: ty::P2P,
-                    peer: peer_of(&task.kind),
-                    send_buff: if is_send { task.send.0 as usize } else { 0 },
-                    recv_buff: if is_send { 0 } else { task.recv.0 as usize },
-                    ..common
-                }
-            }
-            _ => EventDescr {
-                seq_number: prof.seq[coll_index(&task.kind)].fetch_add(1, Ordering::Relaxed),
-                root: root_of(&task.kind),
-                send_buff: task.send.0 as usize,
-                recv_buff: task.recv.0 as usize,
-                algo: RStr::from_str(planned.algo.map_or("", |a| a.name())),
-                proto: RStr::from_str(planned.proto.map_or("", |p| p.name())),
-                ..common
-            },
-        };
-        by_task.push(Event::start(&prof, &d, group.clone()).map(Arc::new));
+        match record.tasks.get(i).copied().flatten() {
+            Some(planned) => by_task.push((start_task(&prof, task, OpPlan::from(&planned), &group), planned.channels)),
+            None => by_task.push((None, 0)),
+        }
     }
-    let by_ctx = record.ctx_task.iter().map(|&t| by_task.get(t).cloned().flatten()).collect();
+    let by_ctx = record.ctx_task.iter().map(|&t| by_task.get(t).and_then(|(e, _)| e.clone())).collect();
     let group_api = PluginHandle { id: tasks.first().map_or(0, |t| t.profile.group_api) };
-    Some(RunEvents { prof, by_ctx, group_api, _group: group })
+    Some(RunEvents { prof, by_ctx, by_task, group_api, _group: group })
+}
+
+/// The KernelCh events of operations whose work has started: each channel's start timer was
+/// taken when it started; [`Channels::complete`] records KernelChStop with the stop timer
+/// and stops them. Dropped without it (the work failed), they stop with no KernelChStop.
+#[derive(Default)]
+pub struct Channels {
+    events: Vec<(Event, u64)>,
+}
+
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Channels({})", self.events.len())
+    }
+}
+
+impl Channels {
+    /// Starts channels `0..n` of the Coll / P2p event `task` (now).
+    fn start(&mut self, prof: &Arc<ProfilerInstance>, task: &Arc<Event>, n: u32) {
+        if !prof.wants(ty::KERNEL_CH) {
+            return;
+        }
+        for c in 0..n {
+            let at = host_timer_ns();
+            let d = EventDescr { channel_id: c as i32, seq_number: at, ..EventDescr::new(ty::KERNEL_CH, task.handle, prof.rank) };
+            if let Some(e) = Event::start(prof, &d, Some(Arc::clone(task))) {
+                self.events.push((e, at));
+            }
+        }
+    }
+
+    /// The work completed: each channel records KernelChStop with the host's time (after
+    /// its start: a profiler divides by the difference) and stops.
+    pub fn complete(self) {
+        let now = host_timer_ns();
+        for (e, started) in self.events {
+            e.record(state::KERNEL_CH_STOP, &StateArgs { p_timer: now.max(started + 1), ..Default::default() });
+        }
+    }
 }
 
 fn coll_index(kind: &CollKind) -> usize {
@@ -354,7 +468,81 @@ fn channel_of(link: &Link) -> i32 {
     link.purpose.channel() as i32
 }
 
+impl Channels {
+    /// Device work was launched: its channels complete when the communicator's watchdog
+    /// sees the launch done ([`Communicator::profiled_launch`]).
+    pub fn launched(self, comm: &Communicator) {
+        if !self.events.is_empty() {
+            comm.profiled_launch(self);
+        }
+    }
+}
+
+/// The events of a single operation that took a way around the planner (the board of small
+/// collectives, a single copy, a one-rank copy, a symmetric path): a Group, its Coll / P2p
+/// under its API event, and its channels, started together.
+#[derive(Debug)]
+pub struct SingleOp {
+    channels: Channels,
+    _task: Option<Arc<Event>>,
+}
+
+/// `task` starts on a way around the planner (`plan`: what its Coll event says of it).
+#[inline]
+pub fn single_op(comm: &Communicator, task: &Task, plan: impl FnOnce() -> OpPlan) -> Option<SingleOp> {
+    if !any_active() {
+        return None;
+    }
+    single_op_profiled(comm, task, plan())
+}
+
+#[cold]
+fn single_op_profiled(comm: &Communicator, task: &Task, plan: OpPlan) -> Option<SingleOp> {
+    let prof = profiler_of(comm)?;
+    if !prof.wants(activated_by(ty::GROUP)) {
+        return None;
+    }
+    let group = start_group(&prof);
+    let event = start_task(&prof, task, plan, &group);
+    let mut channels = Channels::default();
+    if let Some(e) = &event {
+        channels.start(&prof, e, plan.channels);
+    }
+    Some(SingleOp { channels, _task: event })
+}
+
+/// The operation of `op` ended with `r` on the host: on success its channels complete; then
+/// its events stop.
+pub fn end_single_op<T>(op: Option<SingleOp>, r: &crate::error::Result<T>) {
+    if let Some(op) = op {
+        if r.is_ok() {
+            op.channels.complete();
+        }
+    }
+}
+
+/// The operation of `op` was launched on a device (`r`): its channels complete when the
+/// launch does (see [`Channels::launched`]).
+pub fn launched_single_op<T>(op: Option<SingleOp>, comm: &Communicator, r: &crate::error::Result<T>) {
+    if let Some(op) = op {
+        if r.is_ok() {
+            op.channels.launched(comm);
+        }
+    }
+}
+
 impl RunEvents {
+    /// The work of this share starts: the KernelCh events of each task's channels.
+    pub fn start_channels(&self) -> Channels {
+        let mut out = Channels::default();
+        for (event, n) in &self.by_task {
+            if let Some(e) = event {
+                out.start(&self.prof, e, *n);
+            }
+        }
+        out
+    }
+
     /// The launch of this share's device work on `stream`; stops when dropped.
     pub fn kernel_launch(&self, stream: u64) -> Option<Event> {
         let d = EventDescr { stream: stream as usize, ..EventDescr::new(ty::KERNEL_LAUNCH, self.group_api, self.prof.rank) };

@@ -15,6 +15,16 @@
  * strings still read what they read at start; at finalize it writes the name read through
  * the kept commName pointer, and the first Coll's strings read through their pointers.
  *
+ * Built with -DPROFILER_COLL_P2P_ONLY it asks for Coll, P2p and KernelCh only (the mask of NCCL's
+ * Inspector; KernelCh events come only when their own bit is asked for, as in NCCL) and does
+ * what the Inspector and NCCL's example profiler (mask Coll | P2p) rely on: each Coll /
+ * P2p must start under a CollApi / P2pApi event it was given (NCCL starts the API events
+ * whenever a descendant type is in the mask), and an operation counts as completed when all
+ * its channels' KernelCh events stopped, each with a nonzero start timer and a KernelChStop
+ * timer not before it. It frees no event (a parent may be named after it stopped) and writes
+ * at finalize: "ops <started> <completed>", "parents <ok> <bad>", "channels <started> <ok>
+ * <bad>", "unplanned <Colls that name no algorithm>".
+ *
  * The declarations below are this file's own, written from the layout NCCL's v5 header
  * defines (type, parent, rank, then a union whose collective member starts with the sequence
  * number, function name, buffers, count, root, data type, channels, warps, algorithm,
@@ -51,6 +61,21 @@ struct named_part {
   const char* datatype;
 };
 
+/* P2p: function, buffer, data type, count, peer, channels. */
+struct p2p_part {
+  const char* func;
+  void* buff;
+  const char* datatype;
+  size_t count;
+  int peer;
+  uint8_t channels;
+};
+
+struct kernel_ch_part {
+  uint8_t channel;
+  uint64_t timer;
+};
+
 struct descr {
   uint64_t type;
   void* parent;
@@ -58,6 +83,8 @@ struct descr {
   union {
     struct coll_part coll;
     struct named_part named;
+    struct p2p_part p2p;
+    struct kernel_ch_part kernel_ch;
     uint64_t room[16];
   } u;
 };
@@ -79,6 +106,12 @@ static long started[TYPES], stopped[TYPES], bad_stops, named_colls, group_states
 struct event {
   unsigned magic;
   int type_bit;
+#ifdef PROFILER_COLL_P2P_ONLY
+  int stopped;
+  struct event* parent;       /* KernelCh: its Coll / P2p */
+  int channels, channels_done; /* Coll / P2p: channels it names, channels completed */
+  uint64_t start_timer, stop_timer; /* KernelCh */
+#endif
 #ifdef PROFILER_KEEPS_POINTERS
   const char* kept[KEPT]; /* pointers from the descriptor */
   char copy[KEPT][64];    /* what they read at start */
@@ -127,6 +160,53 @@ static void check_strings(const struct event* e) {
 }
 #endif
 
+#ifdef PROFILER_COLL_P2P_ONLY
+static long ops_completed, parents_ok, parents_bad, channels_ok, channels_bad, unplanned;
+
+/* An event this plugin handed out (never freed), or NULL. */
+static struct event* ours(void* h) {
+  struct event* e = h;
+  return e && e->magic == MAGIC ? e : NULL;
+}
+
+/* Checks a starting Coll / P2p's parent, or a KernelCh's; fills the event. */
+static void check_start(struct event* e, const struct descr* d) {
+  struct event* p = ours(d->parent);
+  e->stopped = 0;
+  e->parent = NULL;
+  e->channels = e->channels_done = 0;
+  e->start_timer = e->stop_timer = 0;
+  if (d->type == 2 || d->type == 4) {
+    int want = d->type == 2 ? 9 : 10; /* CollApi, P2pApi */
+    __atomic_fetch_add(p && p->type_bit == want ? &parents_ok : &parents_bad, 1, __ATOMIC_RELAXED);
+    e->channels = d->type == 2 ? d->u.coll.channels : d->u.p2p.channels;
+    /* A way around the planner names no algorithm (the board of small collectives). */
+    if (d->type == 2 && d->u.coll.algo && !d->u.coll.algo[0]) __atomic_fetch_add(&unplanned, 1, __ATOMIC_RELAXED);
+  } else if (d->type == 64) {
+    int ok = p && (p->type_bit == 1 || p->type_bit == 2) && !p->stopped && d->u.kernel_ch.timer != 0 &&
+             d->u.kernel_ch.channel < p->channels;
+    if (ok) {
+      e->parent = p;
+      e->start_timer = d->u.kernel_ch.timer;
+    } else {
+      __atomic_fetch_add(&channels_bad, 1, __ATOMIC_RELAXED);
+    }
+  }
+}
+
+/* A KernelCh stopped: with its timers right, its operation has one more channel done. */
+static void channel_stopped(struct event* e) {
+  if (!e->parent) return;
+  if (e->stop_timer == 0 || e->stop_timer < e->start_timer) {
+    __atomic_fetch_add(&channels_bad, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  __atomic_fetch_add(&channels_ok, 1, __ATOMIC_RELAXED);
+  if (__atomic_add_fetch(&e->parent->channels_done, 1, __ATOMIC_RELAXED) == e->parent->channels)
+    __atomic_fetch_add(&ops_completed, 1, __ATOMIC_RELAXED);
+}
+#endif
+
 static int bit_index(uint64_t type) {
   for (int i = 0; i < TYPES; i++)
     if (type == (1ull << i)) return i;
@@ -154,8 +234,12 @@ static result_t init(void** ctx, uint64_t comm_id, int* mask, const char* comm_n
   c->comm_name = comm_name;
 #endif
   *ctx = c;
+#ifdef PROFILER_COLL_P2P_ONLY
+  *mask = 2 | 4 | 64; /* Coll | P2p | KernelCh: NCCL's Inspector's */
+#else
   /* Every type NCCL's v6 has: the host cuts it to what v5 knows. */
   *mask = 0x7fff;
+#endif
   if (log) log(3, 1ul << 15, __FILE__, __LINE__, "c-profiler: init rank %d of %d (%s)", rank, nranks,
                comm_name ? comm_name : "?");
   return 0;
@@ -180,6 +264,9 @@ static result_t start_event(void* ctx, void** handle, struct descr* d) {
 #ifdef PROFILER_KEEPS_POINTERS
   keep_strings(ctx, e, d);
 #endif
+#ifdef PROFILER_COLL_P2P_ONLY
+  check_start(e, d);
+#endif
   __atomic_fetch_add(&started[i], 1, __ATOMIC_RELAXED);
   *handle = e;
   return 0;
@@ -197,10 +284,20 @@ static result_t stop_event(void* handle) {
 #ifdef PROFILER_KEEPS_POINTERS
   check_strings(e);
 #endif
+#ifdef PROFILER_COLL_P2P_ONLY
+  if (__atomic_exchange_n(&e->stopped, 1, __ATOMIC_RELAXED)) {
+    __atomic_fetch_add(&bad_stops, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
+  if (e->type_bit == 6) channel_stopped(e);
+  __atomic_fetch_add(&stopped[e->type_bit], 1, __ATOMIC_RELAXED);
+  return 0;
+#else
   e->magic = 0;
   __atomic_fetch_add(&stopped[e->type_bit], 1, __ATOMIC_RELAXED);
   free(e);
   return 0;
+#endif
 }
 
 static result_t record_state(void* handle, int state, union state_args* args) {
@@ -213,6 +310,9 @@ static result_t record_state(void* handle, int state, union state_args* args) {
     __atomic_fetch_add(&bad_stops, 1, __ATOMIC_RELAXED);
     return 0;
   }
+#ifdef PROFILER_COLL_P2P_ONLY
+  if (state == 22 && args) e->stop_timer = args->timer; /* KernelChStop */
+#endif
   if (state == 23) __atomic_fetch_add(&group_states[0], 1, __ATOMIC_RELAXED);
   if (state == 24) __atomic_fetch_add(&group_states[1], 1, __ATOMIC_RELAXED);
   return 0;
@@ -238,6 +338,12 @@ static result_t finalize(void* ctx) {
       fprintf(f, "bad %ld\n", __atomic_load_n(&bad_stops, __ATOMIC_RELAXED));
       fprintf(f, "named_colls %ld\n", __atomic_load_n(&named_colls, __ATOMIC_RELAXED));
       fprintf(f, "group_states %ld %ld\n", group_states[0], group_states[1]);
+#ifdef PROFILER_COLL_P2P_ONLY
+      fprintf(f, "ops %ld %ld\n", started[1] + started[2], ops_completed);
+      fprintf(f, "parents %ld %ld\n", parents_ok, parents_bad);
+      fprintf(f, "channels %ld %ld %ld\n", started[6], channels_ok, channels_bad);
+      fprintf(f, "unplanned %ld\n", unplanned);
+#endif
 #ifdef PROFILER_KEEPS_POINTERS
       /* Read through the pointers kept since init and since the first Coll started. */
       fprintf(f, "comm_name %.200s\n", c->comm_name ? c->comm_name : "(null)");
@@ -266,6 +372,8 @@ __attribute__((visibility("default"))) struct table ncclProfiler_v5 = {
     "c-counter-broken",
 #elif defined(PROFILER_NULL_CONTEXT)
     "c-null-context",
+#elif defined(PROFILER_COLL_P2P_ONLY)
+    "c-coll-p2p",
 #else
     "c-counter",
 #endif

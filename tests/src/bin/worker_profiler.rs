@@ -1,7 +1,8 @@
 //! Scenario `profiled`: a few operations for a profiler plugin to see — an all-reduce and a
 //! broadcast outside a group, and a group with an all-reduce and a send/receive ring — each
 //! checked, then the communicator destroyed (the profiler is finalized). The communicator is
-//! named by `RUSTCCL_TEST_COMM_NAME` if set.
+//! named by `RUSTCCL_TEST_COMM_NAME` if set; with `RUSTCCL_TEST_PROFILED_SMALL` set, a small
+//! all-reduce outside a group comes last.
 
 use rustccl::backend::{DevicePtr, Stream};
 use rustccl::types::DataType;
@@ -55,8 +56,13 @@ pub fn profiled(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         comm.recv(s_out, cnt, DataType::Int32, ((me + n - 1) % n) as i32, S)
     })();
     calls.and(group_end())?;
-    expect("group all_reduce", download(&comm, g_out, cnt)?, sum)?;
+    expect("group all_reduce", download(&comm, g_out, cnt)?, sum.clone())?;
     expect("recv", download(&comm, s_out, cnt)?, vec![((me + n - 1) % n) as i32 * 7 + 1; cnt])?;
+    if std::env::var("RUSTCCL_TEST_PROFILED_SMALL").is_ok() {
+        // A small all-reduce outside a group (the host backend's board, where it is used).
+        comm.all_reduce(a_in, g_out, 64, DataType::Int32, ReduceOp::Sum, S)?;
+        expect("small all_reduce", download(&comm, g_out, 64)?, sum[..64].to_vec())?;
+    }
     comm.destroy()?;
     println!("RESULT profiled ok");
     Ok(())

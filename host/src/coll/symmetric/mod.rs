@@ -31,6 +31,7 @@
 
 use rustccl_kernels::exec::SymArgs;
 use rustccl_kernels::symmetric::SymKernel;
+use crate::plugin::profiler_events::{self, OpPlan};
 
 mod host;
 
@@ -144,6 +145,9 @@ pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
     }
 }
 
+/// What the profiler's Coll event says of a symmetric path: no NCCL algorithm, one channel.
+const ONE_CHANNEL: OpPlan = OpPlan { algo: "", proto: "", channels: 1 };
+
 /// Whether a collective of `count` elements on `comm` may take a symmetric path at all:
 /// the backend has them, they are not turned off, and it is a single blocking call of
 /// several ranks outside check mode.
@@ -191,7 +195,10 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
             return None;
         }
         let place = place_of(comm, task, n)?;
-        return Some(host::run_task(comm, task, place));
+        let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
+        let r = host::run_task(comm, task, place);
+        profiler_events::end_single_op(events, &r);
+        return Some(r);
     }
     let part = (task.count * task.dtype.size()) as u64;
     if copy_engine(&task.kind, part) {
@@ -204,7 +211,9 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     let place = place_of(comm, task, n)?;
     let start = crate::profile::start();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
+    let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
     let r = launch(comm, task, kernel, place, part, n);
+    profiler_events::launched_single_op(events, comm, &r);
     super::cache::finish(comm, &r, true);
     crate::profile::stage(crate::profile::Stage::Total, start);
     Some(r)
@@ -222,7 +231,12 @@ fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Opt
         _ => return None,
     };
     match capturing(comm, task.stream) {
-        Ok(false) => Some(copy_engine_run(comm, task.shape(), task.stream, place, part, &copies)),
+        Ok(false) => {
+            let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
+            let r = copy_engine_run(comm, task.shape(), task.stream, place, part, &copies);
+            profiler_events::launched_single_op(events, comm, &r);
+            Some(r)
+        }
         Ok(true) => None,
         Err(r) => Some(r),
     }
