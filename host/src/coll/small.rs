@@ -281,6 +281,8 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     if !single_copy && bytes > limit(task) {
         return None;
     }
+    let way = if single_copy { super::way::Way::SingleCopy } else { super::way::Way::Board };
+    super::way::trace(task, n, way);
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     let r = if single_copy {
         let r = super::single_copy::run(comm, board, task, bytes);

@@ -191,6 +191,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
             return None;
         }
         let place = place_of(comm, task, n)?;
+        super::way::trace(task, n, super::way::Way::SymmetricCpu);
         return Some(host::run_task(comm, task, place));
     }
     let part = (task.count * task.dtype.size()) as u64;
@@ -202,6 +203,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     }
     let kernel = choose(&task.kind, part, n, task.send == task.recv)?;
     let place = place_of(comm, task, n)?;
+    super::way::trace(task, n, super::way::Way::SymmetricKernel);
     let start = crate::profile::start();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     let r = launch(comm, task, kernel, place, part, n);
@@ -222,7 +224,10 @@ fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Opt
         _ => return None,
     };
     match capturing(comm, task.stream) {
-        Ok(false) => Some(copy_engine_run(comm, task.shape(), task.stream, place, part, &copies)),
+        Ok(false) => {
+            super::way::trace(task, n, super::way::Way::CopyEngine);
+            Some(copy_engine_run(comm, task.shape(), task.stream, place, part, &copies))
+        }
         Ok(true) => None,
         Err(r) => Some(r),
     }
