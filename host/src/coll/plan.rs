@@ -665,6 +665,62 @@ mod tests {
         }
     }
 
+    /// A tuner that lowers one entry of the table and/or sets the channels, for every call.
+    struct Says {
+        lower: Option<(Algorithm, Protocol)>,
+        channels: i32,
+    }
+
+    impl rustccl_plugin_api::tuner::Tuner for Says {
+        fn init(&self, _: u64, _: usize, _: usize, _: rustccl_plugin_api::LogFn) -> std::result::Result<rustccl_plugin_api::PluginHandle, rustccl_plugin_api::PluginError> {
+            Ok(rustccl_plugin_api::PluginHandle { id: 1 })
+        }
+        fn get_coll_info(
+            &self,
+            _: rustccl_plugin_api::PluginHandle,
+            _: CollType,
+            _: usize,
+            _: i32,
+            costs: &mut CostTable<'_>,
+            n_channels: &mut i32,
+        ) -> std::result::Result<(), rustccl_plugin_api::PluginError> {
+            if let Some((a, p)) = self.lower {
+                costs.set(a, p, 0.0);
+            }
+            if self.channels > 0 {
+                *n_channels = self.channels;
+            }
+            Ok(())
+        }
+        fn finalize(&self, _: rustccl_plugin_api::PluginHandle) -> std::result::Result<(), rustccl_plugin_api::PluginError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_choice_says_whether_the_tuner_spoke() {
+        use crate::plugin::tuner::TunerInstance;
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let host = Capabilities::host();
+        let t = task(CollKind::AllReduce, 1024, ReduceOp::Sum);
+        let untuned = choose(&env(&host, 0, 2, &identity), &t).unwrap();
+        assert_eq!(untuned.by, ChosenBy::untuned());
+        let with = |says: Says| {
+            let tuner = TunerInstance { plugin: std::sync::Arc::new(crate::plugin::Plugin::builtin(std::sync::Arc::new(says), "says", 2)), ctx: rustccl_plugin_api::PluginHandle { id: 1 } };
+            let mut e = env(&host, 0, 2, &identity);
+            e.tuner = Some(&tuner);
+            choose(&e, &t).unwrap()
+        };
+        // Silent: the table as the model made it, no channels: rustccl's choice.
+        assert_eq!(with(Says { lower: None, channels: -1 }), untuned);
+        // An entry lowered: its choice, whoever would have won.
+        let c = with(Says { lower: Some((Algorithm::Tree, Protocol::Simple)), channels: -1 });
+        assert_eq!((c.algo, c.proto, c.by), (Algorithm::Tree, Protocol::Simple, ChosenBy::Tuner));
+        // Only the channels set: the model's algorithm and protocol on the tuner's channels.
+        let c = with(Says { lower: None, channels: 2 });
+        assert_eq!((c.algo, c.proto, c.channels, c.by), (untuned.algo, untuned.proto, 2, ChosenBy::Tuner));
+    }
+
     #[test]
     fn a_device_scalar_is_an_address_for_the_executor_not_a_value() {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
