@@ -231,9 +231,9 @@ impl PlanEnv<'_> {
 pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
     let n = env.nranks as usize;
     let bytes = task_bytes(task, n);
-    let n_algo = Algorithm::ALL.len();
-    let n_proto = Protocol::ALL.len();
-    let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
+    let (n_algo, n_proto) = (Algorithm::ALL.len(), Protocol::ALL.len());
+    // On the stack: asked on every call where a tuner is loaded, board-sized ones included.
+    let mut costs = [ALGO_PROTO_IGNORE; Algorithm::ALL.len() * Protocol::ALL.len()];
     let caps = env.caps;
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
@@ -243,7 +243,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
         }
     }
     let mut channels = -1i32;
-    let model = costs.clone();
+    let model = costs;
     let mut table = CostTable::new(&mut costs, n_algo, n_proto).map_err(Error::internal)?;
     if let Some(t) = env.tuner {
         if let Err(e) = t.plugin.api.get_coll_info(t.ctx, coll_type(&task.kind), bytes, 1, &mut table, &mut channels) {
