@@ -145,7 +145,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     }
     // A tuner's table that speaks for this call decides it: the ways around the planner step
     // aside, and the planner runs what the tuner chose (asked once: the choice goes along).
-    let tuned = super::way::tuner_choice(comm, &task).map_err(|e| comm.record_error(e))?;
+    let tuned = super::way::tuner_choice(comm, &task);
     let rustccl_decides = tuned.is_none_or(|c| c.by != plan::ChosenBy::Tuner);
     if rustccl_decides {
         if let Some(r) = super::symmetric::try_run(comm, &task) {

@@ -15,7 +15,6 @@
 use super::plan::{self, Choice, ChosenBy};
 use super::Task;
 use crate::comm::Communicator;
-use crate::error::Result;
 use crate::plugin::tuner::TunerInstance;
 
 /// A way around the planner (the planner's own line is [`trace_planned`]).
@@ -58,12 +57,17 @@ impl Way {
 /// may answer differently from call to call). Its `by` is [`ChosenBy::Tuner`] where the
 /// tuner's table spoke for this call; the caller then runs the planner with it
 /// ([`plan::build_chosen`]), and passes it on otherwise too, so that the planner does not
-/// ask again.
-pub(crate) fn tuner_choice(comm: &Communicator, task: &Task) -> Result<Option<Choice>> {
+/// ask again. Where no choice can be made (`NCCL_ALGO` leaves nothing for this collective, a
+/// released communicator) `None` too: the way the call takes reports it, or runs it where it
+/// needs no algorithm (a symmetric path), as without a tuner.
+pub(crate) fn tuner_choice(comm: &Communicator, task: &Task) -> Option<Choice> {
     if !comm.has_tuner() || comm.nranks_unchecked() < 2 || !super::cache::may_skip_planner(comm, task) {
-        return Ok(None);
+        return None;
     }
-    plan::PlanEnv::with(comm, |env| plan::choose(env, task)).map(Some)
+    let start = crate::profile::start();
+    let choice = plan::PlanEnv::with(comm, |env| plan::choose(env, task));
+    crate::profile::stage(crate::profile::Stage::Plan, start);
+    choice.inspect_err(|e| tracing::debug!(target: "COLL", "{}: no choice before the ways around the planner: {}", task.kind.name(), e.message)).ok()
 }
 
 /// Logs that `task` took `way`, a way around the planner (chosen by rustccl: none of them
