@@ -86,3 +86,108 @@ fn the_bench_writes_a_table_that_the_table_tuner_applies() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The `COLL` TRACE line of rank `rank`'s all-reduce of `bytes`: its way and who chose it.
+fn way_of(log: &str, bytes: usize) -> String {
+    let key = format!("AllReduce {bytes} B: way=");
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&key)).collect();
+    assert_eq!(lines.len(), 1, "one way line for {bytes} B:\n{log}");
+    lines[0].split_once(&key).unwrap().1.trim().to_string()
+}
+
+/// Issue 31 item 6: where a tuner's table speaks for a call (Tree/Simple on 2 channels for
+/// all-reduces of 4-64 KiB), the ways around the planner step aside — the board of small
+/// calls in shared memory would take 4-32 KiB on 2 ranks as processes — and the planner runs
+/// the tuner's choice at every size of the range; outside it rustccl's own way runs (the
+/// board below, its cost model above). Each rank's TRACE `COLL` lines say so; the worker
+/// checks every result.
+#[test]
+fn a_tuner_table_decides_every_way_inside_its_range_only() {
+    let dir = std::env::temp_dir().join(format!("rustccl-tune-ways-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("ways.csv");
+    std::fs::write(&table, "allreduce,4096,65536,tree,simple,2,-1,-1,-1,-1\n").unwrap();
+    let plugin = target_file("librustccl_tuner_default.so");
+    let sizes = [1024usize, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 1048576];
+    let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
+    let list = list.join(",");
+    let env = [
+        ("RUSTCCL_TEST_SIZES", list.as_str()),
+        ("NCCL_DEBUG", "TRACE"),
+        ("NCCL_DEBUG_SUBSYS", "COLL"),
+        ("NCCL_TUNER_PLUGIN", &*plugin.to_string_lossy()),
+        ("NCCL_TUNER_CONFIG_FILE", &*table.to_string_lossy()),
+    ];
+    let outs = finish_all(spawn("tuned-sizes", 2, &[0, 1], &ids_arg(&[new_id()]), &env), Duration::from_secs(90));
+    assert_all_ok(&outs);
+    for out in &outs {
+        for bytes in sizes {
+            let way = way_of(&out.stderr, bytes);
+            if (4096..=65536).contains(&bytes) {
+                assert_eq!(way, "planner TREE/SIMPLE 2 ch chosen by tuner csv-table", "{bytes} B, inside the table's range");
+            } else if bytes <= 2048 {
+                assert_eq!(way, "board chosen by rustccl", "{bytes} B, below the range: the board, as without a tuner");
+            } else {
+                assert!(way.starts_with("planner ") && way.ends_with(" chosen by rustccl"), "{bytes} B, above the range: {way}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every `COLL` TRACE way line of `log`, as (collective, way and who chose).
+fn ways(log: &str) -> Vec<(String, String)> {
+    log.lines()
+        .filter_map(|l| {
+            let (head, way) = l.split_once(" B: way=")?;
+            let kind = head.rsplit(' ').nth(1)?;
+            Some((kind.to_string(), way.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The symmetric paths' CPU twin and the single copies step aside too: a table that speaks
+/// for every all-gather (Ring/Simple/2) sends each one to the planner, on symmetric windows
+/// and off them (where large parts would be single copies), while the all-reduces, for which
+/// it is silent, take rustccl's ways. Without the table the same all-gathers take the board
+/// or the symmetric path, so the check means something. The matrix worker checks every result.
+#[test]
+fn a_tuner_table_steps_the_symmetric_paths_the_board_and_single_copies_aside() {
+    let dir = std::env::temp_dir().join(format!("rustccl-tune-aside-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("aside.csv");
+    std::fs::write(&table, "allgather,0,18446744073709551615,ring,simple,2,-1,-1,-1,-1\n").unwrap();
+    let plugin = target_file("librustccl_tuner_default.so");
+    let (plugin, table_s) = (plugin.to_string_lossy(), table.to_string_lossy());
+    for windows in ["0", "1"] {
+        let run = |tuner: &[(&str, &str)]| {
+            let mut env = vec![
+                ("COLL_COLLS", "AllGather,AllReduce"),
+                ("COLL_OPS", "sum"),
+                ("COLL_DTYPES", "float32"),
+                ("COLL_COUNTS", "1,1001"),
+                ("COLL_LARGE", "float32"),
+                ("COLL_WINDOWS", windows),
+                ("NCCL_DEBUG", "TRACE"),
+                ("NCCL_DEBUG_SUBSYS", "COLL"),
+            ];
+            env.extend_from_slice(tuner);
+            let outs = finish_all(spawn("coll-matrix", 2, &[0, 1], &ids_arg(&[new_id()]), &env), Duration::from_secs(90));
+            assert_all_ok(&outs);
+            outs.iter().map(|o| ways(&o.stderr)).collect::<Vec<_>>()
+        };
+        let usual = if windows == "1" { "symmetric-cpu chosen by rustccl" } else { "board chosen by rustccl" };
+        for rank in run(&[("NCCL_TUNER_PLUGIN", "none")]) {
+            assert!(rank.iter().any(|(k, w)| k == "AllGather" && w == usual), "windows={windows}, no tuner: {rank:?}");
+        }
+        for rank in run(&[("NCCL_TUNER_PLUGIN", &plugin), ("NCCL_TUNER_CONFIG_FILE", &table_s)]) {
+            let gathers: Vec<&String> = rank.iter().filter(|(k, _)| k == "AllGather").map(|(_, w)| w).collect();
+            assert!(gathers.len() >= 3, "windows={windows}: {rank:?}");
+            assert!(gathers.iter().all(|w| *w == "planner RING/SIMPLE 2 ch chosen by tuner csv-table"), "windows={windows}: {rank:?}");
+            let reduces: Vec<&String> = rank.iter().filter(|(k, _)| k == "AllReduce").map(|(_, w)| w).collect();
+            assert!(reduces.iter().all(|w| w.ends_with("chosen by rustccl")), "windows={windows}: {rank:?}");
+            assert!(reduces.iter().any(|w| *w == usual), "windows={windows}: the table is silent for all-reduces: {rank:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

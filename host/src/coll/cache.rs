@@ -174,7 +174,10 @@ pub(super) fn finish(comm: &Communicator, r: &Result<()>, device: bool) {
 /// mode, point-to-point).
 pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     let eligible = comm.nranks_unchecked() == 1 && may_skip_planner(comm, task) && plan::one_rank_identity(task);
-    eligible.then(|| run_one_rank(comm, task))
+    eligible.then(|| {
+        super::way::trace(task, 1, super::way::Way::OneRank);
+        run_one_rank(comm, task)
+    })
 }
 
 fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
@@ -259,6 +262,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
         },
     };
     crate::profile::stage(crate::profile::Stage::Plan, start);
+    super::way::trace(task, comm.nranks_unchecked() as usize, super::way::Way::PlanCache);
     Some(run_entry(comm, task, entry, epoch, start))
 }
 

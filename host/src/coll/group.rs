@@ -143,17 +143,29 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     if let Some(r) = super::cache::try_one_rank(comm, &task) {
         return r;
     }
-    if let Some(r) = super::symmetric::try_run(comm, &task) {
-        return r;
+    // A tuner's table that speaks for this call decides it: the ways around the planner step
+    // aside, and the planner runs what the tuner chose (asked once: the choice goes along).
+    let tuned = super::way::tuner_choice(comm, &task);
+    let rustccl_decides = tuned.is_none_or(|c| c.by != plan::ChosenBy::Tuner);
+    if rustccl_decides {
+        if let Some(r) = super::symmetric::try_run(comm, &task) {
+            return r;
+        }
     }
     if !task.kind.is_p2p() {
         comm.publish_path(super::symmetric::PATH_USUAL);
     }
-    if let Some(r) = super::small::try_run(comm, &task) {
-        return r;
+    if rustccl_decides {
+        if let Some(r) = super::small::try_run(comm, &task) {
+            return r;
+        }
     }
     if !task.kind.is_p2p() {
         super::small::note_usual(comm);
+    }
+    if tuned.is_some() {
+        // Asked only for blocking calls: they run here, and the plan cache is off with a tuner.
+        return run(vec![(comm.handle(), task)], tuned);
     }
     if let Some(r) = super::cache::try_run(comm, &task) {
         return r;
@@ -166,7 +178,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
 fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
     // Every communicator of a group is blocking, or every one is not (checked as queued).
     if tasks[0].0.config().blocking {
-        return run(tasks);
+        return run(tasks, None);
     }
     let mut comms: Vec<Communicator> = Vec::new();
     for (c, _) in &tasks {
@@ -181,14 +193,15 @@ fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
             return Err(c.record_error(e.context("an earlier non-blocking operation on this communicator failed (see async_error; abort it)")));
         }
     }
-    crate::comm::jobs::launch(comms, move || run(tasks));
+    crate::comm::jobs::launch(comms, move || run(tasks, None));
     Err(Error::in_progress(
         "the operations were queued on a non-blocking communicator; poll async_error until it is no longer InProgress",
     ))
 }
 
-/// Plans, connects and runs tasks, grouped by communicator in call order.
-fn run(tasks: Vec<(Communicator, Task)>) -> Result<()> {
+/// Plans, connects and runs tasks, grouped by communicator in call order; `chosen`: the
+/// choice made already for a single collective (`way::tuner_choice`).
+fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result<()> {
     let mut by_comm: Vec<(Communicator, Vec<Task>)> = Vec::new();
     for (comm, task) in tasks {
         match by_comm.iter_mut().find(|(c, _)| c.same_as(&comm)) {
@@ -204,7 +217,7 @@ fn run(tasks: Vec<(Communicator, Task)>) -> Result<()> {
     }
     let mut runs = Vec::with_capacity(by_comm.len());
     for (comm, tasks) in &by_comm {
-        let mut run = plan::build(comm, tasks).map_err(|e| comm.record_error(e))?;
+        let mut run = plan::build_chosen(comm, tasks, chosen).map_err(|e| comm.record_error(e))?;
         if run.record.is_some() {
             run.profile = profiler_events::start_run(comm, tasks, run.record.as_ref());
         }

@@ -22,6 +22,7 @@ pub mod plan;
 pub(crate) mod small;
 mod single_copy;
 pub mod symmetric;
+mod way;
 
 
 use crate::backend::{DevicePtr, Stream};

@@ -69,6 +69,30 @@ pub struct Choice {
     pub chunk_bytes: usize,
     /// Estimated time, microseconds.
     pub time_us: f32,
+    /// Who made the choice (the TRACE line of each collective says it).
+    pub by: ChosenBy,
+}
+
+/// Who chose a collective's algorithm, protocol and channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChosenBy {
+    /// rustccl's cost model.
+    Rustccl,
+    /// The tuner plugin: its `getCollInfo` changed the cost table or set the channels.
+    Tuner,
+    /// The user, through `NCCL_ALGO` / `NCCL_PROTO` (the cost model chose among what is left).
+    Env,
+}
+
+impl ChosenBy {
+    /// Who chose when the tuner was silent: the user's `NCCL_ALGO` / `NCCL_PROTO`, else rustccl.
+    pub(crate) fn untuned() -> ChosenBy {
+        if forced() {
+            ChosenBy::Env
+        } else {
+            ChosenBy::Rustccl
+        }
+    }
 }
 
 fn coll_type(kind: &CollKind) -> CollType {
@@ -84,7 +108,7 @@ fn coll_type(kind: &CollKind) -> CollType {
 }
 
 /// Bytes a task moves per rank (NCCL's `nBytes` for the tuner).
-fn task_bytes(task: &Task, nranks: usize) -> usize {
+pub(crate) fn task_bytes(task: &Task, nranks: usize) -> usize {
     let b = task.count * task.dtype.size();
     match task.kind {
         CollKind::AllGather | CollKind::ReduceScatter => b * nranks,
@@ -139,6 +163,15 @@ fn algo_setting() -> Option<&'static str> {
 /// planner step aside).
 pub(crate) fn forced() -> bool {
     algo_setting().is_some() || proto_setting().is_some()
+}
+
+/// Which of `NCCL_ALGO` / `NCCL_PROTO` is set (who chose, when [`forced`]).
+pub(crate) fn forced_by() -> &'static str {
+    match (algo_setting().is_some(), proto_setting().is_some()) {
+        (true, true) => "NCCL_ALGO/NCCL_PROTO",
+        (true, false) => "NCCL_ALGO",
+        _ => "NCCL_PROTO",
+    }
 }
 
 fn proto_setting() -> Option<&'static str> {
@@ -198,9 +231,9 @@ impl PlanEnv<'_> {
 pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
     let n = env.nranks as usize;
     let bytes = task_bytes(task, n);
-    let n_algo = Algorithm::ALL.len();
-    let n_proto = Protocol::ALL.len();
-    let mut costs = vec![ALGO_PROTO_IGNORE; n_algo * n_proto];
+    let (n_algo, n_proto) = (Algorithm::ALL.len(), Protocol::ALL.len());
+    // On the stack: asked on every call where a tuner is loaded, board-sized ones included.
+    let mut costs = [ALGO_PROTO_IGNORE; Algorithm::ALL.len() * Protocol::ALL.len()];
     let caps = env.caps;
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
@@ -210,6 +243,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
         }
     }
     let mut channels = -1i32;
+    let model = costs;
     let mut table = CostTable::new(&mut costs, n_algo, n_proto).map_err(Error::internal)?;
     if let Some(t) = env.tuner {
         if let Err(e) = t.plugin.api.get_coll_info(t.ctx, coll_type(&task.kind), bytes, 1, &mut table, &mut channels) {
@@ -217,6 +251,9 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
         }
     }
     let best = table.best();
+    // The tuner's table spoke for this call when it changed a cost or set the channels (an
+    // error leaves what it wrote, as NCCL, which ignores the error but not the table).
+    let by = if env.tuner.is_some() && (channels > 0 || costs != model) { ChosenBy::Tuner } else { ChosenBy::untuned() };
     let (algo, proto, time_us) = match best {
         Some(b) => b,
         // What the user forced does not exist for this collective (a tree all-gather): ring.
@@ -248,7 +285,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
             chunk_bytes = c.clamp(task.dtype.size(), most_chunk);
         }
     }
-    Ok(Choice { algo, proto, channels, chunk_bytes, time_us })
+    Ok(Choice { algo, proto, channels, chunk_bytes, time_us, by })
 }
 
 /// The most payload bytes one step of `proto` carries: a slot's worth in the protocol's format
@@ -332,8 +369,14 @@ pub(crate) fn task_ctx(comm: &Communicator, task: &Task) -> Result<OpCtx> {
 
 /// Builds the work of one communicator's tasks.
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
+    build_chosen(comm, tasks, None)
+}
+
+/// [`build`]; with `chosen`, the choice already made for the one collective of `tasks` (the
+/// tuner was asked for this call before the ways around the planner: it is not asked again).
+pub(crate) fn build_chosen(comm: &Communicator, tasks: &[Task], chosen: Option<Choice>) -> Result<CommRun> {
     let mut record = crate::plugin::profiler_events::wants_plan_record().then(PlanRecord::default);
-    let (work, device) = PlanEnv::with(comm, |env| plan_recorded(env, tasks, record.as_mut()))?;
+    let (work, device) = PlanEnv::with(comm, |env| plan_chosen(env, tasks, record.as_mut(), chosen))?;
     Ok(CommRun { comm: comm.handle(), work, device, record, profile: None })
 }
 
@@ -343,7 +386,14 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
 }
 
 /// [`plan`], writing what it chose for each task to `record`.
-pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord>) -> Result<(Work, bool)> {
+pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], record: Option<&mut PlanRecord>) -> Result<(Work, bool)> {
+    plan_chosen(env, tasks, record, None)
+}
+
+/// [`plan_recorded`], with the choice for the collective of `tasks` made already where
+/// `chosen` is given (then `tasks` is that one collective).
+fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord>, chosen: Option<Choice>) -> Result<(Work, bool)> {
+    debug_assert!(chosen.is_none() || tasks.len() == 1);
     let (n, rank, caps) = (env.nranks, env.rank, env.caps);
     let device = !caps.host_addressable;
     let p2p_chunk = caps.slot_bytes;
@@ -399,6 +449,7 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
                 CollKind::Send { .. } => self_sends.push((ci, b)),
                 CollKind::Recv { .. } => self_recvs.push((ci, b)),
                 _ => {
+                    super::way::trace(task, 1, super::way::Way::OneRank);
                     // One rank: the result is this rank's input, through the op (pre and post).
                     let ctx = &ctxs[ci];
                     if all_copies {
@@ -445,7 +496,11 @@ pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut Plan
             }
             _ => {}
         }
-        let choice = choose(env, task)?;
+        let choice = match chosen {
+            Some(c) => c,
+            None => choose(env, task)?,
+        };
+        super::way::trace_planned(task, n, &choice, env.tuner);
         note(None, Some(TaskPlan { algo: Some(choice.algo), proto: Some(choice.proto), channels: choice.channels }));
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
@@ -608,6 +663,62 @@ mod tests {
             assert_eq!(pick(1 << 20), Protocol::Ll128);
             assert_eq!(pick(64 << 20), Protocol::Simple);
         }
+    }
+
+    /// A tuner that lowers one entry of the table and/or sets the channels, for every call.
+    struct Says {
+        lower: Option<(Algorithm, Protocol)>,
+        channels: i32,
+    }
+
+    impl rustccl_plugin_api::tuner::Tuner for Says {
+        fn init(&self, _: u64, _: usize, _: usize, _: rustccl_plugin_api::LogFn) -> std::result::Result<rustccl_plugin_api::PluginHandle, rustccl_plugin_api::PluginError> {
+            Ok(rustccl_plugin_api::PluginHandle { id: 1 })
+        }
+        fn get_coll_info(
+            &self,
+            _: rustccl_plugin_api::PluginHandle,
+            _: CollType,
+            _: usize,
+            _: i32,
+            costs: &mut CostTable<'_>,
+            n_channels: &mut i32,
+        ) -> std::result::Result<(), rustccl_plugin_api::PluginError> {
+            if let Some((a, p)) = self.lower {
+                costs.set(a, p, 0.0);
+            }
+            if self.channels > 0 {
+                *n_channels = self.channels;
+            }
+            Ok(())
+        }
+        fn finalize(&self, _: rustccl_plugin_api::PluginHandle) -> std::result::Result<(), rustccl_plugin_api::PluginError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_choice_says_whether_the_tuner_spoke() {
+        use crate::plugin::tuner::TunerInstance;
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let host = Capabilities::host();
+        let t = task(CollKind::AllReduce, 1024, ReduceOp::Sum);
+        let untuned = choose(&env(&host, 0, 2, &identity), &t).unwrap();
+        assert_eq!(untuned.by, ChosenBy::untuned());
+        let with = |says: Says| {
+            let tuner = TunerInstance { plugin: std::sync::Arc::new(crate::plugin::Plugin::builtin(std::sync::Arc::new(says), "says", 2)), ctx: rustccl_plugin_api::PluginHandle { id: 1 } };
+            let mut e = env(&host, 0, 2, &identity);
+            e.tuner = Some(&tuner);
+            choose(&e, &t).unwrap()
+        };
+        // Silent: the table as the model made it, no channels: rustccl's choice.
+        assert_eq!(with(Says { lower: None, channels: -1 }), untuned);
+        // An entry lowered: its choice, whoever would have won.
+        let c = with(Says { lower: Some((Algorithm::Tree, Protocol::Simple)), channels: -1 });
+        assert_eq!((c.algo, c.proto, c.by), (Algorithm::Tree, Protocol::Simple, ChosenBy::Tuner));
+        // Only the channels set: the model's algorithm and protocol on the tuner's channels.
+        let c = with(Says { lower: None, channels: 2 });
+        assert_eq!((c.algo, c.proto, c.channels, c.by), (untuned.algo, untuned.proto, 2, ChosenBy::Tuner));
     }
 
     #[test]

@@ -33,7 +33,8 @@
 //! collective the usual way stops with `ncclInvalidUsage`.
 //!
 //! Taken for a single collective (outside a group, blocking communicator, no check mode, no
-//! `NCCL_ALGO`/`NCCL_PROTO`, no `NCCL_SHM_DISABLE=1`) of at most `limit` bytes on the board
+//! `NCCL_ALGO`/`NCCL_PROTO`, no `NCCL_SHM_DISABLE=1`, no tuner whose table speaks for the
+//! call: `coll::way`) of at most `limit` bytes on the board
 //! per rank, where every rank is on one host; everything the choice depends on is the same on
 //! every rank, so every rank takes the same way. The board is made at the communicator's
 //! first collective of any kind outside a group, with data (every rank makes it there,
@@ -282,6 +283,8 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     if !single_copy && bytes > limit(task) {
         return None;
     }
+    let way = if single_copy { super::way::Way::SingleCopy } else { super::way::Way::Board };
+    super::way::trace(task, n, way);
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     // For a profiler: one channel, no NCCL algorithm.
     let events = profiler_events::single_op(comm, task, || OpPlan { algo: "", proto: "", channels: 1 });

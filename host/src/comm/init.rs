@@ -175,6 +175,7 @@ impl Communicator {
             children: AtomicU64::new(0),
             shrink_stopped: AtomicBool::new(false),
             plugins: Mutex::new(None),
+            has_tuner: AtomicBool::new(false),
             transports: Mutex::new(Default::default()),
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
@@ -234,6 +235,7 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
             let _ = inner.bootstrap.set(bs);
             Communicator::attach_health(inner);
             Communicator::attach_registrations(inner);
+            inner.has_tuner.store(plugins.tuner.is_some(), Ordering::Release);
             *inner.plugins.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(plugins));
             *state = State::Ready;
             inner.is_ready.store(true, Ordering::Release);

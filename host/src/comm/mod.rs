@@ -99,6 +99,8 @@ struct Inner {
     shrink_stopped: AtomicBool,
     /// The plugins chosen at init (released at destroy).
     plugins: Mutex<Option<Arc<CommPlugins>>>,
+    /// Set at init when the plugins include a tuner (the check every collective makes).
+    has_tuner: AtomicBool,
     /// Connections made so far, and the proxy thread of the network ones.
     transports: Mutex<Transports>,
     /// Set when an operation failed half-way: the FIFOs may hold stale data, so later
@@ -302,6 +304,11 @@ impl Communicator {
         self.ready("plugins")?;
         let p = self.inner.plugins.lock().unwrap_or_else(|p| p.into_inner()).clone();
         p.ok_or_else(|| self.inner.record(Error::invalid_usage("plugins: the communicator's plugins were released")))
+    }
+
+    /// Whether a tuner plugin is in use (without the plugins' lock: asked on every call).
+    pub(crate) fn has_tuner(&self) -> bool {
+        self.inner.has_tuner.load(Ordering::Acquire)
     }
 
     /// How many ranks (this one included) share this rank's host; 1 when not known.

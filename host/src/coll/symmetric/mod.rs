@@ -195,6 +195,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
             return None;
         }
         let place = place_of(comm, task, n)?;
+        super::way::trace(task, n, super::way::Way::SymmetricCpu);
         let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
         let r = host::run_task(comm, task, place);
         profiler_events::end_single_op(events, &r);
@@ -209,6 +210,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     }
     let kernel = choose(&task.kind, part, n, task.send == task.recv)?;
     let place = place_of(comm, task, n)?;
+    super::way::trace(task, n, super::way::Way::SymmetricKernel);
     let start = crate::profile::start();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
@@ -232,6 +234,7 @@ fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Opt
     };
     match capturing(comm, task.stream) {
         Ok(false) => {
+            super::way::trace(task, n, super::way::Way::CopyEngine);
             let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
             let r = copy_engine_run(comm, task.shape(), task.stream, place, part, &copies);
             profiler_events::launched_single_op(events, comm, &r);

@@ -1,0 +1,114 @@
+//! Which way a single collective runs, and who chose it.
+//!
+//! A collective outside a group may run around the planner (coll/group.rs tries, in order: one
+//! rank, the symmetric paths, the board of small calls and its single copies, the plan cache)
+//! or through it. Where a tuner plugin is loaded, its table decides first, as in NCCL, which
+//! asks the tuner for every task: [`tuner_choice`] asks it once for the call, and where its
+//! table speaks (its `getCollInfo` changed the cost table or set the channels) the ways around
+//! the planner step aside and the planner runs what the tuner chose. Where it is silent,
+//! rustccl's own choice stands, fast ways included.
+//!
+//! Every collective logs one TRACE line (target `COLL`) naming its way and who chose it, e.g.
+//! `AllReduce 4096 B: way=board chosen by rustccl` or
+//! `AllReduce 8192 B: way=planner TREE/SIMPLE 2 ch chosen by tuner csv-table`.
+
+use super::plan::{self, Choice, ChosenBy};
+use super::Task;
+use crate::comm::Communicator;
+use crate::plugin::tuner::TunerInstance;
+
+/// A way around the planner (the planner's own line is [`trace_planned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Way {
+    /// One rank: nothing, or one copy (`coll::cache::try_one_rank`).
+    OneRank,
+    /// A symmetric kernel on symmetric windows (`coll::symmetric`).
+    SymmetricKernel,
+    /// The symmetric collectives' CPU twin (host backend).
+    SymmetricCpu,
+    /// The copy engines on symmetric windows.
+    CopyEngine,
+    /// The board of small collectives in shared memory (`coll::small`).
+    Board,
+    /// One copy straight from the peers' buffers (`coll::single_copy`).
+    SingleCopy,
+    /// A plan the planner made for an earlier call of the same shape (`coll::cache`).
+    PlanCache,
+}
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Way::OneRank => "one-rank",
+            Way::SymmetricKernel => "symmetric-kernel",
+            Way::SymmetricCpu => "symmetric-cpu",
+            Way::CopyEngine => "copy-engine",
+            Way::Board => "board",
+            Way::SingleCopy => "single-copy",
+            Way::PlanCache => "plan-cache",
+        }
+    }
+}
+
+/// What the tuner says for `task`, a single blocking collective outside a group that may take
+/// a way around the planner: `None` where no tuner is loaded (one check on the hot path) or
+/// the call goes to the planner anyway (which asks the tuner itself); else the planner's
+/// choice for it, the tuner asked once, as NCCL asks once per task (never memoized: a tuner
+/// may answer differently from call to call). Its `by` is [`ChosenBy::Tuner`] where the
+/// tuner's table spoke for this call; the caller then runs the planner with it
+/// ([`plan::build_chosen`]), and passes it on otherwise too, so that the planner does not
+/// ask again. Where no choice can be made (`NCCL_ALGO` leaves nothing for this collective, a
+/// released communicator) `None` too: the way the call takes reports it, or runs it where it
+/// needs no algorithm (a symmetric path), as without a tuner.
+pub(crate) fn tuner_choice(comm: &Communicator, task: &Task) -> Option<Choice> {
+    if !comm.has_tuner() || comm.nranks_unchecked() < 2 || !super::cache::may_skip_planner(comm, task) {
+        return None;
+    }
+    let start = crate::profile::start();
+    let choice = plan::PlanEnv::with(comm, |env| plan::choose(env, task));
+    crate::profile::stage(crate::profile::Stage::Plan, start);
+    choice.inspect_err(|e| tracing::debug!(target: "COLL", "{}: no choice before the ways around the planner: {}", task.kind.name(), e.message)).ok()
+}
+
+/// Logs that `task` took `way`, a way around the planner (chosen by rustccl: none of them
+/// runs where the tuner spoke or, but the plan cache, where `NCCL_ALGO` / `NCCL_PROTO` is set).
+pub(crate) fn trace(task: &Task, nranks: usize, way: Way) {
+    if !tracing::enabled!(target: "COLL", tracing::Level::TRACE) {
+        return;
+    }
+    let by = if way == Way::PlanCache { ChosenBy::untuned() } else { ChosenBy::Rustccl };
+    tracing::trace!(
+        target: "COLL",
+        "{} {} B: way={} chosen by {}",
+        task.kind.name(),
+        plan::task_bytes(task, nranks),
+        way.name(),
+        who(by, None)
+    );
+}
+
+/// Logs that the planner runs `task` as `choice` says.
+pub(crate) fn trace_planned(task: &Task, nranks: u32, choice: &Choice, tuner: Option<&TunerInstance>) {
+    if !tracing::enabled!(target: "COLL", tracing::Level::TRACE) {
+        return;
+    }
+    tracing::trace!(
+        target: "COLL",
+        "{} {} B: way=planner {}/{} {} ch chosen by {}",
+        task.kind.name(),
+        plan::task_bytes(task, nranks as usize),
+        choice.algo.name(),
+        choice.proto.name(),
+        choice.channels,
+        who(choice.by, tuner)
+    );
+}
+
+/// Who chose, as the TRACE lines say it.
+fn who(by: ChosenBy, tuner: Option<&TunerInstance>) -> String {
+    match by {
+        ChosenBy::Rustccl => "rustccl".into(),
+        ChosenBy::Tuner => format!("tuner {}", tuner.map_or("?", |t| t.plugin.name.as_str())),
+        ChosenBy::Env => plan::forced_by().into(),
+    }
+}
