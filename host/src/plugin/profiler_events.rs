@@ -353,7 +353,7 @@ pub fn wants_plan_record() -> bool {
 }
 
 /// What a Coll / P2p event says of how its task runs: algorithm and protocol names (empty
-/// where the way it takes has none of NCCL's) and channels.
+/// where the way it takes has none of NCCL's; the event says "Unknown", as NCCL) and channels.
 #[derive(Clone, Copy, Debug)]
 pub struct OpPlan {
     pub algo: &'static str,
@@ -364,6 +364,17 @@ pub struct OpPlan {
 impl From<&TaskPlan> for OpPlan {
     fn from(p: &TaskPlan) -> OpPlan {
         OpPlan { algo: p.algo.map_or("", |a| a.name()), proto: p.proto.map_or("", |p| p.name()), channels: p.channels }
+    }
+}
+
+/// What a Coll event names for an algorithm or protocol: NCCL's name, or NCCL's "Unknown"
+/// (`ncclAlgoToString` / `ncclProtoToString` of none) where the way taken has none of NCCL's.
+/// Profilers parse these names: an empty one kills Google's CoMMA (it reads its last byte).
+fn nccl_name_or_unknown(name: &'static str) -> &'static str {
+    if name.is_empty() {
+        "Unknown"
+    } else {
+        name
     }
 }
 
@@ -400,8 +411,8 @@ fn start_task(prof: &Arc<ProfilerInstance>, task: &Task, plan: OpPlan, group: &O
             root: root_of(&task.kind),
             send_buff: task.send.0 as usize,
             recv_buff: task.recv.0 as usize,
-            algo: RStr::from_str(plan.algo),
-            proto: RStr::from_str(plan.proto),
+            algo: RStr::from_str(nccl_name_or_unknown(plan.algo)),
+            proto: RStr::from_str(nccl_name_or_unknown(plan.proto)),
             ..common
         },
     };

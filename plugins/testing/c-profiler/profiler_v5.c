@@ -23,7 +23,7 @@
  * its channels' KernelCh events stopped, each with a nonzero start timer and a KernelChStop
  * timer not before it. It frees no event (a parent may be named after it stopped) and writes
  * at finalize: "ops <started> <completed>", "parents <ok> <bad>", "channels <started> <ok>
- * <bad>", "unplanned <Colls that name no algorithm>".
+ * <bad>", "unplanned <Colls that name algorithm "Unknown">".
  *
  * Built with -DPROFILER_PROXY_OPS it asks for what Google's CoMMA profiler (v4) asks for,
  * Group | Coll | P2p | ProxyOp | ProxyStep, and completes an operation CoMMA's way: when a
@@ -209,8 +209,10 @@ static void check_start(struct event* e, const struct descr* d) {
     int want = d->type == 2 ? 9 : 10; /* CollApi, P2pApi */
     __atomic_fetch_add(p && p->type_bit == want ? &parents_ok : &parents_bad, 1, __ATOMIC_RELAXED);
     e->channels = d->type == 2 ? d->u.coll.channels : d->u.p2p.channels;
-    /* A way around the planner names no algorithm (the board of small collectives). */
-    if (d->type == 2 && d->u.coll.algo && !d->u.coll.algo[0]) __atomic_fetch_add(&unplanned, 1, __ATOMIC_RELAXED);
+    /* A way around the planner names no algorithm (the board of small collectives): NCCL's
+     * "Unknown"; an empty name would kill profilers that read its last byte (CoMMA). */
+    if (d->type == 2 && d->u.coll.algo && strcmp(d->u.coll.algo, "Unknown") == 0)
+      __atomic_fetch_add(&unplanned, 1, __ATOMIC_RELAXED);
   } else if (d->type == 64) {
     int ok = p && (p->type_bit == 1 || p->type_bit == 2) && !p->stopped && d->u.kernel_ch.timer != 0 &&
              d->u.kernel_ch.channel < p->channels;
