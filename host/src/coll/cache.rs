@@ -17,7 +17,8 @@
 //! and the GPU ones), unless `RUSTCCL_PLAN_CACHE=0`. Calls that need what the cache skips go
 //! the full way: inside a group, on a non-blocking communicator, with a tuner plugin (which is
 //! asked on every call), with a profiler loaded (its events come from the planner; the other ways around the
-//! planner give their own, see `profiler_events::single_op`), with
+//! planner give their own, see `profiler_events::single_op`; kept so since a hit saves a
+//! profiled call nothing measurable next to its events, docs/STATUS.md), with
 //! `RUSTCCL_CHECK_COLLECTIVES`, point-to-point, one rank, and empty operations.
 //!
 //! The cache lives with the communicator's connections (`comm::Transports`): when those go

@@ -79,7 +79,7 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     for (run, links) in runs.iter_mut().zip(conns) {
         if run.device {
             let _launch = run.profile.as_ref().and_then(|p| p.kernel_launch(run.work.stream.0));
-            let channels = run.profile.as_ref().map(|p| p.start_channels());
+            let channels = run.profile.as_ref().map(|p| p.launch_channels());
             run.comm.launch_on_device(&mut run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
             if let Some(c) = channels {
                 c.launched(&run.comm);

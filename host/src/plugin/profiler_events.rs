@@ -9,7 +9,7 @@
 //! | Coll / P2p | each planned task (algorithm, protocol, channels) | CollApi / P2pApi; `parent_group` = Group |
 //! | KernelLaunch | device work enqueued on its stream | GroupApi |
 //! | KernelCh | each channel of a Coll / P2p: started when its work starts, KernelChStop (with the stop timer) and stop when it completed | Coll / P2p |
-//! | ProxyOp | the proxy's share of one task on one network connection | Coll / P2p |
+//! | ProxyOp | the proxy's share of one task on one network connection; a transfer without a network proxy (below) | Coll / P2p |
 //! | ProxyStep | one slot of a proxy op: SendWait or RecvWait when posted, RecvGPUWait when a receive lands | ProxyOp |
 //!
 //! Every way an operation runs gives these events: the planner's (host executor, shared
@@ -17,6 +17,21 @@
 //! (the board of small collectives and its single copies, one-rank copies, the symmetric
 //! paths), which report one channel ([`single_op`]); so a profiler that completes an
 //! operation on its KernelCh stops (NCCL's Inspector, Google's CoMMA) sees every one complete.
+//!
+//! ProxyOp on paths without a network proxy (shared memory or device connections of the
+//! planner's runs, the board and its single copies, one-rank copies, the symmetric paths):
+//! a profiler may end an operation only when a ProxyOp under it stops (Google's CoMMA does,
+//! and reclaims at a timeout an operation that got none), so every Coll / P2p that moves
+//! data gets ProxyOps there too ([`LocalOp`]). On a planner's run one stands for one task's
+//! slots on one connection (channel, peer, direction; nSteps its slots, chunkSize the
+//! largest); on a way around the planner one send and one receive per peer (per the rank
+//! itself on one rank) on channel 0, one step of the operation's bytes: the exchange of
+//! data with that peer, whatever the path does in detail. They start when the work starts
+//! on the host (when it completes for device work, which the host does not watch: the
+//! watchdog starts and stops them, on one thread as NCCL's proxy does) and stop when it
+//! completed, with the KernelCh events; their ProxySteps, one per slot (SendWait with its
+//! bytes, or RecvWait then RecvGPUWait), are reported at completion, since no proxy thread
+//! watches the slots one by one. They come only when ProxyOp or ProxyStep is asked for.
 //!
 //! KernelCh timers (`pTimer` at start and at KernelChStop) are nanoseconds of the host's
 //! clock ([`host_timer_ns`], on the Unix epoch like the GPU's globaltimer NCCL reads): on the
@@ -319,6 +334,9 @@ pub struct RunEvents {
     /// Per task: its Coll / P2p event and how many channels it uses.
     by_task: Vec<(Option<Arc<Event>>, u32)>,
     group_api: PluginHandle,
+    /// The ProxyOps of this share's transfers without a network proxy
+    /// ([`RunEvents::queue_proxy_ops`]), started with its channels.
+    local: Mutex<Vec<ProxyOpPlan>>,
     _group: Option<Arc<Event>>,
 }
 
@@ -335,7 +353,7 @@ pub fn wants_plan_record() -> bool {
 }
 
 /// What a Coll / P2p event says of how its task runs: algorithm and protocol names (empty
-/// where the way it takes has none of NCCL's) and channels.
+/// where the way it takes has none of NCCL's; the event says "Unknown", as NCCL) and channels.
 #[derive(Clone, Copy, Debug)]
 pub struct OpPlan {
     pub algo: &'static str,
@@ -346,6 +364,17 @@ pub struct OpPlan {
 impl From<&TaskPlan> for OpPlan {
     fn from(p: &TaskPlan) -> OpPlan {
         OpPlan { algo: p.algo.map_or("", |a| a.name()), proto: p.proto.map_or("", |p| p.name()), channels: p.channels }
+    }
+}
+
+/// What a Coll event names for an algorithm or protocol: NCCL's name, or NCCL's "Unknown"
+/// (`ncclAlgoToString` / `ncclProtoToString` of none) where the way taken has none of NCCL's.
+/// Profilers parse these names: an empty one kills Google's CoMMA (it reads its last byte).
+fn nccl_name_or_unknown(name: &'static str) -> &'static str {
+    if name.is_empty() {
+        "Unknown"
+    } else {
+        name
     }
 }
 
@@ -382,8 +411,8 @@ fn start_task(prof: &Arc<ProfilerInstance>, task: &Task, plan: OpPlan, group: &O
             root: root_of(&task.kind),
             send_buff: task.send.0 as usize,
             recv_buff: task.recv.0 as usize,
-            algo: RStr::from_str(plan.algo),
-            proto: RStr::from_str(plan.proto),
+            algo: RStr::from_str(nccl_name_or_unknown(plan.algo)),
+            proto: RStr::from_str(nccl_name_or_unknown(plan.proto)),
             ..common
         },
     };
@@ -410,20 +439,23 @@ pub fn start_run(comm: &Communicator, tasks: &[Task], record: Option<&PlanRecord
     }
     let by_ctx = record.ctx_task.iter().map(|&t| by_task.get(t).and_then(|(e, _)| e.clone())).collect();
     let group_api = PluginHandle { id: tasks.first().map_or(0, |t| t.profile.group_api) };
-    Some(RunEvents { prof, by_ctx, by_task, group_api, _group: group })
+    Some(RunEvents { prof, by_ctx, by_task, group_api, local: Mutex::default(), _group: group })
 }
 
 /// The KernelCh events of operations whose work has started: each channel's start timer was
 /// taken when it started; [`Channels::complete`] records KernelChStop with the stop timer
 /// and stops them. Dropped without it (the work failed), they stop with no KernelChStop.
+/// With them, the ProxyOps of the transfers no network proxy moves ([`LocalOp`]), which
+/// complete at the same moment.
 #[derive(Default)]
 pub struct Channels {
     events: Vec<(Event, u64)>,
+    local: Vec<LocalOp>,
 }
 
 impl std::fmt::Debug for Channels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Channels({})", self.events.len())
+        write!(f, "Channels({}, {} local ops)", self.events.len(), self.local.len())
     }
 }
 
@@ -442,9 +474,17 @@ impl Channels {
         }
     }
 
-    /// The work completed: each channel records KernelChStop with the host's time (after
+    /// Adds the ProxyOps of transfers without a network proxy: started now if `now` (host
+    /// work), else when they complete (device work: see the module doc).
+    fn add_local(&mut self, plans: Vec<ProxyOpPlan>, now: bool) {
+        self.local.extend(plans.into_iter().map(|plan| LocalOp::new(plan, now)));
+    }
+
+    /// The work completed: the ProxyOps of its transfers without a network proxy report
+    /// their steps and stop; each channel records KernelChStop with the host's time (after
     /// its start: a profiler divides by the difference) and stops.
     pub fn complete(self) {
+        self.local.into_iter().for_each(LocalOp::complete);
         let now = host_timer_ns();
         for (e, started) in self.events {
             e.record(state::KERNEL_CH_STOP, &StateArgs { p_timer: now.max(started + 1), ..Default::default() });
@@ -472,7 +512,7 @@ impl Channels {
     /// Device work was launched: its channels complete when the communicator's watchdog
     /// sees the launch done ([`Communicator::profiled_launch`]).
     pub fn launched(self, comm: &Communicator) {
-        if !self.events.is_empty() {
+        if !self.events.is_empty() || !self.local.is_empty() {
             comm.profiled_launch(self);
         }
     }
@@ -508,7 +548,34 @@ fn single_op_profiled(comm: &Communicator, task: &Task, plan: OpPlan) -> Option<
     if let Some(e) = &event {
         channels.start(&prof, e, plan.channels);
     }
+    if prof.wants(ty::PROXY_OP | ty::PROXY_STEP) {
+        // Host work starts now; device work is launched, seen done by the watchdog.
+        let on_host = comm.backend().capabilities().host_addressable;
+        channels.add_local(single_op_transfers(comm, task, &prof, &event), on_host);
+    }
     Some(SingleOp { channels, _task: event })
+}
+
+/// The ProxyOps of a single operation on a way around the planner: a send and a receive per
+/// peer (the rank itself on one rank), channel 0, one step of the operation's bytes.
+fn single_op_transfers(comm: &Communicator, task: &Task, prof: &Arc<ProfilerInstance>, event: &Option<Arc<Event>>) -> Vec<ProxyOpPlan> {
+    let (n, me) = (comm.nranks_unchecked(), comm.rank_unchecked());
+    let bytes = task.count * task.dtype.size();
+    let peers = (0..n).filter(|&p| p != me || n == 1);
+    peers
+        .flat_map(|peer| [true, false].map(|is_send| (peer, is_send)))
+        .map(|(peer, is_send)| ProxyOpPlan {
+            prof: Arc::clone(prof),
+            parent: event.clone(),
+            ctx: 0,
+            channel: 0,
+            peer: peer as i32,
+            is_send,
+            n_steps: 1,
+            chunk_size: bytes.min(i32::MAX as usize) as i32,
+            step_bytes: vec![bytes],
+        })
+        .collect()
 }
 
 /// The operation of `op` ended with `r` on the host: on success its channels complete; then
@@ -532,14 +599,28 @@ pub fn launched_single_op<T>(op: Option<SingleOp>, comm: &Communicator, r: &crat
 }
 
 impl RunEvents {
-    /// The work of this share starts: the KernelCh events of each task's channels.
+    /// The host work of this share starts: the KernelCh events of each task's channels, and
+    /// the ProxyOps of its transfers without a network proxy.
     pub fn start_channels(&self) -> Channels {
+        self.channels(true)
+    }
+
+    /// The device work of this share is launched: the KernelCh events of each task's
+    /// channels start now, the ProxyOps of its transfers without a network proxy when the
+    /// watchdog sees it done ([`Channels::launched`]).
+    pub fn launch_channels(&self) -> Channels {
+        self.channels(false)
+    }
+
+    fn channels(&self, on_host: bool) -> Channels {
         let mut out = Channels::default();
         for (event, n) in &self.by_task {
             if let Some(e) = event {
                 out.start(&self.prof, e, *n);
             }
         }
+        let local = std::mem::take(&mut *self.local.lock().unwrap_or_else(|p| p.into_inner()));
+        out.add_local(local, on_host);
         out
     }
 
@@ -550,7 +631,9 @@ impl RunEvents {
     }
 
     /// Tells the proxy of every network connection the work uses which task each run of its
-    /// slots belongs to (a proxy op: consecutive steps of one task on one connection).
+    /// slots belongs to (a proxy op: consecutive steps of one task on one connection); the
+    /// same runs on the other connections (shared memory, device) are kept for the channels
+    /// ([`RunEvents::start_channels`]): no proxy moves them.
     pub fn queue_proxy_ops(&self, work: &Work, links: &Links) {
         if !self.prof.wants(ty::PROXY_OP | ty::PROXY_STEP) {
             return;
@@ -561,13 +644,11 @@ impl RunEvents {
                 let ends = step.send.iter().map(|l| (l, Dir::Send)).chain(step.recv.iter().map(|l| (l, Dir::Recv)));
                 for (link, dir) in ends {
                     let Some(conn) = links.get(&(*link, dir)) else { continue };
-                    if conn.kind != Kind::Net {
-                        continue;
-                    }
                     match ops.iter_mut().rev().find(|(c, _)| Arc::ptr_eq(c, conn)) {
                         Some((_, op)) if op.ctx == *ci => {
                             op.n_steps += 1;
                             op.chunk_size = op.chunk_size.max(step.bytes as i32);
+                            op.step_bytes.push(step.bytes);
                         }
                         _ => ops.push((
                             Arc::clone(conn),
@@ -580,13 +661,19 @@ impl RunEvents {
                                 is_send: dir == Dir::Send,
                                 n_steps: 1,
                                 chunk_size: step.bytes as i32,
+                                step_bytes: vec![step.bytes],
                             },
                         )),
                     }
                 }
             }
+            let mut local = self.local.lock().unwrap_or_else(|p| p.into_inner());
             for (conn, op) in ops {
-                conn.proxy_ops.push(op);
+                if conn.kind == Kind::Net {
+                    conn.proxy_ops.push(op);
+                } else {
+                    local.push(op);
+                }
             }
         }
     }
@@ -605,6 +692,69 @@ pub struct ProxyOpPlan {
     is_send: bool,
     n_steps: u32,
     chunk_size: i32,
+    /// Bytes of each step.
+    step_bytes: Vec<usize>,
+}
+
+impl ProxyOpPlan {
+    /// Starts its ProxyOp event (parent: its Coll / P2p), in progress.
+    fn start(&self) -> Option<Arc<Event>> {
+        let d = EventDescr {
+            channel_id: self.channel,
+            peer: self.peer,
+            n_steps: self.n_steps as i32,
+            chunk_size: self.chunk_size,
+            is_send: self.is_send,
+            ..EventDescr::new(ty::PROXY_OP, handle_of(self.parent.as_ref()), self.prof.rank)
+        };
+        let event = Event::start(&self.prof, &d, self.parent.clone()).map(Arc::new);
+        if let Some(e) = &event {
+            e.record(state::PROXY_OP_IN_PROGRESS, &StateArgs::default());
+        }
+        event
+    }
+
+    /// Starts the ProxyStep event of its step `step` under `op`: SendWait with the `bytes`
+    /// sent, or RecvWait.
+    fn start_step(&self, op: &Option<Arc<Event>>, step: u64, bytes: usize) -> Option<Event> {
+        let d = EventDescr { step: step as i32, ..EventDescr::new(ty::PROXY_STEP, handle_of(op.as_ref()), self.prof.rank) };
+        let event = Event::start(&self.prof, &d, op.clone())?;
+        let (st, size) = if self.is_send { (state::PROXY_STEP_SEND_WAIT, bytes) } else { (state::PROXY_STEP_RECV_WAIT, 0) };
+        event.record(st, &StateArgs { trans_size: size, ..Default::default() });
+        Some(event)
+    }
+
+    /// Its step `step` moved `bytes`: a receive records RecvGPUWait; then it stops.
+    fn end_step(&self, step: Event, bytes: usize) {
+        if !self.is_send {
+            step.record(state::PROXY_STEP_RECV_GPU_WAIT, &StateArgs { trans_size: bytes, ..Default::default() });
+        }
+    }
+}
+
+/// A transfer that no network proxy moves, as a ProxyOp (see the module doc): started when
+/// its work starts on the host, or at completion; completed with its work's channels.
+struct LocalOp {
+    plan: ProxyOpPlan,
+    started: Option<Option<Arc<Event>>>,
+}
+
+impl LocalOp {
+    fn new(plan: ProxyOpPlan, now: bool) -> LocalOp {
+        let started = now.then(|| plan.start());
+        LocalOp { plan, started }
+    }
+
+    /// Its data moved: each step reports and stops, then the op stops.
+    fn complete(self) {
+        let plan = &self.plan;
+        let op = self.started.unwrap_or_else(|| plan.start());
+        for (i, &bytes) in plan.step_bytes.iter().enumerate() {
+            if let Some(step) = plan.start_step(&op, i as u64, bytes) {
+                plan.end_step(step, bytes);
+            }
+        }
+    }
 }
 
 /// Proxy ops planned for a connection, in the order its slots will carry them.
@@ -663,19 +813,7 @@ impl TrackedOp {
             return;
         }
         self.begun = true;
-        let p = &self.plan;
-        let d = EventDescr {
-            channel_id: p.channel,
-            peer: p.peer,
-            n_steps: p.n_steps as i32,
-            chunk_size: p.chunk_size,
-            is_send: p.is_send,
-            ..EventDescr::new(ty::PROXY_OP, handle_of(p.parent.as_ref()), p.prof.rank)
-        };
-        self.event = Event::start(&p.prof, &d, p.parent.clone()).map(Arc::new);
-        if let Some(e) = &self.event {
-            e.record(state::PROXY_OP_IN_PROGRESS, &StateArgs::default());
-        }
+        self.event = self.plan.start();
     }
 }
 
@@ -700,11 +838,7 @@ impl ProxyTrack {
         self.pull(conn);
         let Some(op) = self.ops.iter_mut().find(|o| o.start <= index && index < o.end()) else { return };
         op.begin();
-        let p = &op.plan;
-        let d = EventDescr { step: (index - op.start) as i32, ..EventDescr::new(ty::PROXY_STEP, handle_of(op.event.as_ref()), p.prof.rank) };
-        let Some(step) = Event::start(&p.prof, &d, op.event.clone()) else { return };
-        let (st, size) = if p.is_send { (state::PROXY_STEP_SEND_WAIT, bytes) } else { (state::PROXY_STEP_RECV_WAIT, 0) };
-        step.record(st, &StateArgs { trans_size: size, ..Default::default() });
+        let Some(step) = op.plan.start_step(&op.event, index - op.start, bytes) else { return };
         let at = (index - op.start) as usize;
         if op.steps.len() <= at {
             op.steps.resize_with(at + 1, || None);
@@ -723,9 +857,7 @@ impl ProxyTrack {
         if let Some(op) = self.ops.iter_mut().find(|o| o.start <= index && index < o.end()) {
             op.begin();
             if let Some(step) = op.steps.get_mut((index - op.start) as usize).and_then(Option::take) {
-                if !op.plan.is_send {
-                    step.record(state::PROXY_STEP_RECV_GPU_WAIT, &StateArgs { trans_size: bytes, ..Default::default() });
-                }
+                op.plan.end_step(step, bytes);
             }
         }
         // Ops whose every slot completed stop (their steps first).

@@ -23,7 +23,16 @@
  * its channels' KernelCh events stopped, each with a nonzero start timer and a KernelChStop
  * timer not before it. It frees no event (a parent may be named after it stopped) and writes
  * at finalize: "ops <started> <completed>", "parents <ok> <bad>", "channels <started> <ok>
- * <bad>", "unplanned <Colls that name no algorithm>".
+ * <bad>", "unplanned <Colls that name algorithm "Unknown">".
+ *
+ * Built with -DPROFILER_PROXY_OPS it asks for what Google's CoMMA profiler (v4) asks for,
+ * Group | Coll | P2p | ProxyOp | ProxyStep, and completes an operation CoMMA's way: when a
+ * ProxyOp under it stops (CoMMA's daemon ends an operation only there, else reclaims it at a
+ * timeout). A ProxyOp counts if its parent is a Coll / P2p of this plugin still running, its
+ * pid is this process's, it names a channel of its parent and at least one step, and (a send)
+ * a ProxyStep under it stopped before it (CoMMA's send ops report through their steps).
+ * It writes, besides "ops <started> <completed>" and "parents <ok> <bad>", "proxyops
+ * <started> <ok> <bad>".
  *
  * The declarations below are this file's own, written from the layout NCCL's v5 header
  * defines (type, parent, rank, then a union whose collective member starts with the sequence
@@ -34,6 +43,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#if defined(PROFILER_COLL_P2P_ONLY) || defined(PROFILER_PROXY_OPS)
+#define TRACKS_OPS
+#endif
 
 typedef int result_t; /* ncclResult_t: 0 = success, 3 = internal error */
 typedef void (*logger_t)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
@@ -76,6 +90,16 @@ struct kernel_ch_part {
   uint64_t timer;
 };
 
+/* ProxyOp: pid, channel, peer, steps, chunk size, direction. */
+struct proxy_op_part {
+  int pid;
+  uint8_t channel;
+  int peer;
+  int steps;
+  int chunk_size;
+  int is_send;
+};
+
 struct descr {
   uint64_t type;
   void* parent;
@@ -85,6 +109,7 @@ struct descr {
     struct named_part named;
     struct p2p_part p2p;
     struct kernel_ch_part kernel_ch;
+    struct proxy_op_part proxy_op;
     uint64_t room[16];
   } u;
 };
@@ -106,11 +131,13 @@ static long started[TYPES], stopped[TYPES], bad_stops, named_colls, group_states
 struct event {
   unsigned magic;
   int type_bit;
-#ifdef PROFILER_COLL_P2P_ONLY
+#ifdef TRACKS_OPS
   int stopped;
-  struct event* parent;       /* KernelCh: its Coll / P2p */
+  struct event* parent;       /* KernelCh, ProxyOp: its Coll / P2p; ProxyStep: its ProxyOp */
   int channels, channels_done; /* Coll / P2p: channels it names, channels completed */
   uint64_t start_timer, stop_timer; /* KernelCh */
+  int proxy_done;             /* Coll / P2p: ProxyOps stopped under it */
+  int is_send, steps_done;    /* ProxyOp: a send; ProxySteps stopped under it */
 #endif
 #ifdef PROFILER_KEEPS_POINTERS
   const char* kept[KEPT]; /* pointers from the descriptor */
@@ -160,8 +187,9 @@ static void check_strings(const struct event* e) {
 }
 #endif
 
-#ifdef PROFILER_COLL_P2P_ONLY
+#ifdef TRACKS_OPS
 static long ops_completed, parents_ok, parents_bad, channels_ok, channels_bad, unplanned;
+static long proxy_ok, proxy_bad;
 
 /* An event this plugin handed out (never freed), or NULL. */
 static struct event* ours(void* h) {
@@ -176,12 +204,15 @@ static void check_start(struct event* e, const struct descr* d) {
   e->parent = NULL;
   e->channels = e->channels_done = 0;
   e->start_timer = e->stop_timer = 0;
+  e->proxy_done = e->is_send = e->steps_done = 0;
   if (d->type == 2 || d->type == 4) {
     int want = d->type == 2 ? 9 : 10; /* CollApi, P2pApi */
     __atomic_fetch_add(p && p->type_bit == want ? &parents_ok : &parents_bad, 1, __ATOMIC_RELAXED);
     e->channels = d->type == 2 ? d->u.coll.channels : d->u.p2p.channels;
-    /* A way around the planner names no algorithm (the board of small collectives). */
-    if (d->type == 2 && d->u.coll.algo && !d->u.coll.algo[0]) __atomic_fetch_add(&unplanned, 1, __ATOMIC_RELAXED);
+    /* A way around the planner names no algorithm (the board of small collectives): NCCL's
+     * "Unknown"; an empty name would kill profilers that read its last byte (CoMMA). */
+    if (d->type == 2 && d->u.coll.algo && strcmp(d->u.coll.algo, "Unknown") == 0)
+      __atomic_fetch_add(&unplanned, 1, __ATOMIC_RELAXED);
   } else if (d->type == 64) {
     int ok = p && (p->type_bit == 1 || p->type_bit == 2) && !p->stopped && d->u.kernel_ch.timer != 0 &&
              d->u.kernel_ch.channel < p->channels;
@@ -191,7 +222,38 @@ static void check_start(struct event* e, const struct descr* d) {
     } else {
       __atomic_fetch_add(&channels_bad, 1, __ATOMIC_RELAXED);
     }
+  } else if (d->type == 8) {
+    const struct proxy_op_part* o = &d->u.proxy_op;
+    int ok = p && (p->type_bit == 1 || p->type_bit == 2) && !p->stopped && o->pid == (int)getpid() &&
+             o->channel < p->channels && o->steps > 0;
+    if (ok) {
+      e->parent = p;
+      e->is_send = o->is_send;
+    } else {
+      __atomic_fetch_add(&proxy_bad, 1, __ATOMIC_RELAXED);
+    }
+  } else if (d->type == 16) {
+    if (p && p->type_bit == 3 && !p->stopped) e->parent = p;
   }
+}
+
+/* A ProxyStep stopped: its ProxyOp has one more. */
+static void step_stopped(struct event* e) {
+  if (e->parent) __atomic_fetch_add(&e->parent->steps_done, 1, __ATOMIC_RELAXED);
+}
+
+/* A ProxyOp stopped: its operation completed, CoMMA's way (a send needs a step first). */
+static void proxy_op_stopped(struct event* e) {
+  if (!e->parent) return;
+  if (e->is_send && __atomic_load_n(&e->steps_done, __ATOMIC_RELAXED) == 0) {
+    __atomic_fetch_add(&proxy_bad, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  __atomic_fetch_add(&proxy_ok, 1, __ATOMIC_RELAXED);
+#ifdef PROFILER_PROXY_OPS
+  if (__atomic_add_fetch(&e->parent->proxy_done, 1, __ATOMIC_RELAXED) == 1)
+    __atomic_fetch_add(&ops_completed, 1, __ATOMIC_RELAXED);
+#endif
 }
 
 /* A KernelCh stopped: with its timers right, its operation has one more channel done. */
@@ -202,8 +264,10 @@ static void channel_stopped(struct event* e) {
     return;
   }
   __atomic_fetch_add(&channels_ok, 1, __ATOMIC_RELAXED);
+#ifdef PROFILER_COLL_P2P_ONLY
   if (__atomic_add_fetch(&e->parent->channels_done, 1, __ATOMIC_RELAXED) == e->parent->channels)
     __atomic_fetch_add(&ops_completed, 1, __ATOMIC_RELAXED);
+#endif
 }
 #endif
 
@@ -236,6 +300,8 @@ static result_t init(void** ctx, uint64_t comm_id, int* mask, const char* comm_n
   *ctx = c;
 #ifdef PROFILER_COLL_P2P_ONLY
   *mask = 2 | 4 | 64; /* Coll | P2p | KernelCh: NCCL's Inspector's */
+#elif defined(PROFILER_PROXY_OPS)
+  *mask = 1 | 2 | 4 | 8 | 16; /* Group | Coll | P2p | ProxyOp | ProxyStep: CoMMA's */
 #else
   /* Every type NCCL's v6 has: the host cuts it to what v5 knows. */
   *mask = 0x7fff;
@@ -264,7 +330,7 @@ static result_t start_event(void* ctx, void** handle, struct descr* d) {
 #ifdef PROFILER_KEEPS_POINTERS
   keep_strings(ctx, e, d);
 #endif
-#ifdef PROFILER_COLL_P2P_ONLY
+#ifdef TRACKS_OPS
   check_start(e, d);
 #endif
   __atomic_fetch_add(&started[i], 1, __ATOMIC_RELAXED);
@@ -284,12 +350,14 @@ static result_t stop_event(void* handle) {
 #ifdef PROFILER_KEEPS_POINTERS
   check_strings(e);
 #endif
-#ifdef PROFILER_COLL_P2P_ONLY
+#ifdef TRACKS_OPS
   if (__atomic_exchange_n(&e->stopped, 1, __ATOMIC_RELAXED)) {
     __atomic_fetch_add(&bad_stops, 1, __ATOMIC_RELAXED);
     return 0;
   }
   if (e->type_bit == 6) channel_stopped(e);
+  if (e->type_bit == 4) step_stopped(e);
+  if (e->type_bit == 3) proxy_op_stopped(e);
   __atomic_fetch_add(&stopped[e->type_bit], 1, __ATOMIC_RELAXED);
   return 0;
 #else
@@ -310,7 +378,7 @@ static result_t record_state(void* handle, int state, union state_args* args) {
     __atomic_fetch_add(&bad_stops, 1, __ATOMIC_RELAXED);
     return 0;
   }
-#ifdef PROFILER_COLL_P2P_ONLY
+#ifdef TRACKS_OPS
   if (state == 22 && args) e->stop_timer = args->timer; /* KernelChStop */
 #endif
   if (state == 23) __atomic_fetch_add(&group_states[0], 1, __ATOMIC_RELAXED);
@@ -338,11 +406,12 @@ static result_t finalize(void* ctx) {
       fprintf(f, "bad %ld\n", __atomic_load_n(&bad_stops, __ATOMIC_RELAXED));
       fprintf(f, "named_colls %ld\n", __atomic_load_n(&named_colls, __ATOMIC_RELAXED));
       fprintf(f, "group_states %ld %ld\n", group_states[0], group_states[1]);
-#ifdef PROFILER_COLL_P2P_ONLY
+#ifdef TRACKS_OPS
       fprintf(f, "ops %ld %ld\n", started[1] + started[2], ops_completed);
       fprintf(f, "parents %ld %ld\n", parents_ok, parents_bad);
       fprintf(f, "channels %ld %ld %ld\n", started[6], channels_ok, channels_bad);
       fprintf(f, "unplanned %ld\n", unplanned);
+      fprintf(f, "proxyops %ld %ld %ld\n", started[3], proxy_ok, proxy_bad);
 #endif
 #ifdef PROFILER_KEEPS_POINTERS
       /* Read through the pointers kept since init and since the first Coll started. */
@@ -374,6 +443,8 @@ __attribute__((visibility("default"))) struct table ncclProfiler_v5 = {
     "c-null-context",
 #elif defined(PROFILER_COLL_P2P_ONLY)
     "c-coll-p2p",
+#elif defined(PROFILER_PROXY_OPS)
+    "c-proxy-ops",
 #else
     "c-counter",
 #endif
