@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots per FIFO (NCCL_STEPS), as the device kernels have it.
 pub const STEPS: usize = rustccl_kernels::exec::FIFO_STEPS;
+/// The size the proxy publishes for a received slot whose size the network plugin did not
+/// report (device kernels know it too): the consumer takes its step's size.
+const SIZE_UNREPORTED: u64 = rustccl_kernels::exec::FIFO_SIZE_UNREPORTED;
 
 /// The control block at the start of a FIFO's memory. The device kernels reach its fields at
 /// the offsets `rustccl_kernels::exec::FIFO_HEAD`, `FIFO_TAIL`, `FIFO_SIZES`, `FIFO_SIGS` and `FIFO_DIRECT`
@@ -160,6 +163,22 @@ impl Fifo {
         h.sizes[i].store(bytes as u64, Ordering::Relaxed);
         h.sigs[i].store(sig, Ordering::Relaxed);
         h.tail.store(index + 1, Ordering::Release);
+    }
+
+    /// Producer for the proxy: publishes received slot `index` holding `bytes`, or, when the
+    /// network plugin did not report a size (`None`), as many as the consumer's step expects.
+    pub fn push_received(&self, index: u64, bytes: Option<usize>) {
+        match bytes {
+            Some(b) => self.push(index, b),
+            None => self.push(index, SIZE_UNREPORTED as usize),
+        }
+    }
+
+    /// Consumer: whether filled slot `index` says how many bytes it holds (see
+    /// [`push_received`](Self::push_received)); when not, [`ready_slot`](Self::ready_slot)
+    /// gives the whole slot and the step's size applies.
+    pub fn size_reported(&self, index: u64) -> bool {
+        self.header().sizes[(index % STEPS as u64) as usize].load(Ordering::Relaxed) != SIZE_UNREPORTED
     }
 
     /// Consumer: the signature of filled slot `index` (0 when the producer gave none).
