@@ -322,6 +322,20 @@ mod tests {
     }
 
     #[test]
+    fn a_received_slot_without_a_reported_size_gives_the_whole_slot_and_says_so() {
+        let mem = LocalMemory::new(fifo_bytes(64));
+        // SAFETY: `mem` outlives the FIFO and is zeroed.
+        let f = unsafe { Fifo::new(mem.ptr(), 64) };
+        f.push_received(0, Some(5));
+        f.push_received(1, None);
+        let (idx, data) = f.ready_slot().unwrap();
+        assert_eq!((idx, data.len(), f.size_reported(idx)), (0, 5, true));
+        f.pop(idx);
+        let (idx, data) = f.ready_slot().unwrap();
+        assert_eq!((idx, data.len(), f.size_reported(idx)), (1, 64, false));
+    }
+
+    #[test]
     fn threads_pass_many_messages() {
         let mem = LocalMemory::new(fifo_bytes(16));
         // SAFETY: as above; the scope ends before `mem` is dropped.
