@@ -184,6 +184,9 @@ abi_constants! {
     /// Bit of a slot's published size: the sender wrote the step straight into the
     /// receiver's buffer (a direct post covered it); the slot holds nothing.
     FIFO_SIZE_DIRECT: u64 = 1 << 63 => RUSTCCL_FIFO_SIZE_DIRECT "ull";
+    /// A slot's published size when the network plugin did not report how many bytes it
+    /// received (some never do): the consumer takes the step's own size, as NCCL does.
+    FIFO_SIZE_UNREPORTED: u64 = 1 << 62 => RUSTCCL_FIFO_SIZE_UNREPORTED "ull";
 
     /// `ExecControl::error`: a peer's slot held a different number of bytes than the step.
     EXEC_ERR_SIZE: u32 = 1 => RUSTCCL_EXEC_ERR_SIZE "u";

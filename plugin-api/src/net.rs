@@ -29,6 +29,10 @@ pub const MAX_REQUESTS: usize = 32;
 pub const PTR_HOST: u32 = 1;
 pub const PTR_DEVICE: u32 = 2;
 pub const PTR_DMABUF: u32 = 4;
+/// What `test` leaves in `sizes[i]` when the plugin does not say how much it received: the
+/// caller stores it before the call. NCCL's own plugins may leave sizes untouched (Google's
+/// nccl-fastsocket does), and NCCL never relies on them for the length of a step it knows.
+pub const SIZE_NOT_REPORTED: usize = usize::MAX;
 
 /// The opaque bytes a listener gives, which the connecting side needs.
 #[repr(C)]
@@ -160,7 +164,8 @@ pub trait Net: Send + Sync {
         Ok(None)
     }
     /// Whether `request` is done; when done, `sizes[i]` is the size received into buffer `i`
-    /// (or sent), and the request is freed.
+    /// (or sent), and the request is freed. A plugin that does not know the size leaves
+    /// `sizes[i]` as it was (the caller sets [`SIZE_NOT_REPORTED`] first).
     fn test(&self, request: PluginHandle, sizes: &mut [usize]) -> Result<bool, PluginError>;
     fn close_send(&self, comm: PluginHandle) -> Result<(), PluginError>;
     fn close_recv(&self, comm: PluginHandle) -> Result<(), PluginError>;

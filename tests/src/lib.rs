@@ -355,7 +355,8 @@ pub fn compile_c_plugin(sources: &[&str], out: &Path, options: &[&str]) {
 /// Variants: `v11` (exports the v11 and v6 tables), `v6` (only v6), `v7` `v8` `v9` `v10` `v12`
 /// (only that table), `no-vdevice` (v11 and v6, makeVDevice NULL), and the broken builds the
 /// loader tests need: `init-fails`, `malformed` (NULL `test`), `null-name`, `only-v13`,
-/// `offload` (device 0 is not a host network), `collnet` (also exports a CollNet symbol).
+/// `offload` (device 0 is not a host network), `collnet` (also exports a CollNet symbol);
+/// `async-setup` (v11 and v6, connection setup and completion as nccl-fastsocket's).
 pub fn c_net_plugin(variant: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let newest;
@@ -373,6 +374,7 @@ pub fn c_net_plugin(variant: &str) -> PathBuf {
         "only-v13" => Some("-DCTCP_ONLY_V13"),
         "offload" => Some("-DCTCP_OFFLOAD"),
         "collnet" => Some("-DCTCP_COLLNET"),
+        "async-setup" => Some("-DCTCP_ASYNC_SETUP"),
         other => panic!("no C test plugin variant {other}"),
     };
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());

@@ -169,7 +169,8 @@ fn the_matrix_runs_over_the_c_plugin_across_two_namespaces() {
 }
 
 /// A short all_reduce (sum, float32, three sizes) between two processes over CTcp `variant`,
-/// with shared memory disabled so that every byte crosses the plugin.
+/// with shared memory disabled so that every byte crosses the plugin (`extra` adds to or
+/// overrides the environment).
 fn short_all_reduce(variant: &str, extra: &[(&str, &str)]) -> Vec<Outcome> {
     let path = ctcp(variant);
     let ids = ids_arg(&[new_id()]);
@@ -192,6 +193,30 @@ fn short_all_reduce(variant: &str, extra: &[(&str, &str)]) -> Vec<Outcome> {
 
 fn count_lines(log: &str, needle: &str) -> usize {
     log.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// nccl-fastsocket's connection setup and completion, reproduced by CTcp's `async-setup`
+/// build: connect returns no comm at first and connects in the background, accept blocks
+/// until the peer has connected (10 s at most, then fails), test never writes the sizes
+/// received. Two processes, shared memory disabled: all_reduce over sizes from one element to
+/// several FIFO slots and channels, sendrecv, and a suspend/resume halfway (whose connections
+/// are made again the same way); every result checked.
+#[test]
+fn asynchronous_setup_a_blocking_accept_and_unreported_sizes_run_the_collectives() {
+    let out = short_all_reduce(
+        "async-setup",
+        &[
+            ("COLL_COLLS", "AllReduce,SendRecv"),
+            ("COLL_COUNTS", "1,1001,262144,1048583"),
+            ("COLL_SUSPEND", "1"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ],
+    );
+    check_matrix("CTcp async-setup", &out, "NCCL C net ABI v11");
+    for o in &out {
+        assert!(!o.stderr.contains("accept waited"), "rank {}: an accept came before the peer's connect: {}", o.rank, o.stderr);
+        assert!(o.stderr.contains("resumed"), "rank {}: the suspend/resume did not run: {}", o.rank, o.stderr);
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::exec::{self, CommSide, Links};
 use crate::program::Link;
-use crate::transport::Dir;
+use crate::transport::{establish_all, Dir, Wanted};
 
 /// Runs every communicator's work (connections are made first).
 pub fn run(runs: &mut [CommRun]) -> Result<()> {
@@ -120,30 +120,26 @@ pub(crate) fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
         wanted.dedup();
         let (have, missing) = run.comm.cached_connections(&wanted);
         out.push(have);
-        pending.extend(missing.into_iter().map(|(l, d)| (i, l, d, crate::transport::Establish::new(l, d))));
+        pending.extend(missing.into_iter().map(|(l, d)| Wanted::new((i, l, d), l, d)));
     }
     if pending.is_empty() {
         return Ok(out);
     }
     let deadline = Instant::now() + crate::params::bootstrap_timeout();
-    while !pending.is_empty() {
-        let mut still = Vec::new();
-        for (i, link, dir, mut est) in pending {
+    establish_all(
+        pending,
+        |&(i, link, _), est| {
             let comm = &runs[i].comm;
-            match comm.with_transport(|cx| est.poll(cx)) {
-                Ok(Some(conn)) => {
-                    comm.cache_connection(link, dir, Arc::clone(&conn));
-                    out[i].insert((link, dir), conn);
-                }
-                Ok(None) => still.push((i, link, dir, est)),
-                Err(e) => return Err(comm.record_error(e.context(format!("connecting to rank {}", link.peer)))),
-            }
-        }
-        pending = still;
-        if !pending.is_empty() {
+            comm.with_transport(|cx| est.poll(cx))
+                .map_err(|e| comm.record_error(e.context(format!("connecting to rank {}", link.peer))))
+        },
+        |(i, link, dir), conn| {
+            runs[i].comm.cache_connection(link, dir, Arc::clone(&conn));
+            out[i].insert((link, dir), conn);
+        },
+        |&(i, link, _)| {
             if Instant::now() > deadline {
-                let (i, link, _, _) = &pending[0];
-                return Err(runs[*i].comm.record_error(Error::remote(format!(
+                return Err(runs[i].comm.record_error(Error::remote(format!(
                     "connecting to rank {}: timed out (RUSTCCL_BOOTSTRAP_TIMEOUT)",
                     link.peer
                 ))));
@@ -151,9 +147,9 @@ pub(crate) fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
             for run in runs {
                 CommSide::check(&run.comm, "connect").map_err(|e| run.comm.record_error(e))?;
             }
-            std::thread::yield_now();
-        }
-    }
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 

@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::Communicator;
 use crate::error::{Error, Result};
 use crate::program::Link;
-use crate::transport::{Dir, Establish};
+use crate::transport::{establish_all, Dir, Wanted};
 
 /// `NCCL_SUSPEND_MEM`: release the memory the communicator allocated.
 pub const SUSPEND_MEM: i32 = 0x01;
@@ -154,32 +154,27 @@ impl Communicator {
         Ok(())
     }
 
-    /// Makes the connections `keys` again, all at once (each peer makes its ends meanwhile).
+    /// Makes the connections `keys` again, all at once and in the order the first operation
+    /// made them (`transport::establish_all`; each peer makes its ends meanwhile).
     fn reconnect(&self, keys: &[(Link, Dir)]) -> Result<()> {
-        let mut pending: Vec<_> = keys.iter().map(|&(l, d)| (l, d, Establish::new(l, d))).collect();
+        let wanted = keys.iter().map(|&(l, d)| Wanted::new((l, d), l, d)).collect();
         let deadline = Instant::now() + crate::params::bootstrap_timeout();
-        while !pending.is_empty() {
-            let mut still = Vec::new();
-            for (link, dir, mut est) in pending {
-                match self.with_transport(|cx| est.poll(cx)) {
-                    Ok(Some(conn)) => self.cache_connection(link, dir, conn),
-                    Ok(None) => still.push((link, dir, est)),
-                    Err(e) => return Err(e.context(format!("connecting to rank {}", link.peer))),
-                }
-            }
-            pending = still;
-            if let Some((link, _, _)) = pending.first() {
+        establish_all(
+            wanted,
+            |&(link, _), est| {
+                self.with_transport(|cx| est.poll(cx)).map_err(|e| e.context(format!("connecting to rank {}", link.peer)))
+            },
+            |(link, dir), conn| self.cache_connection(link, dir, conn),
+            |&(link, _)| {
                 if Instant::now() > deadline {
                     return Err(Error::remote(format!(
                         "connecting to rank {}: timed out (RUSTCCL_BOOTSTRAP_TIMEOUT); did every rank call resume?",
                         link.peer
                     )));
                 }
-                self.check_running("resume")?;
-                std::thread::yield_now();
-            }
-        }
-        Ok(())
+                self.check_running("resume")
+            },
+        )
     }
 
     /// `ncclCommMemStats`: the memory the communicator holds on this rank.

@@ -198,13 +198,21 @@ fn try_step(me: u32, step: &Step, ctx: &OpCtx, conns: &[Arc<Connection>], scratc
         if theirs.is_known() && ctx.sig.is_known() && theirs != ctx.sig {
             return Err(crate::work::mismatch(me, ctx.sig, peer, theirs));
         }
-        if data.len() != step.bytes {
-            return Err(Error::invalid_usage(format!(
-                "rank {peer} sent {} bytes where this rank expected {}: the ranks' counts or types do not match",
-                data.len(),
-                step.bytes
-            )));
-        }
+        let data = if c.fifo.size_reported(idx) {
+            if data.len() != step.bytes {
+                return Err(Error::invalid_usage(format!(
+                    "rank {peer} sent {} bytes where this rank expected {}: the ranks' counts or types do not match",
+                    data.len(),
+                    step.bytes
+                )));
+            }
+            data
+        } else {
+            // The network plugin did not report the size (some never do): the step's, as NCCL.
+            data.get(..step.bytes).ok_or_else(|| {
+                Error::internal(format!("a step of {} bytes does not fit a FIFO slot of {}", step.bytes, data.len()))
+            })?
+        };
         inputs.push((c, idx, data));
     }
     let mut outputs: SmallVec<[_; 8]> = SmallVec::new();

@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots per FIFO (NCCL_STEPS), as the device kernels have it.
 pub const STEPS: usize = rustccl_kernels::exec::FIFO_STEPS;
+/// The size the proxy publishes for a received slot whose size the network plugin did not
+/// report (device kernels know it too): the consumer takes its step's size.
+const SIZE_UNREPORTED: u64 = rustccl_kernels::exec::FIFO_SIZE_UNREPORTED;
 
 /// The control block at the start of a FIFO's memory. The device kernels reach its fields at
 /// the offsets `rustccl_kernels::exec::FIFO_HEAD`, `FIFO_TAIL`, `FIFO_SIZES`, `FIFO_SIGS` and `FIFO_DIRECT`
@@ -162,6 +165,22 @@ impl Fifo {
         h.tail.store(index + 1, Ordering::Release);
     }
 
+    /// Producer for the proxy: publishes received slot `index` holding `bytes`, or, when the
+    /// network plugin did not report a size (`None`), as many as the consumer's step expects.
+    pub fn push_received(&self, index: u64, bytes: Option<usize>) {
+        match bytes {
+            Some(b) => self.push(index, b),
+            None => self.push(index, SIZE_UNREPORTED as usize),
+        }
+    }
+
+    /// Consumer: whether filled slot `index` says how many bytes it holds (see
+    /// [`push_received`](Self::push_received)); when not, [`ready_slot`](Self::ready_slot)
+    /// gives the whole slot and the step's size applies.
+    pub fn size_reported(&self, index: u64) -> bool {
+        self.header().sizes[(index % STEPS as u64) as usize].load(Ordering::Relaxed) != SIZE_UNREPORTED
+    }
+
     /// Consumer: the signature of filled slot `index` (0 when the producer gave none).
     pub fn sig_of(&self, index: u64) -> u64 {
         self.header().sigs[(index % STEPS as u64) as usize].load(Ordering::Relaxed)
@@ -300,6 +319,20 @@ mod tests {
         f.pop(idx);
         assert_eq!(f.free_slot().unwrap().0, STEPS as u64);
         assert_eq!(f.pending(), (STEPS as u64 - 1, 1));
+    }
+
+    #[test]
+    fn a_received_slot_without_a_reported_size_gives_the_whole_slot_and_says_so() {
+        let mem = LocalMemory::new(fifo_bytes(64));
+        // SAFETY: `mem` outlives the FIFO and is zeroed.
+        let f = unsafe { Fifo::new(mem.ptr(), 64) };
+        f.push_received(0, Some(5));
+        f.push_received(1, None);
+        let (idx, data) = f.ready_slot().unwrap();
+        assert_eq!((idx, data.len(), f.size_reported(idx)), (0, 5, true));
+        f.pop(idx);
+        let (idx, data) = f.ready_slot().unwrap();
+        assert_eq!((idx, data.len(), f.size_reported(idx)), (1, 64, false));
     }
 
     #[test]

@@ -13,8 +13,11 @@
 //! to reach it: a message whose first byte is the transport's place in the registry and whose
 //! rest is the transport's own (a shared-memory handle, a network handle). Making a connection
 //! is a non-blocking state machine ([`Establish`]), so that every connection of a group, across
-//! every communicator in it, is made at once without either side waiting for the other.
+//! every communicator in it, is made at once without either side waiting for the other, in
+//! NCCL's order ([`establish`]: every receiver set up, every sender connected, then both
+//! polled).
 
+pub mod establish;
 pub mod fifo;
 pub mod net;
 pub mod p2p;
@@ -31,6 +34,7 @@ use crate::plugin::net::NetInstance;
 use crate::program::{Link, Purpose};
 use fifo::{Fifo, LocalMemory};
 
+pub use establish::{establish_all, Establish, Wanted};
 pub use p2p::{p2p_protocol_slots, p2p_slots_bytes};
 
 /// Which end of a link this rank holds.
@@ -275,75 +279,6 @@ impl Context<'_> {
     /// The host backend, whose shareable memory device transports map into devices.
     fn host() -> Result<Arc<dyn DeviceBackend>> {
         Ok(crate::backend::host::HostBackend::shared()? as Arc<dyn DeviceBackend>)
-    }
-}
-
-/// A connection being made.
-pub struct Establish(State);
-
-enum State {
-    /// Receiver: nothing done yet.
-    Start { link: Link },
-    /// Sender: waiting for the receiver's message.
-    AwaitMessage { link: Link },
-    /// Set up, waiting for the peer.
-    Waiting(Box<dyn Pending>),
-    Done,
-}
-
-impl Establish {
-    pub fn new(link: Link, dir: Dir) -> Establish {
-        Establish(match dir {
-            Dir::Recv => State::Start { link },
-            Dir::Send => State::AwaitMessage { link },
-        })
-    }
-
-    /// Advances; returns the connection once made.
-    pub fn poll(&mut self, cx: &Context) -> Result<Option<Arc<Connection>>> {
-        let progress = match std::mem::replace(&mut self.0, State::Done) {
-            State::Start { link } => {
-                let (tag, transport) = cx.transport_for(link.peer);
-                let (progress, body) = transport.setup_recv(cx, link)?;
-                let mut msg = Vec::with_capacity(1 + body.len());
-                msg.push(tag);
-                msg.extend_from_slice(&body);
-                cx.bootstrap.send(link.peer, handle_tag(link.purpose), &msg)?;
-                progress
-            }
-            State::AwaitMessage { link } => {
-                let Some(msg) = cx.bootstrap.try_recv(link.peer, handle_tag(link.purpose))? else {
-                    self.0 = State::AwaitMessage { link };
-                    return Ok(None);
-                };
-                let (tag, transport) = cx.transport_for(link.peer);
-                if msg.first() != Some(&tag) {
-                    return Err(Error::internal(format!(
-                        "rank {} sent a connection handle this rank cannot use (transport mismatch: {} expected)",
-                        link.peer,
-                        transport.name()
-                    )));
-                }
-                transport.connect_send(cx, link, &msg[1..])?
-            }
-            State::Waiting(pending) => return self.settle(pending.poll(cx)?),
-            State::Done => return Err(Error::internal("connection polled after it was made")),
-        };
-        match progress {
-            // Just set up: the peer may already be there.
-            Progress::Waiting(pending) => self.settle(pending.poll(cx)?),
-            made => self.settle(made),
-        }
-    }
-
-    fn settle(&mut self, progress: Progress) -> Result<Option<Arc<Connection>>> {
-        match progress {
-            Progress::Made(conn) => Ok(Some(conn)),
-            Progress::Waiting(pending) => {
-                self.0 = State::Waiting(pending);
-                Ok(None)
-            }
-        }
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rustccl_plugin_api::net::{Net, RecvBuffer};
+use rustccl_plugin_api::net::{Net, RecvBuffer, SIZE_NOT_REPORTED};
 use rustccl_plugin_api::PluginHandle;
 
 use super::fifo::STEPS;
@@ -194,26 +194,28 @@ fn progress_recv(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
             None => break,
         }
     }
-    // A completed receive publishes its slot.
-    Ok(complete_in_order(net, d, |fifo, index, bytes| fifo.push(index, bytes))? || progress)
+    // A completed receive publishes its slot (with the size the plugin reported, if it did).
+    Ok(complete_in_order(net, d, |fifo, index, bytes| fifo.push_received(index, bytes))? || progress)
 }
 
 /// Tests the oldest requests of a connection, in posting order, and hands each completed
-/// one's slot to `done` (slot index, bytes); stops at the first still in flight.
+/// one's slot to `done` (slot index, bytes if the plugin reported them: some never do, and
+/// the executor then takes its step's size, as NCCL); stops at the first still in flight.
 fn complete_in_order(
     net: &dyn Net,
     d: &mut Driven,
-    done: impl Fn(&super::fifo::Fifo, u64, usize),
+    done: impl Fn(&super::fifo::Fifo, u64, Option<usize>),
 ) -> Result<bool, Error> {
     let mut progress = false;
     while let Some(&(index, req)) = d.inflight.front() {
-        let mut sizes = [0usize];
+        let mut sizes = [SIZE_NOT_REPORTED];
         if !net.test(req, &mut sizes).map_err(|e| net_error(d, e))? {
             break;
         }
         d.inflight.pop_front();
-        done(&d.conn.fifo, index, sizes[0]);
-        d.track.completed(&d.conn, index, sizes[0]);
+        let bytes = (sizes[0] != SIZE_NOT_REPORTED).then_some(sizes[0]);
+        done(&d.conn.fifo, index, bytes);
+        d.track.completed(&d.conn, index, bytes.unwrap_or(0));
         progress = true;
     }
     Ok(progress)

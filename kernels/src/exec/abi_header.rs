@@ -195,6 +195,7 @@ mod tests {
             ("RUSTCCL_FIFO_SIGS", FIFO_SIGS as u64, ""),
             ("RUSTCCL_FIFO_DIRECT", FIFO_DIRECT as u64, ""),
             ("RUSTCCL_FIFO_SIZE_DIRECT", FIFO_SIZE_DIRECT, "ull"),
+            ("RUSTCCL_FIFO_SIZE_UNREPORTED", FIFO_SIZE_UNREPORTED, "ull"),
             ("RUSTCCL_EXEC_ERR_SIZE", EXEC_ERR_SIZE as u64, "u"),
             ("RUSTCCL_EXEC_ERR_SIG", EXEC_ERR_SIG as u64, "u"),
             ("RUSTCCL_EXEC_ERR_PROTO", EXEC_ERR_PROTO as u64, "u"),

@@ -15,6 +15,9 @@
  *   CTCP_OFFLOAD        device 0 reports a device-offload netDeviceType (v11)
  *   CTCP_COLLNET        also exports a `ncclCollNetPlugin_v11` symbol
  *   CTCP_NO_VDEVICE     the v9+ tables' makeVDevice is NULL
+ *   CTCP_ASYNC_SETUP    nccl-fastsocket's setup and completion (see ctcp.c): connect returns
+ *                       no comm at first and connects in the background, accept blocks
+ *                       until a peer connected, test never writes sizes
  */
 #include <pthread.h>
 #include <stdio.h>

@@ -1146,7 +1146,14 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
     let mut reports = 0;
     let mut elements = 0usize;
     let t1 = Instant::now();
-    for case in &cases {
+    // COLL_SUSPEND=1: suspend (NCCL_SUSPEND_MEM) and resume halfway, so that the second half
+    // runs over connections made again.
+    let suspend_at = std::env::var("COLL_SUSPEND").is_ok_and(|v| v == "1").then_some(cases.len() / 2);
+    for (i, case) in cases.iter().enumerate() {
+        if suspend_at == Some(i) {
+            comm.suspend(rustccl::SUSPEND_MEM)?;
+            comm.resume()?;
+        }
         let (checked, problems) = run_case(&comm, &m, case, n, me, &bufs, selftest)?;
         elements += checked;
         if !problems.is_empty() {

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_DMABUF};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_DMABUF, SIZE_NOT_REPORTED};
 use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
 
 use super::c_abi::{self, c_str_or};
@@ -659,7 +659,8 @@ impl Net for CNet {
             _ => return Err(self.stale("request", request)),
         };
         let mut done: c_int = 0;
-        let mut got: Vec<c_int> = vec![0; n];
+        // -1 until the plugin writes a size: some leave them untouched (nccl-fastsocket).
+        let mut got: Vec<c_int> = vec![-1; n];
         // SAFETY: the plugin's live request (checked under its connection's lock), storage for
         // the flag and one size per buffer.
         let code = unsafe { (self.fns.test)(ptr(r), &mut done, got.as_mut_ptr()) };
@@ -672,7 +673,7 @@ impl Net for CNet {
             return Ok(false);
         }
         for (s, g) in sizes.iter_mut().zip(&got) {
-            *s = (*g).max(0) as usize;
+            *s = usize::try_from(*g).unwrap_or(SIZE_NOT_REPORTED);
         }
         Ok(true)
     }
