@@ -672,7 +672,11 @@ impl Communicator {
     /// Whether the device work launched so far has completed (then the op log says so), and
     /// the hang report and timeout of work that has not.
     fn device_health(&self) -> Result<()> {
-        if self.inner.ops.busy() && !self.device_completed() {
+        let busy = self.inner.ops.busy();
+        // Profiled launches are completed here too when the op log already says all finished
+        // (a wait on the stream may have said so first): their KernelCh events need the stop.
+        let profiled = !self.device_cache().profiled.is_empty();
+        if (busy || profiled) && !self.device_completed() && busy {
             self.check_op_health()?;
         }
         Ok(())
@@ -692,10 +696,15 @@ impl Communicator {
         };
         if done {
             self.inner.ops.all_finished();
-            let launched = std::mem::take(&mut self.device_cache().profiled);
-            launched.into_iter().for_each(crate::plugin::profiler_events::Channels::complete);
+            self.complete_profiled_launches();
         }
         done
+    }
+
+    /// The device work launched so far has completed: its KernelCh events get their stops.
+    fn complete_profiled_launches(&self) {
+        let launched = std::mem::take(&mut self.device_cache().profiled);
+        launched.into_iter().for_each(crate::plugin::profiler_events::Channels::complete);
     }
 
     /// Keeps the KernelCh events of device work just launched until it completes.
@@ -715,6 +724,9 @@ impl Communicator {
             }
             spins += 1;
             std::thread::sleep(std::time::Duration::from_micros(if spins < 100 { 10 } else { 500 }));
+        }
+        if self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            self.complete_profiled_launches();
         }
         Ok(())
     }
