@@ -676,8 +676,11 @@ impl Communicator {
         // Profiled launches are completed here too when the op log already says all finished
         // (a wait on the stream may have said so first): their KernelCh events need the stop.
         let profiled = !self.device_cache().profiled.is_empty();
-        if (busy || profiled) && !self.device_completed() && busy {
-            self.check_op_health()?;
+        if busy || profiled {
+            let completed = self.device_completed();
+            if busy && !completed {
+                self.check_op_health()?;
+            }
         }
         Ok(())
     }
