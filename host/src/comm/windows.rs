@@ -36,7 +36,7 @@ impl Communicator {
                 }
                 if self.backend().capabilities().host_addressable {
                     if let Some(base) = windows.resource_base() {
-                        self.inner.sym_path.store(base + crate::coll::symmetric::PATH_WORD, Ordering::Release);
+                        self.inner.sym_path.store(base + crate::window::PATH_WORD, Ordering::Release);
                     }
                 }
             }

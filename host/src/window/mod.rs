@@ -33,6 +33,12 @@ pub const WIN_COLL_SYMMETRIC: u32 = 1;
 pub const WIN_STRICT_ORDERING: u32 = 2;
 /// `NCCL_WIN_REQUIRED_ALIGNMENT`: a window starts this far into its allocation, or a multiple.
 pub const WIN_ALIGNMENT: usize = 4096;
+/// Host backend: where in a rank's symmetric resource memory ([`Windows::resource_base`]) it
+/// publishes which way its current collective goes (bytes 72..80, which the kernels do not
+/// use), as `(number << 2) | PATH_*` (`coll::symmetric`): the communicator writes it
+/// (`comm/windows.rs`), peers waiting in a symmetric collective read it
+/// (`coll/symmetric/host.rs`).
+pub const PATH_WORD: u64 = 72;
 /// Offsets in the space are multiples of this (NCCL's cuMem granularity, 2 MiB on GPUs).
 const SPACE_ALIGN: u64 = 2 << 20;
 /// Each rank's slot in the flat range, unless `NCCL_WIN_STRIDE` says otherwise (rounded up to

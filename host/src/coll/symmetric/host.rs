@@ -33,7 +33,7 @@ use crate::comm::health::OpShape;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::reduce::{DevOp, Reducer};
-use crate::window::SymmetricPlace;
+use crate::window::{SymmetricPlace, PATH_WORD};
 
 /// Bytes reduced at a time (the accumulator).
 const CHUNK: usize = 128 << 10;
@@ -101,7 +101,7 @@ impl Sym<'_> {
         if self.seq == 0 {
             return Ok(());
         }
-        let word = self.word::<AtomicU64>(self.place.peer(self.place.res + super::PATH_WORD, p)).load(Ordering::Acquire);
+        let word = self.word::<AtomicU64>(self.place.peer(self.place.res + PATH_WORD, p)).load(Ordering::Acquire);
         let (seq, path) = (word >> 2, word & 3);
         let other_way = (seq == self.seq && path == super::PATH_USUAL) || seq > self.seq;
         let arrived = (flag.load(Ordering::Acquire).wrapping_sub(target) as i32) >= 0;

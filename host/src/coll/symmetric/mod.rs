@@ -52,9 +52,8 @@ pub const CE_MIN: u64 = 16 << 20;
 /// Bytes per block of the barrier kernels (blocks up to `SYM_MAX_BLOCKS`).
 const BLOCK_BYTES: u64 = 32 << 10;
 
-/// Host backend: where in a rank's resource memory it publishes which way its current
-/// collective goes (bytes 72..80, which the kernels do not use), as `(number << 2) | PATH_*`.
-pub const PATH_WORD: u64 = 72;
+// Host backend: each rank publishes which way its current collective goes in its resource
+// memory (`window::PATH_WORD`), as `(number << 2) | PATH_*`.
 /// The collective has started; its way is not chosen yet.
 pub const PATH_PENDING: u64 = 0;
 /// It runs as a symmetric collective.
