@@ -126,3 +126,33 @@ fn who(by: ChosenBy, tuner: Option<&TunerInstance>) -> String {
         ChosenBy::Env => plan::forced_by().into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{DevicePtr, Stream};
+    use crate::coll::{CollKind, ReduceOp, Scalar};
+    use crate::types::DataType;
+
+    fn task(kind: CollKind, op: ReduceOp) -> Task {
+        Task { kind, send: DevicePtr(64), recv: DevicePtr(64), count: 4, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default() }
+    }
+
+    #[test]
+    fn the_one_rank_route_takes_every_task_of_one_rank_unless_an_operator_computes() {
+        let sum = task(CollKind::AllReduce, ReduceOp::Sum);
+        let pair = [task(CollKind::Send { peer: 0 }, ReduceOp::Sum), task(CollKind::Recv { peer: 0 }, ReduceOp::Sum)];
+        let group = [sum.clone(), pair[0].clone(), task(CollKind::AllGather, ReduceOp::Sum), pair[1].clone()];
+        assert!(one_rank(1, [&sum]));
+        assert!(one_rank(1, &pair), "a send/recv pair to self");
+        assert!(one_rank(1, &pair[..1]), "a send alone: the route gives the planner's error");
+        assert!(one_rank(1, &group), "a group of them");
+        assert!(one_rank(1, &[task(CollKind::AllReduce, ReduceOp::PreMulSum(Scalar::Host(1.0)))]));
+        assert!(!one_rank(2, &group), "two ranks");
+        for computes in [ReduceOp::PreMulSum(Scalar::Host(2.0)), ReduceOp::PreMulSum(Scalar::Device(DevicePtr(8)))] {
+            let mut g = group.to_vec();
+            g.push(task(CollKind::Reduce { root: 0 }, computes));
+            assert!(!one_rank(1, &g), "{computes:?} in the group: the planner runs it all");
+        }
+    }
+}
