@@ -6,6 +6,11 @@
 //! A group of non-blocking communicators (`blocking = 0`) is handed to a background job
 //! (`comm::jobs`) and its end (the call, outside a group) returns `InProgress`; as in
 //! NCCL, one group cannot hold both blocking and non-blocking communicators.
+//!
+//! The tasks of a one-rank communicator take the one-rank route (`way::one_rank`) at the
+//! group's end, or at once outside a group: in place nothing runs, out of place one copy
+//! each; on a non-blocking communicator too, so its call then returns `Ok`, not `InProgress`
+//! (unless earlier jobs of it still run: then it queues behind them as usual).
 
 use std::cell::RefCell;
 
