@@ -167,54 +167,104 @@ pub(super) fn finish(comm: &Communicator, r: &Result<()>, device: bool) {
     }
 }
 
-/// A single collective on a one-rank communicator whose operator leaves the input as it is
-/// (what the planner makes plain copies of): in place nothing, out of place one copy (a copy
-/// engine on devices), without the planner, the group machinery or the cache — as NCCL, whose
-/// one-rank calls cost a host-side check and at most a `cudaMemcpyAsync`. `None` when the
-/// full way must run it (a computing operator, a group, a non-blocking communicator, check
-/// mode, point-to-point).
+/// A single operation on a one-rank communicator that the one-rank route serves
+/// ([`super::way::one_rank`]), run now by [`run_one_rank`]; `None` when it must go the usual
+/// way: the route does not serve it, or, on a non-blocking communicator, work queued earlier
+/// is still running (the operation waits behind it as a background job) or failed (the usual
+/// way refuses it).
 pub(crate) fn try_one_rank(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let eligible = comm.nranks_unchecked() == 1 && may_skip_planner(comm, task) && plan::one_rank_identity(task);
-    eligible.then(|| {
-        super::way::trace(task, 1, super::way::Way::OneRank);
-        run_one_rank(comm, task)
-    })
+    let eligible = super::way::one_rank(comm.nranks_unchecked(), std::slice::from_ref(task)) && may_run_now(comm);
+    eligible.then(|| run_one_rank(comm, std::slice::from_ref(task)))
 }
 
-fn run_one_rank(comm: &Communicator, task: &Task) -> Result<()> {
+/// Whether work on `comm` may run on the calling thread now: always on a blocking
+/// communicator; on a non-blocking one when no background job of it is queued or running
+/// (work runs in call order) and none failed.
+pub(crate) fn may_run_now(comm: &Communicator) -> bool {
+    if comm.config().blocking {
+        return true;
+    }
+    let jobs = comm.background_jobs();
+    !jobs.busy() && jobs.error().is_none()
+}
+
+/// One communicator's share of a group on the one-rank route ([`super::way::one_rank`]): the
+/// buffers of every task resolved and checked as the planner does it, sends to self paired
+/// with receives from self in order (the planner's errors when they do not pair up), then in
+/// place nothing at all, out of place one copy per collective (in call order) and per pair
+/// (after them, as the planner orders its copies) — a copy on the task's stream on devices
+/// (the pair's: its receive's), a copy by the host executor on the host backend. Nothing
+/// goes to the planner, the device interpreter or the FIFOs; on a non-blocking communicator
+/// it has completed (as far as the host is concerned) when it returns. Each task gets the
+/// profiler events of a way around the planner (one channel) and a TRACE way line; the op
+/// log hears of the tasks that copy.
+pub(crate) fn run_one_rank(comm: &Communicator, tasks: &[Task]) -> Result<()> {
     let start = crate::profile::start();
-    let events = profiler_events::single_op(comm, task, || profiler_events::OpPlan { algo: "", proto: "", channels: 1 });
-    let r = run_one_rank_untimed(comm, task);
-    // (A device copy is enqueued by then, in stream order; its channel completes here.)
-    profiler_events::end_single_op(events, &r);
+    let r = run_one_rank_untimed(comm, tasks);
     crate::profile::stage(crate::profile::Stage::Total, start);
     r
 }
 
-fn run_one_rank_untimed(comm: &Communicator, task: &Task) -> Result<()> {
-    // The buffers resolved and checked as the planner does it.
-    let ctx = plan::task_ctx(comm, task).map_err(|e| comm.record_error(e))?;
-    if ctx.src == ctx.dst {
-        return Ok(());
+fn run_one_rank_untimed(comm: &Communicator, tasks: &[Task]) -> Result<()> {
+    let tasks: Vec<&Task> = tasks.iter().filter(|t| t.count > 0).collect();
+    let mut ctxs = Vec::with_capacity(tasks.len());
+    for task in &tasks {
+        ctxs.push(plan::task_ctx(comm, task).map_err(|e| comm.record_error(e))?);
     }
-    comm.op_log().started(std::slice::from_ref(&task.shape()));
+    // (task, bytes) of the sends to self and of the receives from self, in call order.
+    let of = |send: bool| -> Vec<(usize, usize)> {
+        let kind_is = |t: &Task| if send { matches!(t.kind, CollKind::Send { .. }) } else { matches!(t.kind, CollKind::Recv { .. }) };
+        tasks.iter().enumerate().filter(|(_, t)| kind_is(t)).map(|(i, t)| (i, t.count * t.dtype.size())).collect()
+    };
+    let pairs = plan::self_pairs(of(true), of(false)).map_err(|e| comm.record_error(e))?;
+    // The copies: (source, destination, bytes, the tasks they serve), collectives first.
+    let mut copies: Vec<(usize, usize, usize, [usize; 2])> = Vec::new();
+    for (i, (task, ctx)) in tasks.iter().zip(&ctxs).enumerate() {
+        if !task.kind.is_p2p() && ctx.src != ctx.dst {
+            copies.push((ctx.src, ctx.dst, ctx.dst_len, [i, i]));
+        }
+    }
+    for &(s, r, bytes) in &pairs {
+        if ctxs[s].src != ctxs[r].dst {
+            copies.push((ctxs[s].src, ctxs[r].dst, bytes, [s, r]));
+        }
+    }
+    let events: Vec<_> = tasks
+        .iter()
+        .map(|task| {
+            super::way::trace(task, 1, super::way::Way::OneRank);
+            profiler_events::single_op(comm, task, || profiler_events::OpPlan { algo: "", proto: "", channels: 1 })
+        })
+        .collect();
+    let r = if copies.is_empty() { Ok(()) } else { copy(comm, &tasks, &copies) };
+    // (Device copies are enqueued by then, in stream order; their channels complete here.)
+    events.into_iter().for_each(|e| profiler_events::end_single_op(e, &r));
+    r
+}
+
+/// The copies of [`run_one_rank`], told to the op log.
+fn copy(comm: &Communicator, tasks: &[&Task], copies: &[(usize, usize, usize, [usize; 2])]) -> Result<()> {
+    let shapes: Vec<_> = copies.iter().flat_map(|c| if c.3[0] == c.3[1] { &c.3[..1] } else { &c.3[..] }).map(|&i| tasks[i].shape()).collect();
+    comm.op_log().started(&shapes);
     let r = if !comm.backend().capabilities().host_addressable {
-        // One device copy in stream order, as NCCL's one-rank calls: it reads and writes only
-        // the caller's buffers and cannot hang, so it needs neither the executor's event (the
-        // watchdog's and teardown's view of running kernels) nor ordering after the
+        // Device copies in stream order, as NCCL's one-rank calls: they read and write only
+        // the caller's buffers and cannot hang, so they need neither the executor's event
+        // (the watchdog's and teardown's view of running kernels) nor ordering after the
         // communicator's work on other streams, nor a capture check (copies are captured as
         // they are).
-        let (dst, src) = (crate::backend::DevicePtr(ctx.dst as u64), crate::backend::DevicePtr(ctx.src as u64));
         let t = crate::profile::start();
-        let r = comm.backend().copy(dst, src, ctx.dst_len, task.stream);
+        let r = copies.iter().try_for_each(|&(src, dst, bytes, [_, task])| {
+            let (dst, src) = (crate::backend::DevicePtr(dst as u64), crate::backend::DevicePtr(src as u64));
+            comm.backend().copy(dst, src, bytes, tasks[task].stream)
+        });
         crate::profile::stage(crate::profile::Stage::Copy, t);
         r.map_err(|e| comm.record_error(e.context("collective")))
     } else {
         let mut work = Work {
             ctxs: Vec::new(),
             items: Vec::new(),
-            copies: vec![crate::work::LocalCopy { src: ctx.src, dst: ctx.dst, bytes: ctx.dst_len }],
-            stream: task.stream,
+            copies: copies.iter().map(|&(src, dst, bytes, _)| crate::work::LocalCopy { src, dst, bytes }).collect(),
+            stream: tasks[copies[0].3[1]].stream,
         };
         let links = crate::exec::Links::new();
         let mut prep = Prepared::new(&work, &links);

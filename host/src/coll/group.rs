@@ -6,6 +6,11 @@
 //! A group of non-blocking communicators (`blocking = 0`) is handed to a background job
 //! (`comm::jobs`) and its end (the call, outside a group) returns `InProgress`; as in
 //! NCCL, one group cannot hold both blocking and non-blocking communicators.
+//!
+//! The tasks of a one-rank communicator take the one-rank route (`way::one_rank`) at the
+//! group's end, or at once outside a group: in place nothing runs, out of place one copy
+//! each; on a non-blocking communicator too, so its call then returns `Ok`, not `InProgress`
+//! (unless earlier jobs of it still run: then it queues behind them as usual).
 
 use std::cell::RefCell;
 
@@ -138,8 +143,9 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
         return Ok(());
     }
     profiler_events::group_end_api_start();
-    // One rank, nothing to compute: nothing or one copy. A repeated single operation runs its
-    // cached plan (when the backend caches them).
+    // One rank, nothing to compute: nothing or one copy (a send or receive alone gets the
+    // planner's error). A repeated single operation runs its cached plan (when the backend
+    // caches them).
     if let Some(r) = super::cache::try_one_rank(comm, &task) {
         return r;
     }
@@ -193,14 +199,27 @@ fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
             return Err(c.record_error(e.context("an earlier non-blocking operation on this communicator failed (see async_error; abort it)")));
         }
     }
+    // One rank, nothing to compute: done at once, nothing to queue (unless earlier jobs
+    // still run: then after them, in call order).
+    if comms.iter().all(|c| super::cache::may_run_now(c) && super::way::one_rank(c.nranks_unchecked(), of_comm(&tasks, c))) {
+        return run(tasks, None);
+    }
     crate::comm::jobs::launch(comms, move || run(tasks, None));
     Err(Error::in_progress(
         "the operations were queued on a non-blocking communicator; poll async_error until it is no longer InProgress",
     ))
 }
 
+/// The tasks of `comm` among a group's.
+fn of_comm<'a>(tasks: &'a [(Communicator, Task)], comm: &'a Communicator) -> impl Iterator<Item = &'a Task> {
+    tasks.iter().filter(|(c, _)| c.same_as(comm)).map(|(_, t)| t)
+}
+
 /// Plans, connects and runs tasks, grouped by communicator in call order; `chosen`: the
-/// choice made already for a single collective (`way::tuner_choice`).
+/// choice made already for a single collective (`way::tuner_choice`). The shares of
+/// one-rank communicators that the one-rank route serves (`way::one_rank`) take it instead,
+/// after the others are planned (a share that cannot be planned fails the group before
+/// anything ran) and before they run.
 fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result<()> {
     let mut by_comm: Vec<(Communicator, Vec<Task>)> = Vec::new();
     for (comm, task) in tasks {
@@ -209,6 +228,7 @@ fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result
             None => by_comm.push((comm, vec![task])),
         }
     }
+    let (one_rank, by_comm): (Vec<_>, Vec<_>) = by_comm.into_iter().partition(|(c, t)| super::way::one_rank(c.nranks_unchecked(), t));
     let start = crate::profile::start();
     if super::check::enabled() {
         for (comm, tasks) in &by_comm {
@@ -224,6 +244,12 @@ fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result
         runs.push(run);
     }
     crate::profile::stage(crate::profile::Stage::Plan, start);
+    for (comm, tasks) in &one_rank {
+        super::cache::run_one_rank(comm, tasks)?;
+    }
+    if runs.is_empty() {
+        return Ok(());
+    }
     for (comm, tasks) in &by_comm {
         comm.op_log().started(&tasks.iter().map(Task::shape).collect::<Vec<_>>());
     }

@@ -534,17 +534,7 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
             push(key, ci, steps);
         }
     }
-    if self_sends.len() != self_recvs.len() {
-        return Err(Error::invalid_usage(format!(
-            "{} send(s) to self but {} receive(s) from self in this group; they must pair up",
-            self_sends.len(),
-            self_recvs.len()
-        )));
-    }
-    for ((s, sb), (r, rb)) in self_sends.into_iter().zip(self_recvs) {
-        if sb != rb {
-            return Err(Error::invalid_usage(format!("a send to self of {sb} bytes meets a receive from self of {rb} bytes")));
-        }
+    for (s, r, sb) in self_pairs(self_sends, self_recvs)? {
         // The receive's context gets the send's source.
         ctxs[r].src = ctxs[s].src;
         ctxs[r].src_len = ctxs[s].src_len;
@@ -566,6 +556,29 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
     Ok((Work { ctxs, items, copies, stream }, device))
+}
+
+/// The sends to self and receives from self of a group, each `(task or context, bytes)` in
+/// call order, paired in order (the k-th send with the k-th receive, as NCCL matches them):
+/// `(send, receive, bytes)`; an error when they do not pair up or a pair's sizes differ.
+pub(crate) fn self_pairs(sends: Vec<(usize, usize)>, recvs: Vec<(usize, usize)>) -> Result<Vec<(usize, usize, usize)>> {
+    if sends.len() != recvs.len() {
+        return Err(Error::invalid_usage(format!(
+            "{} send(s) to self but {} receive(s) from self in this group; they must pair up",
+            sends.len(),
+            recvs.len()
+        )));
+    }
+    sends
+        .into_iter()
+        .zip(recvs)
+        .map(|((s, sb), (r, rb))| {
+            if sb != rb {
+                return Err(Error::invalid_usage(format!("a send to self of {sb} bytes meets a receive from self of {rb} bytes")));
+            }
+            Ok((s, r, sb))
+        })
+        .collect()
 }
 
 /// Whether a task on one rank leaves its input as it is: no reduction, or one that does

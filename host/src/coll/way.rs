@@ -1,8 +1,9 @@
 //! Which way a single collective runs, and who chose it.
 //!
-//! A collective outside a group may run around the planner (coll/group.rs tries, in order: one
-//! rank, the symmetric paths, the board of small calls and its single copies, the plan cache)
-//! or through it. Where a tuner plugin is loaded, its table decides first, as in NCCL, which
+//! Any task of a one-rank communicator, inside a group or not, takes the one-rank route
+//! ([`one_rank`]). A collective outside a group may run around the planner (coll/group.rs
+//! tries, in order: one rank, the symmetric paths, the board of small calls and its single
+//! copies, the plan cache) or through it. Where a tuner plugin is loaded, its table decides first, as in NCCL, which
 //! asks the tuner for every task: [`tuner_choice`] asks it once for the call, and where its
 //! table speaks (its `getCollInfo` changed the cost table or set the channels) the ways around
 //! the planner step aside and the planner runs what the tuner chose. Where it is silent,
@@ -20,7 +21,7 @@ use crate::plugin::tuner::TunerInstance;
 /// A way around the planner (the planner's own line is [`trace_planned`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Way {
-    /// One rank: nothing, or one copy (`coll::cache::try_one_rank`).
+    /// One rank: nothing, or one copy per task ([`one_rank`]).
     OneRank,
     /// A symmetric kernel on symmetric windows (`coll::symmetric`).
     SymmetricKernel,
@@ -48,6 +49,19 @@ impl Way {
             Way::PlanCache => "plan-cache",
         }
     }
+}
+
+/// Whether the one-rank route serves `tasks`, one communicator's share of a group (a single
+/// call is a group of one) on a communicator of `nranks`: one rank, and every task leaves its
+/// input as it is ([`plan::one_rank_identity`]: no operator that computes) or is a send to
+/// self or a receive from self. Then nothing goes to the planner or a device kernel: in place
+/// (a send/recv pair with one buffer) nothing runs, out of place one copy per task
+/// (`coll::cache::run_one_rank`), inside groups, on blocking and non-blocking communicators
+/// alike, as NCCL, whose one-rank calls cost a host-side check and at most a
+/// `cudaMemcpyAsync`. Check mode (`RUSTCCL_CHECK_COLLECTIVES`) checks each call's plan, so
+/// its calls go the full way. The one place that decides it (the router takes it over).
+pub(crate) fn one_rank<'a>(nranks: u32, tasks: impl IntoIterator<Item = &'a Task>) -> bool {
+    nranks == 1 && !super::check::enabled() && tasks.into_iter().all(|t| t.kind.is_p2p() || plan::one_rank_identity(t))
 }
 
 /// What the tuner says for `task`, a single blocking collective outside a group that may take
@@ -110,5 +124,35 @@ fn who(by: ChosenBy, tuner: Option<&TunerInstance>) -> String {
         ChosenBy::Rustccl => "rustccl".into(),
         ChosenBy::Tuner => format!("tuner {}", tuner.map_or("?", |t| t.plugin.name.as_str())),
         ChosenBy::Env => plan::forced_by().into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{DevicePtr, Stream};
+    use crate::coll::{CollKind, ReduceOp, Scalar};
+    use crate::types::DataType;
+
+    fn task(kind: CollKind, op: ReduceOp) -> Task {
+        Task { kind, send: DevicePtr(64), recv: DevicePtr(64), count: 4, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default() }
+    }
+
+    #[test]
+    fn the_one_rank_route_takes_every_task_of_one_rank_unless_an_operator_computes() {
+        let sum = task(CollKind::AllReduce, ReduceOp::Sum);
+        let pair = [task(CollKind::Send { peer: 0 }, ReduceOp::Sum), task(CollKind::Recv { peer: 0 }, ReduceOp::Sum)];
+        let group = [sum.clone(), pair[0].clone(), task(CollKind::AllGather, ReduceOp::Sum), pair[1].clone()];
+        assert!(one_rank(1, [&sum]));
+        assert!(one_rank(1, &pair), "a send/recv pair to self");
+        assert!(one_rank(1, &pair[..1]), "a send alone: the route gives the planner's error");
+        assert!(one_rank(1, &group), "a group of them");
+        assert!(one_rank(1, &[task(CollKind::AllReduce, ReduceOp::PreMulSum(Scalar::Host(1.0)))]));
+        assert!(!one_rank(2, &group), "two ranks");
+        for computes in [ReduceOp::PreMulSum(Scalar::Host(2.0)), ReduceOp::PreMulSum(Scalar::Device(DevicePtr(8)))] {
+            let mut g = group.to_vec();
+            g.push(task(CollKind::Reduce { root: 0 }, computes));
+            assert!(!one_rank(1, &g), "{computes:?} in the group: the planner runs it all");
+        }
     }
 }

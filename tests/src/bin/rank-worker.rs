@@ -11,6 +11,7 @@ mod worker_graph;
 mod worker_init;
 mod worker_lifecycle;
 mod worker_nonblocking;
+mod worker_one_rank;
 mod worker_profiler;
 mod worker_shrink;
 mod worker_streams;
@@ -64,6 +65,7 @@ fn main() {
         "nb-ops" => worker_nonblocking::ops(nranks, rank, &ids),
         "nb-stuck" => worker_nonblocking::stuck(nranks, rank, &ids),
         "nb-mixed" => worker_nonblocking::mixed(nranks, rank, &ids),
+        "one-rank" => worker_one_rank::one_rank(nranks, rank, &ids),
         "typed-colls" => worker_typed::colls(nranks, rank, &ids),
         "typed-errors" => worker_typed::errors(nranks, rank, &ids),
         "typed-nonblocking" => worker_typed::nonblocking(nranks, rank, &ids),

@@ -52,7 +52,7 @@ fn queued(r: Result<(), Error>, what: &str) -> Result<(), Error> {
 }
 
 /// Polls `async_error` until it is no longer `InProgress`; the polls it took.
-fn poll_done(comm: &Communicator, what: &str) -> Result<u32, Error> {
+pub fn poll_done(comm: &Communicator, what: &str) -> Result<u32, Error> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut polls = 0;
     loop {
@@ -77,7 +77,7 @@ fn nonblocking_comm(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<Communic
     Ok(comm)
 }
 
-fn upload(be: &dyn DeviceBackend, device: usize, v: &[i32]) -> Result<DevicePtr, Error> {
+pub fn upload(be: &dyn DeviceBackend, device: usize, v: &[i32]) -> Result<DevicePtr, Error> {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_ne_bytes()).collect();
     let p = be.alloc(device, bytes.len().max(1))?;
     be.copy_to_device(p, &bytes, S)?;
@@ -85,13 +85,13 @@ fn upload(be: &dyn DeviceBackend, device: usize, v: &[i32]) -> Result<DevicePtr,
     Ok(p)
 }
 
-fn download(be: &dyn DeviceBackend, p: DevicePtr, n: usize) -> Result<Vec<i32>, Error> {
+pub fn download(be: &dyn DeviceBackend, p: DevicePtr, n: usize) -> Result<Vec<i32>, Error> {
     let mut bytes = vec![0u8; n * 4];
     be.copy_from_device(&mut bytes, p, S)?;
     Ok(bytes.chunks_exact(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap())).collect())
 }
 
-fn expect_eq(got: &[i32], want: &[i32], what: &str) -> Result<(), Error> {
+pub fn expect_eq(got: &[i32], want: &[i32], what: &str) -> Result<(), Error> {
     match got.iter().zip(want).position(|(g, w)| g != w) {
         None if got.len() == want.len() => Ok(()),
         None => Err(Error::internal(format!("{what}: {} elements, expected {}", got.len(), want.len()))),
