@@ -120,7 +120,6 @@ runtime_calls! {
     stream_wait_event = "hipStreamWaitEvent": fn(Handle, Handle, c_uint);
     stream_capture_info = "hipStreamGetCaptureInfo": fn(Handle, *mut c_int, *mut u64);
     exchange_capture_mode = "hipThreadExchangeStreamCaptureMode": fn(*mut c_int);
-    launch_host_func = "hipLaunchHostFunc": fn(Handle, unsafe extern "C" fn(*mut c_void), *mut c_void);
     stream_write_value32 = "hipStreamWriteValue32": fn(Handle, Handle, u32, c_uint);
     stream_wait_value32 = "hipStreamWaitValue32": fn(Handle, Handle, u32, c_uint, u32);
     event_create = "hipEventCreateWithFlags": fn(*mut Handle, c_uint);
@@ -136,6 +135,9 @@ runtime_calls! {
     module_launch_kernel = "hipModuleLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void);
 }
 
+/// `hipLaunchHostFunc(stream, fn, userData)`.
+pub(crate) type LaunchHostFunc = unsafe extern "C" fn(Handle, unsafe extern "C" fn(*mut c_void), *mut c_void) -> HipError;
+
 /// A loaded HIP runtime: its calls, where it came from and its version.
 pub(crate) struct Runtime {
     pub calls: Calls,
@@ -144,6 +146,9 @@ pub(crate) struct Runtime {
     /// is taken to run on the current device).
     pub device_properties_r0600: Option<unsafe extern "C" fn(*mut c_void, c_int) -> HipError>,
     pub stream_get_device: Option<unsafe extern "C" fn(Handle, *mut c_int) -> HipError>,
+    /// `hipLaunchHostFunc` (Debian's ROCm 5 runtime lacks it; only captured launches that
+    /// receive over the network need it).
+    pub launch_host_func: Option<LaunchHostFunc>,
     error_name: unsafe extern "C" fn(HipError) -> *const c_char,
     error_string: unsafe extern "C" fn(HipError) -> *const c_char,
     pub path: PathBuf,
@@ -178,14 +183,20 @@ impl Runtime {
         let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| Error::system(format!("loading {}: {e}", path.display())))?;
         let calls = Calls::load(&lib, &path)?;
         // SAFETY: the types are the functions' C signatures (hip_runtime_api.h).
-        let (error_name, error_string, device_properties_r0600, stream_get_device) = unsafe {
+        let (error_name, error_string, device_properties_r0600, stream_get_device, launch_host_func) = unsafe {
             let text = |name: &[u8]| lib.get::<unsafe extern "C" fn(HipError) -> *const c_char>(name).map(|s| *s);
             let (Ok(n), Ok(s)) = (text(b"hipGetErrorName\0"), text(b"hipGetErrorString\0")) else {
                 return Err(Error::system(format!("{}: not a HIP runtime (no hipGetErrorName)", path.display())));
             };
-            (n, s, lib.get(b"hipGetDevicePropertiesR0600\0").ok().map(|s| *s), lib.get(b"hipStreamGetDevice\0").ok().map(|s| *s))
+            (
+                n,
+                s,
+                lib.get(b"hipGetDevicePropertiesR0600\0").ok().map(|s| *s),
+                lib.get(b"hipStreamGetDevice\0").ok().map(|s| *s),
+                lib.get(b"hipLaunchHostFunc\0").ok().map(|s| *s),
+            )
         };
-        let mut rt = Runtime { calls, device_properties_r0600, stream_get_device, error_name, error_string, path, version: 0, _lib: lib };
+        let mut rt = Runtime { calls, device_properties_r0600, stream_get_device, launch_host_func, error_name, error_string, path, version: 0, _lib: lib };
         let mut v = 0;
         // SAFETY: writes one int; allowed before hipInit.
         rt.check(unsafe { (rt.calls.runtime_version)(&mut v) }, "hipRuntimeGetVersion")?;

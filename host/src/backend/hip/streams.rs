@@ -144,8 +144,15 @@ pub(super) unsafe fn copy_from_pinned_async(b: &HipBackend, dst: DevicePtr, src:
 pub(super) unsafe fn launch_host_callback(b: &HipBackend, callback: &std::sync::Arc<crate::backend::HostCallback>, stream: Stream) -> Result<()> {
     let _g = b.enter_for(stream, &[])?;
     let user = std::sync::Arc::as_ptr(callback) as *mut c_void;
+    let Some(launch) = b.rt.launch_host_func else {
+        return Err(Error::system(format!(
+            "{}: this HIP runtime lacks hipLaunchHostFunc, which a captured launch that receives over the network \
+             needs (to tell the proxy of each replay's receives); update ROCm, or capture no network work",
+            b.rt.path.display()
+        )));
+    };
     // SAFETY: the trampoline reads `user` as the callback, which the caller keeps alive.
-    b.rt.check(unsafe { (b.rt.calls.launch_host_func)(raw(stream), crate::backend::HostCallback::trampoline, user) }, "hipLaunchHostFunc")
+    b.rt.check(unsafe { launch(raw(stream), crate::backend::HostCallback::trampoline, user) }, "hipLaunchHostFunc")
 }
 
 pub(super) fn stream_write_u32(b: &HipBackend, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
