@@ -12,7 +12,7 @@ results one_rank
 restore_kcache
 copy_roofline
 cols() { grep -hE "^ +[0-9]" "$1" | awk '{print $6, $10}'; }
-for c in all_reduce broadcast all_gather reduce_scatter; do
+for c in all_reduce broadcast all_gather reduce_scatter sendrecv alltoall; do
     for g in 0 10; do
         A="$c -N 1 -b 8 -e 256M -f 32 -c 1 -n 50 -w 5"
         [ $g -gt 0 ] && A="$A -G $g -c 0"
