@@ -143,12 +143,7 @@ impl CollKind {
 }
 
 impl Task {
-    /// Elements of `rank`'s (send, receive) buffer on `nranks` ranks ([`CollSpec::extents`]).
-    pub fn extents(&self, nranks: usize, rank: usize) -> (usize, usize) {
-        self.kind.spec().extents(self.count, nranks, rank, self.kind.root())
-    }
-
-    /// [`Task::extents`] in bytes.
+    /// Bytes of `rank`'s (send, receive) buffer on `nranks` ranks ([`CollSpec::extents`]).
     pub fn extent_bytes(&self, nranks: usize, rank: usize) -> (usize, usize) {
         self.kind.spec().extent_bytes(self.count, self.dtype.size(), nranks, rank, self.kind.root())
     }
