@@ -26,6 +26,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("rustccl-bench's reference data assumes a little-endian host");
 
+use rustccl::testing::reference::{self, Pattern, Source};
 use rustccl::types::DataType;
 
 use crate::ops::{a2av_counts, premul_scalar, Coll, Layout, Redop};
@@ -341,10 +342,9 @@ pub struct Expect {
     pub nranks: usize,
     pub root: usize,
     pub in_place: bool,
-    /// AlltoAllv: where each rank's block for this rank starts in its send buffer, and the
-    /// counts and displacements of this rank's receive side.
-    a2av_src_displs: Vec<usize>,
-    a2av_recv: Vec<(usize, usize)>,
+    /// AlltoAllv: for each source rank, (where its block starts in this rank's receive
+    /// buffer, its elements, where it starts in the source's send buffer).
+    a2av_blocks: Vec<(usize, usize, usize)>,
     /// Avg on floats: 1/nranks in the type.
     avg_scalar: f64,
 }
@@ -361,18 +361,15 @@ impl Expect {
         root: usize,
         in_place: bool,
     ) -> Expect {
-        let (mut a2av_src_displs, mut a2av_recv) = (Vec::new(), Vec::new());
+        let mut a2av_blocks = Vec::new();
         if coll == Coll::AlltoAllv {
             let base = layout.param_count / nranks.max(1);
-            a2av_src_displs = (0..nranks)
-                .map(|p| a2av_counts(base, nranks, p).send_displs[rank])
-                .collect();
             let me = a2av_counts(base, nranks, rank);
-            a2av_recv = me
-                .recv_displs
-                .iter()
-                .copied()
-                .zip(me.recv_counts.iter().copied())
+            a2av_blocks = (0..nranks)
+                .map(|p| {
+                    let from = a2av_counts(base, nranks, p).send_displs[rank];
+                    (me.recv_displs[p], me.recv_counts[p], from)
+                })
                 .collect();
         }
         let avg_scalar = round_to(gen.dtype, 1.0 / nranks.max(1) as f64);
@@ -385,82 +382,47 @@ impl Expect {
             nranks,
             root,
             in_place,
-            a2av_src_displs,
-            a2av_recv,
+            a2av_blocks,
             avg_scalar,
         }
     }
 
-    /// The reduction over every rank of input element `i`.
+    /// The reduction over every rank of input element `i` (the shared reference model's
+    /// arithmetic; the inputs are small integers, so integer types reduce exactly as `i128`).
     fn reduced(&self, i: usize) -> f64 {
         let n = self.nranks;
         let g = &self.gen;
         let b = g.base(i);
         let x = |p: usize| g.x_with(b, p, i);
-        match self.redop.unwrap_or(Redop::Sum) {
-            Redop::Sum => (0..n).map(x).sum(),
-            Redop::Prod => (0..n).map(x).product(),
-            Redop::Max => (0..n).map(x).fold(f64::NEG_INFINITY, f64::max),
-            Redop::Min => (0..n).map(x).fold(f64::INFINITY, f64::min),
-            Redop::PreMulSum => (0..n).map(|p| premul_scalar(p) * x(p)).sum(),
-            Redop::Avg => {
-                let sum: f64 = (0..n).map(x).sum();
-                if !g.dtype.is_float() {
-                    ((sum as i64) / n as i64) as f64
-                } else if g.mode == Mode::Sparse {
-                    // One rank's value times the scalar (exact in f64), rounded once by encode.
-                    sum * self.avg_scalar
-                } else {
-                    sum / n as f64
-                }
-            }
+        let op = match self.redop.unwrap_or(Redop::Sum) {
+            Redop::Sum => reference::Op::Sum,
+            Redop::Prod => reference::Op::Prod,
+            Redop::Max => reference::Op::Max,
+            Redop::Min => reference::Op::Min,
+            Redop::Avg => reference::Op::Avg,
+            Redop::PreMulSum => reference::Op::PreMulSum,
+        };
+        if g.dtype.is_float() {
+            // Avg: the value times the rounded scalar (exact in f64), rounded once by encode.
+            reference::reduce_floats(op, n, x, premul_scalar, self.avg_scalar)
+        } else {
+            reference::reduce_ints(op, n, |p| x(p) as i128, |p| premul_scalar(p) as i128) as f64
         }
     }
 
     /// The expected output element `j` (of `layout.recv_count`).
     pub fn want(&self, j: usize) -> Want {
-        let g = &self.gen;
-        let (r, n) = (self.rank, self.nranks);
-        let c = self.layout.param_count;
-        let v = match self.coll {
-            Coll::AllReduce => self.reduced(j),
-            Coll::Reduce => {
-                if r == self.root {
-                    self.reduced(j)
-                } else if self.in_place {
-                    g.x(r, j)
-                } else {
-                    return Want::Poison;
-                }
-            }
-            Coll::Broadcast => g.x(self.root, j),
-            Coll::AllGather => g.x(j / c, j % c),
-            Coll::ReduceScatter => self.reduced(r * c + j),
-            Coll::AlltoAll => g.x(j / c, r * c + j % c),
-            Coll::AlltoAllv => {
-                match self
-                    .a2av_recv
-                    .iter()
-                    .enumerate()
-                    .find(|(_, &(d, k))| j >= d && j < d + k)
-                {
-                    Some((p, &(d, _))) => g.x(p, self.a2av_src_displs[p] + (j - d)),
-                    None => return Want::Poison,
-                }
-            }
-            Coll::Gather => {
-                if r == self.root {
-                    g.x(j / c, j % c)
-                } else if self.in_place && j / c == r {
-                    g.x(r, j % c)
-                } else {
-                    return Want::Poison;
-                }
-            }
-            Coll::Scatter => g.x(self.root, r * c + j),
-            Coll::SendRecv => g.x((r + n - 1) % n, j),
+        let pattern = match self.coll {
+            Coll::AlltoAllv => Pattern::AlltoAllv { blocks: &self.a2av_blocks },
+            Coll::SendRecv => Pattern::SendRecv { from: (self.rank + self.nranks - 1) % self.nranks },
+            c => Pattern::Collective { coll: c.spec().expect("a spec").coll, root: self.root },
         };
-        Want::Value(v)
+        let call = reference::Call { pattern, count: self.layout.param_count, nranks: self.nranks, rank: self.rank, in_place: self.in_place };
+        match call.source(j) {
+            Source::Reduced(i) => Want::Value(self.reduced(i)),
+            Source::Input { rank, index } => Want::Value(self.gen.x(rank, index)),
+            Source::Untouched => Want::Poison,
+        }
     }
 
     /// Compares `out` (the receive buffer, `recv_count` elements) with the expected values;

@@ -1,6 +1,7 @@
 //! The operations: names, buffer layouts (nccl-tests' `GetCollByteCount`), in-place offsets and
 //! bandwidth formulas (nccl-tests' `GetBw`).
 
+use rustccl::spec::{CollSpec, Collective};
 use rustccl::types::DataType;
 
 /// A benchmarked operation.
@@ -48,17 +49,31 @@ impl Coll {
         }
     }
 
+    /// NCCL's descriptor of the operation (`None` for SendRecv, a send and a receive, and
+    /// AlltoAllv, which NCCL does not have).
+    pub fn spec(self) -> Option<&'static CollSpec> {
+        let c = match self {
+            Coll::AllReduce => Collective::AllReduce,
+            Coll::AllGather => Collective::AllGather,
+            Coll::ReduceScatter => Collective::ReduceScatter,
+            Coll::Broadcast => Collective::Broadcast,
+            Coll::Reduce => Collective::Reduce,
+            Coll::AlltoAll => Collective::AlltoAll,
+            Coll::Gather => Collective::Gather,
+            Coll::Scatter => Collective::Scatter,
+            Coll::AlltoAllv | Coll::SendRecv => return None,
+        };
+        Some(c.spec())
+    }
+
     /// Whether the operation takes a reduction operator.
     pub fn has_redop(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter)
+        self.spec().is_some_and(|s| s.reduces)
     }
 
     /// Whether the operation takes a root.
     pub fn has_root(self) -> bool {
-        matches!(
-            self,
-            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
-        )
+        self.spec().is_some_and(|s| s.rooted)
     }
 
     /// Whether the in-place variant has a defined result (nccl-tests reports `N/A` for the
@@ -67,18 +82,12 @@ impl Coll {
         !matches!(self, Coll::AlltoAll | Coll::AlltoAllv | Coll::SendRecv)
     }
 
-    /// The bus-bandwidth factor (plugin-abi.md §4).
+    /// The bus-bandwidth factor (plugin-abi.md §4; AlltoAllv's is AlltoAll's, SendRecv's 1).
     pub fn bus_factor(self, nranks: usize) -> f64 {
-        let n = nranks as f64;
         match self {
-            Coll::AllReduce => 2.0 * (n - 1.0) / n,
-            Coll::AllGather
-            | Coll::ReduceScatter
-            | Coll::AlltoAll
-            | Coll::AlltoAllv
-            | Coll::Gather
-            | Coll::Scatter => (n - 1.0) / n,
-            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
+            Coll::AlltoAllv => Collective::AlltoAll.spec().bus_factor(nranks),
+            Coll::SendRecv => 1.0,
+            c => c.spec().expect("every other operation has a spec").bus_factor(nranks),
         }
     }
 }
@@ -217,16 +226,17 @@ impl Layout {
     pub fn new(coll: Coll, count: usize, nranks: usize) -> Layout {
         let n = nranks.max(1);
         let per = count / n;
-        let (send_count, recv_count, param_count, send_inplace, recv_inplace) = match coll {
-            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => {
-                (count, count, count, 0, 0)
+        // The buffers as the root sees them (the largest); in place, rank 1's offsets are
+        // the offsets per rank.
+        let (send_count, recv_count, param_count, send_inplace, recv_inplace) = match coll.spec() {
+            Some(spec) => {
+                let param = if spec.has_rank_blocks() { per } else { count };
+                let (send, recv) = spec.extents(param, n, 0, 0);
+                let (send_inplace, recv_inplace) = spec.in_place_offsets(param, 1);
+                (send, recv, param, send_inplace, recv_inplace)
             }
-            Coll::AllGather => (per, per * n, per, per, 0),
-            Coll::ReduceScatter => (per * n, per, per, 0, per),
-            Coll::AlltoAll => (per * n, per * n, per, 0, 0),
-            Coll::AlltoAllv => (per * n, per * n, per * n, 0, 0),
-            Coll::Gather => (per, per * n, per, per, 0),
-            Coll::Scatter => (per * n, per, per, 0, per),
+            None if coll == Coll::AlltoAllv => (per * n, per * n, per * n, 0, 0),
+            None => (count, count, count, 0, 0),
         };
         Layout {
             send_count,
@@ -244,19 +254,12 @@ impl Layout {
 
     /// The bytes the algorithm bandwidth divides by the time (nccl-tests' `GetBw`).
     pub fn alg_bytes(&self, coll: Coll, elem: usize, nranks: usize) -> f64 {
-        let c = self.param_count as f64;
-        let e = elem as f64;
-        let n = nranks as f64;
-        match coll {
-            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => c * e,
-            Coll::AllGather
-            | Coll::ReduceScatter
-            | Coll::AlltoAll
-            | Coll::Gather
-            | Coll::Scatter => c * e * n,
-            Coll::AlltoAllv => {
+        match coll.spec() {
+            Some(spec) => spec.alg_bytes(self.param_count, elem, nranks),
+            None if coll == Coll::AlltoAllv => {
                 (a2av_max_elems(self.param_count / nranks.max(1), nranks) * elem) as f64
             }
+            None => (self.param_count * elem) as f64,
         }
     }
 }

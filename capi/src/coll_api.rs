@@ -5,6 +5,7 @@ use std::os::raw::{c_int, c_void};
 use rustccl::backend::{DevicePtr, Stream};
 use rustccl::types::{DataType, RedOp};
 use rustccl::coll::checked_bytes as bytes;
+use rustccl::spec::Collective;
 use rustccl::{Error, ReduceOp, Scalar};
 
 use crate::handles::{self, CComm, CommHandle, UserOp};
@@ -72,6 +73,18 @@ fn with_op_buffers(
     with_ranges(c, ranges, f)
 }
 
+/// The (send, receive) bytes of `coll`'s buffers on this rank ([`rustccl::spec::CollSpec`]),
+/// after checking that the largest can exist. Asks the communicator for its size only where
+/// the buffers depend on it, and for this rank only where a root decides them.
+fn extents(c: &CComm, what: &str, coll: Collective, count: usize, t: DataType, root: c_int) -> Result<(usize, usize), Error> {
+    let spec = coll.spec();
+    let n = if spec.has_rank_blocks() { c.comm.count()? as usize } else { 1 };
+    bytes(what, count, t, spec.count_multiple(n))?;
+    // A negative root matches no rank (the core refuses it).
+    let (me, root) = if spec.rooted { (c.comm.user_rank()? as usize, usize::try_from(root).unwrap_or(usize::MAX)) } else { (0, 0) };
+    Ok(spec.extent_bytes(count, t.size(), n, me, root))
+}
+
 fn with_ranges(c: &CComm, ranges: Vec<(usize, usize)>, f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
     let r = buffers::prepare(c.comm.backend(), &ranges).and_then(|_| f());
     buffers::finish();
@@ -86,8 +99,8 @@ nccl_api! {
             let c = handles::get(comm, "ncclAllReduce")?;
             let t = dtype(datatype, "ncclAllReduce")?;
             let o = op(&c, red, t, "ncclAllReduce")?;
-            let b = bytes("ncclAllReduce", count, t, 1)?;
-            with_op_buffers(&c, o, t, &[(send, b), (recv, b)], || c.comm.all_reduce(ptr(send), ptr(recv), count, t, o, stream(s)))
+            let (sb, rb) = extents(&c, "ncclAllReduce", Collective::AllReduce, count, t, 0)?;
+            with_op_buffers(&c, o, t, &[(send, sb), (recv, rb)], || c.comm.all_reduce(ptr(send), ptr(recv), count, t, o, stream(s)))
         })
     }
 
@@ -97,10 +110,8 @@ nccl_api! {
         guard_op("ncclBroadcast", comm, || {
             let c = handles::get(comm, "ncclBroadcast")?;
             let t = dtype(datatype, "ncclBroadcast")?;
-            let b = bytes("ncclBroadcast", count, t, 1)?;
-            let me = c.comm.user_rank()?;
-            let src = if me == root { b } else { 0 };
-            with_buffers(&c, &[(send, src), (recv, b)], || c.comm.broadcast(ptr(send), ptr(recv), count, t, root, stream(s)))
+            let (sb, rb) = extents(&c, "ncclBroadcast", Collective::Broadcast, count, t, root)?;
+            with_buffers(&c, &[(send, sb), (recv, rb)], || c.comm.broadcast(ptr(send), ptr(recv), count, t, root, stream(s)))
         })
     }
 
@@ -116,9 +127,8 @@ nccl_api! {
             let c = handles::get(comm, "ncclReduce")?;
             let t = dtype(datatype, "ncclReduce")?;
             let o = op(&c, red, t, "ncclReduce")?;
-            let b = bytes("ncclReduce", count, t, 1)?;
-            let dst = if c.comm.user_rank()? == root { b } else { 0 };
-            with_op_buffers(&c, o, t, &[(send, b), (recv, dst)], || c.comm.reduce(ptr(send), ptr(recv), count, t, o, root, stream(s)))
+            let (sb, rb) = extents(&c, "ncclReduce", Collective::Reduce, count, t, root)?;
+            with_op_buffers(&c, o, t, &[(send, sb), (recv, rb)], || c.comm.reduce(ptr(send), ptr(recv), count, t, o, root, stream(s)))
         })
     }
 
@@ -128,10 +138,8 @@ nccl_api! {
         guard_op("ncclAllGather", comm, || {
             let c = handles::get(comm, "ncclAllGather")?;
             let t = dtype(datatype, "ncclAllGather")?;
-            let n = c.comm.count()? as usize;
-            let all = bytes("ncclAllGather", sendcount, t, n)?;
-            let b = sendcount * t.size();
-            with_buffers(&c, &[(send, b), (recv, all)], || c.comm.all_gather(ptr(send), ptr(recv), sendcount, t, stream(s)))
+            let (sb, rb) = extents(&c, "ncclAllGather", Collective::AllGather, sendcount, t, 0)?;
+            with_buffers(&c, &[(send, sb), (recv, rb)], || c.comm.all_gather(ptr(send), ptr(recv), sendcount, t, stream(s)))
         })
     }
 
@@ -142,10 +150,8 @@ nccl_api! {
             let c = handles::get(comm, "ncclReduceScatter")?;
             let t = dtype(datatype, "ncclReduceScatter")?;
             let o = op(&c, red, t, "ncclReduceScatter")?;
-            let n = c.comm.count()? as usize;
-            let all = bytes("ncclReduceScatter", recvcount, t, n)?;
-            let b = recvcount * t.size();
-            with_op_buffers(&c, o, t, &[(send, all), (recv, b)], || c.comm.reduce_scatter(ptr(send), ptr(recv), recvcount, t, o, stream(s)))
+            let (sb, rb) = extents(&c, "ncclReduceScatter", Collective::ReduceScatter, recvcount, t, 0)?;
+            with_op_buffers(&c, o, t, &[(send, sb), (recv, rb)], || c.comm.reduce_scatter(ptr(send), ptr(recv), recvcount, t, o, stream(s)))
         })
     }
 
@@ -155,8 +161,8 @@ nccl_api! {
         guard_op("ncclAlltoAll", comm, || {
             let c = handles::get(comm, "ncclAlltoAll")?;
             let t = dtype(datatype, "ncclAlltoAll")?;
-            let b = bytes("ncclAlltoAll", count, t, c.comm.count()? as usize)?;
-            with_buffers(&c, &[(send, b), (recv, b)], || c.comm.all_to_all(ptr(send), ptr(recv), count, t, stream(s)))
+            let (sb, rb) = extents(&c, "ncclAlltoAll", Collective::AlltoAll, count, t, 0)?;
+            with_buffers(&c, &[(send, sb), (recv, rb)], || c.comm.all_to_all(ptr(send), ptr(recv), count, t, stream(s)))
         })
     }
 
@@ -166,10 +172,8 @@ nccl_api! {
         guard_op("ncclGather", comm, || {
             let c = handles::get(comm, "ncclGather")?;
             let t = dtype(datatype, "ncclGather")?;
-            let all = bytes("ncclGather", count, t, c.comm.count()? as usize)?;
-            let b = count * t.size();
-            let dst = if c.comm.user_rank()? == root { all } else { 0 };
-            with_buffers(&c, &[(send, b), (recv, dst)], || c.comm.gather(ptr(send), ptr(recv), count, t, root, stream(s)))
+            let (sb, rb) = extents(&c, "ncclGather", Collective::Gather, count, t, root)?;
+            with_buffers(&c, &[(send, sb), (recv, rb)], || c.comm.gather(ptr(send), ptr(recv), count, t, root, stream(s)))
         })
     }
 
@@ -179,10 +183,8 @@ nccl_api! {
         guard_op("ncclScatter", comm, || {
             let c = handles::get(comm, "ncclScatter")?;
             let t = dtype(datatype, "ncclScatter")?;
-            let all = bytes("ncclScatter", count, t, c.comm.count()? as usize)?;
-            let b = count * t.size();
-            let src = if c.comm.user_rank()? == root { all } else { 0 };
-            with_buffers(&c, &[(send, src), (recv, b)], || c.comm.scatter(ptr(send), ptr(recv), count, t, root, stream(s)))
+            let (sb, rb) = extents(&c, "ncclScatter", Collective::Scatter, count, t, root)?;
+            with_buffers(&c, &[(send, sb), (recv, rb)], || c.comm.scatter(ptr(send), ptr(recv), count, t, root, stream(s)))
         })
     }
 
@@ -190,7 +192,7 @@ nccl_api! {
         guard_op("ncclSend", comm, || {
             let c = handles::get(comm, "ncclSend")?;
             let t = dtype(datatype, "ncclSend")?;
-            let b = bytes("ncclSend", count, t, 1)?;
+            let (b, _) = extents(&c, "ncclSend", Collective::Send, count, t, 0)?;
             with_buffers(&c, &[(send, b)], || c.comm.send(ptr(send), count, t, peer, stream(s)))
         })
     }
@@ -199,7 +201,7 @@ nccl_api! {
         guard_op("ncclRecv", comm, || {
             let c = handles::get(comm, "ncclRecv")?;
             let t = dtype(datatype, "ncclRecv")?;
-            let b = bytes("ncclRecv", count, t, 1)?;
+            let (_, b) = extents(&c, "ncclRecv", Collective::Recv, count, t, 0)?;
             with_buffers(&c, &[(recv, b)], || c.comm.recv(ptr(recv), count, t, peer, stream(s)))
         })
     }

@@ -81,6 +81,9 @@ pub mod plugin;
 pub mod profile;
 pub mod program;
 pub mod reduce;
+pub mod spec;
+#[doc(hidden)]
+pub mod testing;
 pub mod transport;
 pub mod typed;
 pub mod types;

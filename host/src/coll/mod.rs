@@ -28,6 +28,7 @@ mod way;
 use crate::backend::{DevicePtr, Stream};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
+use crate::spec::{CollSpec, Collective};
 use crate::types::{DataType, RedOp};
 
 pub use group::{depth as group_depth, group_end, group_start, group_simulate_end};
@@ -104,26 +105,47 @@ pub enum CollKind {
 }
 
 impl CollKind {
+    /// Its descriptor: name, buffer extents, plugin type, bandwidth ([`crate::spec`]).
+    pub fn spec(&self) -> &'static CollSpec {
+        let c = match self {
+            CollKind::AllReduce => Collective::AllReduce,
+            CollKind::Broadcast { .. } => Collective::Broadcast,
+            CollKind::Reduce { .. } => Collective::Reduce,
+            CollKind::AllGather => Collective::AllGather,
+            CollKind::ReduceScatter => Collective::ReduceScatter,
+            CollKind::Send { .. } => Collective::Send,
+            CollKind::Recv { .. } => Collective::Recv,
+        };
+        c.spec()
+    }
+
     pub fn name(&self) -> &'static str {
-        match self {
-            CollKind::AllReduce => "AllReduce",
-            CollKind::Broadcast { .. } => "Broadcast",
-            CollKind::Reduce { .. } => "Reduce",
-            CollKind::AllGather => "AllGather",
-            CollKind::ReduceScatter => "ReduceScatter",
-            CollKind::Send { .. } => "Send",
-            CollKind::Recv { .. } => "Recv",
-        }
+        self.spec().name
     }
 
     /// Whether the operation reduces (applies the operator).
     pub fn reduces(&self) -> bool {
-        matches!(self, CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::ReduceScatter)
+        self.spec().reduces
     }
 
     /// A send or a receive.
     pub fn is_p2p(&self) -> bool {
-        matches!(self, CollKind::Send { .. } | CollKind::Recv { .. })
+        self.spec().p2p
+    }
+
+    /// The root of Broadcast and Reduce (0 for the others: [`CollSpec`] ignores it there).
+    pub fn root(&self) -> usize {
+        match self {
+            CollKind::Broadcast { root } | CollKind::Reduce { root } => *root as usize,
+            _ => 0,
+        }
+    }
+}
+
+impl Task {
+    /// Bytes of `rank`'s (send, receive) buffer on `nranks` ranks ([`CollSpec::extents`]).
+    pub fn extent_bytes(&self, nranks: usize, rank: usize) -> (usize, usize) {
+        self.kind.spec().extent_bytes(self.count, self.dtype.size(), nranks, rank, self.kind.root())
     }
 }
 
@@ -192,28 +214,16 @@ impl Communicator {
         let _api = crate::plugin::profiler_events::api_call(self, &mut task, group::depth);
         let what = task.kind.name();
         let checked = self.check_collective_ready(what).and_then(|_| {
-            let times = match task.kind {
-                CollKind::AllGather | CollKind::ReduceScatter => self.nranks_unchecked() as usize,
-                _ => 1,
-            };
-            checked_bytes(what, task.count, task.dtype, times)?;
-            let me = self.rank_unchecked();
+            let spec = task.kind.spec();
+            let n = self.nranks_unchecked() as usize;
+            checked_bytes(what, task.count, task.dtype, spec.count_multiple(n))?;
+            let (me, root) = (self.rank_unchecked() as usize, task.kind.root());
             // Buffers a rank does not use may be NULL: the receive buffer of Send, the send
             // buffer of Recv, a non-root's send buffer in Broadcast and receive buffer in Reduce.
-            let uses_send = match task.kind {
-                CollKind::Recv { .. } => false,
-                CollKind::Broadcast { root } => me == root,
-                _ => true,
-            };
-            let uses_recv = match task.kind {
-                CollKind::Send { .. } => false,
-                CollKind::Reduce { root } => me == root,
-                _ => true,
-            };
-            if task.count > 0 && uses_send && task.send.is_null() {
+            if task.count > 0 && spec.uses_send(me, root) && task.send.is_null() {
                 return Err(Error::invalid_argument(format!("{what}: send buffer is NULL")));
             }
-            if task.count > 0 && uses_recv && task.recv.is_null() {
+            if task.count > 0 && spec.uses_recv(me, root) && task.recv.is_null() {
                 return Err(Error::invalid_argument(format!("{what}: receive buffer is NULL")));
             }
             if let ReduceOp::PreMulSum(Scalar::Device(p)) = task.op {
@@ -275,7 +285,7 @@ impl Communicator {
     /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).
     pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, stream: Stream) -> Result<()> {
         let n = self.nranks_unchecked() as usize;
-        checked_bytes("AlltoAll", count, dtype, n).map_err(|e| self.refuse(e))?;
+        checked_bytes("AlltoAll", count, dtype, Collective::AlltoAll.spec().count_multiple(n)).map_err(|e| self.refuse(e))?;
         // Outside a group, on symmetric windows: the copy engines (the host backend's loads
         // and stores).
         self.note_collective();
@@ -341,7 +351,7 @@ impl Communicator {
     pub fn gather(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
         let root_u = self.check_root(root, "Gather")?;
         let me = self.rank_unchecked();
-        checked_bytes("Gather", count, dtype, self.nranks_unchecked() as usize).map_err(|e| self.refuse(e))?;
+        checked_bytes("Gather", count, dtype, Collective::Gather.spec().count_multiple(self.nranks_unchecked() as usize)).map_err(|e| self.refuse(e))?;
         let e = count * dtype.size();
         group_start();
         let mut result = self.send(send, count, dtype, root, stream);
@@ -356,7 +366,7 @@ impl Communicator {
     pub fn scatter(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
         let root_u = self.check_root(root, "Scatter")?;
         let me = self.rank_unchecked();
-        checked_bytes("Scatter", count, dtype, self.nranks_unchecked() as usize).map_err(|e| self.refuse(e))?;
+        checked_bytes("Scatter", count, dtype, Collective::Scatter.spec().count_multiple(self.nranks_unchecked() as usize)).map_err(|e| self.refuse(e))?;
         let e = count * dtype.size();
         group_start();
         let mut result = Ok(());

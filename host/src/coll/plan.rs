@@ -8,7 +8,7 @@
 //! order, into one item; each peer's sends into one item and its receives into another; so
 //! that every FIFO carries its messages in the order both ends expect.
 
-use rustccl_plugin_api::{Algorithm, CollType, CostTable, Protocol, ALGO_PROTO_IGNORE};
+use rustccl_plugin_api::{Algorithm, CostTable, Protocol, ALGO_PROTO_IGNORE};
 
 use crate::program::{self, Ring, Step};
 use super::{CollKind, ReduceOp, Scalar, Task};
@@ -95,25 +95,9 @@ impl ChosenBy {
     }
 }
 
-fn coll_type(kind: &CollKind) -> CollType {
-    match kind {
-        CollKind::AllReduce => CollType::AllReduce,
-        CollKind::Broadcast { .. } => CollType::Broadcast,
-        CollKind::Reduce { .. } => CollType::Reduce,
-        CollKind::AllGather => CollType::AllGather,
-        CollKind::ReduceScatter => CollType::ReduceScatter,
-        CollKind::Send { .. } => CollType::Send,
-        CollKind::Recv { .. } => CollType::Recv,
-    }
-}
-
 /// Bytes a task moves per rank (NCCL's `nBytes` for the tuner).
 pub(crate) fn task_bytes(task: &Task, nranks: usize) -> usize {
-    let b = task.count * task.dtype.size();
-    match task.kind {
-        CollKind::AllGather | CollKind::ReduceScatter => b * nranks,
-        _ => b,
-    }
+    task.count * task.dtype.size() * task.kind.spec().count_multiple(nranks)
 }
 
 /// The cost model: time of `algo`/`proto` for `bytes` on `n` ranks, or IGNORE if unusable.
@@ -246,7 +230,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
     let model = costs;
     let mut table = CostTable::new(&mut costs, n_algo, n_proto).map_err(Error::internal)?;
     if let Some(t) = env.tuner {
-        if let Err(e) = t.plugin.api.get_coll_info(t.ctx, coll_type(&task.kind), bytes, 1, &mut table, &mut channels) {
+        if let Err(e) = t.plugin.api.get_coll_info(t.ctx, task.kind.spec().func, bytes, 1, &mut table, &mut channels) {
             tracing::info!(target: "TUNING", "tuner {} declined ({}); using the cost model", t.plugin.name, e.message);
         }
     }
@@ -281,7 +265,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
         c => c.min(most_chunk),
     };
     if let Some(t) = env.tuner {
-        if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, coll_type(&task.kind), bytes, algo, proto, channels as i32) {
+        if let Ok(Some(c)) = t.plugin.api.get_chunk_size(t.ctx, task.kind.spec().func, bytes, algo, proto, channels as i32) {
             chunk_bytes = c.clamp(task.dtype.size(), most_chunk);
         }
     }
@@ -335,20 +319,10 @@ fn address(env: &PlanEnv, ptr: DevicePtr, bytes: usize, what: &dyn Fn() -> Strin
 /// reducer and signature; the protocol is Simple until the planner chooses one.
 pub(crate) fn op_ctx(env: &PlanEnv, task: &Task) -> Result<OpCtx> {
     let (n, rank) = (env.nranks, env.rank);
-    let b = task.count * task.dtype.size();
-    let nb = b * n as usize;
     let (scalar, scalar_at) = scalar_of(env, task.op, task.dtype)?;
     let op = DevOp::from_user(task.op.red_op(), scalar, task.dtype, n as usize)?;
     let name = task.kind.name();
-    let (src_len, dst_len) = match task.kind {
-        CollKind::AllReduce => (b, b),
-        CollKind::AllGather => (b, nb),
-        CollKind::ReduceScatter => (nb, b),
-        CollKind::Broadcast { root } => (if rank == root { b } else { 0 }, b),
-        CollKind::Reduce { root } => (b, if rank == root { b } else { 0 }),
-        CollKind::Send { .. } => (b, 0),
-        CollKind::Recv { .. } => (0, b),
-    };
+    let (src_len, dst_len) = task.extent_bytes(n as usize, rank as usize);
     Ok(OpCtx {
         src: address(env, task.send, src_len, &|| format!("{name}: send buffer"))?,
         dst: address(env, task.recv, dst_len, &|| format!("{name}: receive buffer"))?,
@@ -627,6 +601,7 @@ fn local_steps(range: (usize, usize), reduce: bool) -> Vec<Step> {
 mod tests {
     use super::*;
     use crate::backend::Stream;
+    use rustccl_plugin_api::CollType;
 
     fn env<'a>(caps: &'a Capabilities, rank: u32, nranks: u32, resolve: &'a dyn Fn(DevicePtr, usize) -> Result<usize>) -> PlanEnv<'a> {
         PlanEnv { rank, nranks, caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve }

@@ -217,14 +217,14 @@ impl Board {
     }
 }
 
-/// What a call needs on the board per rank, and whether it takes this way at all.
+/// What a call needs on the board per rank (the most any rank sends: the root's send buffer),
+/// and whether it takes this way at all.
 pub(super) fn board_bytes(task: &Task, n: usize) -> Option<usize> {
-    let b = task.count.checked_mul(task.dtype.size())?;
-    match task.kind {
-        CollKind::AllReduce | CollKind::AllGather | CollKind::Broadcast { .. } | CollKind::Reduce { .. } => Some(b),
-        CollKind::ReduceScatter => b.checked_mul(n),
-        CollKind::Send { .. } | CollKind::Recv { .. } => None,
+    if task.kind.is_p2p() {
+        return None;
     }
+    let (send, _) = task.kind.spec().extents(task.count, n, 0, 0);
+    send.checked_mul(task.dtype.size())
 }
 
 /// Makes the board at the communicator's first collective outside a group (a no-op after it, and where the

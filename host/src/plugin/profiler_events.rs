@@ -493,15 +493,7 @@ impl Channels {
 }
 
 fn coll_index(kind: &CollKind) -> usize {
-    match kind {
-        CollKind::Broadcast { .. } => 0,
-        CollKind::Reduce { .. } => 1,
-        CollKind::AllGather => 2,
-        CollKind::ReduceScatter => 3,
-        CollKind::AllReduce => 4,
-        CollKind::Send { .. } => 6,
-        CollKind::Recv { .. } => 7,
-    }
+    kind.spec().func.index()
 }
 
 fn channel_of(link: &Link) -> i32 {

@@ -7,6 +7,7 @@ use super::call::{self, Call};
 use super::element::Element;
 use super::error::Result;
 use super::rank::{Op, Rank};
+use crate::spec::Collective;
 
 type R<'r, 'a> = &'r mut Resolver<'a>;
 
@@ -77,8 +78,8 @@ pub(crate) fn all_gather_in_place<'a, T: Element, D: RecvBuf<T> + ?Sized>(r: R<'
     let n = r.nranks();
     let send_count = call::blocks("all_gather_in_place", "", buf.len(), n)?;
     let p = buf.resolve_recv(r)?;
-    let send = call::block(p, r.comm.rank_unchecked(), send_count, T::DATA_TYPE);
-    Ok(Call::AllGather { send, recv: p, send_count })
+    let (send, recv) = call::in_place(Collective::AllGather, p, r.comm.rank_unchecked(), send_count, T::DATA_TYPE);
+    Ok(Call::AllGather { send, recv, send_count })
 }
 
 pub(crate) fn reduce_scatter<'a, T: Element, S: SendBuf<T> + ?Sized, D: RecvBuf<T> + ?Sized>(r: R<'_, 'a>, send: &'a S, recv: &'a mut D, op: Op<T>) -> Result<Call> {
@@ -90,8 +91,8 @@ pub(crate) fn reduce_scatter_in_place<'a, T: Element, D: RecvBuf<T> + ?Sized>(r:
     let n = r.nranks();
     let recv_count = call::blocks("reduce_scatter_in_place", "", buf.len(), n)?;
     let p = buf.resolve_recv(r)?;
-    let recv = call::block(p, r.comm.rank_unchecked(), recv_count, T::DATA_TYPE);
-    Ok(Call::ReduceScatter { send: p, recv, recv_count, op: op.raw() })
+    let (send, recv) = call::in_place(Collective::ReduceScatter, p, r.comm.rank_unchecked(), recv_count, T::DATA_TYPE);
+    Ok(Call::ReduceScatter { send, recv, recv_count, op: op.raw() })
 }
 
 pub(crate) fn all_to_all<'a, T: Element, S: SendBuf<T> + ?Sized, D: RecvBuf<T> + ?Sized>(r: R<'_, 'a>, send: &'a S, recv: &'a mut D) -> Result<Call> {
@@ -106,7 +107,7 @@ pub(crate) fn gather<'a, T: Element, S: SendBuf<T> + ?Sized, D: RecvBuf<T> + ?Si
     if root.get() == r.comm.rank_unchecked() {
         call::times_ranks("gather (at the root)", "send", count, "receive", recv.len(), r.nranks())?;
     } else {
-        optional("gather", "receive", recv.len(), count.saturating_mul(r.nranks() as usize))?;
+        optional("gather", "receive", recv.len(), call::at_root(Collective::Gather, count, r.nranks()).1)?;
     }
     Ok(Call::Gather { send: send.resolve_send(r)?, recv: recv.resolve_recv(r)?, count, root: root_i })
 }
@@ -117,7 +118,7 @@ pub(crate) fn scatter<'a, T: Element, S: SendBuf<T> + ?Sized, D: RecvBuf<T> + ?S
     if root.get() == r.comm.rank_unchecked() {
         call::times_ranks("scatter (at the root)", "receive", count, "send", send.len(), r.nranks())?;
     } else {
-        optional("scatter", "send", send.len(), count.saturating_mul(r.nranks() as usize))?;
+        optional("scatter", "send", send.len(), call::at_root(Collective::Scatter, count, r.nranks()).0)?;
     }
     Ok(Call::Scatter { send: send.resolve_send(r)?, recv: recv.resolve_recv(r)?, count, root: root_i })
 }

@@ -5,6 +5,7 @@ use super::error::{Error, ErrorKind, Result};
 use crate::backend::{DevicePtr, Stream as RawStream};
 use crate::coll::ReduceOp;
 use crate::comm::Communicator;
+use crate::spec::Collective;
 use crate::types::DataType;
 
 /// An operation to hand to the raw API.
@@ -72,9 +73,18 @@ pub(crate) fn blocks(what: &str, name: &str, len: usize, nranks: u32) -> Result<
     Ok(len / nranks as usize)
 }
 
-/// The byte offset of `rank`'s block of `count` elements of `dtype`.
-pub(crate) fn block(ptr: DevicePtr, rank: u32, count: usize, dtype: DataType) -> DevicePtr {
-    ptr.offset(rank as usize * count * dtype.size())
+/// The (send, receive) pointers of `coll` in place on `ptr`: NCCL's rule
+/// ([`CollSpec::in_place_offsets`](crate::spec::CollSpec::in_place_offsets)), e.g. AllGather
+/// sends `rank`'s block of the buffer it receives into.
+pub(crate) fn in_place(coll: Collective, ptr: DevicePtr, rank: u32, count: usize, dtype: DataType) -> (DevicePtr, DevicePtr) {
+    let (send, recv) = coll.spec().in_place_offsets(count, rank as usize);
+    (ptr.offset(send * dtype.size()), ptr.offset(recv * dtype.size()))
+}
+
+/// The (send, receive) elements of `coll` on its root: what a buffer a non-root does not
+/// use would hold there.
+pub(crate) fn at_root(coll: Collective, count: usize, nranks: u32) -> (usize, usize) {
+    coll.spec().extents(count, nranks as usize, 0, 0)
 }
 
 #[cfg(test)]
@@ -93,6 +103,8 @@ mod tests {
         assert!(times_ranks("x", "a", usize::MAX, "b", 0, 3).is_err(), "overflow is a mismatch");
         assert_eq!(blocks("AlltoAll", "send", 6, 3).unwrap(), 2);
         assert!(blocks("AlltoAll", "send", 7, 3).is_err());
-        assert_eq!(block(DevicePtr(1000), 2, 3, DataType::Float64), DevicePtr(1048));
+        assert_eq!(in_place(Collective::AllGather, DevicePtr(1000), 2, 3, DataType::Float64), (DevicePtr(1048), DevicePtr(1000)));
+        assert_eq!(in_place(Collective::ReduceScatter, DevicePtr(1000), 2, 3, DataType::Float64), (DevicePtr(1000), DevicePtr(1048)));
+        assert_eq!(at_root(Collective::Gather, 3, 4), (3, 12));
     }
 }

@@ -47,6 +47,8 @@ use std::time::Instant;
 
 use rustccl::backend::{DevicePtr, Stream};
 use rustccl::reduce::{float, fp8};
+use rustccl::spec::Collective;
+use rustccl::testing::reference::{self, Pattern, Source};
 use rustccl::types::DataType;
 use rustccl::{group_end, group_start, CommConfig, Communicator, Error, ReduceOp, Scalar, UniqueId};
 
@@ -272,11 +274,25 @@ impl Coll {
             Coll::SendRecv => "SendRecv",
         }
     }
+    /// NCCL's collective (`None`: SendRecv and AlltoAllv, which are groups of sends and receives).
+    fn collective(self) -> Option<Collective> {
+        Some(match self {
+            Coll::AllReduce => Collective::AllReduce,
+            Coll::AllGather => Collective::AllGather,
+            Coll::ReduceScatter => Collective::ReduceScatter,
+            Coll::Broadcast => Collective::Broadcast,
+            Coll::Reduce => Collective::Reduce,
+            Coll::AlltoAll => Collective::AlltoAll,
+            Coll::Gather => Collective::Gather,
+            Coll::Scatter => Collective::Scatter,
+            Coll::AlltoAllv | Coll::SendRecv => return None,
+        })
+    }
     fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+        self.collective().is_some_and(|c| c.spec().reduces)
     }
     fn rooted(self) -> bool {
-        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter)
+        self.collective().is_some_and(|c| c.spec().rooted)
     }
     fn has_in_place(self) -> bool {
         !matches!(self, Coll::AlltoAll | Coll::AlltoAllv | Coll::SendRecv)
@@ -536,45 +552,27 @@ fn v_layout(r: usize, n: usize, c: usize) -> (Vec<usize>, Vec<usize>, Vec<usize>
     (sc, sd, rc, rd, slen, cur)
 }
 
+/// Elements of rank `r`'s (input, output) (0 where the rank has none).
+fn lens(case: &Case, n: usize, r: usize) -> (usize, usize) {
+    let c = case.count;
+    match case.coll.collective() {
+        Some(coll) => coll.spec().extents(c, n, r, case.root),
+        None if case.coll == Coll::AlltoAllv => {
+            let v = v_layout(r, n, c);
+            (v.4, v.5)
+        }
+        None => (c, c),
+    }
+}
+
 /// Elements of rank `r`'s input.
 fn send_len(case: &Case, n: usize, r: usize) -> usize {
-    let c = case.count;
-    match case.coll {
-        Coll::ReduceScatter | Coll::AlltoAll => n * c,
-        Coll::Scatter => {
-            if r == case.root {
-                n * c
-            } else {
-                0
-            }
-        }
-        Coll::AlltoAllv => v_layout(r, n, c).4,
-        _ => c,
-    }
+    lens(case, n, r).0
 }
 
 /// Elements of rank `r`'s output (0 where the rank has none).
 fn recv_len(case: &Case, n: usize, r: usize) -> usize {
-    let c = case.count;
-    match case.coll {
-        Coll::AllGather | Coll::AlltoAll => n * c,
-        Coll::Gather => {
-            if r == case.root {
-                n * c
-            } else {
-                0
-            }
-        }
-        Coll::Reduce => {
-            if r == case.root {
-                c
-            } else {
-                0
-            }
-        }
-        Coll::AlltoAllv => v_layout(r, n, c).5,
-        _ => c,
-    }
+    lens(case, n, r).1
 }
 
 /// Caps for float Prod factors: most 3s, most total positive and negative powers of two.
@@ -736,75 +734,38 @@ enum Want {
     Approx(f64, f64),
 }
 
-fn fmin(a: f64, b: f64) -> f64 {
-    if a < b || (a == b && a.is_sign_negative()) {
-        a
-    } else {
-        b
-    }
-}
-
-fn fmax(a: f64, b: f64) -> f64 {
-    if a > b || (a == b && b.is_sign_negative()) {
-        a
-    } else {
-        b
-    }
-}
-
-/// Reduces input element `i` over all ranks; writes the encoded exact result to `out`, or
-/// returns `Approx` (with `out` also holding the nearest encoding, for messages).
+/// Reduces input element `i` over all ranks (the shared reference model's arithmetic); writes
+/// the encoded exact result to `out`, or returns `Approx` (with `out` also holding the nearest
+/// encoding, for messages).
 fn reduce_ref(case: &Case, n: usize, vals: &Vals, i: usize, out: &mut [u8]) -> Want {
     let dt = case.dtype;
+    let op = match case.op {
+        Op::Sum => reference::Op::Sum,
+        Op::Prod => reference::Op::Prod,
+        Op::Min => reference::Op::Min,
+        Op::Max => reference::Op::Max,
+        Op::Avg => reference::Op::Avg,
+        Op::PreMulHost | Op::PreMulDevice => reference::Op::PreMulSum,
+    };
+    let scalar = |r: usize| scalar_of(case.op, dt, r, n);
     match vals {
         Vals::Int(v) => {
-            let x = |r: usize| v[r][i];
-            let res = match case.op {
-                Op::Sum => (0..n).fold(0i128, |a, r| a.wrapping_add(x(r))),
-                Op::Prod => (0..n).fold(1i128, |a, r| a.wrapping_mul(x(r))),
-                Op::Min => (0..n).map(x).min().unwrap(),
-                Op::Max => (0..n).map(x).max().unwrap(),
-                Op::Avg => (0..n).map(x).sum::<i128>() / n as i128,
-                Op::PreMulHost | Op::PreMulDevice => {
-                    (0..n).fold(0i128, |a, r| a.wrapping_add(x(r).wrapping_mul(scalar_of(case.op, dt, r, n) as i128)))
-                }
-            };
+            let res = reference::reduce_ints(op, n, |r| v[r][i], |r| scalar(r) as i128);
             put_int(dt, wrap(dt, res), out);
             Want::Exact
         }
         Vals::Float(v) => {
             let x = |r: usize| v[r][i];
-            let res = match case.op {
-                Op::Sum => (0..n).map(x).sum::<f64>(),
-                Op::Prod => (0..n).map(x).product::<f64>(),
-                Op::Min => (1..n).fold(x(0), |a, r| fmin(a, x(r))),
-                Op::Max => (1..n).fold(x(0), |a, r| fmax(a, x(r))),
-                Op::Avg => {
-                    let sum: f64 = (0..n).map(x).sum();
-                    let avg = sum / n as f64;
-                    if !n.is_power_of_two() {
-                        put_float(dt, avg, out);
-                        let u = 2f64.powi(-(fmt(dt).p as i32));
-                        let abs: f64 = (0..n).map(|r| x(r).abs()).sum();
-                        return Want::Approx(avg, 1.5 * (n + 1) as f64 * u * abs / n as f64);
-                    }
-                    avg
-                }
-                Op::PreMulHost | Op::PreMulDevice => (0..n).map(|r| x(r) * scalar_of(case.op, dt, r, n)).sum(),
-            };
-            // Sum of +0 values is +0; f64 `sum` starts from -0.0 in newer Rust, so normalise:
-            // an exact zero sum of non-all-negative-zero terms is +0.
-            let res = if res == 0.0 && matches!(case.op, Op::Sum | Op::Avg | Op::PreMulHost | Op::PreMulDevice) {
-                let all_neg_zero = (0..n).all(|r| x(r) == 0.0 && x(r).is_sign_negative());
-                if all_neg_zero {
-                    -0.0
-                } else {
-                    0.0
-                }
-            } else {
-                res
-            };
+            // NCCL's Avg multiplies by 1/nranks rounded to the type.
+            let mut s = [0u8; 8];
+            put_float(dt, 1.0 / n as f64, &mut s);
+            let res = reference::reduce_floats(op, n, x, scalar, value(dt, &s));
             put_float(dt, res, out);
+            if op == reference::Op::Avg && !n.is_power_of_two() {
+                let u = 2f64.powi(-(fmt(dt).p as i32));
+                let abs: f64 = (0..n).map(|r| x(r).abs()).sum();
+                return Want::Approx(res, 1.5 * (n + 1) as f64 * u * abs / n as f64);
+            }
             Want::Exact
         }
     }
@@ -846,13 +807,8 @@ fn layout(case: &Case, n: usize, me: usize) -> Layout {
         };
     }
     let base = case.recv_off;
-    let (send_at, recv_at) = match case.coll {
-        Coll::AllGather => (base + me * c, base),
-        Coll::ReduceScatter => (base, base + me * c),
-        Coll::Gather if me == case.root => (base + me * c, base),
-        Coll::Scatter if me == case.root => (base, base + me * c),
-        _ => (base, base),
-    };
+    let (send_in, recv_in) = case.coll.collective().map_or((0, 0), |coll| coll.spec().in_place_offsets(c, me));
+    let (send_at, recv_at) = (base + send_in, base + recv_in);
     let end = (send_at + sl).max(recv_at + rl).max(base);
     Layout { send_in_b: true, send_at, recv_at, a_len: 0, b_len: end * es + GUARD }
 }
@@ -902,72 +858,33 @@ fn expect_b(case: &Case, n: usize, me: usize, lay: &Layout, inp: &Inputs, b: &mu
     let es = case.dtype.size();
     let c = case.count;
     let mut approx = Vec::new();
-    let mut put = |pos: usize, src: &[u8]| b[pos * es..(pos + 1) * es].copy_from_slice(src);
-    let elem = |r: usize, i: usize| &inp.bytes[r][i * es..(i + 1) * es];
+    let blocks: Vec<(usize, usize, usize)> = if case.coll == Coll::AlltoAllv {
+        let (_, _, rc, rd, _, _) = v_layout(me, n, c);
+        (0..n).map(|r| (rd[r], rc[r], v_layout(r, n, c).1[me])).collect()
+    } else {
+        Vec::new()
+    };
+    let pattern = match case.coll.collective() {
+        Some(coll) => Pattern::Collective { coll, root: case.root },
+        None if case.coll == Coll::AlltoAllv => Pattern::AlltoAllv { blocks: &blocks },
+        None => Pattern::SendRecv { from: (me + n - case.shift) % n },
+    };
+    let call = reference::Call { pattern, count: c, nranks: n, rank: me, in_place: case.in_place };
     let at = lay.recv_at;
-    match case.coll {
-        Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce => {
-            if case.coll == Coll::Reduce && me != case.root {
-                return approx;
-            }
-            let base = if case.coll == Coll::ReduceScatter { me * c } else { 0 };
-            let vals = inp.vals.as_ref().expect("reduction inputs have values");
-            let mut e = [0u8; 8];
-            for i in 0..c {
-                if let Want::Approx(v, tol) = reduce_ref(case, n, vals, base + i, &mut e) {
-                    approx.push((at + i, v, tol));
+    let mut e = [0u8; 8];
+    for j in 0..recv_len(case, n, me) {
+        let want: &[u8] = match call.source(j) {
+            Source::Reduced(i) => {
+                let vals = inp.vals.as_ref().expect("reduction inputs have values");
+                if let Want::Approx(v, tol) = reduce_ref(case, n, vals, i, &mut e) {
+                    approx.push((at + j, v, tol));
                 }
-                put(at + i, &e[..es]);
+                &e[..es]
             }
-        }
-        Coll::AllGather => {
-            for r in 0..n {
-                for i in 0..c {
-                    put(at + r * c + i, elem(r, i));
-                }
-            }
-        }
-        Coll::Broadcast => {
-            for i in 0..c {
-                put(at + i, elem(case.root, i));
-            }
-        }
-        Coll::AlltoAll => {
-            for r in 0..n {
-                for i in 0..c {
-                    put(at + r * c + i, elem(r, me * c + i));
-                }
-            }
-        }
-        Coll::AlltoAllv => {
-            let (_, _, rc, rd, _, _) = v_layout(me, n, c);
-            for r in 0..n {
-                let sd = v_layout(r, n, c).1;
-                for i in 0..rc[r] {
-                    put(at + rd[r] + i, elem(r, sd[me] + i));
-                }
-            }
-        }
-        Coll::Gather => {
-            if me == case.root {
-                for r in 0..n {
-                    for i in 0..c {
-                        put(at + r * c + i, elem(r, i));
-                    }
-                }
-            }
-        }
-        Coll::Scatter => {
-            for i in 0..c {
-                put(at + i, elem(case.root, me * c + i));
-            }
-        }
-        Coll::SendRecv => {
-            let from = (me + n - case.shift) % n;
-            for i in 0..c {
-                put(at + i, elem(from, i));
-            }
-        }
+            Source::Input { rank, index } => &inp.bytes[rank][index * es..(index + 1) * es],
+            Source::Untouched => continue,
+        };
+        b[(at + j) * es..(at + j + 1) * es].copy_from_slice(want);
     }
     approx
 }

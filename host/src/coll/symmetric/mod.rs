@@ -163,15 +163,12 @@ fn eligible(comm: &Communicator, count: usize) -> bool {
 /// kind's send and receive sizes; a broadcast's non-root, whose send buffer is unused, looks
 /// its receive buffer up twice.
 fn place_of(comm: &Communicator, task: &Task, n: usize) -> Option<SymmetricPlace> {
-    let part = task.count * task.dtype.size();
-    let (send, send_bytes, recv_bytes) = match task.kind {
-        CollKind::AllReduce => (task.send, part, part),
-        CollKind::AllGather => (task.send, part, part * n),
-        CollKind::ReduceScatter => (task.send, part * n, part),
-        CollKind::Broadcast { root } if root as usize == comm.rank_unchecked() as usize => (task.send, part, part),
-        CollKind::Broadcast { .. } => (task.recv, part, part),
-        _ => return None,
-    };
+    if !matches!(task.kind, CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter | CollKind::Broadcast { .. }) {
+        return None;
+    }
+    let me = comm.rank_unchecked() as usize;
+    let (send_bytes, recv_bytes) = task.extent_bytes(n, me);
+    let (send, send_bytes) = if task.kind.spec().uses_send(me, task.kind.root()) { (task.send, send_bytes) } else { (task.recv, recv_bytes) };
     comm.symmetric_place(send, send_bytes, task.recv, recv_bytes)
 }
 
