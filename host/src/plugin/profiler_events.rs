@@ -22,7 +22,7 @@
 //! planner's runs, the board and its single copies, one-rank copies, the symmetric paths):
 //! a profiler may end an operation only when a ProxyOp under it stops (Google's CoMMA does,
 //! and reclaims at a timeout an operation that got none), so every Coll / P2p that moves
-//! data gets ProxyOps there too ([`LocalOp`]). On a planner's run one stands for one task's
+//! data gets ProxyOps there too (`LocalOp`). On a planner's run one stands for one task's
 //! slots on one connection (channel, peer, direction; nSteps its slots, chunkSize the
 //! largest); on a way around the planner one send and one receive per peer (per the rank
 //! itself on one rank) on channel 0, one step of the operation's bytes: the exchange of
@@ -445,7 +445,7 @@ pub fn start_run(comm: &Communicator, tasks: &[Task], record: Option<&PlanRecord
 /// The KernelCh events of operations whose work has started: each channel's start timer was
 /// taken when it started; [`Channels::complete`] records KernelChStop with the stop timer
 /// and stops them. Dropped without it (the work failed), they stop with no KernelChStop.
-/// With them, the ProxyOps of the transfers no network proxy moves ([`LocalOp`]), which
+/// With them, the ProxyOps of the transfers no network proxy moves (`LocalOp`), which
 /// complete at the same moment.
 #[derive(Default)]
 pub struct Channels {
@@ -502,7 +502,7 @@ fn channel_of(link: &Link) -> i32 {
 
 impl Channels {
     /// Device work was launched: its channels complete when the communicator's watchdog
-    /// sees the launch done ([`Communicator::profiled_launch`]).
+    /// sees the launch done (`Communicator::profiled_launch`).
     pub fn launched(self, comm: &Communicator) {
         if !self.events.is_empty() || !self.local.is_empty() {
             comm.profiled_launch(self);

@@ -1,5 +1,5 @@
 //! Support shared by the project's tests and benchmark (`rustccl-tests`, `rustccl-bench`):
-//! [`reference`], the model of what every collective must produce.
+//! [`mod@reference`], the model of what every collective must produce.
 //!
 //! Public but hidden from the documentation, like [`crate::fuzzing`]: it is no API for users,
 //! but both the rank workers of `tests/` and the benchmark's checks need the same model, and a

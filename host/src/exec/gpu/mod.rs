@@ -17,7 +17,7 @@
 //! long as the communicator, since the graph may be replayed at any time.
 //!
 //! Each launch tells the network proxy how many slots it will consume from each receiving
-//! network connection ([`announce_receives`]), so that the proxy posts a receive only for a
+//! network connection (`announce_receives`), so that the proxy posts a receive only for a
 //! step some launch will take, as NCCL posts proxy operations per launched plan: at once for
 //! a launch that runs now, and from a host node before the kernel, at every replay, for a
 //! captured one (NCCL uploads a persistent plan's proxy operations from a host callback too). Everything here
