@@ -630,27 +630,49 @@ impl Communicator {
     /// kernels to stop. It ends with the communicator.
     pub(crate) fn start_watchdog(&self) {
         let weak = Arc::downgrade(&self.inner);
-        let spawned = std::thread::Builder::new().name("rustccl-watchdog".into()).spawn(move || loop {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            let Some(inner) = weak.upgrade() else { return };
-            let comm = Communicator { inner };
-            if comm.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-                comm.device_cache().exec.abort();
-                drop(std::mem::take(&mut comm.device_cache().profiled));
-                comm.release_copy_engine_waits();
-                comm.inner.ops.all_finished();
-                continue;
-            }
-            if let Some(e) = comm.device_failure().or_else(|| comm.device_health().err()) {
-                comm.device_cache().exec.abort();
-                comm.release_copy_engine_waits();
-                let e = comm.record_error(e);
-                comm.mark_broken(&e);
-                comm.inner.ops.all_finished();
+        let backend = Arc::clone(&self.inner.shared.backend);
+        let spawned = std::thread::Builder::new().name("rustccl-watchdog".into()).spawn(move || {
+            // The watchdog queries events while the application may be capturing a graph on
+            // another thread; in CUDA's global capture mode such a query from any thread that
+            // is not relaxed invalidates the capture (PyTorch's watchdog met the same), so this
+            // thread's calls are relaxed for its whole life.
+            // (A backend that cannot relax still gets its watchdog.)
+            let watch = || loop {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                let Some(inner) = weak.upgrade() else { return };
+                Communicator { inner }.watch_once();
+            };
+            let mut ran = false;
+            let _ = backend.with_relaxed_capture(&mut || {
+                ran = true;
+                watch();
+                Ok(())
+            });
+            if !ran {
+                watch();
             }
         });
         if let Err(e) = spawned {
             tracing::warn!(target: "INIT", "rank {}: no watchdog thread ({e}); failures will not stop kernels", self.inner.rank);
+        }
+    }
+
+    /// One look of the watchdog: stops the kernels of a broken communicator; breaks one whose
+    /// device work failed or hangs.
+    fn watch_once(&self) {
+        if self.inner.broken.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            self.device_cache().exec.abort();
+            drop(std::mem::take(&mut self.device_cache().profiled));
+            self.release_copy_engine_waits();
+            self.inner.ops.all_finished();
+            return;
+        }
+        if let Some(e) = self.device_failure().or_else(|| self.device_health().err()) {
+            self.device_cache().exec.abort();
+            self.release_copy_engine_waits();
+            let e = self.record_error(e);
+            self.mark_broken(&e);
+            self.inner.ops.all_finished();
         }
     }
 
