@@ -265,6 +265,19 @@ static struct comm* new_comm(int fd, int is_send) {
   return c;
 }
 
+/* A connected socket becomes this side's comm (TCP_NODELAY, in the progress list); the
+ * socket is closed if that fails. */
+static result_t adopt_socket(int fd, int is_send, void** comm) {
+  set_nonblocking_nodelay(fd);
+  struct comm* c = new_comm(fd, is_send);
+  if (!c) {
+    close(fd);
+    return RC_SYSTEM;
+  }
+  *comm = c;
+  return RC_OK;
+}
+
 #ifdef CTCP_ASYNC_SETUP
 /* Calls of connect that return no comm, at least (then: until the background connect is done). */
 #define ASYNC_NULL_CALLS 3
@@ -323,14 +336,7 @@ static result_t async_connect(struct handle* h, void** send_comm) {
     return RC_SYSTEM;
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  set_nonblocking_nodelay(fd);
-  struct comm* c = new_comm(fd, 1);
-  if (!c) {
-    close(fd);
-    return RC_SYSTEM;
-  }
-  *send_comm = c;
-  return RC_OK;
+  return adopt_socket(fd, 1, send_comm);
 }
 
 /* Blocks until a peer connects (ACCEPT_WAIT_S at most). */
@@ -376,14 +382,7 @@ result_t ctcp_connect(int dev, void* handle, void** send_comm) {
     close(fd);
     return RC_SYSTEM;
   }
-  set_nonblocking_nodelay(fd);
-  struct comm* c = new_comm(fd, 1);
-  if (!c) {
-    close(fd);
-    return RC_SYSTEM;
-  }
-  *send_comm = c;
-  return RC_OK;
+  return adopt_socket(fd, 1, send_comm);
 }
 
 result_t ctcp_accept(void* listen_comm, void** recv_comm) {
@@ -395,14 +394,7 @@ result_t ctcp_accept(void* listen_comm, void** recv_comm) {
 #endif
   int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? RC_OK : RC_SYSTEM;
-  set_nonblocking_nodelay(fd);
-  struct comm* c = new_comm(fd, 0);
-  if (!c) {
-    close(fd);
-    return RC_SYSTEM;
-  }
-  *recv_comm = c;
-  return RC_OK;
+  return adopt_socket(fd, 0, recv_comm);
 }
 
 result_t ctcp_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
