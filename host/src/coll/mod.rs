@@ -19,6 +19,7 @@ pub mod check;
 pub mod exec;
 pub mod group;
 pub mod plan;
+pub(crate) mod route;
 pub(crate) mod small;
 mod single_copy;
 pub mod symmetric;
