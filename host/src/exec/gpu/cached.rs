@@ -155,6 +155,12 @@ pub(crate) mod tests {
         work
     }
 
+    /// The planner's work for a sum of `count` floats (buffers at 0xa000_0000 and
+    /// 0xa100_0000) on rank 0 of 2 on a GPU: what the other exec tests launch.
+    pub(crate) fn planned_sum(count: usize) -> Work {
+        planned(&task(count, ReduceOp::Sum, 0xa000_0000, 0xa100_0000))
+    }
+
     /// `work` pointed at `task`'s buffers, as `coll::cache` does for a call.
     pub(crate) fn patched(mut work: Work, task: &Task) -> Work {
         let proto = work.ctxs[0].proto;
