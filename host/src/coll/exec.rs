@@ -80,7 +80,10 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
         if run.device {
             let _launch = run.profile.as_ref().and_then(|p| p.kernel_launch(run.work.stream.0));
             let channels = run.profile.as_ref().map(|p| p.launch_channels());
-            run.comm.launch_on_device(&mut run.work, links).map_err(|e| run.comm.record_error(e.context("collective")))?;
+            run.comm.resolve_direct_receives(&mut run.work, links);
+            let work = &run.work;
+            let r = run.comm.with_device_exec(|backend, device, state| exec::gpu::launch(backend, device, state, work, links));
+            r.map_err(|e| run.comm.record_error(e.context("collective")))?;
             if let Some(c) = channels {
                 c.launched(&run.comm);
             }

@@ -756,16 +756,10 @@ impl Communicator {
         Ok(())
     }
 
-    /// Launches this communicator's work on its device (the device executor), starting the
-    /// watchdog with the first launch.
-    pub(crate) fn launch_on_device(&self, work: &mut crate::work::Work, links: &crate::exec::Links) -> Result<()> {
-        self.resolve_direct_receives(work, links);
-        let work = &*work;
-        self.with_device_exec(|backend, device, state| crate::exec::gpu::launch(backend, device, state, work, links))
-    }
-
     /// Runs `f` with the backend, the device and the device executor's state of this
-    /// communicator (the watchdog starts with the first use).
+    /// communicator (the watchdog starts with the first use): the way to the GPU executor's
+    /// entry points (`exec::gpu::launch`, `CachedLaunch::launch`, `run_symmetric`,
+    /// `run_copy_engine`).
     pub(crate) fn with_device_exec<T>(
         &self,
         f: impl FnOnce(&Arc<dyn crate::backend::DeviceBackend>, usize, &mut crate::exec::gpu::ExecState) -> Result<T>,

@@ -24,12 +24,15 @@
 //! Copy-engine collectives (no kernel, no SM): broadcast from [`CE_MIN`] bytes, all_to_all
 //! on symmetric windows (out of place) at every size, and all_gather when forced (its kernel
 //! was faster at every size measured) copy into the peers' windows with `cuMemcpyAsync`,
-//! between two barriers of stream memory operations (each rank writes its epoch into every
-//! peer's flag, then waits until its own flags hold every peer's). Their epoch is counted by
-//! the host, so they do not run inside a graph capture (those calls take the kernels or the
-//! ring). `RUSTCCL_SYM_KERNEL=ce` makes all_gather and broadcast take them at every size.
+//! between two barriers of stream memory operations (`exec::gpu::copy_engine`). Their epoch is
+//! counted by the host, so they do not run inside a graph capture (those calls take the
+//! kernels or the ring). `RUSTCCL_SYM_KERNEL=ce` makes all_gather and broadcast take them at
+//! every size.
+//!
+//! This module makes the choice; the GPU executor runs it (`exec::gpu::symmetric`: the
+//! kernel's launch; `exec::gpu::copy_engine`: the copy engines), given the buffers as an
+//! `exec::gpu::symmetric::SymPlace`.
 
-use rustccl_kernels::exec::SymArgs;
 use rustccl_kernels::symmetric::SymKernel;
 use crate::plugin::profiler_events::{self, OpPlan};
 
@@ -40,6 +43,8 @@ use crate::backend::{DevicePtr, Stream};
 use crate::comm::health::OpShape;
 use crate::comm::Communicator;
 use crate::error::Result;
+use crate::exec::gpu::copy_engine::{CeCollective, CopyEngineRun, Ready};
+use crate::exec::gpu::symmetric::{SymLaunch, SymPlace};
 use crate::types::DataType;
 use crate::window::SymmetricPlace;
 
@@ -49,8 +54,6 @@ pub const LL_MAX: u64 = 256 << 10;
 /// broadcast takes the copy engines from this many bytes (measured: the ring 14 us at 4 MiB
 /// against 18; 62 at 32 MiB against 52).
 pub const CE_MIN: u64 = 16 << 20;
-/// Bytes per block of the barrier kernels (blocks up to `SYM_MAX_BLOCKS`).
-const BLOCK_BYTES: u64 = 32 << 10;
 
 // Host backend: each rank publishes which way its current collective goes in its resource
 // memory (`window::PATH_WORD`), as `(number << 2) | PATH_*`.
@@ -62,13 +65,9 @@ pub const PATH_SYMMETRIC: u64 = 1;
 /// wait forever, so it reports the mismatch instead.
 pub const PATH_USUAL: u64 = 2;
 
-/// Symmetric launches made by this process (for tests and tools: proof that a run took them).
-static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How many symmetric kernels this process has launched.
-pub fn launches() -> u64 {
-    LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
-}
+// The count of symmetric collectives run (the CPU twins in `host.rs` count there too).
+pub(crate) use crate::exec::gpu::symmetric::LAUNCHES;
+pub use crate::exec::gpu::symmetric::launches;
 
 /// `RUSTCCL_SYM_KERNEL`: a forced kernel, `Some(None)` for `off`.
 fn forced() -> Option<Option<&'static str>> {
@@ -117,18 +116,6 @@ pub fn choose(kind: &CollKind, bytes: u64, nranks: usize, in_place: bool) -> Opt
     }
 }
 
-/// Blocks of a launch of `kernel` on `bytes` (the same on every rank: the barrier kernels
-/// pair block b of every rank).
-pub fn blocks(kernel: SymKernel, bytes: u64) -> u32 {
-    let max = rustccl_kernels::exec::SYM_MAX_BLOCKS as u64;
-    let per = match kernel {
-        // One 8-byte word per thread and pass: a block per 16 KiB up to 16.
-        SymKernel::AllReduceLl => return bytes.div_ceil(16 << 10).clamp(1, 16) as u32,
-        _ => BLOCK_BYTES,
-    };
-    bytes.div_ceil(per).clamp(1, max) as u32
-}
-
 /// Whether a collective of `kind` on `bytes` (per rank for all_gather) takes the copy
 /// engines (outside graph captures; the same on every rank).
 pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
@@ -172,10 +159,16 @@ fn place_of(comm: &Communicator, task: &Task, n: usize) -> Option<SymmetricPlace
     comm.symmetric_place(send, send_bytes, task.recv, recv_bytes)
 }
 
-/// Whether `stream` is capturing a graph (the copy engines' host-counted epochs cannot be
-/// replayed): `Err` with the failure already recorded.
-fn capturing(comm: &Communicator, stream: Stream) -> std::result::Result<bool, Result<()>> {
-    comm.backend().is_capturing(stream).map_err(|e| Err(comm.record_error(e)))
+/// The executor's view of `place`.
+fn sym_place(place: SymmetricPlace) -> SymPlace {
+    let SymmetricPlace { send, recv, res, stride, rank } = place;
+    SymPlace { send, recv, res, stride, rank }
+}
+
+/// Whether the copy engines may run on `stream` now (not while it captures a graph: their
+/// host-counted epochs cannot be replayed): `Err` with the failure already recorded.
+fn copy_engine_ready(comm: &Communicator, stream: Stream) -> std::result::Result<Option<Ready>, Result<()>> {
+    crate::exec::gpu::copy_engine_ready(comm.backend(), stream).map_err(|e| Err(comm.record_error(e)))
 }
 
 /// Runs `task` with a symmetric kernel, the copy engines, or (host backend) their CPU twins
@@ -220,23 +213,20 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
 /// all_gather and broadcast on symmetric windows by the copy engines (see the module docs).
 fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Option<Result<()>> {
     let place = place_of(comm, task, n)?;
-    let me = place.rank;
-    // The copies: (peer, offset into the send buffer, offset into the peer's receive buffer).
-    let copies: Vec<(usize, u64, u64)> = match task.kind {
-        CollKind::AllGather => (0..n).map(|p| (p, 0, me as u64 * part)).collect(),
-        CollKind::Broadcast { root } if root as usize == me => (0..n).map(|p| (p, 0, 0)).collect(),
-        CollKind::Broadcast { .. } => Vec::new(),
+    let collective = match task.kind {
+        CollKind::AllGather => CeCollective::AllGather,
+        CollKind::Broadcast { root } => CeCollective::Broadcast { root: root as usize },
         _ => return None,
     };
-    match capturing(comm, task.stream) {
-        Ok(false) => {
+    match copy_engine_ready(comm, task.stream) {
+        Ok(Some(ready)) => {
             super::way::trace(task, n, super::way::Way::CopyEngine);
             let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
-            let r = copy_engine_run(comm, task.shape(), task.stream, place, part, &copies);
+            let r = copy_engine_run(comm, task.shape(), ready, collective, place, part);
             profiler_events::launched_single_op(events, comm, &r);
             Some(r)
         }
-        Ok(true) => None,
+        Ok(None) => None,
         Err(r) => Some(r),
     }
 }
@@ -260,82 +250,29 @@ pub(crate) fn try_all_to_all(comm: &Communicator, send: DevicePtr, recv: DeviceP
     if comm.backend().capabilities().host_addressable {
         return Some(host::run_all_to_all(comm, shape, place, part as usize));
     }
-    let copies: Vec<(usize, u64, u64)> = (0..n).map(|p| (p, p as u64 * part, place.rank as u64 * part)).collect();
-    match capturing(comm, stream) {
-        Ok(false) => Some(copy_engine_run(comm, shape, stream, place, part, &copies)),
-        Ok(true) => None,
+    match copy_engine_ready(comm, stream) {
+        Ok(Some(ready)) => Some(copy_engine_run(comm, shape, ready, CeCollective::AllToAll, place, part)),
+        Ok(None) => None,
         Err(r) => Some(r),
     }
 }
 
-fn copy_engine_run(comm: &Communicator, shape: OpShape, stream: Stream, place: SymmetricPlace, bytes: u64, copies: &[(usize, u64, u64)]) -> Result<()> {
+/// Runs a copy-engine collective on `ready`'s stream: the op log, the run (its epoch drawn
+/// now), the failure's bookkeeping.
+fn copy_engine_run(comm: &Communicator, shape: OpShape, ready: Ready, collective: CeCollective, place: SymmetricPlace, bytes: u64) -> Result<()> {
     comm.op_log().started(std::slice::from_ref(&shape));
-    let r = run_copy_engine(comm, stream, place, bytes, copies);
+    let nranks = comm.nranks_unchecked() as usize;
+    let run = CopyEngineRun { collective, place: sym_place(place), nranks, bytes, epoch: comm.next_ce_epoch() };
+    let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_copy_engine(backend, device, state, ready, &run));
     super::cache::finish(comm, &r, true);
     r.map_err(|e| comm.record_error(e.context(format!("{} (copy engines)", shape.kind))))
 }
 
-fn run_copy_engine(comm: &Communicator, stream: Stream, place: SymmetricPlace, bytes: u64, copies: &[(usize, u64, u64)]) -> Result<()> {
-    let (n, me) = (comm.nranks_unchecked() as usize, place.rank);
-    let epoch = comm.next_ce_epoch();
-    let flags = place.res + rustccl_kernels::exec::SYM_RES_CE;
-    comm.with_device_exec(|backend, device, state| {
-        state.follow_last(backend, stream)?;
-        let barrier = |value: u32| -> Result<()> {
-            for p in (0..n).filter(|&p| p != me) {
-                backend.stream_write_u32(DevicePtr(place.peer(flags + 4 * me as u64, p)), value, stream)?;
-            }
-            for p in (0..n).filter(|&p| p != me) {
-                backend.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, stream)?;
-            }
-            Ok(())
-        };
-        // Entry: every peer's buffers are free (its stream reached this call); exit: every
-        // copy into this rank's buffer has landed, and nobody reads this rank's any more.
-        barrier(epoch.wrapping_mul(2).wrapping_sub(1))?;
-        // (In place, this rank's own copy has the same source and destination: no copy.)
-        for &(p, from, to) in copies {
-            backend.copy(DevicePtr(place.peer(place.recv + to, p)), DevicePtr(place.send + from), bytes as usize, stream)?;
-        }
-        barrier(epoch.wrapping_mul(2))?;
-        state.launched(backend, device, stream)?;
-        LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    })
-}
-
+/// Launches `kernel` for `task` on `bytes` (see [`choose`]) on the buffers at `place`.
 fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: SymmetricPlace, bytes: u64, n: usize) -> Result<()> {
     let ctx = super::plan::task_ctx(comm, task).map_err(|e| comm.record_error(e))?;
-    let (op, scalar, divisor) = crate::exec::gpu::ops::coll_device_op(ctx.reducer.op, ctx.reducer.dtype);
-    let (op, dtype) = if kernel.reduces() { (op, task.dtype) } else { (rustccl_kernels::DeviceOp::Sum, crate::types::DataType::Uint8) };
-    let rank = comm.rank_unchecked();
-    let r = comm.with_device_exec(|backend, device, state| {
-        let stream = task.stream;
-        let capturing = backend.is_capturing(stream)?;
-        let control = state.control(backend)?;
-        if !capturing {
-            state.follow_last(backend, stream)?;
-        }
-        let args = SymArgs {
-            send: place.send,
-            recv: place.recv,
-            res: place.res,
-            stride: place.stride,
-            bytes,
-            scalar,
-            scalar_ptr: ctx.scalar_at as u64,
-            divisor,
-            control: control.0,
-            rank,
-            nranks: n as u32,
-        };
-        backend.launch_symmetric(device, op, dtype, kernel, &args, blocks(kernel, bytes), stream)?;
-        LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if !capturing {
-            state.launched(backend, device, stream)?;
-        }
-        Ok(())
-    });
+    let l = SymLaunch { kernel, place: sym_place(place), bytes, nranks: n, reducer: ctx.reducer, scalar_at: ctx.scalar_at, stream: task.stream };
+    let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_symmetric(backend, device, state, &l));
     tracing::debug!(target: "COLL", "{} of {bytes} bytes: symmetric kernel {}", task.kind.name(), kernel.name());
     r.map_err(|e| comm.record_error(e.context(format!("{} (symmetric kernel {})", task.kind.name(), kernel.name()))))
 }
@@ -360,14 +297,5 @@ mod tests {
         assert!(copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN));
         assert!(!copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN - 1));
         assert!(!copy_engine(&CollKind::AllGather, 1 << 30));
-    }
-
-    #[test]
-    fn blocks_depend_only_on_the_kernel_and_size() {
-        assert_eq!(blocks(SymKernel::AllReduceLl, 8), 1);
-        assert_eq!(blocks(SymKernel::AllReduceLl, 64 << 10), 4);
-        assert_eq!(blocks(SymKernel::AllReduceLd, 1), 1);
-        assert_eq!(blocks(SymKernel::AllReduceRsAg, 1 << 30), rustccl_kernels::exec::SYM_MAX_BLOCKS);
-        assert_eq!(blocks(SymKernel::AllGather, 64 << 10), 2);
     }
 }

@@ -5,13 +5,14 @@
 //! once). The image depends only on the shape (the buffers and the PreMulSum scalar travel in
 //! the kernel parameter, see [`super::encode`]), so a call with other buffers reuses it as is.
 //!
-//! Per call the launch only: asks whether the stream is being captured; waits for the
-//! communicator's last launch when it was on another stream; checks the two user buffers
-//! (and makes them reachable); fills the kernel parameter; launches; records the
-//! communicator's event after the launch. No encode, no upload, no allocation — except when
-//! the arena was emptied since (the image goes up again, not re-encoded) and when the stream
-//! is being captured (the launch gets an image of its own that lives as long as the
-//! communicator, as uncached captured launches do).
+//! Per call the launch only goes through the launch sequence (`super::sequence`: asks whether
+//! the stream is being captured; waits for the communicator's last launch when it was on
+//! another stream; records the communicator's event after the launch) and, inside it, checks
+//! the two user buffers (and makes them reachable), fills the kernel parameter and launches.
+//! No encode, no upload, no allocation — except when the arena was emptied since (the image
+//! goes up again, not re-encoded) and when the stream is being captured (the launch gets an
+//! image of its own that lives as long as the communicator, as uncached captured launches
+//! do).
 //!
 //! About the event: it is recorded after every launch because the next launch of this
 //! communicator may come on another stream and must wait for this one, the watchdog and
@@ -27,6 +28,7 @@
 use std::sync::Arc;
 
 use super::encode::{self, Encoded};
+use super::sequence::Engine;
 use super::state::{fits_arena, ArenaImage};
 use super::ExecState;
 use crate::backend::{DeviceBackend, DevicePtr, ExecKernel};
@@ -82,52 +84,44 @@ impl CachedLaunch {
     /// Launches `run` (this launch's work, its contexts pointed at this call's buffers) on its
     /// stream; returns once it is enqueued.
     pub(crate) fn launch(&mut self, backend: &Arc<dyn DeviceBackend>, device: usize, state: &mut ExecState, run: &Work) -> Result<()> {
-        let stream = run.stream;
-        // Clock reads only when RUSTCCL_PROFILE_ENQUEUE=1.
-        let t = profile::start();
-        let capturing = backend.is_capturing(stream)?;
-        profile::stage(Stage::Capture, t);
-        let control = state.control(backend)?;
-        let t = profile::start();
-        let base = if capturing {
-            // A graph may replay it at any time: an image of its own, kept with the
-            // communicator (allocated with the capture mode relaxed, as uncached launches).
-            let mut base = DevicePtr::NULL;
-            backend.with_relaxed_capture(&mut || {
-                base = state.image(backend, device, &self.enc.bytes, true, stream)?;
-                Ok(())
-            })?;
-            base
-        } else {
-            state.follow_last(backend, stream)?;
-            match self.image.and_then(|at| state.arena_at(at)) {
-                Some(base) => base,
-                None => {
-                    let (base, at) = state.arena_image(backend, device, &self.enc.bytes, stream)?;
-                    self.image = Some(at);
-                    base
-                }
-            }
-        };
-        profile::stage(Stage::Image, t);
-        super::announce_receives(backend, state, &self.receives, capturing, stream)?;
-        let t = profile::start();
-        for c in &run.ctxs {
-            for (ptr, bytes) in [(c.src, c.src_len), (c.dst, c.dst_len)] {
-                if bytes > 0 && ptr != 0 {
-                    backend.check_exec_buffer(device, DevicePtr(ptr as u64), bytes)?;
-                }
-            }
-        }
-        let args = self.enc.args(base, control, &encode::calls(run));
-        backend.launch_exec_kernel(&self.kernel, &args, self.enc.blocks, stream)?;
-        profile::stage(Stage::Kernel, t);
-        if !capturing {
+        state.launch(backend, device, Engine::Kernel(run.stream), |state, at| {
+            let (stream, capturing) = (at.stream, at.capturing);
+            // Clock reads only when RUSTCCL_PROFILE_ENQUEUE=1.
             let t = profile::start();
-            state.launched(backend, device, stream)?;
-            profile::stage(Stage::Event, t);
-        }
-        Ok(())
+            let base = if capturing {
+                // A graph may replay it at any time: an image of its own, kept with the
+                // communicator (allocated with the capture mode relaxed, as uncached launches).
+                let mut base = DevicePtr::NULL;
+                backend.with_relaxed_capture(&mut || {
+                    base = state.image(backend, device, &self.enc.bytes, true, stream)?;
+                    Ok(())
+                })?;
+                base
+            } else {
+                match self.image.and_then(|at| state.arena_at(at)) {
+                    Some(base) => base,
+                    None => {
+                        let (base, at) = state.arena_image(backend, device, &self.enc.bytes, stream)?;
+                        self.image = Some(at);
+                        base
+                    }
+                }
+            };
+            profile::stage(Stage::Image, t);
+            super::announce_receives(backend, state, &self.receives, capturing, stream)?;
+            let t = profile::start();
+            for c in &run.ctxs {
+                for (ptr, bytes) in [(c.src, c.src_len), (c.dst, c.dst_len)] {
+                    if bytes > 0 && ptr != 0 {
+                        backend.check_exec_buffer(device, DevicePtr(ptr as u64), bytes)?;
+                    }
+                }
+            }
+            let args = self.enc.args(base, at.control, &encode::calls(run));
+            backend.launch_exec_kernel(&self.kernel, &args, self.enc.blocks, stream)?;
+            profile::stage(Stage::Kernel, t);
+            Ok(())
+        })
     }
 }
 
@@ -159,6 +153,12 @@ pub(crate) mod tests {
         let (work, device) = with_env(|env| plan::plan(env, std::slice::from_ref(task))).unwrap();
         assert!(device);
         work
+    }
+
+    /// The planner's work for a sum of `count` floats (buffers at 0xa000_0000 and
+    /// 0xa100_0000) on rank 0 of 2 on a GPU: what the other exec tests launch.
+    pub(crate) fn planned_sum(count: usize) -> Work {
+        planned(&task(count, ReduceOp::Sum, 0xa000_0000, 0xa100_0000))
     }
 
     /// `work` pointed at `task`'s buffers, as `coll::cache` does for a call.

@@ -4,7 +4,8 @@
 
 use std::sync::Mutex;
 
-use rustccl_kernels::exec::{ExecArgs, ExecEntry};
+use rustccl_kernels::exec::{ExecArgs, ExecEntry, SymArgs};
+use rustccl_kernels::symmetric::SymKernel;
 use rustccl_kernels::DeviceOp;
 
 use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostCallback, HostMapped, ShareHandle, Stream};
@@ -22,9 +23,33 @@ pub(crate) struct Launched {
     pub stream: Stream,
 }
 
+/// One call the executor made, in the order made ([`Log::calls`]): the launch sequence's
+/// steps and what the symmetric kernels and copy engines enqueue.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Call {
+    IsCapturing(Stream),
+    /// Pinned host memory (the control block, images) of this many bytes.
+    AllocHostMapped(usize),
+    CreateEvent,
+    RecordEvent(Stream),
+    /// `stream_wait_event`: the stream waits for the communicator's last launch.
+    WaitEvent(Stream),
+    Copy { dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream },
+    StreamWrite { addr: DevicePtr, value: u32, stream: Stream },
+    StreamWait { addr: DevicePtr, value: u32, stream: Stream },
+    LaunchSymmetric { op: DeviceOp, dtype: DataType, kernel: SymKernel, args: SymArgs, blocks: u32, stream: Stream },
+    LaunchExec(Stream),
+    LaunchExecKernel(Stream),
+    /// A copy from pinned memory (an image): its destination and bytes.
+    Upload(DevicePtr, usize),
+    HostCallback(Stream),
+}
+
 /// What the executor asked for.
 #[derive(Default, Debug)]
 pub(crate) struct Log {
+    /// Every call of [`Call`]'s kinds, in order.
+    pub calls: Vec<Call>,
     /// Copies from pinned memory: destination and bytes.
     pub uploads: Vec<(DevicePtr, Vec<u8>)>,
     pub launches: Vec<Launched>,
@@ -86,6 +111,7 @@ impl DeviceBackend for FakeDevice {
         Ok(())
     }
     fn alloc_host_mapped(&self, bytes: usize) -> Result<HostMapped> {
+        self.log().calls.push(Call::AllocHostMapped(bytes));
         let mut mem = vec![0u8; bytes].into_boxed_slice();
         let host = mem.as_mut_ptr();
         self.pinned.lock().unwrap().push(mem);
@@ -103,8 +129,9 @@ impl DeviceBackend for FakeDevice {
     fn memset(&self, _dst: DevicePtr, _value: u8, _bytes: usize, _stream: Stream) -> Result<()> {
         Err(fake("memset"))
     }
-    fn copy(&self, _dst: DevicePtr, _src: DevicePtr, _bytes: usize, _stream: Stream) -> Result<()> {
-        Err(fake("copy"))
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::Copy { dst, src, bytes, stream });
+        Ok(())
     }
     fn copy_to_device(&self, _dst: DevicePtr, _src: &[u8], _stream: Stream) -> Result<()> {
         Err(fake("copy_to_device"))
@@ -125,14 +152,19 @@ impl DeviceBackend for FakeDevice {
         Ok(true)
     }
     fn create_event(&self, _device: usize) -> Result<Event> {
+        self.log().calls.push(Call::CreateEvent);
         Ok(Event(self.addr(1).0))
     }
-    fn record_event(&self, _event: Event, _stream: Stream) -> Result<()> {
-        self.log().events_recorded += 1;
+    fn record_event(&self, _event: Event, stream: Stream) -> Result<()> {
+        let mut log = self.log();
+        log.events_recorded += 1;
+        log.calls.push(Call::RecordEvent(stream));
         Ok(())
     }
-    fn stream_wait_event(&self, _stream: Stream, _event: Event) -> Result<()> {
-        self.log().waits += 1;
+    fn stream_wait_event(&self, stream: Stream, _event: Event) -> Result<()> {
+        let mut log = self.log();
+        log.waits += 1;
+        log.calls.push(Call::WaitEvent(stream));
         Ok(())
     }
     fn query_event(&self, _event: Event) -> Result<bool> {
@@ -159,6 +191,7 @@ impl DeviceBackend for FakeDevice {
         log.kernel_lookups += 1;
         log.reach_calls += 1;
         log.launches.push(Launched { op: launch.op, dtype: launch.dtype, entry: launch.entry, args: launch.args, blocks: launch.blocks, stream });
+        log.calls.push(Call::LaunchExec(stream));
         Ok(())
     }
     fn exec_kernel(&self, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
@@ -174,26 +207,44 @@ impl DeviceBackend for FakeDevice {
         Ok(())
     }
     fn launch_exec_kernel(&self, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-        self.log().launches.push(Launched { op: kernel.op, dtype: kernel.dtype, entry: kernel.entry, args: *args, blocks, stream });
+        let mut log = self.log();
+        log.launches.push(Launched { op: kernel.op, dtype: kernel.dtype, entry: kernel.entry, args: *args, blocks, stream });
+        log.calls.push(Call::LaunchExecKernel(stream));
+        Ok(())
+    }
+    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::StreamWrite { addr, value, stream });
+        Ok(())
+    }
+    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::StreamWait { addr, value, stream });
+        Ok(())
+    }
+    fn launch_symmetric(&self, _device: usize, op: DeviceOp, dtype: DataType, kernel: SymKernel, args: &SymArgs, blocks: u32, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::LaunchSymmetric { op, dtype, kernel, args: *args, blocks, stream });
         Ok(())
     }
     fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         self.log().relaxed += 1;
         f()
     }
-    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<HostCallback>, _stream: Stream) -> Result<()> {
+    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<HostCallback>, stream: Stream) -> Result<()> {
         let mut log = self.log();
         let at = log.launches.len();
         log.host_callbacks.push((std::sync::Arc::clone(callback), at));
+        log.calls.push(Call::HostCallback(stream));
         Ok(())
     }
-    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        self.log().calls.push(Call::IsCapturing(stream));
         Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
     }
     unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, _stream: Stream) -> Result<()> {
         // SAFETY: the caller's contract: `src` holds `bytes` bytes of pinned memory.
         let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
-        self.log().uploads.push((dst, data));
+        let mut log = self.log();
+        log.uploads.push((dst, data));
+        log.calls.push(Call::Upload(dst, bytes));
         Ok(())
     }
     fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {

@@ -20,15 +20,27 @@
 //! network connection (`announce_receives`), so that the proxy posts a receive only for a
 //! step some launch will take, as NCCL posts proxy operations per launched plan: at once for
 //! a launch that runs now, and from a host node before the kernel, at every replay, for a
-//! captured one (NCCL uploads a persistent plan's proxy operations from a host callback too). Everything here
-//! goes through the `DeviceBackend` trait, so CUDA and a later HIP backend share it.
+//! captured one (NCCL uploads a persistent plan's proxy operations from a host callback too).
+//!
+//! The symmetric kernels ([`symmetric`]) and the copy-engine collectives ([`copy_engine`]) on
+//! symmetric windows are launched here too. Every launch — the interpreter's, a cached one, a
+//! symmetric kernel, a copy-engine collective — goes through the one launch sequence
+//! ([`sequence`]: capture check, control block, the wait for the communicator's last launch,
+//! the enqueue, the event after it). The entry points, each given the backend, the device and
+//! the communicator's [`ExecState`] (`Communicator::with_device_exec` hands them out):
+//! `launch`, `cached::CachedLaunch::launch`, `run_symmetric`, and
+//! `copy_engine_ready` then `run_copy_engine`. Everything here goes through the
+//! `DeviceBackend` trait, so CUDA and a later HIP backend share it.
 
 pub mod cached;
+pub mod copy_engine;
 pub mod encode;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod ops;
+pub mod sequence;
 pub mod state;
+pub mod symmetric;
 
 use std::sync::Arc;
 
@@ -38,8 +50,11 @@ use super::{Links, NetReceives};
 use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch, HostCallback, Stream};
 use crate::error::{Error, Result};
 use crate::profile::{self, Stage};
+use sequence::Engine;
 use crate::work::Work;
+pub(crate) use copy_engine::{ready as copy_engine_ready, run_copy_engine};
 pub use state::ExecState;
+pub(crate) use symmetric::run_symmetric;
 
 /// Launches a communicator's work on its stream on `device`; returns once it is enqueued.
 /// `state` is the communicator's (its watchdog starts when `state.watching` is first set).
@@ -48,59 +63,47 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         // Nothing for the device (a one-rank operation in place, count 0): no launch, no event.
         return Ok(());
     }
-    let stream = run.stream;
-    let t = std::time::Instant::now();
-    let capturing = backend.is_capturing(stream)?;
-    profile::record(Stage::Capture, t);
-    let control = state.control(backend)?;
-    // Launches of one communicator run in order, whatever streams they come on: each reads
-    // where its connections stand when it starts.
-    if !capturing {
-        state.follow_last(backend, stream)?;
-    }
-    let t = std::time::Instant::now();
-    announce_receives(backend, state, &NetReceives::of(run, links), capturing, stream)?;
-    for c in &run.copies {
-        backend.copy(DevicePtr(c.dst as u64), DevicePtr(c.src as u64), c.bytes, stream)?;
-    }
-    if !run.copies.is_empty() {
-        profile::record(Stage::Copy, t);
-    }
-    let buffers: Vec<(DevicePtr, usize)> = run
-        .ctxs
-        .iter()
-        .flat_map(|c| [(DevicePtr(c.src as u64), c.src_len), (DevicePtr(c.dst as u64), c.dst_len)])
-        .filter(|(p, n)| *n > 0 && p.0 != 0)
-        .collect();
-    let calls = encode::calls(run);
-    for seg in encode::segments(run) {
+    state.launch(backend, device, Engine::Kernel(run.stream), |state, at| {
+        let (stream, capturing) = (at.stream, at.capturing);
         let t = std::time::Instant::now();
-        let Some(enc) = encode::encode(run, links, seg.ctxs.clone())? else { continue };
-        profile::record(Stage::Encode, t);
-        let t = std::time::Instant::now();
-        let base = state.image(backend, device, &enc.bytes, capturing, stream)?;
-        profile::record(Stage::Image, t);
-        let args = enc.args(base, control, &calls);
-        let l = ExecLaunch {
-            device,
-            op: seg.op,
-            dtype: seg.dtype,
-            entry: enc.entry,
-            args,
-            blocks: enc.blocks,
-            buffers: buffers.clone(),
-            slots: enc.slots,
-        };
-        let t = std::time::Instant::now();
-        backend.launch_exec(&l, stream)?;
-        profile::record(Stage::Kernel, t);
-    }
-    if !capturing {
-        let t = std::time::Instant::now();
-        state.launched(backend, device, stream)?;
-        profile::record(Stage::Event, t);
-    }
-    Ok(())
+        announce_receives(backend, state, &NetReceives::of(run, links), capturing, stream)?;
+        for c in &run.copies {
+            backend.copy(DevicePtr(c.dst as u64), DevicePtr(c.src as u64), c.bytes, stream)?;
+        }
+        if !run.copies.is_empty() {
+            profile::record(Stage::Copy, t);
+        }
+        let buffers: Vec<(DevicePtr, usize)> = run
+            .ctxs
+            .iter()
+            .flat_map(|c| [(DevicePtr(c.src as u64), c.src_len), (DevicePtr(c.dst as u64), c.dst_len)])
+            .filter(|(p, n)| *n > 0 && p.0 != 0)
+            .collect();
+        let calls = encode::calls(run);
+        for seg in encode::segments(run) {
+            let t = std::time::Instant::now();
+            let Some(enc) = encode::encode(run, links, seg.ctxs.clone())? else { continue };
+            profile::record(Stage::Encode, t);
+            let t = std::time::Instant::now();
+            let base = state.image(backend, device, &enc.bytes, capturing, stream)?;
+            profile::record(Stage::Image, t);
+            let args = enc.args(base, at.control, &calls);
+            let l = ExecLaunch {
+                device,
+                op: seg.op,
+                dtype: seg.dtype,
+                entry: enc.entry,
+                args,
+                blocks: enc.blocks,
+                buffers: buffers.clone(),
+                slots: enc.slots,
+            };
+            let t = std::time::Instant::now();
+            backend.launch_exec(&l, stream)?;
+            profile::record(Stage::Kernel, t);
+        }
+        Ok(())
+    })
 }
 
 /// Tells the proxy of the network receives a launch on `stream` will consume: at once when

@@ -17,6 +17,9 @@ use crate::error::Result;
 /// Bytes of each communicator's image arena (pinned host memory and as much device memory).
 const ARENA_BYTES: usize = 8 << 20;
 
+/// Bytes of the control block (pinned host memory, mapped for the device).
+pub(crate) const CONTROL_BYTES: usize = if std::mem::size_of::<k::ExecControl>() > 64 { std::mem::size_of::<k::ExecControl>() } else { 64 };
+
 /// A program image: pinned host memory (the copy's source) and device memory (what the kernel
 /// reads).
 pub(crate) struct Image {
@@ -79,7 +82,7 @@ impl ExecState {
         if let Some(c) = &self.control {
             return Ok(c.device);
         }
-        let c = backend.alloc_host_mapped(std::mem::size_of::<k::ExecControl>().max(64))?;
+        let c = backend.alloc_host_mapped(CONTROL_BYTES)?;
         // SAFETY: fresh pinned memory of at least that size, not yet shared with any kernel.
         unsafe { std::ptr::write_bytes(c.host, 0, c.bytes) };
         let device = c.device;
