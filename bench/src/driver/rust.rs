@@ -217,7 +217,8 @@ impl Driver for RustDriver {
                 let bytes = bytes.max(1);
                 let p = self
                     .backend
-                    .alloc_symmetric(self.device, bytes)
+                    .window_memory_or_err("-R 2")
+                    .and_then(|w| w.alloc_symmetric(self.device, bytes))
                     .map_err(e("alloc_symmetric (-R 2)"))?;
                 self.allocations.push(p);
                 let w = self

@@ -1041,7 +1041,7 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
     // NCCL_WIN_COLL_SYMMETRIC), so collectives that have symmetric kernels take them.
     let windows = std::env::var("COLL_WINDOWS").is_ok_and(|v| v == "1");
     let bufs = if windows {
-        Bufs { a: be.alloc_symmetric(dev, need)?, b: be.alloc_symmetric(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
+        Bufs { a: be.window_memory_or_err("COLL_WINDOWS=1")?.alloc_symmetric(dev, need)?, b: be.window_memory_or_err("COLL_WINDOWS=1")?.alloc_symmetric(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
     } else {
         Bufs { a: be.alloc(dev, need)?, b: be.alloc(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
     };

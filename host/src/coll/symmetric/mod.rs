@@ -283,10 +283,10 @@ fn run_copy_engine(comm: &Communicator, stream: Stream, place: SymmetricPlace, b
         state.follow_last(backend, stream)?;
         let barrier = |value: u32| -> Result<()> {
             for p in (0..n).filter(|&p| p != me) {
-                backend.stream_write_u32(DevicePtr(place.peer(flags + 4 * me as u64, p)), value, stream)?;
+                backend.kernels_or_err("copy-engine barrier")?.stream_write_u32(DevicePtr(place.peer(flags + 4 * me as u64, p)), value, stream)?;
             }
             for p in (0..n).filter(|&p| p != me) {
-                backend.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, stream)?;
+                backend.kernels_or_err("copy-engine barrier")?.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, stream)?;
             }
             Ok(())
         };
@@ -329,7 +329,7 @@ fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: SymmetricP
             rank,
             nranks: n as u32,
         };
-        backend.launch_symmetric(device, op, dtype, kernel, &args, blocks(kernel, bytes), stream)?;
+        backend.symmetric_kernels_or_err("symmetric collective")?.launch_symmetric(device, op, dtype, kernel, &args, blocks(kernel, bytes), stream)?;
         LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if !capturing {
             state.launched(backend, device, stream)?;

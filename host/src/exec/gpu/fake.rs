@@ -7,7 +7,10 @@ use std::sync::Mutex;
 use rustccl_kernels::exec::{ExecArgs, ExecEntry};
 use rustccl_kernels::DeviceOp;
 
-use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostCallback, HostMapped, ShareHandle, Stream};
+use crate::backend::{
+    BackendKind, BufferSharing, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostAccess, HostCallback, HostMapped, Kernels, Memory,
+    ShareHandle, Sharing, Stream, Streams, SymmetricKernels, WindowMemory,
+};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -79,6 +82,26 @@ impl DeviceBackend for FakeDevice {
     fn device_name(&self, _device: usize) -> Result<String> {
         Ok("fake".into())
     }
+    fn kernels(&self) -> Option<&dyn Kernels> {
+        Some(self)
+    }
+    fn symmetric_kernels(&self) -> Option<&dyn SymmetricKernels> {
+        None
+    }
+    fn window_memory(&self) -> Option<&dyn WindowMemory> {
+        None
+    }
+    fn buffer_sharing(&self) -> Option<&dyn BufferSharing> {
+        None
+    }
+    fn host_access(&self) -> Option<&dyn HostAccess> {
+        None
+    }
+}
+
+/// Stand-ins where the executor needs them; the rest is an `Internal` error saying the test
+/// asked the fake for something it does not model.
+impl Memory for FakeDevice {
     fn alloc(&self, _device: usize, bytes: usize) -> Result<DevicePtr> {
         Ok(self.addr(bytes))
     }
@@ -100,6 +123,9 @@ impl DeviceBackend for FakeDevice {
     fn unregister_host(&self, _ptr: DevicePtr) -> Result<()> {
         Err(fake("unregister_host"))
     }
+    fn memory_info(&self, _device: usize) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
     fn memset(&self, _dst: DevicePtr, _value: u8, _bytes: usize, _stream: Stream) -> Result<()> {
         Err(fake("memset"))
     }
@@ -112,6 +138,15 @@ impl DeviceBackend for FakeDevice {
     fn copy_from_device(&self, _dst: &mut [u8], _src: DevicePtr, _stream: Stream) -> Result<()> {
         Err(fake("copy_from_device"))
     }
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, _stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract: `src` holds `bytes` bytes of pinned memory.
+        let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
+        self.log().uploads.push((dst, data));
+        Ok(())
+    }
+}
+
+impl Streams for FakeDevice {
     fn create_stream(&self, _device: usize) -> Result<Stream> {
         Err(fake("create_stream"))
     }
@@ -144,6 +179,16 @@ impl DeviceBackend for FakeDevice {
     fn destroy_event(&self, _event: Event) -> Result<()> {
         Ok(())
     }
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.log().relaxed += 1;
+        f()
+    }
+    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
+        Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Sharing for FakeDevice {
     fn alloc_shareable(&self, _device: usize, _bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
         Err(fake("alloc_shareable"))
     }
@@ -153,6 +198,9 @@ impl DeviceBackend for FakeDevice {
     fn close_import(&self, _ptr: DevicePtr) -> Result<()> {
         Err(fake("close_import"))
     }
+}
+
+impl Kernels for FakeDevice {
     fn launch_exec(&self, launch: &ExecLaunch, stream: Stream) -> Result<()> {
         let mut log = self.log();
         log.checked.extend(launch.buffers.iter().copied());
@@ -177,27 +225,17 @@ impl DeviceBackend for FakeDevice {
         self.log().launches.push(Launched { op: kernel.op, dtype: kernel.dtype, entry: kernel.entry, args: *args, blocks, stream });
         Ok(())
     }
-    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.log().relaxed += 1;
-        f()
-    }
     unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<HostCallback>, _stream: Stream) -> Result<()> {
         let mut log = self.log();
         let at = log.launches.len();
         log.host_callbacks.push((std::sync::Arc::clone(callback), at));
         Ok(())
     }
-    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
-        Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
+    fn stream_write_u32(&self, _addr: DevicePtr, _value: u32, _stream: Stream) -> Result<()> {
+        Err(fake("stream_write_u32"))
     }
-    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, _stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract: `src` holds `bytes` bytes of pinned memory.
-        let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
-        self.log().uploads.push((dst, data));
-        Ok(())
-    }
-    fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
-        Err(fake("host_address"))
+    fn stream_wait_u32(&self, _addr: DevicePtr, _value: u32, _stream: Stream) -> Result<()> {
+        Err(fake("stream_wait_u32"))
     }
 }
 
