@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rustccl::backend::{BackendKind, DeviceBackend, DevicePtr, Stream};
+use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
 use rustccl::window::{Window, WIN_COLL_SYMMETRIC};
 use rustccl::{CommConfig, Communicator, ReduceOp, Scalar, UniqueId};
 
@@ -79,8 +79,8 @@ impl RustDriver {
     /// The CUDA runtime for `-G` (loaded, and pointed at this rank's device, on first use)
     /// and rustccl's stream as a `cudaStream_t`; only on the cuda backend.
     fn graph_runtime(&mut self) -> Result<(&CudaApi, CudaStream)> {
-        let kind = self.backend.kind();
-        if kind != BackendKind::Cuda {
+        if !self.backend.capabilities().cuda_handles {
+            let kind = self.backend.kind();
             return Err(no_graphs(&format!(
                 "the {kind} backend has none (RUSTCCL_BACKEND={}); run on the cuda backend (RUSTCCL_BACKEND=cuda) or drop -G",
                 kind.name()

@@ -1348,10 +1348,11 @@ pub fn group_two_comms(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), E
 }
 
 /// The device a rank uses: on a device backend (several GPUs), `rank % device count`, so
-/// that ranks on one machine use different GPUs; device 0 on the host backend.
+/// that ranks on one machine use different GPUs; device 0 where devices are virtual (the host
+/// backend).
 pub fn test_device(rank: i32) -> i32 {
     match rustccl::backend::select_backend() {
-        Ok(b) if b.kind() != rustccl::backend::BackendKind::Host => {
+        Ok(b) if !b.capabilities().virtual_devices => {
             let n = b.device_count().unwrap_or(1).max(1) as i32;
             rank % n
         }
