@@ -392,3 +392,6 @@ pub trait HostAccess {
     /// allocation (else `InvalidArgument`).
     fn host_address(&self, ptr: DevicePtr, bytes: usize) -> Result<usize>;
 }
+
+#[cfg(test)]
+mod tests;
