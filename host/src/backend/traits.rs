@@ -107,7 +107,7 @@ fn missing_group(kind: BackendKind, group: Group, what: &str) -> Error {
     Error::invalid_usage(format!("{what}: the {kind} backend has no {}", group.missing_text()))
 }
 
-/// The optional groups, or the error of [`missing_group`]: for callers that cannot go on
+/// The optional groups, or the error of `missing_group`: for callers that cannot go on
 /// without the group (`backend.kernels_or_err("launch")?.launch_exec(..)`).
 impl dyn DeviceBackend + '_ {
     fn group_or_err<'a, T: ?Sized>(&self, group: Option<&'a T>, which: Group, what: &str) -> Result<&'a T> {

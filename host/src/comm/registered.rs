@@ -4,7 +4,7 @@
 //! the sender's kernel writes the message straight into the buffer (`exec.cu`, "zero-copy
 //! receives"). For that the sender's process must map the receiver's allocation. The receiver
 //! arranges it when it launches the receive: it exports the allocation
-//! (`DeviceBackend::export_buffer`) and asks the peer's communicator to map it (a bootstrap
+//! (`BufferSharing::export_buffer`) and asks the peer's communicator to map it (a bootstrap
 //! request, answered by the peer's reader thread, so the peer's main thread never has to take
 //! part), then puts where the buffer lies in the peer's process in the receive's context
 //! (`OpCtx::dst_remote`). Mappings are kept per (peer, allocation) until the buffer is

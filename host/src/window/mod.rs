@@ -322,11 +322,12 @@ impl Windows {
 
     /// Reserves the flat range if needed, takes an offset and maps every rank's allocation.
     fn map_all(&mut self, x: &Exchange, local_base: u64, handles: &[(u64, ShareHandle)]) -> Result<Mem> {
+        let memory = x.backend.window_memory_or_err("window registration")?;
         if self.reserved.is_none() {
             let stride = stride_setting();
             let bytes = usize::try_from(stride as u128 * x.nranks as u128)
                 .map_err(|_| Error::invalid_argument(format!("{} ranks × a {stride}-byte stride is too large", x.nranks)))?;
-            let base = x.backend.window_memory_or_err("window registration")?.reserve_space(bytes)?;
+            let base = memory.reserve_space(bytes)?;
             tracing::info!(target: "INIT", "symmetric windows: {bytes} bytes of address space reserved ({stride} per rank)");
             self.reserved =
                 Some(Reserved { backend: Arc::clone(x.backend), base: base.0, bytes, stride, space: Space::new(stride) });
@@ -342,7 +343,6 @@ impl Windows {
         let mut mapped = Vec::with_capacity(handles.len());
         for (peer, (_, h)) in handles.iter().enumerate() {
             let at = DevicePtr(r.base + peer as u64 * r.stride + offset);
-            let memory = x.backend.window_memory_or_err("window registration")?;
             if let Err(e) = memory.map_shared_at(x.device, h, at) {
                 for m in &mapped {
                     let _ = memory.unmap_at(*m);
