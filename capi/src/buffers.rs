@@ -48,9 +48,9 @@ fn registered() -> std::sync::MutexGuard<'static, Vec<Registration>> {
 pub fn prepare(backend: &Arc<dyn DeviceBackend>, ranges: &[(usize, usize)]) -> Result<(), Error> {
     // A job a Rust caller queued on this thread is nothing of this operation's.
     drop(rustccl::comm::jobs::take_launched());
-    if !backend.capabilities().host_addressable {
+    let Some(host) = backend.host_access() else {
         return Ok(());
-    }
+    };
     let mut ranges: Vec<(usize, usize)> = ranges.iter().copied().filter(|&(p, b)| p != 0 && b > 0).collect();
     ranges.sort_by(|a, b| b.1.cmp(&a.1));
     let mut table = registered();
@@ -60,7 +60,7 @@ pub fn prepare(backend: &Arc<dyn DeviceBackend>, ranges: &[(usize, usize)]) -> R
                 r.holders += 1;
                 r.ptr
             }
-            None if backend.host_address(DevicePtr(ptr as u64), bytes).is_ok() => continue,
+            None if host.host_address(DevicePtr(ptr as u64), bytes).is_ok() => continue,
             None => {
                 check_mapped(ptr, bytes)?;
                 // SAFETY: the C caller promises, as with NCCL, that the buffer is valid for

@@ -397,7 +397,7 @@ pub unsafe fn create(comm: CommHandle, reqs: *const DevCommRequirements, out: *m
     // collective, so no rank returns before every rank zeroed its own).
     let backend = c.comm.backend().clone();
     let device = usize::try_from(c.comm.device()?).map_err(|_| Error::internal("the communicator's device is negative"))?;
-    let mem = backend.alloc_symmetric(device, bytes)?;
+    let mem = backend.window_memory_or_err("the device communicator's resource memory")?.alloc_symmetric(device, bytes)?;
     let zeroed = backend.memset(mem, 0, bytes, Stream::DEFAULT).and_then(|_| backend.synchronize(Stream::DEFAULT));
     let window = match zeroed.and_then(|_| c.comm.window_register(mem, bytes, 0)) {
         Ok(w) => w,

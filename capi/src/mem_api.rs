@@ -33,7 +33,7 @@ struct Registration {
 pub(crate) fn lsa_is_world(comm: &rustccl::Communicator) -> bool {
     let one_host = comm.host_hashes().is_ok_and(|h| h.iter().all(|x| *x == h[0]));
     // Backends with symmetric memory: every rank of one host maps every rank's windows.
-    one_host && matches!(comm.backend().kind(), rustccl::backend::BackendKind::Host | rustccl::backend::BackendKind::Cuda)
+    one_host && comm.backend().window_memory().is_some()
 }
 
 /// `*out` = where `rank` (of the LSA team, which is every rank where windows work) holds
@@ -91,8 +91,12 @@ nccl_api! {
                 Some(d) => usize::try_from(d).map_err(|_| Error::invalid_usage(format!("current device {d} is negative")))?,
                 None => rustccl::params::env_str("RUSTCCL_DEVICE").and_then(|v| v.trim().parse().ok()).unwrap_or(0),
             };
-            // Memory windows can be made of.
-            let p = backend.alloc_symmetric(device, size)?;
+            // Memory windows can be made of, where the backend has windows; shareable memory
+            // elsewhere (what NCCL's allocator gives too).
+            let p = match backend.window_memory() {
+                Some(windows) => windows.alloc_symmetric(device, size)?,
+                None => backend.alloc_shareable(device, size)?.0,
+            };
             ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).push((p.0, backend));
             // SAFETY: checked non-null.
             unsafe { *out = p.0 as *mut c_void };
@@ -118,8 +122,12 @@ nccl_api! {
                 return Err(Error::invalid_argument("buff or handle is NULL, or size is 0"));
             }
             let backend = c.comm.backend();
-            let known = !backend.capabilities().host_addressable
-                || backend.host_address(DevicePtr(buff as u64), size).is_ok();
+            // Device memory is known to the driver; host memory the host backend does not know
+            // yet is registered for the time of the registration.
+            let known = match backend.host_access() {
+                None => true,
+                Some(host) => host.host_address(DevicePtr(buff as u64), size).is_ok(),
+            };
             let (ptr, owned) = if known {
                 (DevicePtr(buff as u64), false)
             } else {

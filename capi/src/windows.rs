@@ -106,9 +106,10 @@ pub fn publish(comm: &Communicator, w: Window) -> Result<*mut c_void, Error> {
     Ok(h as *mut c_void)
 }
 
-/// Puts a handle's layout where the backend's kernels can read it.
+/// Puts a handle's layout where the backend's kernels can read it (a box where the backend
+/// has no kernels: only host code reads it there).
 fn place(backend: &Arc<dyn DeviceBackend>, vidmem: Vidmem) -> Result<Storage, Error> {
-    if backend.capabilities().host_addressable {
+    if backend.kernels().is_none() {
         return Ok(Storage::Boxed(Box::new(vidmem)));
     }
     let m = backend.alloc_host_mapped(std::mem::size_of::<Vidmem>())?;

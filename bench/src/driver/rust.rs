@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rustccl::backend::{BackendKind, DeviceBackend, DevicePtr, Stream};
+use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
 use rustccl::window::{Window, WIN_COLL_SYMMETRIC};
 use rustccl::{CommConfig, Communicator, ReduceOp, Scalar, UniqueId};
 
@@ -79,8 +79,8 @@ impl RustDriver {
     /// The CUDA runtime for `-G` (loaded, and pointed at this rank's device, on first use)
     /// and rustccl's stream as a `cudaStream_t`; only on the cuda backend.
     fn graph_runtime(&mut self) -> Result<(&CudaApi, CudaStream)> {
-        let kind = self.backend.kind();
-        if kind != BackendKind::Cuda {
+        if !self.backend.capabilities().cuda_handles {
+            let kind = self.backend.kind();
             return Err(no_graphs(&format!(
                 "the {kind} backend has none (RUSTCCL_BACKEND={}); run on the cuda backend (RUSTCCL_BACKEND=cuda) or drop -G",
                 kind.name()
@@ -217,7 +217,8 @@ impl Driver for RustDriver {
                 let bytes = bytes.max(1);
                 let p = self
                     .backend
-                    .alloc_symmetric(self.device, bytes)
+                    .window_memory_or_err("-R 2")
+                    .and_then(|w| w.alloc_symmetric(self.device, bytes))
                     .map_err(e("alloc_symmetric (-R 2)"))?;
                 self.allocations.push(p);
                 let w = self

@@ -21,6 +21,14 @@ pub struct Capabilities {
     /// executor) and buffers are host addresses. Otherwise they run on the device (the
     /// collective interpreter) and connections between devices of one host can be P2P.
     pub host_addressable: bool,
+    /// Devices are numbers, not hardware (the host backend's): each is the same memory and
+    /// the same CPUs, so a process needs no device of its own (a launcher's local rank picks
+    /// none: `Communicator::from_env` gives every process device 0).
+    pub virtual_devices: bool,
+    /// Streams and device addresses are the CUDA driver's own (`CUstream`, `CUdeviceptr`), so
+    /// CUDA libraries' values — cudarc's streams and buffers, a `cudaStream_t` to capture a
+    /// graph on — can be used with the backend as they are.
+    pub cuda_handles: bool,
     /// The cost model, by [`Protocol::index`].
     pub protocols: [ProtocolCost; 3],
     /// Bandwidth grows with the channels (each channel is a block of its own).
@@ -122,6 +130,8 @@ impl Capabilities {
         const SLOT: usize = 512 * 1024;
         Capabilities {
             host_addressable: true,
+            virtual_devices: true,
+            cuda_handles: false,
             protocols: [
                 // LL: the one-shot exchange (`one_shot_ll`), in 64 KiB pieces; it moves n - 1 copies of
                 // each input, so it gives way to the ring from about 32-128 KiB (measured).
@@ -157,6 +167,8 @@ impl Capabilities {
         let p2p_channels = max_p2p_channels().unwrap_or(32);
         Capabilities {
             host_addressable: false,
+            virtual_devices: false,
+            cuda_handles: true,
             // Per channel: bus bandwidth measured with one channel on an H200 (session 6,
             // docs/data/h200-1gpu-2ranks-2026-12-02, the large-size plateaus of the ch1 runs;
             // Simple from session 7's 1 MiB slots, docs/data/h200-1gpu-2ranks-2026-12-02-s7);
@@ -199,11 +211,13 @@ impl Capabilities {
     /// have run on one. LL128 is left out of the automatic choice (it stays available to
     /// `NCCL_PROTO`): it relies on a 128-byte line written by eight lanes arriving whole,
     /// which NVIDIA's GPUs give and AMD's do not promise (RCCL enables it only on the GPUs it
-    /// has validated). No symmetric kernels: the hip backend has no symmetric memory yet.
+    /// has validated). No symmetric kernels: the hip backend has no symmetric memory yet. Its
+    /// handles are HIP's, not CUDA's.
     pub fn gpu_amd() -> Capabilities {
         let mut c = Capabilities::gpu();
         c.protocols[Protocol::Ll128.index()].latency_us = 1e6;
         c.symmetric_kernels = false;
+        c.cuda_handles = false;
         c
     }
 }

@@ -148,8 +148,8 @@ pub(crate) trait MemoryCalls {
     fn pointer_range(&self, ptr: u64) -> std::result::Result<PointerRange, String>;
 }
 
-/// The memory operations of [`crate::backend::DeviceBackend`] for a backend whose memory
-/// is this bookkeeping over its [`MemoryCalls`]: written inside its `impl DeviceBackend`.
+/// The allocation and registration operations of [`crate::backend::Memory`] for a backend
+/// whose memory is this bookkeeping over its [`MemoryCalls`]: written inside its `impl Memory`.
 macro_rules! memory_operations {
     () => {
         fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
@@ -177,21 +177,34 @@ macro_rules! memory_operations {
         fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
             $crate::backend::gpu_memory::unregister_host(self, ptr)
         }
-
-        fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
-            $crate::backend::gpu_memory::alloc_shareable(self, device, bytes)
-        }
-
-        fn import(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
-            $crate::backend::gpu_memory::import(self, device, handle)
-        }
-
-        fn close_import(&self, ptr: DevicePtr) -> Result<()> {
-            $crate::backend::gpu_memory::close_import(self, ptr)
-        }
     };
 }
 pub(crate) use memory_operations;
+
+/// [`crate::backend::Sharing`] for a backend whose memory is this bookkeeping over its
+/// [`MemoryCalls`] (IPC handles): the whole `impl` for `$backend`.
+macro_rules! impl_sharing {
+    ($backend:ty) => {
+        impl $crate::backend::Sharing for $backend {
+            fn alloc_shareable(
+                &self,
+                device: usize,
+                bytes: usize,
+            ) -> $crate::error::Result<($crate::backend::DevicePtr, $crate::backend::ShareHandle)> {
+                $crate::backend::gpu_memory::alloc_shareable(self, device, bytes)
+            }
+
+            fn import(&self, device: usize, handle: &$crate::backend::ShareHandle) -> $crate::error::Result<$crate::backend::DevicePtr> {
+                $crate::backend::gpu_memory::import(self, device, handle)
+            }
+
+            fn close_import(&self, ptr: $crate::backend::DevicePtr) -> $crate::error::Result<()> {
+                $crate::backend::gpu_memory::close_import(self, ptr)
+            }
+        }
+    };
+}
+pub(crate) use impl_sharing;
 
 pub(crate) fn read<M: MemoryCalls + ?Sized>(b: &M) -> RwLockReadGuard<'_, Table> {
     b.table().read().unwrap_or_else(|p| p.into_inner())
@@ -317,7 +330,7 @@ pub(crate) fn free_host_mapped<M: MemoryCalls + ?Sized>(b: &M, mem: HostMapped) 
 }
 
 /// # Safety
-/// As [`crate::backend::DeviceBackend::register_host`]: `ptr..ptr+bytes` stays valid for
+/// As [`crate::backend::Memory::register_host`]: `ptr..ptr+bytes` stays valid for
 /// reads and writes until it is unregistered.
 pub(crate) unsafe fn register_host<M: MemoryCalls + ?Sized>(b: &M, ptr: *mut u8, bytes: usize) -> Result<DevicePtr> {
     if ptr.is_null() || bytes == 0 {

@@ -12,7 +12,8 @@
 //!   name and size.
 //! - There are no device kernels: collectives run on CPU threads, in the host executor
 //!   (`coll/exec.rs`), which reduces with [`crate::reduce`] on the addresses
-//!   [`host_address`](DeviceBackend::host_address) gives it.
+//!   [`host_address`](super::HostAccess::host_address) gives it. So of the optional groups it
+//!   has host access and window memory (`symmetric`), no kernels and no zero-copy buffers.
 //!
 //! Concurrency: the memory table sits behind a read-write lock. Copies and fills hold the
 //! read lock while they run (so ranks on different threads run in parallel and nothing they
@@ -30,7 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 use memory::{Allocation, Kind, Table};
 use shm::SharedRegion;
 
-use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
+use super::{BackendKind, BufferSharing, DeviceBackend, DevicePtr, Event, HostAccess, HostMapped, Kernels, Memory, ShareHandle, Sharing, Stream, Streams, SymmetricKernels, WindowMemory};
 use crate::error::{Error, Result};
 
 pub use shm::SHM_DIR;
@@ -192,6 +193,28 @@ impl DeviceBackend for HostBackend {
         Ok(format!("host device {device}"))
     }
 
+    fn kernels(&self) -> Option<&dyn Kernels> {
+        None
+    }
+
+    fn symmetric_kernels(&self) -> Option<&dyn SymmetricKernels> {
+        None
+    }
+
+    fn window_memory(&self) -> Option<&dyn WindowMemory> {
+        Some(self)
+    }
+
+    fn buffer_sharing(&self) -> Option<&dyn BufferSharing> {
+        None
+    }
+
+    fn host_access(&self) -> Option<&dyn HostAccess> {
+        Some(self)
+    }
+}
+
+impl Memory for HostBackend {
     fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
         self.check_device(device, "alloc")?;
         let a = Allocation::heap(bytes, Kind::Device, Some(device))?;
@@ -225,6 +248,10 @@ impl DeviceBackend for HostBackend {
     fn unregister_host(&self, ptr: DevicePtr) -> Result<()> {
         self.write_memory().remove(ptr, "unregister_host", &[Kind::Registered])?;
         Ok(())
+    }
+
+    fn memory_info(&self, _device: usize) -> Result<Option<(usize, usize)>> {
+        Ok(None)
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
@@ -266,6 +293,14 @@ impl DeviceBackend for HostBackend {
         Ok(())
     }
 
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller keeps `src` valid for `bytes`.
+        let data = unsafe { std::slice::from_raw_parts(src, bytes) };
+        self.copy_to_device(dst, data, stream)
+    }
+}
+
+impl Streams for HostBackend {
     fn create_stream(&self, device: usize) -> Result<Stream> {
         self.check_device(device, "create_stream")?;
         let id = self.new_handle();
@@ -325,6 +360,16 @@ impl DeviceBackend for HostBackend {
         }
     }
 
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        f()
+    }
+
+    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+impl Sharing for HostBackend {
     fn alloc_shareable(&self, device: usize, bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
         self.check_device(device, "alloc_shareable")?;
         let (region, name) = SharedRegion::create(&self.shm_dir, bytes)?;
@@ -346,44 +391,9 @@ impl DeviceBackend for HostBackend {
         Ok(())
     }
 
-    fn symmetric_memory(&self, ptr: DevicePtr) -> Result<super::SymmetricMemory> {
-        symmetric::symmetric_memory(self, ptr)
-    }
+}
 
-    fn reserve_space(&self, bytes: usize) -> Result<DevicePtr> {
-        symmetric::reserve_space(self, bytes)
-    }
-
-    fn release_space(&self, base: DevicePtr, bytes: usize) -> Result<()> {
-        symmetric::release_space(self, base, bytes)
-    }
-
-    fn map_shared_at(&self, device: usize, handle: &ShareHandle, at: DevicePtr) -> Result<()> {
-        symmetric::map_shared_at(self, device, handle, at)
-    }
-
-    fn unmap_at(&self, at: DevicePtr) -> Result<()> {
-        symmetric::unmap_at(self, at)
-    }
-
-    fn launch_exec(&self, _launch: &super::ExecLaunch, _stream: Stream) -> Result<()> {
-        Err(Error::invalid_usage("the host backend runs collectives on the CPU; it has no device kernels"))
-    }
-
-    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        f()
-    }
-
-    fn is_capturing(&self, _stream: Stream) -> Result<bool> {
-        Ok(false)
-    }
-
-    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller keeps `src` valid for `bytes`.
-        let data = unsafe { std::slice::from_raw_parts(src, bytes) };
-        self.copy_to_device(dst, data, stream)
-    }
-
+impl HostAccess for HostBackend {
     fn host_address(&self, ptr: DevicePtr, bytes: usize) -> Result<usize> {
         Ok(memory::resolve_locked(&self.memory, ptr, bytes, "buffer")? as usize)
     }

@@ -395,7 +395,7 @@ fn patch(comm: &Communicator, task: &Task, entry: &mut Entry) -> Result<()> {
         if !caps.host_addressable {
             return Ok(ptr.0 as usize);
         }
-        backend.host_address(ptr, bytes)
+        backend.host_access_or_err("a cached plan's buffers")?.host_address(ptr, bytes)
     };
     let config = comm.config();
     let env = plan::PlanEnv {

@@ -195,7 +195,7 @@ impl PlanEnv<'_> {
             if !caps.host_addressable {
                 return Ok(ptr.0 as usize);
             }
-            backend.host_address(ptr, bytes)
+            backend.host_access_or_err("the plan's buffers")?.host_address(ptr, bytes)
         };
         let config = comm.config();
         let env = PlanEnv {

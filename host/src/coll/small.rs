@@ -327,7 +327,7 @@ fn make_board(comm: &Communicator) -> Result<Option<Board>> {
     };
     let n = all.len();
     let mut board = Board::new(mine, n);
-    board.regions[me] = backend.host_address(board.mine, REGION)?;
+    board.regions[me] = backend.host_access_or_err("the board")?.host_address(board.mine, REGION)?;
     // Rank r's region is mapped last by rank r + 1, which then unlinks its file (the backend's
     // `import_last`): from then on it lives only in the mappings, and goes with the processes
     // however they end. So: every region but the one this rank maps last, then (every other
@@ -337,7 +337,7 @@ fn make_board(comm: &Communicator) -> Result<Option<Board>> {
         let h = crate::backend::ShareHandle::from_bytes(&all[r][1..])?;
         let p = if last { backend.import_last(device, &h)? } else { backend.import(device, &h)? };
         board.imports.push(p);
-        board.regions[r] = backend.host_address(p, REGION)?;
+        board.regions[r] = backend.host_access_or_err("the board")?.host_address(p, REGION)?;
         Ok(())
     };
     let mut mapped: Result<()> = (0..n).filter(|&r| r != me && r != last_of_mine).try_for_each(|r| map(&mut board, r, false));

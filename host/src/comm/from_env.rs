@@ -20,7 +20,7 @@
 //! The device: the local rank modulo the number of devices on a GPU backend (one GPU per local
 //! rank, as torchrun users expect); device 0 on the host backend, whose devices are virtual.
 
-use crate::backend::{self, BackendKind};
+use crate::backend;
 use crate::bootstrap::{self, UniqueId};
 use crate::config::CommConfig;
 use crate::error::{Error, Result};
@@ -215,15 +215,14 @@ impl Communicator {
     fn from_env_inner(config: &CommConfig) -> Result<Communicator> {
         let env = LaunchEnv::detect()?;
         let backend = backend::select_backend()?;
-        let device = match backend.kind() {
-            BackendKind::Host => 0,
-            kind => {
-                let count = backend.device_count()?;
-                if count == 0 {
-                    return Err(Error::invalid_usage(format!("from_env: the {kind} backend sees no device")));
-                }
-                env.local_rank % count as i32
+        let device = if backend.capabilities().virtual_devices {
+            0
+        } else {
+            let count = backend.device_count()?;
+            if count == 0 {
+                return Err(Error::invalid_usage(format!("from_env: the {} backend sees no device", backend.kind())));
             }
+            env.local_rank % count as i32
         };
         let addr = rustccl_netif::parse_socket_addr(&env.rendezvous)
             .map_err(|e| Error::from(e).context(format!("the rendezvous address from {}", env.rendezvous_from)))?;

@@ -4,7 +4,7 @@
 //! the sender's kernel writes the message straight into the buffer (`exec.cu`, "zero-copy
 //! receives"). For that the sender's process must map the receiver's allocation. The receiver
 //! arranges it when it launches the receive: it exports the allocation
-//! (`DeviceBackend::export_buffer`) and asks the peer's communicator to map it (a bootstrap
+//! (`BufferSharing::export_buffer`) and asks the peer's communicator to map it (a bootstrap
 //! request, answered by the peer's reader thread, so the peer's main thread never has to take
 //! part), then puts where the buffer lies in the peer's process in the receive's context
 //! (`OpCtx::dst_remote`). Mappings are kept per (peer, allocation) until the buffer is
@@ -95,7 +95,7 @@ impl Registry {
     /// Unmaps every peer buffer mapped here (warnings for failures).
     pub(crate) fn close_imports(&mut self, backend: &dyn crate::backend::DeviceBackend) {
         for (_, (at, _)) in self.imports.drain() {
-            if let Err(e) = backend.close_buffer(DevicePtr(at)) {
+            if let Err(e) = backend.buffer_sharing_or_err("close_buffer").and_then(|b| b.close_buffer(DevicePtr(at))) {
                 tracing::warn!(target: "NET", "unmapping a peer's registered buffer: {}", e.message);
             }
         }
@@ -256,7 +256,7 @@ impl Communicator {
         }
         let device = self.inner.device.max(0) as usize;
         let backend = self.backend();
-        let m = backend.export_buffer(device, DevicePtr(ptr), bytes)?;
+        let m = backend.buffer_sharing_or_err("zero-copy receive")?.export_buffer(device, DevicePtr(ptr), bytes)?;
         let bs = self.ready("zero-copy receive")?;
         let answer = bs
             .request(peer, &encode_request(REQ_MAP, std::process::id(), m.base.0, Some(&m.handle)), MAP_WAIT)
@@ -292,10 +292,10 @@ impl Communicator {
         }
         // A new allocation at an address an old one had: the old mapping goes.
         if let Some((old, _)) = reg.imports.remove(&(peer, base)) {
-            let _ = self.backend().close_buffer(DevicePtr(old));
+            let _ = self.backend().buffer_sharing_or_err("close_buffer").and_then(|b| b.close_buffer(DevicePtr(old)));
         }
         let device = self.inner.device.max(0) as usize;
-        let at = self.backend().import_buffer(device, &handle)?;
+        let at = self.backend().buffer_sharing_or_err("mapping a peer's buffer")?.import_buffer(device, &handle)?;
         reg.imports.insert((peer, base), (at.0, handle));
         Ok(at.0)
     }
@@ -305,7 +305,7 @@ impl Communicator {
     /// rank's sends into it fed, had completed, and later receives do not post it.
     fn unmap_peer_buffer(&self, peer: u32, base: u64) {
         let Some((at, _)) = self.registry().imports.remove(&(peer, base)) else { return };
-        if let Err(e) = self.backend().close_buffer(DevicePtr(at)) {
+        if let Err(e) = self.backend().buffer_sharing_or_err("close_buffer").and_then(|b| b.close_buffer(DevicePtr(at))) {
             tracing::warn!(target: "NET", "rank {}: unmapping rank {peer}'s buffer: {}", self.inner.rank, e.message);
         }
     }

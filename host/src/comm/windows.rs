@@ -15,7 +15,7 @@ impl Communicator {
     }
 
     /// `ncclCommWindowRegister`: registers `bytes` at `ptr` (in memory from
-    /// [`alloc_symmetric`](crate::backend::DeviceBackend::alloc_symmetric), as `ncclMemAlloc`
+    /// [`alloc_symmetric`](crate::backend::WindowMemory::alloc_symmetric), as `ncclMemAlloc`
     /// makes it, starting a multiple of 4096 bytes into its allocation) as a window every rank
     /// reaches. Collective: every rank calls it, and every rank registers and deregisters its
     /// windows in the same order. `flags`: [`crate::window::WIN_DEFAULT`] or

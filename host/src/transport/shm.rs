@@ -37,7 +37,7 @@ impl Transport for Shm {
     fn setup_recv(&self, cx: &Context, link: Link) -> Result<(Progress, Vec<u8>)> {
         let bytes = fifo_bytes(SLOT_BYTES);
         let (ptr, handle) = cx.backend.alloc_shareable(cx.device, bytes)?;
-        let base = cx.backend.host_address(ptr, bytes)?;
+        let base = cx.backend.host_access_or_err("shm transport")?.host_address(ptr, bytes)?;
         let memory = Memory::Exported { backend: Arc::clone(cx.backend), ptr, bytes };
         // SAFETY: the region is fifo_bytes(SLOT_BYTES) of zeroed shared memory that
         // `memory` keeps mapped as long as the connection lives.
@@ -51,7 +51,7 @@ impl Transport for Shm {
         // The only importer: the file goes once mapped, so a killed rank
         // leaves nothing in /dev/shm.
         let ptr = cx.backend.import_last(cx.device, &handle)?;
-        let base = cx.backend.host_address(ptr, fifo_bytes(SLOT_BYTES))?;
+        let base = cx.backend.host_access_or_err("shm transport")?.host_address(ptr, fifo_bytes(SLOT_BYTES))?;
         let memory = Memory::Imported { backend: Arc::clone(cx.backend), ptr };
         // SAFETY: the receiver's zeroed FIFO region, mapped while `memory` lives.
         let fifo = unsafe { Fifo::new(base as *mut u8, SLOT_BYTES) };
@@ -109,7 +109,7 @@ fn pinned_fifo(cx: &Context, host_mem: Memory) -> Result<(Fifo, Vec<Memory>)> {
         _ => return Err(Error::internal("a pinned FIFO needs shared host memory")),
     };
     let (hb, bytes, f) = (fifo::header_bytes(), pinned_bytes(), gpu_simple_fifo());
-    let haddr = host.host_address(hptr, bytes)?;
+    let haddr = host.host_access_or_err("pinned FIFO")?.host_address(hptr, bytes)?;
     // SAFETY: the shared mapping outlives the registration (`host_mem` is released after it).
     let dptr = unsafe { cx.backend.register_host(haddr as *mut u8, bytes)? };
     let mem = vec![Memory::Registered { backend: Arc::clone(cx.backend), ptr: dptr }, host_mem];

@@ -29,11 +29,11 @@ use super::buffer::{sealed, RecvBuf, Resolver, SendBuf};
 use super::element::Element;
 use super::error::{Error, ErrorKind, Result};
 use super::stream::{sealed::StreamSealed, AsStream, StreamArg};
-use crate::backend::{BackendKind, DeviceBackend, DevicePtr};
+use crate::backend::{DeviceBackend, DevicePtr};
 
 /// A cudarc stream may only be used with a communicator of the CUDA backend on its device.
 pub(crate) fn check_stream(s: &CudaStream, backend: &dyn DeviceBackend, device: usize) -> Result<()> {
-    if backend.kind() != BackendKind::Cuda {
+    if !backend.capabilities().cuda_handles {
         return Err(Error::new(
             ErrorKind::Memory,
             format!("a cudarc stream was passed to a communicator on the {} backend; use RUSTCCL_BACKEND=cuda, or rustccl's Stream", backend.kind()),
@@ -66,7 +66,7 @@ impl AsStream for Arc<CudaStream> {}
 impl<'a> Resolver<'a> {
     /// The operation's cudarc stream, for a buffer on device `ordinal`.
     fn cudarc_stream(&self, ordinal: usize) -> Result<&'a CudaStream> {
-        if self.backend.kind() != BackendKind::Cuda {
+        if !self.backend.capabilities().cuda_handles {
             return Err(Error::new(
                 ErrorKind::Memory,
                 format!(

@@ -61,7 +61,7 @@ pub(crate) unsafe fn hold(backend: &Arc<dyn DeviceBackend>, ptr: *const u8, byte
     }
     let overlapping: Vec<usize> =
         (0..t.len()).filter(|&i| same(&t[i].backend, backend) && t[i].start < end && start < t[i].end).collect();
-    if overlapping.is_empty() && backend.host_address(addr, bytes).is_ok() {
+    if overlapping.is_empty() && backend.host_access().is_some_and(|h| h.host_address(addr, bytes).is_ok()) {
         // Memory the backend allocated or someone else registered.
         return Ok((addr, None));
     }
@@ -130,7 +130,7 @@ mod tests {
         drop((ha, hb));
         backend.copy_from_device(&mut out[..48], c, Stream::DEFAULT).unwrap();
         drop(hc);
-        assert!(backend.host_address(a, 1).is_err(), "the last holder unregisters");
+        assert!(backend.host_access().unwrap().host_address(a, 1).is_err(), "the last holder unregisters");
         let (_, none) = unsafe { hold(&backend, p, 0) }.unwrap();
         assert!(none.is_none());
     }

@@ -11,7 +11,7 @@
 //! same order (as NCCL requires); each registration also exchanges what the ranks hold, so a
 //! rank that registered something else is an error on every rank, not a hang.
 //!
-//! Backends provide the memory side (`DeviceBackend::alloc_symmetric`, `symmetric_memory`,
+//! Backends provide the memory side (`WindowMemory::alloc_symmetric`, `symmetric_memory`,
 //! `reserve_space`, `map_shared_at`, `unmap_at`): the host backend maps `/dev/shm` files, the
 //! CUDA backend cuMem allocations passed between processes as file descriptors.
 
@@ -302,7 +302,7 @@ impl Windows {
 
     /// This rank's allocation for a window at `ptr`, and whether it is mapped already.
     fn local_part(&self, x: &Exchange, ptr: DevicePtr, bytes: usize) -> Result<(crate::backend::SymmetricMemory, Option<usize>)> {
-        let mem = x.backend.symmetric_memory(ptr)?;
+        let mem = x.backend.window_memory_or_err("window registration")?.symmetric_memory(ptr)?;
         let off = (ptr.0 - mem.base.0) as usize;
         if !off.is_multiple_of(WIN_ALIGNMENT) {
             return Err(Error::invalid_argument(format!(
@@ -322,11 +322,12 @@ impl Windows {
 
     /// Reserves the flat range if needed, takes an offset and maps every rank's allocation.
     fn map_all(&mut self, x: &Exchange, local_base: u64, handles: &[(u64, ShareHandle)]) -> Result<Mem> {
+        let memory = x.backend.window_memory_or_err("window registration")?;
         if self.reserved.is_none() {
             let stride = stride_setting();
             let bytes = usize::try_from(stride as u128 * x.nranks as u128)
                 .map_err(|_| Error::invalid_argument(format!("{} ranks × a {stride}-byte stride is too large", x.nranks)))?;
-            let base = x.backend.reserve_space(bytes)?;
+            let base = memory.reserve_space(bytes)?;
             tracing::info!(target: "INIT", "symmetric windows: {bytes} bytes of address space reserved ({stride} per rank)");
             self.reserved =
                 Some(Reserved { backend: Arc::clone(x.backend), base: base.0, bytes, stride, space: Space::new(stride) });
@@ -342,9 +343,9 @@ impl Windows {
         let mut mapped = Vec::with_capacity(handles.len());
         for (peer, (_, h)) in handles.iter().enumerate() {
             let at = DevicePtr(r.base + peer as u64 * r.stride + offset);
-            if let Err(e) = x.backend.map_shared_at(x.device, h, at) {
+            if let Err(e) = memory.map_shared_at(x.device, h, at) {
                 for m in &mapped {
-                    let _ = x.backend.unmap_at(*m);
+                    let _ = memory.unmap_at(*m);
                 }
                 r.space.free(offset, span);
                 return Err(e.context(format!("mapping rank {peer}'s window")));
@@ -378,7 +379,7 @@ impl Windows {
         let r = self.reserved.as_mut().expect("a mapped memory has a space");
         let mut first = None;
         for at in &m.mapped {
-            if let Err(e) = r.backend.unmap_at(*at) {
+            if let Err(e) = r.backend.window_memory_or_err("unmapping a window").and_then(|w| w.unmap_at(*at)) {
                 first.get_or_insert(e);
             }
         }
@@ -400,7 +401,7 @@ impl Windows {
         } else {
             rustccl_kernels::exec::SYM_RES_BYTES as usize
         };
-        let alloc = x.backend.alloc_symmetric(x.device, bytes).and_then(|p| {
+        let alloc = x.backend.window_memory_or_err("the symmetric kernels' memory").and_then(|w| w.alloc_symmetric(x.device, bytes)).and_then(|p| {
             let zeroed = x.backend.memset(p, 0, bytes, crate::backend::Stream::DEFAULT).and_then(|_| x.backend.synchronize(crate::backend::Stream::DEFAULT));
             zeroed.map(|_| p).inspect_err(|_| {
                 let _ = x.backend.free(p);
@@ -464,7 +465,7 @@ impl Windows {
         let past = self.ce_epoch.wrapping_mul(2).wrapping_add(1 << 20);
         let r = backend.create_stream(device).and_then(|s| {
             let r = (0..nranks)
-                .try_for_each(|p| backend.stream_write_u32(DevicePtr(flags + 4 * p as u64), past, s))
+                .try_for_each(|p| backend.kernels_or_err("releasing copy-engine waits")?.stream_write_u32(DevicePtr(flags + 4 * p as u64), past, s))
                 .and_then(|_| backend.synchronize(s));
             let _ = backend.destroy_stream(s);
             r
@@ -487,12 +488,12 @@ impl Windows {
         let Some(r) = self.reserved.take() else { return };
         for m in self.mems.drain(..) {
             for at in m.mapped {
-                if let Err(e) = r.backend.unmap_at(at) {
+                if let Err(e) = r.backend.window_memory_or_err("unmapping a window").and_then(|w| w.unmap_at(at)) {
                     tracing::warn!(target: "INIT", "unmapping a window at {at}: {}", e.message);
                 }
             }
         }
-        if let Err(e) = r.backend.release_space(DevicePtr(r.base), r.bytes) {
+        if let Err(e) = r.backend.window_memory_or_err("releasing windows").and_then(|w| w.release_space(DevicePtr(r.base), r.bytes)) {
             tracing::warn!(target: "INIT", "releasing the windows' address space: {}", e.message);
         }
         if let Some((p, _)) = resources {

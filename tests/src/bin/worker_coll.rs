@@ -1041,7 +1041,7 @@ fn matrix_with(comm: Communicator) -> Result<(), Error> {
     // NCCL_WIN_COLL_SYMMETRIC), so collectives that have symmetric kernels take them.
     let windows = std::env::var("COLL_WINDOWS").is_ok_and(|v| v == "1");
     let bufs = if windows {
-        Bufs { a: be.alloc_symmetric(dev, need)?, b: be.alloc_symmetric(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
+        Bufs { a: be.window_memory_or_err("COLL_WINDOWS=1")?.alloc_symmetric(dev, need)?, b: be.window_memory_or_err("COLL_WINDOWS=1")?.alloc_symmetric(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
     } else {
         Bufs { a: be.alloc(dev, need)?, b: be.alloc(dev, need)?, scalar: be.alloc(dev, 8)?, bytes: need }
     };
@@ -1348,10 +1348,11 @@ pub fn group_two_comms(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), E
 }
 
 /// The device a rank uses: on a device backend (several GPUs), `rank % device count`, so
-/// that ranks on one machine use different GPUs; device 0 on the host backend.
+/// that ranks on one machine use different GPUs; device 0 where devices are virtual (the host
+/// backend).
 pub fn test_device(rank: i32) -> i32 {
     match rustccl::backend::select_backend() {
-        Ok(b) if b.kind() != rustccl::backend::BackendKind::Host => {
+        Ok(b) if !b.capabilities().virtual_devices => {
             let n = b.device_count().unwrap_or(1).max(1) as i32;
             rank % n
         }

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
-use rustccl::backend::{BackendKind, DevicePtr, DeviceBackend, Stream};
+use rustccl::backend::{DevicePtr, DeviceBackend, Stream};
 use rustccl::types::DataType;
 use rustccl::{group_end, group_start, CommConfig, Communicator, Error, ReduceOp, ResultCode, UniqueId};
 
@@ -439,7 +439,7 @@ pub fn graph(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     dog.step("communicator init", slow);
     let comm = Communicator::init_rank_scalable(nranks, rank, ids, test_device(rank), &CommConfig::default())?;
     let be = comm.backend().clone();
-    if be.kind() != BackendKind::Cuda {
+    if !be.capabilities().cuda_handles {
         return Err(Error::invalid_usage(format!(
             "coll-graph captures CUDA graphs: it needs the cuda backend (RUSTCCL_BACKEND=cuda), not {}",
             be.kind().name()

@@ -59,7 +59,7 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let dev = comm.device()? as usize;
     let (n, me) = (nranks as usize, rank as usize);
     let bytes = 3 << 20;
-    let mem = b.alloc_symmetric(dev, bytes)?;
+    let mem = b.window_memory_or_err("windows test")?.alloc_symmetric(dev, bytes)?;
     let first = comm.window_register(mem, 4096, WIN_DEFAULT)?;
     let second = comm.window_register(DevicePtr(mem.0 + 4096), 1 << 20, WIN_COLL_SYMMETRIC)?;
     check(first.user_ptr() == mem && second.size() == 1 << 20, || format!("{first:?} {second:?}"))?;
@@ -105,7 +105,7 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         (DevicePtr(mem.0 + 100), 4096, 0, ResultCode::InvalidArgument),
         (plain, 4096, 0, ResultCode::InvalidArgument),
         // (The allocation's real size: a GPU rounds it up to its granularity.)
-        (mem, b.symmetric_memory(mem)?.bytes + 1, 0, ResultCode::InvalidArgument),
+        (mem, b.window_memory_or_err("windows test")?.symmetric_memory(mem)?.bytes + 1, 0, ResultCode::InvalidArgument),
         // (4: no such flag; 2 is NCCL_WIN_STRICT_ORDERING, accepted.)
         (mem, 4096, 4, ResultCode::InvalidArgument),
     ];
@@ -128,7 +128,7 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     // at once, still completes
     // with the right sums (no fault from an unmapped window).
     let big = if b.capabilities().host_addressable { 1 << 20 } else { 64 << 20 };
-    let (src, dst) = (b.alloc_symmetric(dev, big)?, b.alloc_symmetric(dev, big)?);
+    let (src, dst) = (b.window_memory_or_err("windows test")?.alloc_symmetric(dev, big)?, b.window_memory_or_err("windows test")?.alloc_symmetric(dev, big)?);
     let stream = b.create_stream(dev)?;
     let words = big / 4;
     let input: Vec<u8> = (0..words).flat_map(|i| ((i % 1000) as u32 + me as u32).to_le_bytes()).collect();
@@ -187,7 +187,7 @@ pub fn peer_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
     let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
     let b = std::sync::Arc::clone(comm.backend());
     let b: &dyn DeviceBackend = &*b;
-    let mem = b.alloc_symmetric(comm.device()? as usize, 1 << 20)?;
+    let mem = b.window_memory_or_err("windows test")?.alloc_symmetric(comm.device()? as usize, 1 << 20)?;
     let w = comm.window_register(mem, 4096, WIN_DEFAULT)?;
     write_u64(b, mem, 500 + rank as u64)?;
     comm.barrier()?;
@@ -223,7 +223,7 @@ fn two_windows(nranks: i32, rank: i32, ids: &[UniqueId], bytes: usize) -> Result
     let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
     let b = std::sync::Arc::clone(comm.backend());
     let dev = comm.device()? as usize;
-    let (src, dst) = (b.alloc_symmetric(dev, bytes)?, b.alloc_symmetric(dev, bytes)?);
+    let (src, dst) = (b.window_memory_or_err("windows test")?.alloc_symmetric(dev, bytes)?, b.window_memory_or_err("windows test")?.alloc_symmetric(dev, bytes)?);
     let windows = [comm.window_register(src, bytes, WIN_COLL_SYMMETRIC)?, comm.window_register(dst, bytes, WIN_COLL_SYMMETRIC)?];
     Ok(TwoWindows { comm, dev, src, dst, windows })
 }

@@ -1,5 +1,7 @@
-//! Launches of the collective interpreter (`exec.cu`): the kernels compiled ahead of time, peer
-//! access to the memory a launch touches, and stream capture. A launch is four steps, which
+//! [`Kernels`] and [`SymmetricKernels`] of the CUDA backend: launches of the collective
+//! interpreter (`exec.cu`) and of the symmetric kernels, the kernels compiled ahead of time,
+//! peer access to the memory a launch touches, and the stream memory operations and host
+//! callbacks of device work. A launch is four steps, which
 //! the trait also offers one by one so that a repeated collective does the middle two once:
 //! check (and make reachable) each user buffer, make the connections' slots reachable, look
 //! the kernel up (per context, operator and type), and `cuLaunchKernel` (the context is made
@@ -16,7 +18,7 @@ use rustccl_kernels::symmetric::SymKernel;
 use super::driver::{check, Ctx, CtxGuard};
 use super::streams::raw_stream;
 use super::{CudaBackend, Place};
-use crate::backend::{DevicePtr, ExecKernel, Stream};
+use crate::backend::{DevicePtr, ExecKernel, Kernels, Stream, SymmetricKernels};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -70,26 +72,6 @@ fn kernel_in(b: &CudaBackend, ctx: Ctx, device: usize, op: DeviceOp, dtype: Data
     Ok(ExecKernel { device, op, dtype, entry, handle: f.funcs[entry.index()].0 as usize as u64, context: ctx.key() as u64 })
 }
 
-pub(super) fn exec_kernel(b: &CudaBackend, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
-    kernel_in(b, b.primary(device)?, device, op, dtype, entry)
-}
-
-pub(super) fn reach_exec_memory(b: &CudaBackend, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
-    for &ptr in ptrs {
-        if let Some(owner) = b.tracked_device(ptr) {
-            b.ensure_peer(device, owner)?;
-        }
-    }
-    Ok(())
-}
-
-pub(super) fn check_exec_buffer(b: &CudaBackend, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
-    if let Some(owner) = b.check_range(ptr, bytes, "buffer")? {
-        b.ensure_peer(device, owner)?;
-    }
-    Ok(())
-}
-
 /// Where `stream` runs, which must be on `device`.
 fn place_on(b: &CudaBackend, stream: Stream, device: usize) -> Result<Place> {
     let place = b.place(stream, Some(device))?;
@@ -100,10 +82,6 @@ fn place_on(b: &CudaBackend, stream: Stream, device: usize) -> Result<Place> {
         )));
     }
     Ok(place)
-}
-
-pub(super) fn launch_exec_kernel(b: &CudaBackend, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-    launch_in(b, place_on(b, stream, kernel.device)?, kernel, args, blocks, stream)
 }
 
 /// Launches `kernel` on `stream`, which runs at `place` (on the kernel's device).
@@ -144,77 +122,119 @@ fn launch_in(b: &CudaBackend, place: Place, kernel: &ExecKernel, args: &ExecArgs
     )
 }
 
-pub(super) fn launch_exec(b: &CudaBackend, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-    let place = place_on(b, stream, launch.device)?;
-    for &(ptr, bytes) in &launch.buffers {
-        check_exec_buffer(b, place.device, ptr, bytes)?;
+impl Kernels for CudaBackend {
+    fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
+        let place = place_on(self, stream, launch.device)?;
+        for &(ptr, bytes) in &launch.buffers {
+            self.check_exec_buffer(place.device, ptr, bytes)?;
+        }
+        self.reach_exec_memory(place.device, &launch.slots)?;
+        let kernel = kernel_in(self, place.ctx, place.device, launch.op, launch.dtype, launch.entry)?;
+        launch_in(self, place, &kernel, &launch.args, launch.blocks, stream)
     }
-    reach_exec_memory(b, place.device, &launch.slots)?;
-    let kernel = kernel_in(b, place.ctx, place.device, launch.op, launch.dtype, launch.entry)?;
-    launch_in(b, place, &kernel, &launch.args, launch.blocks, stream)
-}
 
-pub(super) fn with_relaxed_capture(f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: swaps a thread-local setting; restored below.
-    check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
-    let r = f();
-    // SAFETY: as above, putting the caller's mode back.
-    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-    r
-}
-
-pub(super) fn is_capturing(b: &CudaBackend, stream: Stream) -> Result<bool> {
-    let place = b.place(stream, None)?;
-    let _g = CtxGuard::enter(place.ctx)?;
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: writes one enum.
-    check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
-    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_symmetric(
-    b: &CudaBackend,
-    device: usize,
-    op: DeviceOp,
-    dtype: DataType,
-    kernel: SymKernel,
-    args: &SymArgs,
-    blocks: u32,
-    stream: Stream,
-) -> Result<()> {
-    let place = place_on(b, stream, device)?;
-    let f = b.kernels.exec(place.ctx, b.devices[device].cc, b.driver_version, op, dtype)?.sym[kernel.index()].0;
-    if f.is_null() {
-        return Err(Error::invalid_usage(format!(
-            "the kernel sources (RUSTCCL_KERNEL_SOURCE_DIR) have no symmetric kernel {}; use the built-in sources for runs with windows",
-            kernel.name()
-        )));
+    fn exec_kernel(&self, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
+        self.device(device, "exec_kernel")?;
+        kernel_in(self, self.primary(device)?, device, op, dtype, entry)
     }
-    let _g = CtxGuard::enter(place.ctx)?;
-    let mut args = *args;
-    let mut params = [&mut args as *mut SymArgs as *mut c_void];
-    // SAFETY: the kernel takes one RustcclSymArgs by value (same layout, checked in
-    // rustccl_kernels::exec); the driver copies it before returning; the memory it points to
-    // (windows, resource memory, control block) stays mapped until the communicator's work
-    // is done. `f` is a CUfunction loaded in `place.ctx`, now current.
-    check(
-        unsafe {
-            sys::cuLaunchKernel(
-                f,
-                blocks.clamp(1, rustccl_kernels::exec::SYM_MAX_BLOCKS),
-                1,
-                1,
-                rustccl_kernels::exec::SYM_THREADS,
-                1,
-                1,
-                0,
-                raw_stream(stream),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
-        kernel.name(),
-    )
+
+    fn launch_exec_kernel(&self, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+        launch_in(self, place_on(self, stream, kernel.device)?, kernel, args, blocks, stream)
+    }
+
+    fn check_exec_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.device(device, "check_exec_buffer")?;
+        if let Some(owner) = self.check_range(ptr, bytes, "buffer")? {
+            self.ensure_peer(device, owner)?;
+        }
+        Ok(())
+    }
+
+    fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
+        self.device(device, "reach_exec_memory")?;
+        for &ptr in ptrs {
+            if let Some(owner) = self.tracked_device(ptr) {
+                self.ensure_peer(device, owner)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        let place = self.place_for(stream, &[addr])?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        // SAFETY: a 4-byte device address the caller maps (a window's flag); the default flags
+        // order the write after the stream's earlier work, memory included.
+        let r = unsafe { sys::cuStreamWriteValue32_v2(raw_stream(stream), addr.0, value, 0) };
+        check(r, "cuStreamWriteValue32")
+    }
+
+    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        let place = self.place_for(stream, &[addr])?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        // SAFETY: as above; the stream waits until (int32_t)(word - value) >= 0 (the driver's
+        // GEQ compares with wrap-around).
+        let r = unsafe {
+            sys::cuStreamWaitValue32_v2(raw_stream(stream), addr.0, value, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32)
+        };
+        check(r, "cuStreamWaitValue32")
+    }
+
+    /// `cuLaunchHostFunc`: the driver calls `callback` in stream order (see the trait).
+    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<crate::backend::HostCallback>, stream: Stream) -> Result<()> {
+        let place = self.place_for(stream, &[])?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        let user = std::sync::Arc::as_ptr(callback) as *mut c_void;
+        // SAFETY: the trampoline reads `user` as the callback, which the caller keeps alive.
+        let r = unsafe { sys::cuLaunchHostFunc(raw_stream(stream), Some(crate::backend::HostCallback::trampoline), user) };
+        check(r, "cuLaunchHostFunc")
+    }
+}
+
+impl SymmetricKernels for CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    fn launch_symmetric(
+        &self,
+        device: usize,
+        op: DeviceOp,
+        dtype: DataType,
+        kernel: SymKernel,
+        args: &SymArgs,
+        blocks: u32,
+        stream: Stream,
+    ) -> Result<()> {
+        let place = place_on(self, stream, device)?;
+        let f = self.kernels.exec(place.ctx, self.devices[device].cc, self.driver_version, op, dtype)?.sym[kernel.index()].0;
+        if f.is_null() {
+            return Err(Error::invalid_usage(format!(
+                "the kernel sources (RUSTCCL_KERNEL_SOURCE_DIR) have no symmetric kernel {}; use the built-in sources for runs with windows",
+                kernel.name()
+            )));
+        }
+        let _g = CtxGuard::enter(place.ctx)?;
+        let mut args = *args;
+        let mut params = [&mut args as *mut SymArgs as *mut c_void];
+        // SAFETY: the kernel takes one RustcclSymArgs by value (same layout, checked in
+        // rustccl_kernels::exec); the driver copies it before returning; the memory it points to
+        // (windows, resource memory, control block) stays mapped until the communicator's work
+        // is done. `f` is a CUfunction loaded in `place.ctx`, now current.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    blocks.clamp(1, rustccl_kernels::exec::SYM_MAX_BLOCKS),
+                    1,
+                    1,
+                    rustccl_kernels::exec::SYM_THREADS,
+                    1,
+                    1,
+                    0,
+                    raw_stream(stream),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            kernel.name(),
+        )
+    }
 }

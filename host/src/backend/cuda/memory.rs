@@ -194,3 +194,5 @@ impl MemoryCalls for CudaBackend {
         Ok(PointerRange { start, bytes: size, device: (device_mem && ordinal >= 0).then_some(ordinal as usize) })
     }
 }
+
+crate::backend::gpu_memory::impl_sharing!(CudaBackend);

@@ -2,11 +2,12 @@
 //! loading), so building needs no CUDA toolkit and a machine without a GPU runs everything
 //! else; the device code of `rustccl-kernels` compiled at run time by NVRTC ([`module`]).
 //!
-//! Handles are the driver's own values: a [`DevicePtr`] is a `CUdeviceptr` (unified
-//! addressing: one space for every device and pinned host memory), a [`Stream`] a `CUstream`
-//! cast to `u64` — the `cudaStream_t` a caller passes is the same value — and an [`Event`] a
-//! `CUevent`. [`Stream::DEFAULT`] (0) is the legacy NULL stream; the special handles
-//! `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2) are accepted too.
+//! Handles are the driver's own values: a [`DevicePtr`](super::DevicePtr) is a `CUdeviceptr`
+//! (unified addressing: one space for every device and pinned host memory), a
+//! [`Stream`](super::Stream) a `CUstream` cast to `u64` — the `cudaStream_t` a caller passes is
+//! the same value — and an [`Event`](super::Event) a `CUevent`.
+//! [`Stream::DEFAULT`](super::Stream::DEFAULT) (0) is the legacy NULL stream; the special
+//! handles `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2) are accepted too.
 //!
 //! Contexts: one primary context per device, retained on first use (so devices the process
 //! never touches get no context). Each call makes the context it needs current on the calling
@@ -22,23 +23,27 @@
 //! `InvalidArgument`, not a fault that would poison the context.
 //!
 //! Sharing between processes uses legacy CUDA IPC (`cuIpcGetMemHandle`/
-//! `cuIpcOpenMemHandle`): the [`ShareHandle`] payload is the 64-byte `CUipcMemHandle` and the
-//! envelope carries the size. Importing a handle this process exported maps nothing (CUDA
-//! refuses that) and returns the exporter's address; the memory then lives until both the
-//! export is freed and the import closed. NVLink multicast is never used.
+//! `cuIpcOpenMemHandle`): the [`ShareHandle`](super::ShareHandle) payload is the 64-byte
+//! `CUipcMemHandle` and the envelope carries the size. Importing a handle this process
+//! exported maps nothing (CUDA refuses that) and returns the exporter's address; the memory
+//! then lives until both the export is freed and the import closed. NVLink multicast is never
+//! used.
 //!
-//! Copies are `cuMemcpyAsync`, fills `cuMemsetD8Async`. The only kernel is the collective
+//! Copies are `cuMemcpyAsync`, fills `cuMemsetD8Async`. The only kernels are the collective
 //! interpreter (`kernels/src/device/exec.cu`, one compile per operator and type), which
-//! [`DeviceBackend::launch_exec`] (or, for a cached launch, [`DeviceBackend::exec_kernel`]
-//! and [`DeviceBackend::launch_exec_kernel`]) starts for the device executor (`exec::gpu`);
-//! it reduces bit for bit as the host reference [`crate::reduce`] does (`exec::gpu::ops`
-//! gives its operator and scalar).
+//! [`Kernels::launch_exec`] (or, for a cached launch, [`Kernels::exec_kernel`] and
+//! [`Kernels::launch_exec_kernel`]) starts for the device executor (`exec::gpu`), and the
+//! symmetric kernels built into the same module; the interpreter reduces bit for bit as the
+//! host reference [`crate::reduce`] does (`exec::gpu::ops` gives its operator and scalar).
 //!
-//! The trait's operations are grouped by concern: `memory` (the driver's calls under the
-//! bookkeeping both GPU backends share, `backend::gpu_memory`: allocation, tracking, sharing,
-//! range checks), `copy` (copies and fills), `streams` (streams, events, and where work on a
-//! stream runs), `launch` (the interpreter's launches, peer access, stream capture); this
-//! file holds the devices and contexts and the trait's table of operations.
+//! The CUDA backend has every group of the backend traits but host access. Each is implemented
+//! in the module of its concern: `copy` ([`Memory`](crate::backend::Memory): copies and
+//! fills, with the allocation bookkeeping both GPU backends share, `backend::gpu_memory`, over
+//! the driver's calls in `memory`, which also gives [`Sharing`](crate::backend::Sharing)),
+//! `streams` ([`Streams`](crate::backend::Streams): streams, events, stream capture, and where
+//! work on a stream runs), `launch` ([`Kernels`], [`SymmetricKernels`]: the launches, peer
+//! access, stream memory operations), `symmetric` ([`WindowMemory`], [`BufferSharing`]); this
+//! file holds the devices and contexts, and the backend's identity.
 
 mod copy;
 pub mod driver;
@@ -56,7 +61,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use cudarc::driver::sys;
 
-use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
+use super::{BackendKind, BufferSharing, DeviceBackend, HostAccess, Kernels, SymmetricKernels, WindowMemory};
 use crate::error::{Error, Result};
 use driver::{check, Ctx, CtxGuard};
 use crate::backend::gpu_memory::Table;
@@ -277,183 +282,28 @@ impl DeviceBackend for CudaBackend {
         Ok(self.devices.len())
     }
 
-    crate::backend::gpu_memory::memory_operations!();
-
     fn device_name(&self, device: usize) -> Result<String> {
         Ok(self.device(device, "device_name")?.name.clone())
     }
 
-    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        copy::memset(self, dst, value, bytes, stream)
+    fn kernels(&self) -> Option<&dyn Kernels> {
+        Some(self)
     }
 
-    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
-        copy::copy(self, dst, src, bytes, stream)
+    fn symmetric_kernels(&self) -> Option<&dyn SymmetricKernels> {
+        Some(self)
     }
 
-    fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()> {
-        copy::copy_to_device(self, dst, src, stream)
+    fn window_memory(&self) -> Option<&dyn WindowMemory> {
+        Some(self)
     }
 
-    fn copy_from_device(&self, dst: &mut [u8], src: DevicePtr, stream: Stream) -> Result<()> {
-        copy::copy_from_device(self, dst, src, stream)
+    fn buffer_sharing(&self) -> Option<&dyn BufferSharing> {
+        Some(self)
     }
 
-    fn create_stream(&self, device: usize) -> Result<Stream> {
-        streams::create_stream(self, device)
-    }
-
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        streams::destroy_stream(self, stream)
-    }
-
-    fn synchronize(&self, stream: Stream) -> Result<()> {
-        streams::synchronize(self, stream)
-    }
-
-    fn query(&self, stream: Stream) -> Result<bool> {
-        streams::query(self, stream)
-    }
-
-    fn create_event(&self, device: usize) -> Result<Event> {
-        streams::create_event(self, device)
-    }
-
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        streams::record_event(self, event, stream)
-    }
-
-    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
-        streams::stream_wait_event(self, stream, event)
-    }
-
-    fn query_event(&self, event: Event) -> Result<bool> {
-        streams::query_event(self, event)
-    }
-
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        streams::synchronize_event(self, event)
-    }
-
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        streams::destroy_event(self, event)
-    }
-
-    fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {
-        let _g = driver::CtxGuard::enter(self.primary(device)?)?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: writes two size_t.
-        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "cuMemGetInfo")?;
-        Ok(Some((free, total)))
-    }
-
-    fn alloc_symmetric(&self, device: usize, bytes: usize) -> Result<DevicePtr> {
-        symmetric::alloc_symmetric(self, device, bytes)
-    }
-
-    fn symmetric_memory(&self, ptr: DevicePtr) -> Result<crate::backend::SymmetricMemory> {
-        symmetric::symmetric_memory(self, ptr)
-    }
-
-    fn reserve_space(&self, bytes: usize) -> Result<DevicePtr> {
-        symmetric::reserve_space(self, bytes)
-    }
-
-    fn release_space(&self, base: DevicePtr, bytes: usize) -> Result<()> {
-        symmetric::release_space(self, base, bytes)
-    }
-
-    fn map_shared_at(&self, device: usize, handle: &ShareHandle, at: DevicePtr) -> Result<()> {
-        symmetric::map_shared_at(self, device, handle, at)
-    }
-
-    fn unmap_at(&self, at: DevicePtr) -> Result<()> {
-        symmetric::unmap_at(self, at)
-    }
-
-    fn export_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<crate::backend::SymmetricMemory> {
-        symmetric::export_buffer(self, device, ptr, bytes)
-    }
-
-    fn import_buffer(&self, device: usize, handle: &ShareHandle) -> Result<DevicePtr> {
-        symmetric::import_buffer(self, device, handle)
-    }
-
-    fn close_buffer(&self, at: DevicePtr) -> Result<()> {
-        symmetric::close_buffer(self, at)
-    }
-
-    fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
-        Err(Error::invalid_usage("host_address: device memory is not host-addressable (cuda backend)"))
-    }
-
-    fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-        launch::launch_exec(self, launch, stream)
-    }
-
-    fn exec_kernel(
-        &self,
-        device: usize,
-        op: rustccl_kernels::DeviceOp,
-        dtype: crate::types::DataType,
-        entry: rustccl_kernels::exec::ExecEntry,
-    ) -> Result<super::ExecKernel> {
-        self.device(device, "exec_kernel")?;
-        launch::exec_kernel(self, device, op, dtype, entry)
-    }
-
-    fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
-        self.device(device, "reach_exec_memory")?;
-        launch::reach_exec_memory(self, device, ptrs)
-    }
-
-    fn check_exec_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.device(device, "check_exec_buffer")?;
-        launch::check_exec_buffer(self, device, ptr, bytes)
-    }
-
-    fn launch_exec_kernel(&self, kernel: &super::ExecKernel, args: &rustccl_kernels::exec::ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-        launch::launch_exec_kernel(self, kernel, args, blocks, stream)
-    }
-
-    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<super::HostCallback>, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract is the driver call's.
-        unsafe { copy::launch_host_callback(self, callback, stream) }
-    }
-
-    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
-        copy::stream_write_u32(self, addr, value, stream)
-    }
-
-    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
-        copy::stream_wait_u32(self, addr, value, stream)
-    }
-
-    fn launch_symmetric(
-        &self,
-        device: usize,
-        op: rustccl_kernels::DeviceOp,
-        dtype: crate::types::DataType,
-        kernel: rustccl_kernels::symmetric::SymKernel,
-        args: &rustccl_kernels::exec::SymArgs,
-        blocks: u32,
-        stream: Stream,
-    ) -> Result<()> {
-        launch::launch_symmetric(self, device, op, dtype, kernel, args, blocks, stream)
-    }
-
-    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        launch::with_relaxed_capture(f)
-    }
-
-    fn is_capturing(&self, stream: Stream) -> Result<bool> {
-        launch::is_capturing(self, stream)
-    }
-
-    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller keeps the promise of this trait method, which the function
-        // it delegates to has too.
-        unsafe { copy::copy_from_pinned_async(self, dst, src, bytes, stream) }
+    fn host_access(&self) -> Option<&dyn HostAccess> {
+        None
     }
 }
 

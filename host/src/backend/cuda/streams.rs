@@ -1,11 +1,11 @@
-//! Streams and events of the CUDA backend, and where work on a stream runs (its context and
-//! device).
+//! [`Streams`] of the CUDA backend (streams, events, stream capture), and where work on a
+//! stream runs (its context and device).
 
 use cudarc::driver::sys;
 
 use super::driver::{self, check, Ctx, CtxGuard};
 use super::{CudaBackend, Place};
-use crate::backend::{DevicePtr, Event, Stream};
+use crate::backend::{DevicePtr, Event, Stream, Streams};
 use crate::error::{Error, Result};
 
 pub(super) fn raw_stream(stream: Stream) -> sys::CUstream {
@@ -60,107 +60,128 @@ impl CudaBackend {
     }
 }
 
-pub(super) fn create_stream(b: &CudaBackend, device: usize) -> Result<Stream> {
-    let _g = CtxGuard::enter(b.primary(device)?)?;
-    let mut s: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: writes one handle.
-    check(
-        unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
-        "cuStreamCreate",
-    )?;
-    let stream = Stream(s as usize as u64);
-    b.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.0, device);
-    Ok(stream)
-}
-
-pub(super) fn destroy_stream(b: &CudaBackend, stream: Stream) -> Result<()> {
-    if stream.is_default() {
-        return Err(Error::invalid_argument("destroy_stream: the default stream cannot be destroyed"));
+impl Streams for CudaBackend {
+    fn create_stream(&self, device: usize) -> Result<Stream> {
+        let _g = CtxGuard::enter(self.primary(device)?)?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(
+            unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+            "cuStreamCreate",
+        )?;
+        let stream = Stream(s as usize as u64);
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.0, device);
+        Ok(stream)
     }
-    let device = b.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream.0).ok_or_else(|| {
-        Error::invalid_argument(format!(
-            "destroy_stream: stream {:#x} is not a live stream of this backend",
-            stream.0
-        ))
-    })?;
-    let _g = CtxGuard::enter(b.primary(device)?)?;
-    // SAFETY: a stream we created, forgotten above.
-    check(unsafe { sys::cuStreamDestroy_v2(raw_stream(stream)) }, "cuStreamDestroy")
-}
 
-pub(super) fn synchronize(b: &CudaBackend, stream: Stream) -> Result<()> {
-    let place = b.place(stream, None)?;
-    let _g = CtxGuard::enter(place.ctx)?;
-    // SAFETY: a stream of the current context.
-    check(unsafe { sys::cuStreamSynchronize(raw_stream(stream)) }, "cuStreamSynchronize")
-}
-
-pub(super) fn query(b: &CudaBackend, stream: Stream) -> Result<bool> {
-    let place = b.place(stream, None)?;
-    let _g = CtxGuard::enter(place.ctx)?;
-    // SAFETY: as above.
-    match unsafe { sys::cuStreamQuery(raw_stream(stream)) } {
-        sys::CUresult::CUDA_SUCCESS => Ok(true),
-        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        r => Err(driver::cuda_error(r, "cuStreamQuery")),
+    fn destroy_stream(&self, stream: Stream) -> Result<()> {
+        if stream.is_default() {
+            return Err(Error::invalid_argument("destroy_stream: the default stream cannot be destroyed"));
+        }
+        let device = self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream.0).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "destroy_stream: stream {:#x} is not a live stream of this backend",
+                stream.0
+            ))
+        })?;
+        let _g = CtxGuard::enter(self.primary(device)?)?;
+        // SAFETY: a stream we created, forgotten above.
+        check(unsafe { sys::cuStreamDestroy_v2(raw_stream(stream)) }, "cuStreamDestroy")
     }
-}
 
-pub(super) fn create_event(b: &CudaBackend, device: usize) -> Result<Event> {
-    let _g = CtxGuard::enter(b.primary(device)?)?;
-    let mut e: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: writes one handle.
-    check(
-        unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
-        "cuEventCreate",
-    )?;
-    let event = Event(e as usize as u64);
-    b.events.lock().unwrap_or_else(|p| p.into_inner()).insert(event.0, device);
-    Ok(event)
-}
-
-pub(super) fn record_event(b: &CudaBackend, event: Event, stream: Stream) -> Result<()> {
-    let device = b.event_device(event, "record_event")?;
-    let place = b.place(stream, Some(device))?;
-    let _g = CtxGuard::enter(place.ctx)?;
-    // SAFETY: a live event of ours and a stream of the current context.
-    check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
-}
-
-pub(super) fn stream_wait_event(b: &CudaBackend, stream: Stream, event: Event) -> Result<()> {
-    let device = b.event_device(event, "stream_wait_event")?;
-    let place = b.place(stream, Some(device))?;
-    let _g = CtxGuard::enter(place.ctx)?;
-    // SAFETY: as above; waiting on an event of another device is allowed.
-    check(
-        unsafe { sys::cuStreamWaitEvent(raw_stream(stream), event.0 as usize as sys::CUevent, 0) },
-        "cuStreamWaitEvent",
-    )
-}
-
-pub(super) fn query_event(b: &CudaBackend, event: Event) -> Result<bool> {
-    let device = b.event_device(event, "query_event")?;
-    let _g = CtxGuard::enter(b.primary(device)?)?;
-    // SAFETY: a live event of ours.
-    match unsafe { sys::cuEventQuery(event.0 as usize as sys::CUevent) } {
-        sys::CUresult::CUDA_SUCCESS => Ok(true),
-        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        r => Err(driver::cuda_error(r, "cuEventQuery")),
+    fn synchronize(&self, stream: Stream) -> Result<()> {
+        let place = self.place(stream, None)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        // SAFETY: a stream of the current context.
+        check(unsafe { sys::cuStreamSynchronize(raw_stream(stream)) }, "cuStreamSynchronize")
     }
-}
 
-pub(super) fn synchronize_event(b: &CudaBackend, event: Event) -> Result<()> {
-    let device = b.event_device(event, "synchronize_event")?;
-    let _g = CtxGuard::enter(b.primary(device)?)?;
-    // SAFETY: a live event of ours.
-    check(unsafe { sys::cuEventSynchronize(event.0 as usize as sys::CUevent) }, "cuEventSynchronize")
-}
+    fn query(&self, stream: Stream) -> Result<bool> {
+        let place = self.place(stream, None)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        // SAFETY: as above.
+        match unsafe { sys::cuStreamQuery(raw_stream(stream)) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => Err(driver::cuda_error(r, "cuStreamQuery")),
+        }
+    }
 
-pub(super) fn destroy_event(b: &CudaBackend, event: Event) -> Result<()> {
-    let device = b.events.lock().unwrap_or_else(|p| p.into_inner()).remove(&event.0).ok_or_else(|| {
-        Error::invalid_argument(format!("destroy_event: event {:#x} is not a live event of this backend", event.0))
-    })?;
-    let _g = CtxGuard::enter(b.primary(device)?)?;
-    // SAFETY: a live event of ours, forgotten above.
-    check(unsafe { sys::cuEventDestroy_v2(event.0 as usize as sys::CUevent) }, "cuEventDestroy")
+    fn create_event(&self, device: usize) -> Result<Event> {
+        let _g = CtxGuard::enter(self.primary(device)?)?;
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(
+            unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        let event = Event(e as usize as u64);
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).insert(event.0, device);
+        Ok(event)
+    }
+
+    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
+        let device = self.event_device(event, "record_event")?;
+        let place = self.place(stream, Some(device))?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        // SAFETY: a live event of ours and a stream of the current context.
+        check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        let device = self.event_device(event, "stream_wait_event")?;
+        let place = self.place(stream, Some(device))?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        // SAFETY: as above; waiting on an event of another device is allowed.
+        check(
+            unsafe { sys::cuStreamWaitEvent(raw_stream(stream), event.0 as usize as sys::CUevent, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+
+    fn query_event(&self, event: Event) -> Result<bool> {
+        let device = self.event_device(event, "query_event")?;
+        let _g = CtxGuard::enter(self.primary(device)?)?;
+        // SAFETY: a live event of ours.
+        match unsafe { sys::cuEventQuery(event.0 as usize as sys::CUevent) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => Err(driver::cuda_error(r, "cuEventQuery")),
+        }
+    }
+
+    fn synchronize_event(&self, event: Event) -> Result<()> {
+        let device = self.event_device(event, "synchronize_event")?;
+        let _g = CtxGuard::enter(self.primary(device)?)?;
+        // SAFETY: a live event of ours.
+        check(unsafe { sys::cuEventSynchronize(event.0 as usize as sys::CUevent) }, "cuEventSynchronize")
+    }
+
+    fn destroy_event(&self, event: Event) -> Result<()> {
+        let device = self.events.lock().unwrap_or_else(|p| p.into_inner()).remove(&event.0).ok_or_else(|| {
+            Error::invalid_argument(format!("destroy_event: event {:#x} is not a live event of this backend", event.0))
+        })?;
+        let _g = CtxGuard::enter(self.primary(device)?)?;
+        // SAFETY: a live event of ours, forgotten above.
+        check(unsafe { sys::cuEventDestroy_v2(event.0 as usize as sys::CUevent) }, "cuEventDestroy")
+    }
+
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: swaps a thread-local setting; restored below.
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+        let r = f();
+        // SAFETY: as above, putting the caller's mode back.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        r
+    }
+
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        let place = self.place(stream, None)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: writes one enum.
+        check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
 }

@@ -1,6 +1,7 @@
-//! Launches of the collective interpreter on AMD GPUs: the code objects `hip::module` builds
-//! (the disk cache's, else hipRTC's) loaded once per device and (operator, type), peer access
-//! to the memory a launch touches, and stream capture. The same four steps as the CUDA
+//! [`Kernels`](crate::backend::Kernels) of the HIP backend: launches of the collective interpreter on AMD GPUs (the
+//! code objects `hip::module` builds, the disk cache's, else hipRTC's, loaded once per device
+//! and (operator, type)), peer access to the memory a launch touches, the stream memory
+//! operations and host callbacks of device work. No symmetric kernels (no windows yet). The same four steps as the CUDA
 //! backend's launches, which the device executor (`exec::gpu`) takes one by one for a cached
 //! collective: check each user buffer, reach the connections' slots, look the kernel up,
 //! launch (`hipModuleLaunchKernel`).
@@ -95,82 +96,93 @@ impl HipBackend {
     }
 }
 
-pub(super) fn exec_kernel(b: &HipBackend, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
-    let f = b.exec_functions(device, op, dtype)?;
-    Ok(ExecKernel { device, op, dtype, entry, handle: f[entry.index()], context: device as u64 })
-}
-
-pub(super) fn reach_exec_memory(b: &HipBackend, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
-    for &ptr in ptrs {
-        if let Some(owner) = gpu_memory::tracked_device(b, ptr) {
-            b.ensure_peer(device, owner)?;
+impl crate::backend::Kernels for HipBackend {
+    fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
+        self.stream_on(stream, launch.device)?;
+        for &(ptr, bytes) in &launch.buffers {
+            self.check_exec_buffer(launch.device, ptr, bytes)?;
         }
+        self.reach_exec_memory(launch.device, &launch.slots)?;
+        let kernel = self.exec_kernel(launch.device, launch.op, launch.dtype, launch.entry)?;
+        self.launch_exec_kernel(&kernel, &launch.args, launch.blocks, stream)
     }
-    Ok(())
-}
 
-pub(super) fn check_exec_buffer(b: &HipBackend, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
-    if let Some(owner) = gpu_memory::check_range(b, ptr, bytes, "buffer")? {
-        b.ensure_peer(device, owner)?;
+    fn exec_kernel(&self, device: usize, op: DeviceOp, dtype: DataType, entry: ExecEntry) -> Result<ExecKernel> {
+        self.device(device, "exec_kernel")?;
+        let f = self.exec_functions(device, op, dtype)?;
+        Ok(ExecKernel { device, op, dtype, entry, handle: f[entry.index()], context: device as u64 })
     }
-    Ok(())
-}
 
-pub(super) fn launch_exec_kernel(b: &HipBackend, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-    b.stream_on(stream, kernel.device)?;
-    let _g = b.enter(kernel.device)?;
-    let mut args = *args;
-    let mut params = [&mut args as *mut ExecArgs as *mut c_void];
-    // SAFETY: the kernel takes one RustcclExecArgs by value (same layout, checked in
-    // rustccl_kernels::exec); the runtime copies it before returning; the program it points
-    // to is device memory the caller keeps until the launch completes. `handle` is a
-    // hipFunction_t of a module loaded on the kernel's device, now current.
-    let r = unsafe {
-        (b.rt.calls.module_launch_kernel)(
-            kernel.handle as Handle,
-            blocks.max(1),
-            1,
-            1,
-            rustccl_kernels::exec::EXEC_THREADS,
-            1,
-            1,
-            0,
-            raw(stream),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    b.rt.check(r, kernel.entry.name())
-}
-
-pub(super) fn launch_exec(b: &HipBackend, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-    b.stream_on(stream, launch.device)?;
-    for &(ptr, bytes) in &launch.buffers {
-        check_exec_buffer(b, launch.device, ptr, bytes)?;
+    fn launch_exec_kernel(&self, kernel: &ExecKernel, args: &ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
+        self.stream_on(stream, kernel.device)?;
+        let _g = self.enter(kernel.device)?;
+        let mut args = *args;
+        let mut params = [&mut args as *mut ExecArgs as *mut c_void];
+        // SAFETY: the kernel takes one RustcclExecArgs by value (same layout, checked in
+        // rustccl_kernels::exec); the runtime copies it before returning; the program it points
+        // to is device memory the caller keeps until the launch completes. `handle` is a
+        // hipFunction_t of a module loaded on the kernel's device, now current.
+        let r = unsafe {
+            (self.rt.calls.module_launch_kernel)(
+                kernel.handle as Handle,
+                blocks.max(1),
+                1,
+                1,
+                rustccl_kernels::exec::EXEC_THREADS,
+                1,
+                1,
+                0,
+                raw(stream),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.rt.check(r, kernel.entry.name())
     }
-    reach_exec_memory(b, launch.device, &launch.slots)?;
-    let kernel = exec_kernel(b, launch.device, launch.op, launch.dtype, launch.entry)?;
-    launch_exec_kernel(b, &kernel, &launch.args, launch.blocks, stream)
-}
 
-/// `hipStreamCaptureModeRelaxed`.
-const CAPTURE_MODE_RELAXED: c_int = 2;
+    fn check_exec_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.device(device, "check_exec_buffer")?;
+        if let Some(owner) = gpu_memory::check_range(self, ptr, bytes, "buffer")? {
+            self.ensure_peer(device, owner)?;
+        }
+        Ok(())
+    }
 
-pub(super) fn with_relaxed_capture(b: &HipBackend, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-    let mut mode = CAPTURE_MODE_RELAXED;
-    // SAFETY: swaps a thread-local setting; restored below.
-    b.rt.check(unsafe { (b.rt.calls.exchange_capture_mode)(&mut mode) }, "hipThreadExchangeStreamCaptureMode")?;
-    let r = f();
-    // SAFETY: as above, putting the caller's mode back.
-    let _ = unsafe { (b.rt.calls.exchange_capture_mode)(&mut mode) };
-    r
-}
+    fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
+        self.device(device, "reach_exec_memory")?;
+        for &ptr in ptrs {
+            if let Some(owner) = gpu_memory::tracked_device(self, ptr) {
+                self.ensure_peer(device, owner)?;
+            }
+        }
+        Ok(())
+    }
 
-pub(super) fn is_capturing(b: &HipBackend, stream: Stream) -> Result<bool> {
-    let _g = b.enter(b.stream_device(stream, None)?)?;
-    let (mut status, mut id) = (0 as c_int, 0u64);
-    // SAFETY: writes one enum and one id (hipStreamIsCapturing is missing from ROCm 5.2's
-    // library; the capture info says the same).
-    b.rt.check(unsafe { (b.rt.calls.stream_capture_info)(raw(stream), &mut status, &mut id) }, "hipStreamGetCaptureInfo")?;
-    Ok(status != 0)
+    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        let _g = self.enter_for(stream, &[addr])?;
+        // SAFETY: a 4-byte device address the caller maps; ordered after the stream's earlier work.
+        self.rt.check(unsafe { (self.rt.calls.stream_write_value32)(raw(stream), addr.0 as Handle, value, 0) }, "hipStreamWriteValue32")
+    }
+
+    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
+        let _g = self.enter_for(stream, &[addr])?;
+        // SAFETY: as above. hipStreamWaitValueGte (0), the whole word: `word >= value`, without
+        // CUDA's wrap-around (see the module docs of `backend::hip`).
+        self.rt.check(unsafe { (self.rt.calls.stream_wait_value32)(raw(stream), addr.0 as Handle, value, 0, u32::MAX) }, "hipStreamWaitValue32")
+    }
+
+    /// `hipLaunchHostFunc` (untested: no AMD GPU here).
+    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<crate::backend::HostCallback>, stream: Stream) -> Result<()> {
+        let _g = self.enter_for(stream, &[])?;
+        let user = std::sync::Arc::as_ptr(callback) as *mut c_void;
+        let Some(launch) = self.rt.launch_host_func else {
+            return Err(Error::system(format!(
+                "{}: this HIP runtime lacks hipLaunchHostFunc, which a captured launch that receives over the network \
+                 needs (to tell the proxy of each replay's receives); update ROCm, or capture no network work",
+                self.rt.path.display()
+            )));
+        };
+        // SAFETY: the trampoline reads `user` as the callback, which the caller keeps alive.
+        self.rt.check(unsafe { launch(raw(stream), crate::backend::HostCallback::trampoline, user) }, "hipLaunchHostFunc")
+    }
 }

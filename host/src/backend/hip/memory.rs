@@ -144,3 +144,5 @@ impl MemoryCalls for HipBackend {
         Ok(PointerRange { start: base as u64, bytes: size, device })
     }
 }
+
+crate::backend::gpu_memory::impl_sharing!(HipBackend);

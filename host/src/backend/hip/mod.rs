@@ -5,17 +5,18 @@
 //! ([`module`]) — through the same device executor (`exec::gpu`: programs, images, the
 //! watchdog), and keeps its memory with the same bookkeeping (`backend::gpu_memory`).
 //!
-//! Handles are the runtime's own values: a [`DevicePtr`] is a device address (unified
-//! addressing, as on CUDA), a [`Stream`] a `hipStream_t` (0 the NULL stream, 2
-//! `hipStreamPerThread`), an [`Event`] a `hipEvent_t`. There are no contexts to manage: each
+//! Handles are the runtime's own values: a [`DevicePtr`](super::DevicePtr) is a device
+//! address (unified addressing, as on CUDA), a [`Stream`](super::Stream) a `hipStream_t` (0
+//! the NULL stream, 2 `hipStreamPerThread`), an [`Event`](super::Event) a `hipEvent_t`. There are no contexts to manage: each
 //! call makes the device it needs current (`hipSetDevice`) and puts the caller's back.
 //!
 //! Differences from CUDA, by design: device memory is fine-grained
 //! (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`: FIFO slots and flags that a peer GPU
 //! or the host polls while a kernel runs must be coherent, which AMD's default coarse-grained
-//! memory is not), host memory is allocated coherent, no symmetric memory (windows) or
-//! zero-copy registered buffers yet (both refused with a clear error), no fp8 kernels, and
-//! LL128 is left out of the automatic choice (`Capabilities::gpu_amd`). `stream_wait_u32`
+//! memory is not), host memory is allocated coherent, no symmetric memory (windows), symmetric
+//! kernels or zero-copy registered buffers yet (the backend offers none of these groups, so a
+//! caller that needs one gets the one error of `backend`'s `_or_err` helpers), no fp8 kernels,
+//! and LL128 is left out of the automatic choice (`Capabilities::gpu_amd`). `stream_wait_u32`
 //! compares without wrap-around (HIP's `>=`).
 //!
 //! Nothing of this backend has run on an AMD GPU (none is lent to this project): CI compiles
@@ -35,7 +36,7 @@ use std::ffi::{c_char, c_int, CStr};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::gpu_memory::Table;
-use super::{BackendKind, DeviceBackend, DevicePtr, Event, HostMapped, ShareHandle, Stream};
+use super::{BackendKind, BufferSharing, DeviceBackend, HostAccess, Kernels, SymmetricKernels, WindowMemory};
 use crate::error::{Error, Result};
 use runtime::Runtime;
 
@@ -239,135 +240,32 @@ impl DeviceBackend for HipBackend {
         Ok(self.devices.len())
     }
 
-    crate::backend::gpu_memory::memory_operations!();
-
     fn device_name(&self, device: usize) -> Result<String> {
         let d = self.device(device, "device_name")?;
         Ok(format!("{} ({})", d.name, d.arch))
     }
 
-    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        streams::memset(self, dst, value, bytes, stream)
+    fn kernels(&self) -> Option<&dyn Kernels> {
+        Some(self)
     }
 
-    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<()> {
-        streams::copy(self, dst, src, bytes, stream)
+    /// None yet: they run on windows, which this backend does not have yet.
+    fn symmetric_kernels(&self) -> Option<&dyn SymmetricKernels> {
+        None
     }
 
-    fn copy_to_device(&self, dst: DevicePtr, src: &[u8], stream: Stream) -> Result<()> {
-        streams::copy_to_device(self, dst, src, stream)
+    /// None yet (no cuMem-like mapping of shareable memory at fixed addresses written).
+    fn window_memory(&self) -> Option<&dyn WindowMemory> {
+        None
     }
 
-    fn copy_from_device(&self, dst: &mut [u8], src: DevicePtr, stream: Stream) -> Result<()> {
-        streams::copy_from_device(self, dst, src, stream)
+    /// None yet (registered buffers are received through the connections' slots).
+    fn buffer_sharing(&self) -> Option<&dyn BufferSharing> {
+        None
     }
 
-    fn create_stream(&self, device: usize) -> Result<Stream> {
-        streams::create_stream(self, device)
-    }
-
-    fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        streams::destroy_stream(self, stream)
-    }
-
-    fn synchronize(&self, stream: Stream) -> Result<()> {
-        streams::synchronize(self, stream)
-    }
-
-    fn query(&self, stream: Stream) -> Result<bool> {
-        streams::query(self, stream)
-    }
-
-    fn create_event(&self, device: usize) -> Result<Event> {
-        streams::create_event(self, device)
-    }
-
-    fn record_event(&self, event: Event, stream: Stream) -> Result<()> {
-        streams::record_event(self, event, stream)
-    }
-
-    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
-        streams::stream_wait_event(self, stream, event)
-    }
-
-    fn query_event(&self, event: Event) -> Result<bool> {
-        streams::query_event(self, event)
-    }
-
-    fn synchronize_event(&self, event: Event) -> Result<()> {
-        streams::synchronize_event(self, event)
-    }
-
-    fn destroy_event(&self, event: Event) -> Result<()> {
-        streams::destroy_event(self, event)
-    }
-
-    fn memory_info(&self, device: usize) -> Result<Option<(usize, usize)>> {
-        let _g = self.enter(device)?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: writes two size_t.
-        self.rt.check(unsafe { (self.rt.calls.mem_get_info)(&mut free, &mut total) }, "hipMemGetInfo")?;
-        Ok(Some((free, total)))
-    }
-
-    fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
-        Err(Error::invalid_usage("host_address: device memory is not host-addressable (hip backend)"))
-    }
-
-    fn launch_exec(&self, launch: &crate::backend::ExecLaunch, stream: Stream) -> Result<()> {
-        launch::launch_exec(self, launch, stream)
-    }
-
-    fn exec_kernel(
-        &self,
-        device: usize,
-        op: rustccl_kernels::DeviceOp,
-        dtype: crate::types::DataType,
-        entry: rustccl_kernels::exec::ExecEntry,
-    ) -> Result<super::ExecKernel> {
-        self.device(device, "exec_kernel")?;
-        launch::exec_kernel(self, device, op, dtype, entry)
-    }
-
-    fn reach_exec_memory(&self, device: usize, ptrs: &[DevicePtr]) -> Result<()> {
-        self.device(device, "reach_exec_memory")?;
-        launch::reach_exec_memory(self, device, ptrs)
-    }
-
-    fn check_exec_buffer(&self, device: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.device(device, "check_exec_buffer")?;
-        launch::check_exec_buffer(self, device, ptr, bytes)
-    }
-
-    fn launch_exec_kernel(&self, kernel: &super::ExecKernel, args: &rustccl_kernels::exec::ExecArgs, blocks: u32, stream: Stream) -> Result<()> {
-        launch::launch_exec_kernel(self, kernel, args, blocks, stream)
-    }
-
-    unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<super::HostCallback>, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract is the runtime call's.
-        unsafe { streams::launch_host_callback(self, callback, stream) }
-    }
-
-    fn stream_write_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
-        streams::stream_write_u32(self, addr, value, stream)
-    }
-
-    fn stream_wait_u32(&self, addr: DevicePtr, value: u32, stream: Stream) -> Result<()> {
-        streams::stream_wait_u32(self, addr, value, stream)
-    }
-
-    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        launch::with_relaxed_capture(self, f)
-    }
-
-    fn is_capturing(&self, stream: Stream) -> Result<bool> {
-        launch::is_capturing(self, stream)
-    }
-
-    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller keeps the promise of this trait method, which the function it
-        // delegates to has too.
-        unsafe { streams::copy_from_pinned_async(self, dst, src, bytes, stream) }
+    fn host_access(&self) -> Option<&dyn HostAccess> {
+        None
     }
 }
 

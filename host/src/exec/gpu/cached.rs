@@ -65,8 +65,8 @@ impl CachedLaunch {
         if !fits_arena(enc.bytes.len()) {
             return Ok(None);
         }
-        let kernel = backend.exec_kernel(device, seg.op, seg.dtype, enc.entry)?;
-        backend.reach_exec_memory(device, &enc.slots)?;
+        let kernel = backend.kernels_or_err("cached launch")?.exec_kernel(device, seg.op, seg.dtype, enc.entry)?;
+        backend.kernels_or_err("cached launch")?.reach_exec_memory(device, &enc.slots)?;
         Ok(Some(CachedLaunch { enc, image: None, kernel, links: links.clone(), receives: NetReceives::of(run, links) }))
     }
 
@@ -113,12 +113,12 @@ impl CachedLaunch {
             for c in &run.ctxs {
                 for (ptr, bytes) in [(c.src, c.src_len), (c.dst, c.dst_len)] {
                     if bytes > 0 && ptr != 0 {
-                        backend.check_exec_buffer(device, DevicePtr(ptr as u64), bytes)?;
+                        backend.kernels_or_err("cached launch")?.check_exec_buffer(device, DevicePtr(ptr as u64), bytes)?;
                     }
                 }
             }
             let args = self.enc.args(base, at.control, &encode::calls(run));
-            backend.launch_exec_kernel(&self.kernel, &args, self.enc.blocks, stream)?;
+            backend.kernels_or_err("cached launch")?.launch_exec_kernel(&self.kernel, &args, self.enc.blocks, stream)?;
             profile::stage(Stage::Kernel, t);
             Ok(())
         })

@@ -97,10 +97,10 @@ pub(crate) fn run_copy_engine(backend: &Arc<dyn DeviceBackend>, device: usize, s
     state.launch(backend, device, Engine::CopyEngines(ready), |_, at| {
         let barrier = |value: u32| -> Result<()> {
             for p in (0..n).filter(|&p| p != me) {
-                backend.stream_write_u32(DevicePtr(place.peer(flags + 4 * me as u64, p)), value, at.stream)?;
+                backend.kernels_or_err("copy-engine barrier")?.stream_write_u32(DevicePtr(place.peer(flags + 4 * me as u64, p)), value, at.stream)?;
             }
             for p in (0..n).filter(|&p| p != me) {
-                backend.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, at.stream)?;
+                backend.kernels_or_err("copy-engine barrier")?.stream_wait_u32(DevicePtr(flags + 4 * p as u64), value, at.stream)?;
             }
             Ok(())
         };

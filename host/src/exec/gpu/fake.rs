@@ -8,7 +8,10 @@ use rustccl_kernels::exec::{ExecArgs, ExecEntry, SymArgs};
 use rustccl_kernels::symmetric::SymKernel;
 use rustccl_kernels::DeviceOp;
 
-use crate::backend::{BackendKind, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostCallback, HostMapped, ShareHandle, Stream};
+use crate::backend::{
+    BackendKind, BufferSharing, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostAccess, HostCallback, HostMapped, Kernels, Memory,
+    ShareHandle, Sharing, Stream, Streams, SymmetricKernels, WindowMemory,
+};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -104,6 +107,26 @@ impl DeviceBackend for FakeDevice {
     fn device_name(&self, _device: usize) -> Result<String> {
         Ok("fake".into())
     }
+    fn kernels(&self) -> Option<&dyn Kernels> {
+        Some(self)
+    }
+    fn symmetric_kernels(&self) -> Option<&dyn SymmetricKernels> {
+        Some(self)
+    }
+    fn window_memory(&self) -> Option<&dyn WindowMemory> {
+        None
+    }
+    fn buffer_sharing(&self) -> Option<&dyn BufferSharing> {
+        None
+    }
+    fn host_access(&self) -> Option<&dyn HostAccess> {
+        None
+    }
+}
+
+/// Stand-ins where the executor needs them; the rest is an `Internal` error saying the test
+/// asked the fake for something it does not model.
+impl Memory for FakeDevice {
     fn alloc(&self, _device: usize, bytes: usize) -> Result<DevicePtr> {
         Ok(self.addr(bytes))
     }
@@ -126,6 +149,9 @@ impl DeviceBackend for FakeDevice {
     fn unregister_host(&self, _ptr: DevicePtr) -> Result<()> {
         Err(fake("unregister_host"))
     }
+    fn memory_info(&self, _device: usize) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
     fn memset(&self, _dst: DevicePtr, _value: u8, _bytes: usize, _stream: Stream) -> Result<()> {
         Err(fake("memset"))
     }
@@ -139,6 +165,17 @@ impl DeviceBackend for FakeDevice {
     fn copy_from_device(&self, _dst: &mut [u8], _src: DevicePtr, _stream: Stream) -> Result<()> {
         Err(fake("copy_from_device"))
     }
+    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, _stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract: `src` holds `bytes` bytes of pinned memory.
+        let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
+        let mut log = self.log();
+        log.uploads.push((dst, data));
+        log.calls.push(Call::Upload(dst, bytes));
+        Ok(())
+    }
+}
+
+impl Streams for FakeDevice {
     fn create_stream(&self, _device: usize) -> Result<Stream> {
         Err(fake("create_stream"))
     }
@@ -176,6 +213,17 @@ impl DeviceBackend for FakeDevice {
     fn destroy_event(&self, _event: Event) -> Result<()> {
         Ok(())
     }
+    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.log().relaxed += 1;
+        f()
+    }
+    fn is_capturing(&self, stream: Stream) -> Result<bool> {
+        self.log().calls.push(Call::IsCapturing(stream));
+        Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Sharing for FakeDevice {
     fn alloc_shareable(&self, _device: usize, _bytes: usize) -> Result<(DevicePtr, ShareHandle)> {
         Err(fake("alloc_shareable"))
     }
@@ -185,6 +233,9 @@ impl DeviceBackend for FakeDevice {
     fn close_import(&self, _ptr: DevicePtr) -> Result<()> {
         Err(fake("close_import"))
     }
+}
+
+impl Kernels for FakeDevice {
     fn launch_exec(&self, launch: &ExecLaunch, stream: Stream) -> Result<()> {
         let mut log = self.log();
         log.checked.extend(launch.buffers.iter().copied());
@@ -220,14 +271,6 @@ impl DeviceBackend for FakeDevice {
         self.log().calls.push(Call::StreamWait { addr, value, stream });
         Ok(())
     }
-    fn launch_symmetric(&self, _device: usize, op: DeviceOp, dtype: DataType, kernel: SymKernel, args: &SymArgs, blocks: u32, stream: Stream) -> Result<()> {
-        self.log().calls.push(Call::LaunchSymmetric { op, dtype, kernel, args: *args, blocks, stream });
-        Ok(())
-    }
-    fn with_relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.log().relaxed += 1;
-        f()
-    }
     unsafe fn launch_host_callback(&self, callback: &std::sync::Arc<HostCallback>, stream: Stream) -> Result<()> {
         let mut log = self.log();
         let at = log.launches.len();
@@ -235,20 +278,12 @@ impl DeviceBackend for FakeDevice {
         log.calls.push(Call::HostCallback(stream));
         Ok(())
     }
-    fn is_capturing(&self, stream: Stream) -> Result<bool> {
-        self.log().calls.push(Call::IsCapturing(stream));
-        Ok(self.capturing.load(std::sync::atomic::Ordering::Relaxed))
-    }
-    unsafe fn copy_from_pinned_async(&self, dst: DevicePtr, src: *const u8, bytes: usize, _stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract: `src` holds `bytes` bytes of pinned memory.
-        let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
-        let mut log = self.log();
-        log.uploads.push((dst, data));
-        log.calls.push(Call::Upload(dst, bytes));
+}
+
+impl SymmetricKernels for FakeDevice {
+    fn launch_symmetric(&self, _device: usize, op: DeviceOp, dtype: DataType, kernel: SymKernel, args: &SymArgs, blocks: u32, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::LaunchSymmetric { op, dtype, kernel, args: *args, blocks, stream });
         Ok(())
-    }
-    fn host_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<usize> {
-        Err(fake("host_address"))
     }
 }
 

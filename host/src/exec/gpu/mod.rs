@@ -99,7 +99,7 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
                 slots: enc.slots,
             };
             let t = std::time::Instant::now();
-            backend.launch_exec(&l, stream)?;
+            backend.kernels_or_err("launch")?.launch_exec(&l, stream)?;
             profile::record(Stage::Kernel, t);
         }
         Ok(())
@@ -129,7 +129,7 @@ pub(crate) fn announce_receives(
     // SAFETY: `state` keeps the callback as long as the communicator, as the captured
     // launch's image (replaying a graph after its communicator is gone is the caller's error,
     // as with NCCL).
-    unsafe { backend.launch_host_callback(&callback, stream)? };
+    unsafe { backend.kernels_or_err("host callback")?.launch_host_callback(&callback, stream)? };
     state.keep_captured(callback);
     Ok(())
 }

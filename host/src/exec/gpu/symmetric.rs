@@ -125,7 +125,7 @@ impl SymLaunch {
 pub(crate) fn run_symmetric(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mut ExecState, l: &SymLaunch) -> Result<()> {
     let (op, dtype, _, _) = l.op_and_type();
     state.launch(backend, device, Engine::Kernel(l.stream), |_, at| {
-        backend.launch_symmetric(device, op, dtype, l.kernel, &l.args(at.control.0), blocks(l.kernel, l.bytes), at.stream)?;
+        backend.symmetric_kernels_or_err("symmetric collective")?.launch_symmetric(device, op, dtype, l.kernel, &l.args(at.control.0), blocks(l.kernel, l.bytes), at.stream)?;
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })
