@@ -31,7 +31,7 @@
 
 use rustccl_kernels::exec::SymArgs;
 use rustccl_kernels::symmetric::SymKernel;
-use crate::plugin::profiler_events::{self, OpPlan};
+use super::observe::{self as profiler_events, OpPlan};
 
 mod host;
 
