@@ -559,7 +559,8 @@ impl ProxyTrack {
 mod tests {
     use super::*;
 
-    /// Records what a transfer's events were told (a begin once, as an observer's events start once).
+    /// Records what a transfer's events were told (a begin once: an observer's events start
+    /// once).
     struct Log(Arc<Mutex<Vec<String>>>, &'static str, bool);
 
     fn log(to: &Arc<Mutex<Vec<String>>>, name: &'static str) -> Box<Log> {

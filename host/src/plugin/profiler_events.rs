@@ -20,23 +20,25 @@
 //! Every way an operation runs gives these events: the planner's (host executor, shared
 //! memory or network, and device launches), and the ways around it for single collectives
 //! (the board of small collectives and its single copies, one-rank copies, the symmetric
-//! paths), which report one channel (`coll::observe::single_op`); so a profiler that completes an
-//! operation on its KernelCh stops (NCCL's Inspector, Google's CoMMA) sees every one complete.
+//! paths), which report one channel (`coll::observe::single_op`); so a profiler that
+//! completes an operation on its KernelCh stops (NCCL's Inspector, Google's CoMMA) sees
+//! every one complete.
 //!
 //! ProxyOp on paths without a network proxy (shared memory or device connections of the
 //! planner's runs, the board and its single copies, one-rank copies, the symmetric paths):
 //! a profiler may end an operation only when a ProxyOp under it stops (Google's CoMMA does,
 //! and reclaims at a timeout an operation that got none), so every Coll / P2p that moves
-//! data gets ProxyOps there too (`observe::RunEvents::add_local`). On a planner's run one stands for one task's
-//! slots on one connection (channel, peer, direction; nSteps its slots, chunkSize the
-//! largest); on a way around the planner one send and one receive per peer (per the rank
-//! itself on one rank) on channel 0, one step of the operation's bytes: the exchange of
-//! data with that peer, whatever the path does in detail. They start when the work starts
-//! on the host (when it completes for device work, which the host does not watch: the
-//! watchdog starts and stops them, on one thread as NCCL's proxy does) and stop when it
-//! completed, with the KernelCh events; their ProxySteps, one per slot (SendWait with its
-//! bytes, or RecvWait then RecvGPUWait), are reported at completion, since no proxy thread
-//! watches the slots one by one. They come only when ProxyOp or ProxyStep is asked for.
+//! data gets ProxyOps there too (`observe::RunEvents::add_local`). On a planner's run one
+//! stands for one task's slots on one connection (channel, peer, direction; nSteps its
+//! slots, chunkSize the largest); on a way around the planner one send and one receive per
+//! peer (per the rank itself on one rank) on channel 0, one step of the operation's bytes:
+//! the exchange of data with that peer, whatever the path does in detail. They start when
+//! the work starts on the host (when it completes for device work, which the host does not
+//! watch: the watchdog starts and stops them, on one thread as NCCL's proxy does) and stop
+//! when it completed, with the KernelCh events; their ProxySteps, one per slot (SendWait
+//! with its bytes, or RecvWait then RecvGPUWait), are reported at completion, since no proxy
+//! thread watches the slots one by one. They come only when ProxyOp or ProxyStep is asked
+//! for.
 //!
 //! KernelCh timers (`pTimer` at start and at KernelChStop) are nanoseconds of the host's
 //! clock ([`host_timer_ns`], on the Unix epoch like the GPU's globaltimer NCCL reads): on the
