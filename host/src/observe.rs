@@ -328,9 +328,9 @@ pub fn end_group_api() {
 /// when it is dropped (an operation's later, while its channels or transfers still run).
 pub struct RunEvents {
     observer: Box<dyn RunObserver>,
-    /// The transfers that no network proxy moves, with their slots' bytes: their events
-    /// start with the channels ([`RunEvents::add_local`]).
-    local: Mutex<Vec<(Box<dyn ProxyOpEvents>, Vec<usize>)>>,
+    /// The transfers that no network proxy moves: their events start with the channels
+    /// ([`RunEvents::add_local`]).
+    local: Mutex<Vec<LocalOp>>,
 }
 
 impl std::fmt::Debug for RunEvents {
@@ -361,7 +361,7 @@ impl RunEvents {
     /// every slot at once.
     pub fn add_local(&self, op: ProxyOpDescr) {
         let events = self.observer.proxy_op(&op);
-        self.local.lock().unwrap_or_else(|p| p.into_inner()).push((events, op.step_bytes));
+        self.local.lock().unwrap_or_else(|p| p.into_inner()).push(LocalOp { events, step_bytes: op.step_bytes });
     }
 
     /// The launch of this share's device work on `stream`; ends when dropped.
@@ -382,8 +382,10 @@ impl RunEvents {
 
     fn channels(&self, on_host: bool) -> Channels {
         let kernel = self.observer.kernel_channels();
-        let local = std::mem::take(&mut *self.local.lock().unwrap_or_else(|p| p.into_inner()));
-        let local = local.into_iter().map(|(events, step_bytes)| LocalOp::new(events, step_bytes, on_host)).collect();
+        let mut local = std::mem::take(&mut *self.local.lock().unwrap_or_else(|p| p.into_inner()));
+        if on_host {
+            local.iter_mut().for_each(|op| op.events.begin());
+        }
         Channels { kernel, local }
     }
 }
@@ -418,21 +420,14 @@ impl Channels {
     }
 }
 
-/// A transfer no network proxy moves: begun when its work starts on the host, or at
-/// completion; every slot reported when its work completed.
+/// A transfer no network proxy moves, with the bytes of its slots: begun when its work
+/// starts on the host, or at completion; every slot reported when its work completed.
 struct LocalOp {
     events: Box<dyn ProxyOpEvents>,
     step_bytes: Vec<usize>,
 }
 
 impl LocalOp {
-    fn new(mut events: Box<dyn ProxyOpEvents>, step_bytes: Vec<usize>, now: bool) -> LocalOp {
-        if now {
-            events.begin();
-        }
-        LocalOp { events, step_bytes }
-    }
-
     fn complete(mut self) {
         self.events.begin();
         for (i, &bytes) in self.step_bytes.iter().enumerate() {
@@ -650,7 +645,7 @@ mod tests {
         for on_host in [true, false] {
             events.lock().unwrap().clear();
             let run = RunEvents::new(Box::new(NoRun));
-            run.local.lock().unwrap().push((log(&events, "a"), vec![3, 5]));
+            run.local.lock().unwrap().push(LocalOp { events: log(&events, "a"), step_bytes: vec![3, 5] });
             let channels = if on_host { run.start_channels() } else { run.launch_channels() };
             assert_eq!(events.lock().unwrap().len(), usize::from(on_host), "begun at the start on the host only");
             assert!(!channels.is_empty());
