@@ -76,6 +76,7 @@ pub mod exec;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod log;
+pub mod observe;
 pub mod params;
 pub mod plugin;
 pub mod profile;

@@ -26,7 +26,7 @@
 //! back after; one whose run failed is dropped (the communicator is broken by then anyway).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use crate::plugin::profiler_events;
+use super::observe as profiler_events;
 
 use rustccl_plugin_api::Protocol;
 
@@ -144,7 +144,7 @@ fn eligible(comm: &Communicator, task: &Task) -> bool {
         && comm.backend().capabilities().plan_cache
         && switched_on()
         && may_skip_planner(comm, task)
-        && !crate::plugin::profiler_events::wants_plan_record()
+        && !profiler_events::wants_plan_record()
 }
 
 /// What every way around the planner needs (a single collective outside a group is the

@@ -56,15 +56,15 @@ impl CommSide for Communicator {
 }
 
 fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
-    // The profiler's proxy ops: which slots of each network connection carry which task.
+    // The observer's transfers: which slots of each network connection carry which task.
     for (run, links) in runs.iter().zip(conns) {
         if let Some(events) = &run.profile {
-            events.queue_proxy_ops(&run.work, links);
+            exec::observe::queue_proxy_ops(events, &run.work, links);
         }
     }
     let r = execute_queued(runs, conns);
     if r.is_err() {
-        // Proxy ops that will never run: their plans go (their tasks' events may stop).
+        // Transfers that will never run: their events go (their tasks' may end).
         for (run, links) in runs.iter().zip(conns) {
             if run.profile.is_some() {
                 links.values().for_each(|c| c.proxy_ops.clear());
@@ -85,12 +85,12 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
             let r = run.comm.with_device_exec(|backend, device, state| exec::gpu::launch(backend, device, state, work, links));
             r.map_err(|e| run.comm.record_error(e.context("collective")))?;
             if let Some(c) = channels {
-                c.launched(&run.comm);
+                run.comm.profiled_launch(c);
             }
         }
     }
-    // The profiler's KernelCh events of the host work: their channels start now and complete
-    // when the executor has run them.
+    // The observer's channels of the host work: they start now and complete when the
+    // executor has run them.
     let channels: Vec<_> = runs.iter().filter(|r| !r.device).filter_map(|r| r.profile.as_ref().map(|p| p.start_channels())).collect();
     let mut preps: Vec<exec::host::Prepared> =
         runs.iter().zip(conns).filter(|(r, _)| !r.device).map(|(r, links)| exec::host::Prepared::new(&r.work, links)).collect();

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 
 use super::{exec, plan, Task};
 use crate::comm::Communicator;
-use crate::plugin::profiler_events;
+use super::observe as profiler_events;
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -238,9 +238,7 @@ fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result
     let mut runs = Vec::with_capacity(by_comm.len());
     for (comm, tasks) in &by_comm {
         let mut run = plan::build_chosen(comm, tasks, chosen).map_err(|e| comm.record_error(e))?;
-        if run.record.is_some() {
-            run.profile = profiler_events::start_run(comm, tasks, run.record.as_ref());
-        }
+        run.profile = profiler_events::start_run(comm, tasks, &run.plans);
         runs.push(run);
     }
     crate::profile::stage(crate::profile::Stage::Plan, start);

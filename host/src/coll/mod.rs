@@ -18,6 +18,7 @@ pub(crate) mod cache;
 pub mod check;
 pub mod exec;
 pub mod group;
+pub mod observe;
 pub mod plan;
 pub(crate) mod route;
 pub(crate) mod small;
@@ -162,8 +163,8 @@ pub struct Task {
     pub op: ReduceOp,
     /// The caller's stream (device backends run the operation on it).
     pub stream: Stream,
-    /// The profiler's API events the operation was called under (none without a profiler).
-    pub profile: crate::plugin::profiler_events::ApiParents,
+    /// The observer's API events the operation was called under (none without an observer).
+    pub profile: crate::observe::ApiParents,
 }
 
 impl Task {
@@ -210,9 +211,9 @@ impl Communicator {
 
     /// Checks an operation's arguments and hands it to the group (runs it now outside one).
     fn submit(&self, mut task: Task) -> Result<()> {
-        // The profiler's CollApi / P2pApi event (and GroupApi outside a group), stopped when
+        // The observer's events of the call (and of its group outside a group), ended when
         // the call returns.
-        let _api = crate::plugin::profiler_events::api_call(self, &mut task, group::depth);
+        let _api = observe::api_call(self, &mut task, group::depth);
         let what = task.kind.name();
         let checked = self.check_collective_ready(what).and_then(|_| {
             let spec = task.kind.spec();

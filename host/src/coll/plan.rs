@@ -32,32 +32,33 @@ enum ItemKey {
     Local(u32),
 }
 
-/// One communicator's share of a group: its work, and whether it runs on a device.
+/// One communicator's share of a group: its work, whether it runs on a device, and what the
+/// planner chose for each task.
 pub struct CommRun {
     pub comm: Communicator,
     pub work: Work,
     /// Whether the buffers are device memory (the device executor runs the work).
     pub device: bool,
-    /// What was chosen for each task, when a profiler is there to see it.
-    pub record: Option<PlanRecord>,
-    /// The profiler's events of this share (stopped when it is dropped).
-    pub profile: Option<crate::plugin::profiler_events::RunEvents>,
+    /// What the planner chose for each task that runs, always (the observer's events read it).
+    pub plans: Vec<TaskPlan>,
+    /// The observer's events of this share (ended when it is dropped).
+    pub profile: Option<crate::observe::RunEvents>,
 }
 
-/// What the planner chose for one task (for the profiler's Coll / P2p events).
+/// What the planner chose for one task that runs (a count of 0 runs nothing): one per
+/// context of the work, in order (`work.ctxs[i]` is the context of `plans[i].task`). The
+/// TRACE way lines and the observer's Coll / P2p events say it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TaskPlan {
+    /// The task's index among those planned.
+    pub task: usize,
+    /// The algorithm (none for point-to-point and one-rank tasks: they have none of NCCL's).
     pub algo: Option<Algorithm>,
+    /// The protocol of its steps (none for one-rank tasks).
     pub proto: Option<Protocol>,
     pub channels: u32,
-}
-
-/// What the planner chose, task by task: `tasks[i]` for task `i` (None: nothing to run), and
-/// the task of each context of the work.
-#[derive(Clone, Debug, Default)]
-pub struct PlanRecord {
-    pub tasks: Vec<Option<TaskPlan>>,
-    pub ctx_task: Vec<usize>,
+    /// Who chose algorithm, protocol and channels (with `algo`).
+    pub by: Option<ChosenBy>,
 }
 
 /// What the planner chose for one collective.
@@ -349,24 +350,19 @@ pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
 /// [`build`]; with `chosen`, the choice already made for the one collective of `tasks` (the
 /// tuner was asked for this call before the ways around the planner: it is not asked again).
 pub(crate) fn build_chosen(comm: &Communicator, tasks: &[Task], chosen: Option<Choice>) -> Result<CommRun> {
-    let mut record = crate::plugin::profiler_events::wants_plan_record().then(PlanRecord::default);
-    let (work, device) = PlanEnv::with(comm, |env| plan_chosen(env, tasks, record.as_mut(), chosen))?;
-    Ok(CommRun { comm: comm.handle(), work, device, record, profile: None })
+    let (work, device, plans) = PlanEnv::with(comm, |env| plan_chosen(env, tasks, chosen))?;
+    Ok(CommRun { comm: comm.handle(), work, device, plans, profile: None })
 }
 
 /// The work of one rank's tasks, and whether it runs on a device.
 pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
-    plan_recorded(env, tasks, None)
+    plan_chosen(env, tasks, None).map(|(work, device, _)| (work, device))
 }
 
-/// [`plan`], writing what it chose for each task to `record`.
-pub fn plan_recorded(env: &PlanEnv, tasks: &[Task], record: Option<&mut PlanRecord>) -> Result<(Work, bool)> {
-    plan_chosen(env, tasks, record, None)
-}
-
-/// [`plan_recorded`], with the choice for the collective of `tasks` made already where
-/// `chosen` is given (then `tasks` is that one collective).
-fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord>, chosen: Option<Choice>) -> Result<(Work, bool)> {
+/// [`plan`], and what it chose for each task that runs; with the choice for the collective
+/// of `tasks` made already where `chosen` is given (then `tasks` is that one collective).
+/// Each task's TRACE way line is logged from what it chose.
+fn plan_chosen(env: &PlanEnv, tasks: &[Task], chosen: Option<Choice>) -> Result<(Work, bool, Vec<TaskPlan>)> {
     debug_assert!(chosen.is_none() || tasks.len() == 1);
     let (n, rank, caps) = (env.nranks, env.rank, env.caps);
     let device = !caps.host_addressable;
@@ -389,25 +385,8 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
     // One rank, and nothing to compute in any operation: plain copies (in call order). With a
     // computing operation among them, every one runs as steps, in call order.
     let all_copies = n == 1 && tasks.iter().all(one_rank_identity);
-    // For the profiler: `(None, None)` a task begins; `(Some(ci), _)` context `ci` is the
-    // current task's; `(None, Some(plan))` what was chosen for it.
-    let mut note = |ctx: Option<usize>, plan: Option<TaskPlan>| {
-        let Some(r) = record.as_deref_mut() else { return };
-        match (ctx, plan) {
-            (Some(ci), _) => {
-                r.ctx_task.push(r.tasks.len() - 1);
-                debug_assert_eq!(r.ctx_task.len(), ci + 1);
-            }
-            (None, Some(p)) => {
-                if let Some(last) = r.tasks.last_mut() {
-                    *last = Some(p);
-                }
-            }
-            (None, None) => r.tasks.push(None),
-        }
-    };
-    for task in tasks {
-        note(None, None);
+    let mut plans: Vec<TaskPlan> = Vec::with_capacity(tasks.len());
+    for (ti, task) in tasks.iter().enumerate() {
         if task.count == 0 {
             continue;
         }
@@ -416,30 +395,27 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
         let ctx = op_ctx(env, task)?;
         let ci = ctxs.len();
         ctxs.push(ctx);
-        note(Some(ci), None);
+        let mut planned = TaskPlan { task: ti, algo: None, proto: None, channels: 1, by: None };
         if n == 1 || matches!(task.kind, CollKind::Send { peer } | CollKind::Recv { peer } if peer == rank) {
-            note(None, Some(TaskPlan { algo: None, proto: None, channels: 1 }));
             match task.kind {
                 CollKind::Send { .. } => self_sends.push((ci, b)),
                 CollKind::Recv { .. } => self_recvs.push((ci, b)),
-                _ => {
-                    super::way::trace(task, 1, super::way::Way::OneRank);
-                    // One rank: the result is this rank's input, through the op (pre and post).
+                // One rank: the result is this rank's input, through the op (pre and post).
+                // Nothing to compute: in place nothing at all, else one plain copy.
+                _ if all_copies => {
                     let ctx = &ctxs[ci];
-                    if all_copies {
-                        // Nothing to compute: in place nothing at all, else one plain copy.
-                        if ctx.src != ctx.dst {
-                            copies.push(LocalCopy { src: ctx.src, dst: ctx.dst, bytes: b });
-                        }
-                        continue;
+                    if ctx.src != ctx.dst {
+                        copies.push(LocalCopy { src: ctx.src, dst: ctx.dst, bytes: b });
                     }
-                    let nch = caps.p2p_channels(b, n);
-                    note(None, Some(TaskPlan { algo: None, proto: None, channels: nch }));
-                    for (c, steps) in local_channels(b, task.kind.reduces(), nch) {
+                }
+                _ => {
+                    planned.channels = caps.p2p_channels(b, n);
+                    for (c, steps) in local_channels(b, task.kind.reduces(), planned.channels) {
                         push(ItemKey::Local(c), ci, steps);
                     }
                 }
             }
+            plans.push(planned);
             continue;
         }
         match task.kind {
@@ -454,7 +430,7 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
                 };
                 ctxs[ci].proto = proto;
                 let chunk = if proto == Protocol::Ll { max_chunk(caps, proto) } else { p2p_chunk };
-                note(None, Some(TaskPlan { algo: None, proto: Some(proto), channels: nch }));
+                plans.push(TaskPlan { proto: Some(proto), channels: nch, ..planned });
                 for c in 0..nch {
                     let range = program::p2p_range(b, c, nch);
                     if range.0 == range.1 && c > 0 {
@@ -474,8 +450,7 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
             Some(c) => c,
             None => choose(env, task)?,
         };
-        super::way::trace_planned(task, n, &choice, env.tuner);
-        note(None, Some(TaskPlan { algo: Some(choice.algo), proto: Some(choice.proto), channels: choice.channels }));
+        plans.push(TaskPlan { algo: Some(choice.algo), proto: Some(choice.proto), channels: choice.channels, by: Some(choice.by), ..planned });
         ctxs[ci].proto = choice.proto;
         let chunk = (choice.chunk_bytes / e).max(1);
         tracing::debug!(target: "COLL", "{} {} x {}: {:?}", task.kind.name(), task.count, task.dtype, choice);
@@ -529,7 +504,11 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], mut record: Option<&mut PlanRecord
     }
     let items = items.into_iter().map(|(_, steps)| WorkItem { steps, pc: 0 }).collect();
     let stream = tasks.first().map(|t| t.stream).unwrap_or(crate::backend::Stream::DEFAULT);
-    Ok((Work { ctxs, items, copies, stream }, device))
+    debug_assert_eq!(plans.len(), ctxs.len(), "one plan per context");
+    for planned in &plans {
+        super::way::trace_planned(&tasks[planned.task], n, planned, env.tuner);
+    }
+    Ok((Work { ctxs, items, copies, stream }, device, plans))
 }
 
 /// The sends to self and receives from self of a group, each `(task or context, bytes)` in
@@ -720,6 +699,40 @@ mod tests {
         let (work, _) = plan(&env(&gpu, 1, 2, &identity), &[t]).unwrap();
         assert_eq!(work.ctxs[0].scalar_at, 0);
         assert_eq!(work.ctxs[0].reducer.op, DevOp::PreMulSum { scalar: 0.5 });
+    }
+
+    /// Issue 32 item 6: the planner returns what it chose for every task that runs, always
+    /// (no profiler asks here), one per context of the work and in its order, so that the
+    /// TRACE lines and an observer read the same choice.
+    #[test]
+    fn the_planner_returns_each_tasks_choice_one_per_context() {
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let host = Capabilities::host();
+        let e = env(&host, 0, 2, &identity);
+        let tasks = [
+            task(CollKind::AllReduce, 1 << 20, ReduceOp::Sum),
+            task(CollKind::Send { peer: 1 }, 0, ReduceOp::Sum),
+            task(CollKind::Send { peer: 1 }, 64, ReduceOp::Sum),
+            task(CollKind::Recv { peer: 1 }, 64, ReduceOp::Sum),
+        ];
+        let (work, _, plans) = plan_chosen(&e, &tasks, None).unwrap();
+        assert_eq!(plans.len(), work.ctxs.len());
+        assert_eq!(plans.iter().map(|p| p.task).collect::<Vec<_>>(), [0, 2, 3], "a count of 0 runs nothing");
+        let c = choose(&e, &tasks[0]).unwrap();
+        assert_eq!(plans[0], TaskPlan { task: 0, algo: Some(c.algo), proto: Some(c.proto), channels: c.channels, by: Some(c.by) });
+        for (p, ci) in plans[1..].iter().zip(1..) {
+            assert_eq!((p.algo, p.by), (None, None), "point-to-point has no algorithm");
+            assert_eq!(p.proto, Some(work.ctxs[ci].proto));
+            assert_eq!(p.channels, host.p2p_channels(256, 2));
+        }
+        // A choice made before (the tuner asked once) is the one returned.
+        let chosen = Choice { algo: Algorithm::Tree, proto: Protocol::Simple, channels: 2, chunk_bytes: 4096, time_us: 1.0, by: ChosenBy::Tuner };
+        let (_, _, plans) = plan_chosen(&e, &tasks[..1], Some(chosen)).unwrap();
+        assert_eq!(plans, [TaskPlan { task: 0, algo: Some(Algorithm::Tree), proto: Some(Protocol::Simple), channels: 2, by: Some(ChosenBy::Tuner) }]);
+        // One rank: no algorithm or protocol; a copy on one channel.
+        let (work, _, plans) = plan_chosen(&env(&host, 0, 1, &identity), &tasks[..1], None).unwrap();
+        assert_eq!(work.copies.len(), 1);
+        assert_eq!(plans, [TaskPlan { task: 0, algo: None, proto: None, channels: 1, by: None }]);
     }
 
     #[test]

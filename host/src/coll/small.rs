@@ -43,7 +43,7 @@
 //! waits for every rank.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use crate::plugin::profiler_events::{self, OpPlan};
+use super::observe::{self as profiler_events, OpPlan};
 
 use super::{CollKind, Task};
 use crate::backend::DevicePtr;

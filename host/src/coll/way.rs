@@ -13,7 +13,7 @@
 //! `AllReduce 4096 B: way=board chosen by rustccl` or
 //! `AllReduce 8192 B: way=planner TREE/SIMPLE 2 ch chosen by tuner csv-table`.
 
-use super::plan::{self, Choice, ChosenBy};
+use super::plan::{self, Choice, ChosenBy, TaskPlan};
 use super::Task;
 use crate::comm::Communicator;
 use crate::plugin::tuner::TunerInstance;
@@ -101,21 +101,26 @@ pub(crate) fn trace(task: &Task, nranks: usize, way: Way) {
     );
 }
 
-/// Logs that the planner runs `task` as `choice` says.
-pub(crate) fn trace_planned(task: &Task, nranks: u32, choice: &Choice, tuner: Option<&TunerInstance>) {
+/// Logs how the planner runs `task`, from what it chose (`plan`): its algorithm, protocol,
+/// channels and who chose them, or the one-rank way (point-to-point tasks have no line).
+pub(crate) fn trace_planned(task: &Task, nranks: u32, plan: &TaskPlan, tuner: Option<&TunerInstance>) {
     if !tracing::enabled!(target: "COLL", tracing::Level::TRACE) {
         return;
     }
-    tracing::trace!(
-        target: "COLL",
-        "{} {} B: way=planner {}/{} {} ch chosen by {}",
-        task.kind.name(),
-        plan::task_bytes(task, nranks as usize),
-        choice.algo.name(),
-        choice.proto.name(),
-        choice.channels,
-        who(choice.by, tuner)
-    );
+    match (plan.algo, plan.proto, plan.by) {
+        (Some(algo), Some(proto), Some(by)) => tracing::trace!(
+            target: "COLL",
+            "{} {} B: way=planner {}/{} {} ch chosen by {}",
+            task.kind.name(),
+            plan::task_bytes(task, nranks as usize),
+            algo.name(),
+            proto.name(),
+            plan.channels,
+            who(by, tuner)
+        ),
+        _ if nranks == 1 && !task.kind.is_p2p() => trace(task, 1, Way::OneRank),
+        _ => {}
+    }
 }
 
 /// Who chose, as the TRACE lines say it.

@@ -38,9 +38,9 @@ const PEER_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(10
 #[derive(Default)]
 pub(crate) struct DeviceCache {
     pub exec: crate::exec::gpu::ExecState,
-    /// The profiler's KernelCh events of launched work, completed when the watchdog sees
-    /// the launches done (dropped, with no KernelChStop, if the work fails).
-    pub profiled: Vec<crate::plugin::profiler_events::Channels>,
+    /// The observer's channels of launched work, completed when the watchdog sees the
+    /// launches done (dropped, not completed, if the work fails).
+    pub profiled: Vec<crate::observe::Channels>,
 }
 
 /// A communicator's connections, made on first use and kept until destroy.
@@ -726,15 +726,17 @@ impl Communicator {
         done
     }
 
-    /// The device work launched so far has completed: its KernelCh events get their stops.
+    /// The device work launched so far has completed: the observer's channels of it complete.
     fn complete_profiled_launches(&self) {
         let launched = std::mem::take(&mut self.device_cache().profiled);
-        launched.into_iter().for_each(crate::plugin::profiler_events::Channels::complete);
+        launched.into_iter().for_each(crate::observe::Channels::complete);
     }
 
-    /// Keeps the KernelCh events of device work just launched until it completes.
-    pub(crate) fn profiled_launch(&self, channels: crate::plugin::profiler_events::Channels) {
-        self.device_cache().profiled.push(channels);
+    /// Keeps the observer's channels of device work just launched until it completes.
+    pub(crate) fn profiled_launch(&self, channels: crate::observe::Channels) {
+        if !channels.is_empty() {
+            self.device_cache().profiled.push(channels);
+        }
     }
 
     /// Waits until this communicator's device work has completed; a failure found meanwhile

@@ -11,6 +11,7 @@
 pub(crate) mod backoff;
 pub mod gpu;
 pub mod host;
+pub mod observe;
 
 use std::collections::HashMap;
 use std::sync::Arc;

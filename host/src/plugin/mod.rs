@@ -54,6 +54,11 @@ impl CommPlugins {
         let profiler = profiler::select(info, lib.as_ref());
         Ok(CommPlugins { net, tuner, profiler })
     }
+
+    /// The communicator's observer: its profiler, if it has one.
+    pub fn observer(&self) -> Option<Arc<dyn crate::observe::Observer>> {
+        self.profiler.clone().map(|p| p as Arc<dyn crate::observe::Observer>)
+    }
 }
 
 /// A plugin of any kind (`T` is `dyn Net`, `dyn Tuner` or `dyn Profiler`), built in or loaded.

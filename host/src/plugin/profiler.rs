@@ -4,10 +4,11 @@
 //! tables (`ncclProfiler_v6` … `ncclProfiler_v1`, adapted by [`super::c_profiler`]); the
 //! rustccl table wins, then the newest C version.
 //!
-//! The events themselves are made by [`super::profiler_events`].
+//! The events themselves are made by [`super::profiler_events`], from what the core tells a
+//! communicator's observer ([`crate::observe::Observer`], which [`ProfilerInstance`] is).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
 
 use rustccl_plugin_api::export::{self, PluginKind};
 use rustccl_plugin_api::profiler::{Profiler, ProfilerV2, ProfilerV2Client};
@@ -18,16 +19,6 @@ use super::library::PluginLibrary;
 use super::{Plugin, Skipped};
 
 pub type ProfilerPlugin = Plugin<dyn Profiler>;
-
-/// Profiler instances alive in this process: while there are none, every event hook is one
-/// load and one branch.
-static ACTIVE: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether any communicator of this process has a profiler.
-#[inline]
-pub fn any_active() -> bool {
-    ACTIVE.load(Ordering::Relaxed) != 0
-}
 
 /// A profiler initialised for one communicator; finalized when the last holder (the
 /// communicator's plugins, or an event still running) drops it.
@@ -41,12 +32,29 @@ pub struct ProfilerInstance {
     pub rank: i32,
     /// Per collective function: how many were started (the Coll events' `seq_number`).
     pub(crate) seq: [AtomicU64; 8],
+    /// Itself, for the events it starts as an observer (each holds the instance, so that
+    /// finalize comes after the last event stopped).
+    me: Weak<ProfilerInstance>,
+    /// While it lives, the core's observer hooks run ([`crate::observe::any_active`]).
+    _active: crate::observe::Active,
 }
 
 impl ProfilerInstance {
-    fn new(plugin: ProfilerPlugin, ctx: PluginHandle, mask: u32, rank: i32) -> ProfilerInstance {
-        ACTIVE.fetch_add(1, Ordering::Relaxed);
-        ProfilerInstance { plugin: Arc::new(plugin), ctx, mask, rank, seq: Default::default() }
+    fn new(plugin: ProfilerPlugin, ctx: PluginHandle, mask: u32, rank: i32) -> Arc<ProfilerInstance> {
+        Arc::new_cyclic(|me| ProfilerInstance {
+            plugin: Arc::new(plugin),
+            ctx,
+            mask,
+            rank,
+            seq: Default::default(),
+            me: me.clone(),
+            _active: crate::observe::Active::register(),
+        })
+    }
+
+    /// The instance as its events hold it (`None` while it is being dropped).
+    pub(super) fn arc(&self) -> Option<Arc<ProfilerInstance>> {
+        self.me.upgrade()
     }
 
     /// Whether the profiler wants events of any of the `types` bits.
@@ -58,7 +66,6 @@ impl ProfilerInstance {
 
 impl Drop for ProfilerInstance {
     fn drop(&mut self) {
-        ACTIVE.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = self.plugin.api.finalize(self.ctx) {
             tracing::warn!(target: "PROFILE", "PROFILER/{}: finalize failed: {}", self.plugin.name, e.message);
         }
@@ -130,7 +137,7 @@ pub fn select(info: &CommInfo, net_library: Option<&Arc<PluginLibrary>>) -> Opti
                     plugin.origin,
                     found.why
                 );
-                chosen = Some(Arc::new(ProfilerInstance::new(plugin, ctx, mask, info.rank as i32)));
+                chosen = Some(ProfilerInstance::new(plugin, ctx, mask, info.rank as i32));
                 break;
             }
             Err(e) => skipped.push(Skipped {

@@ -100,8 +100,8 @@ pub struct Connection {
     /// of an operation too): a peer that leaves after its last send is then no failure here,
     /// a failed receive always is, and a connection closes with nothing in flight.
     expected: AtomicU64,
-    /// The profiler's proxy ops planned on this connection (network connections only).
-    pub(crate) proxy_ops: crate::plugin::profiler_events::ProxyOpQueue,
+    /// The observer's transfers queued on this connection (network connections only).
+    pub(crate) proxy_ops: crate::observe::ProxyOpQueue,
     /// Released in order: registrations before the mappings they cover.
     _memory: Vec<Memory>,
 }

@@ -28,7 +28,7 @@ use rustccl_plugin_api::PluginHandle;
 use super::fifo::STEPS;
 use super::{Connection, Dir};
 use crate::error::Error;
-use crate::plugin::profiler_events::ProxyTrack;
+use crate::observe::ProxyTrack;
 
 /// One network connection the proxy drives.
 struct Driven {
@@ -40,7 +40,7 @@ struct Driven {
     /// Next slot index to post.
     next: u64,
     failed: bool,
-    /// The profiler's proxy op and step events of this connection.
+    /// The observer's transfers on this connection, slot by slot.
     track: ProxyTrack,
 }
 
@@ -163,7 +163,7 @@ fn progress_send(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
         // reuse it before the proxy pops it, which happens only after completion.
         match unsafe { net.isend(d.comm, ptr as usize, len, 0, d.mr) }.map_err(|e| net_error(d, e))? {
             Some(req) => {
-                d.track.posted(&d.conn, d.next, len);
+                d.track.posted(&d.conn.proxy_ops, d.next, len);
                 d.inflight.push_back((d.next, req));
                 d.next += 1;
                 progress = true;
@@ -186,7 +186,7 @@ fn progress_recv(net: &dyn Net, d: &mut Driven) -> Result<bool, Error> {
         // before the receive completes.
         match unsafe { net.irecv(d.comm, &bufs) }.map_err(|e| net_error(d, e))? {
             Some(req) => {
-                d.track.posted(&d.conn, d.next, 0);
+                d.track.posted(&d.conn.proxy_ops, d.next, 0);
                 d.inflight.push_back((d.next, req));
                 d.next += 1;
                 progress = true;
@@ -215,7 +215,7 @@ fn complete_in_order(
         d.inflight.pop_front();
         let bytes = (sizes[0] != SIZE_NOT_REPORTED).then_some(sizes[0]);
         done(&d.conn.fifo, index, bytes);
-        d.track.completed(&d.conn, index, bytes.unwrap_or(0));
+        d.track.completed(&d.conn.proxy_ops, index, bytes.unwrap_or(0));
         progress = true;
     }
     Ok(progress)

@@ -34,7 +34,7 @@
 //! `exec::gpu::symmetric::SymPlace`.
 
 use rustccl_kernels::symmetric::SymKernel;
-use crate::plugin::profiler_events::{self, OpPlan};
+use super::observe::{self as profiler_events, OpPlan};
 
 mod host;
 
