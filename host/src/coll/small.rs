@@ -144,11 +144,31 @@ mod tests {
             ctxs.push(mine);
             ops.push(rank_ops);
         }
+        // A regression that waits forever fails the test: the communicators are aborted
+        // after 30 s, which ends every wait with an error.
+        let handles: Vec<Communicator> = comms.iter().map(|c| c.handle()).collect();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    if t.elapsed() > std::time::Duration::from_secs(30) {
+                        handles.iter().for_each(|c| drop(c.abort()));
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            })
+        };
         let (ops0, ops1) = ops.split_at_mut(1);
         let mut queues = [Queue::new(&comms[0]), Queue::new(&comms[1])];
         queues[0].ops.extend(ops0[0].iter_mut().map(|o| o as &mut dyn HostOp));
         queues[1].ops.extend(ops1[0].iter_mut().map(|o| o as &mut dyn HostOp));
-        drive(&mut queues).unwrap();
+        let r = drive(&mut queues);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        watchdog.join().unwrap();
+        r.unwrap();
         drop(queues);
         for (i, &count) in counts.iter().enumerate() {
             let want: Vec<f32> = (0..count).map(|e| ((i * 10 + e % 7) * 2 + 1000) as f32).collect();

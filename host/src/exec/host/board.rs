@@ -449,6 +449,7 @@ pub struct Making<'a> {
 /// (every peer that will map it has): the memory goes with the last mapping however the
 /// processes end. `Err` only where a peer failed or did not answer in time (init fails).
 pub fn make(m: &Making) -> Result<BoardState> {
+    let began = Instant::now();
     let ring = if ring_wanted() { RING } else { 0 };
     let region = RING_AT + ring;
     let backend = m.backend;
@@ -548,8 +549,9 @@ pub fn make(m: &Making) -> Result<BoardState> {
     board.single_copy = statuses.iter().all(|&s| s == MAPPED_READABLE);
     tracing::debug!(
         target: "INIT",
-        "rank {}: board made (ring of entries: {}); single copies from peers' buffers: {}",
+        "rank {}: board made in {} us (ring of entries: {}); single copies from peers' buffers: {}",
         m.rank,
+        began.elapsed().as_micros(),
         board.ring,
         board.single_copy
     );

@@ -267,17 +267,22 @@ mod tests {
     use crate::reduce::{DevOp, Reducer};
     use crate::work::{OpSig, SymmetricPlace, Way};
 
-    /// A communicator as the driver sees it: always going on, errors as they are.
+    /// A communicator as the driver sees it: going on for 20 s (then a timeout: a wait that
+    /// never ends fails the test instead of hanging it), errors as they are.
     struct Side {
         rank: u32,
         board: Option<Arc<Board>>,
+        deadline: std::time::Instant,
     }
 
     impl CommSide for Side {
         fn rank(&self) -> u32 {
             self.rank
         }
-        fn check(&self, _: &str) -> Result<()> {
+        fn check(&self, what: &str) -> Result<()> {
+            if std::time::Instant::now() > self.deadline {
+                return Err(Error::timeout(format!("{what}: still waiting after 20 s")));
+            }
             Ok(())
         }
         fn record(&self, e: Error) -> Error {
@@ -289,7 +294,8 @@ mod tests {
     }
 
     fn sides(boards: &[Arc<Board>]) -> Vec<Side> {
-        boards.iter().enumerate().map(|(r, b)| Side { rank: r as u32, board: Some(Arc::clone(b)) }).collect()
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        boards.iter().enumerate().map(|(r, b)| Side { rank: r as u32, board: Some(Arc::clone(b)), deadline }).collect()
     }
 
     /// A Float32 sum of `send` into `recv` (host memory of the test).
