@@ -135,6 +135,12 @@ pub fn run(runs: &mut [HostRun<'_>]) -> Result<()> {
 
 /// Runs one host operation of `comm` to completion (a single call: a group of one).
 pub fn run_op(comm: &dyn CommSide, op: &mut dyn HostOp) -> Result<()> {
+    // The first poll often completes it (its peers came first): then no wait loop is set up.
+    match op.poll() {
+        Ok(Progress::Done) => return Ok(()),
+        Err(e) => return Err(comm.record(e.context(op.what()))),
+        Ok(_) => {}
+    }
     let mut q = Queue::new(comm);
     q.ops.push(op);
     drive(std::slice::from_mut(&mut q))
@@ -157,14 +163,18 @@ pub fn drive(queues: &mut [Queue<'_>]) -> Result<()> {
         fifo_pending |= q.fifo_left;
     }
     if fifo_pending {
-        fifo::with_scratch(|scratch| poll_all(queues, scratch))
+        // How the FIFO runs wait, once per group (it asks each communicator of its ranks).
+        let local = queues.iter().map(|q| q.comm.local_ranks()).max().unwrap_or(1) as usize;
+        let fifo_wait = Wait { spin: spin_for(local, fifo::spin_rounds()), naps: false };
+        fifo::with_scratch(|scratch| poll_all(queues, fifo_wait, scratch))
     } else {
-        poll_all(queues, &mut [])
+        poll_all(queues, Wait { spin: 0, naps: false }, &mut [])
     }
 }
 
-/// The wait loop: every communicator's FIFO run and head operation, round-robin.
-fn poll_all(queues: &mut [Queue<'_>], scratch: &mut [u8]) -> Result<()> {
+/// The wait loop: every communicator's FIFO run and head operation, round-robin (the FIFO
+/// runs wait as `fifo_wait` says).
+fn poll_all(queues: &mut [Queue<'_>], fifo_wait: Wait, scratch: &mut [u8]) -> Result<()> {
     let mut idle = 0u32;
     let mut wait: Option<Backoff> = None;
     loop {
@@ -201,7 +211,7 @@ fn poll_all(queues: &mut [Queue<'_>], scratch: &mut [u8]) -> Result<()> {
             continue;
         }
         idle += 1;
-        let w = wait.get_or_insert_with(|| backoff(queues));
+        let w = wait.get_or_insert_with(|| backoff(queues, fifo_wait));
         let fifo_check = idle.is_multiple_of(CHECK_EVERY) && queues.iter().any(|q| q.fifo_left);
         if fifo_check || (w.check_now() && queues.iter().any(|q| q.head < q.ops.len())) {
             check(queues)?;
@@ -212,7 +222,7 @@ fn poll_all(queues: &mut [Queue<'_>], scratch: &mut [u8]) -> Result<()> {
 
 /// How to wait now: the longest spin any waiting part asks for; naps only where every one
 /// asks for them.
-fn backoff(queues: &[Queue<'_>]) -> Backoff {
+fn backoff(queues: &[Queue<'_>], fifo_wait: Wait) -> Backoff {
     let mut want: Option<Wait> = None;
     let mut add = |w: Wait| {
         want = Some(match want {
@@ -221,8 +231,7 @@ fn backoff(queues: &[Queue<'_>]) -> Backoff {
         })
     };
     if queues.iter().any(|q| q.fifo_left) {
-        let local = queues.iter().map(|q| q.comm.local_ranks()).max().unwrap_or(1) as usize;
-        add(Wait { spin: spin_for(local, fifo::spin_rounds()), naps: false });
+        add(fifo_wait);
     }
     for q in queues {
         if let Some(op) = q.ops.get(q.head) {
