@@ -56,7 +56,7 @@ pub enum Progress {
 }
 
 /// How the thread waits while an operation waits for a peer: spin `spin` rounds, then yield
-/// (or, with `naps`, nap: [`Backoff::napping`]).
+/// (or, with `naps`, nap: `exec::backoff`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wait {
     pub spin: u32,
@@ -351,7 +351,7 @@ mod tests {
         let mut ops: Vec<Vec<BoardOp>> = Vec::new();
         for r in 0..3 {
             let ar = call(Collective::AllReduce, 2, 1, ctx(&send[r], &mut sum[r], SIG));
-            let bc = HostCall { coll: Collective::Broadcast, ..call(Collective::Broadcast, 2, 2, ctx(&send[r], &mut bcast[r], OpSig(2))) };
+            let bc = call(Collective::Broadcast, 2, 2, ctx(&send[r], &mut bcast[r], OpSig(2)));
             let ag = call(Collective::AllGather, 2, 3, ctx(&send[r], &mut gather[r], OpSig(3)));
             ops.push([ar, bc, ag].into_iter().map(|c| BoardOp::new(&b[r], c)).collect());
         }
