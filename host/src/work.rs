@@ -2,6 +2,9 @@
 //! operations (buffers, reduction, protocol, signature) and its work items (programs of steps
 //! over links, from [`crate::program`]), with the stream device work goes on. Pure data: the
 //! planner (`coll::plan`) makes it without touching memory, the executors (`exec`) run it.
+//! Also the descriptors the other ways hand an executor: which [`Way`] a collective takes
+//! (published for the peers before it runs, see `exec::host::board`'s route ring) and where a
+//! symmetric collective finds its buffers ([`SymmetricPlace`]).
 
 use rustccl_plugin_api::Protocol;
 
@@ -11,6 +14,7 @@ use crate::reduce::Reducer;
 use crate::types::DataType;
 
 /// The buffers and the reduction of one task, as the executor needs them.
+#[derive(Clone, Copy, Debug)]
 pub struct OpCtx {
     /// Host address of the source buffer (0 when the rank reads none).
     pub src: usize,
@@ -121,3 +125,108 @@ pub fn mismatch(me: u32, mine: OpSig, peer: u32, theirs: OpSig) -> crate::error:
     )).with_kind(crate::error::ErrorKind::Mismatch)
 }
 
+
+/// The ways a collective runs (the planner's and the ways around it). coll chooses one per
+/// collective; every rank of a communicator whose ranks share a host publishes it before the
+/// collective runs (`exec::host::board`'s route ring), so that a rank waiting for a peer that
+/// took another way finds out instead of waiting forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Way {
+    /// One rank: nothing, or one copy per task.
+    OneRank,
+    /// A symmetric kernel on symmetric windows (GPUs).
+    SymmetricKernel,
+    /// The symmetric collectives' CPU twin on symmetric windows (`exec::host::symmetric`).
+    SymmetricCpu,
+    /// The copy engines on symmetric windows (GPUs).
+    CopyEngine,
+    /// The board of small collectives in shared memory (`exec::host::board`).
+    Board,
+    /// One copy straight from the peers' buffers (`exec::host::single_copy`).
+    SingleCopy,
+    /// The planner's programs over the FIFOs or the device interpreter (plan cache hits too:
+    /// the cache is a memo of the planner).
+    Planned,
+}
+
+impl Way {
+    pub const ALL: [Way; 7] =
+        [Way::OneRank, Way::SymmetricKernel, Way::SymmetricCpu, Way::CopyEngine, Way::Board, Way::SingleCopy, Way::Planned];
+
+    /// Its code in the route ring (never 0: 0 is "nothing published").
+    pub fn code(self) -> u8 {
+        match self {
+            Way::OneRank => 1,
+            Way::SymmetricKernel => 2,
+            Way::SymmetricCpu => 3,
+            Way::CopyEngine => 4,
+            Way::Board => 5,
+            Way::SingleCopy => 6,
+            Way::Planned => 7,
+        }
+    }
+
+    /// The way of a code ([`Way::code`]).
+    pub fn from_code(code: u8) -> Option<Way> {
+        Way::ALL.into_iter().find(|w| w.code() == code)
+    }
+
+    /// Its name in TRACE lines and error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Way::OneRank => "one-rank",
+            Way::SymmetricKernel => "symmetric-kernel",
+            Way::SymmetricCpu => "symmetric-cpu",
+            Way::CopyEngine => "copy-engine",
+            Way::Board => "board",
+            Way::SingleCopy => "single-copy",
+            Way::Planned => "planner",
+        }
+    }
+
+    /// Whether it runs on symmetric windows (every rank must pass window buffers, or none).
+    pub fn symmetric(self) -> bool {
+        matches!(self, Way::SymmetricKernel | Way::SymmetricCpu | Way::CopyEngine)
+    }
+}
+
+/// Where a symmetric collective finds its buffers and memory (this rank's addresses in the
+/// communicator's flat range of windows, `crate::window`; rank r's are
+/// `+ (r - rank) * stride`, [`SymmetricPlace::peer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SymmetricPlace {
+    pub send: u64,
+    pub recv: u64,
+    /// The symmetric collectives' resource memory (epoch, barrier inboxes, scalars).
+    pub res: u64,
+    pub stride: u64,
+    pub rank: usize,
+}
+
+impl SymmetricPlace {
+    /// Rank `r`'s copy of this rank's flat address `addr`.
+    pub fn peer(&self, addr: u64, r: usize) -> u64 {
+        addr.wrapping_add((r as i64 - self.rank as i64) as u64 * self.stride)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn way_codes_are_distinct_nonzero_and_round_trip() {
+        let mut codes: Vec<u8> = Way::ALL.iter().map(|w| w.code()).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes.len(), Way::ALL.len());
+        assert!(!codes.contains(&0));
+        for w in Way::ALL {
+            assert_eq!(Way::from_code(w.code()), Some(w));
+        }
+        assert_eq!(Way::from_code(0), None);
+        let place = SymmetricPlace { send: 0x1_0000, recv: 0x2_0000, res: 0, stride: 1 << 32, rank: 1 };
+        assert_eq!(place.peer(place.send, 0), 0x1_0000u64.wrapping_sub(1 << 32));
+        assert_eq!(place.peer(place.send, 3), 0x1_0000 + (2u64 << 32));
+    }
+}

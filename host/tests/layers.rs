@@ -28,13 +28,11 @@ use std::path::{Path, PathBuf};
 /// it". (Item 6, the profiler's events through an observer interface, `observe`, paid off
 /// its entries.)
 const DEBT: &[(&str, &str, &str)] = &[
-    // The communicator holds coll's plan cache and board.
+    // The communicator holds coll's plan cache.
     ("comm/mod.rs", "crate::coll::cache::PlanCache", "issue 32 item 5: the engine keeps the plan cache"),
     ("comm/mod.rs", "crate::coll::cache::PlanKey", "issue 32 item 5: the engine keeps the plan cache"),
     ("comm/mod.rs", "crate::coll::cache::Lookup", "issue 32 item 5: the engine keeps the plan cache"),
     ("comm/mod.rs", "crate::coll::cache::Entry", "issue 32 item 5: the engine keeps the plan cache"),
-    ("comm/mod.rs", "crate::coll::small::BoardState", "issue 32 items 4+5: the board moves to exec/host, kept by the engine"),
-    ("comm/mod.rs", "crate::coll::small::BoardState::Ready", "issue 32 items 4+5: the board moves to exec/host, kept by the engine"),
     // The cached launch's tests make their work with the planner (test code only).
     ("exec/gpu/cached.rs", "crate::coll::plan::{self,PlanEnv}", "issue 32 items 4+5: exec's tests take work from a fixture, the planner's own tests stay in coll"),
     ("exec/gpu/cached.rs", "crate::coll::{CollKind,ReduceOp,Scalar,Task}", "issue 32 items 4+5: exec's tests take work from a fixture, the planner's own tests stay in coll"),

@@ -313,7 +313,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
         },
     };
     crate::profile::stage(crate::profile::Stage::Plan, start);
-    super::way::trace(task, comm.nranks_unchecked() as usize, super::way::Way::PlanCache);
+    super::way::trace_cached(task, comm.nranks_unchecked() as usize);
     Some(run_entry(comm, task, entry, epoch, start))
 }
 

@@ -53,6 +53,10 @@ impl CommSide for Communicator {
     fn local_ranks(&self) -> u32 {
         self.local_rank_count()
     }
+
+    fn board(&self) -> Option<Arc<crate::exec::host::board::Board>> {
+        Communicator::board(self).cloned()
+    }
 }
 
 fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {

@@ -14,7 +14,9 @@
 
 use std::cell::RefCell;
 
+use super::check::OpSig;
 use super::{exec, plan, Task};
+use crate::work::Way;
 use crate::comm::Communicator;
 use super::observe as profiler_events;
 use crate::error::{Error, Result};
@@ -136,9 +138,9 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
         Ok(true)
     })?;
     if queued {
+        // Inside a group every collective takes the planner (for now).
         if !task_is_p2p {
-            comm.publish_path(super::symmetric::PATH_USUAL);
-            super::small::note_usual(comm);
+            comm.publish_route(Way::Planned, OpSig::of(&task));
         }
         return Ok(());
     }
@@ -158,16 +160,14 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
             return r;
         }
     }
-    if !task.kind.is_p2p() {
-        comm.publish_path(super::symmetric::PATH_USUAL);
-    }
     if rustccl_decides {
         if let Some(r) = super::small::try_run(comm, &task) {
             return r;
         }
     }
+    // The ways around the planner publish their way themselves; the planner's, here.
     if !task.kind.is_p2p() {
-        super::small::note_usual(comm);
+        comm.publish_route(Way::Planned, OpSig::of(&task));
     }
     if tuned.is_some() {
         // Asked only for blocking calls: they run here, and the plan cache is off with a tuner.

@@ -22,7 +22,6 @@ pub mod observe;
 pub mod plan;
 pub(crate) mod route;
 pub(crate) mod small;
-mod single_copy;
 pub mod symmetric;
 mod way;
 
@@ -109,7 +108,12 @@ pub enum CollKind {
 impl CollKind {
     /// Its descriptor: name, buffer extents, plugin type, bandwidth ([`crate::spec`]).
     pub fn spec(&self) -> &'static CollSpec {
-        let c = match self {
+        self.collective().spec()
+    }
+
+    /// The collective it is (without its root or peer).
+    pub fn collective(&self) -> Collective {
+        match self {
             CollKind::AllReduce => Collective::AllReduce,
             CollKind::Broadcast { .. } => Collective::Broadcast,
             CollKind::Reduce { .. } => Collective::Reduce,
@@ -117,8 +121,7 @@ impl CollKind {
             CollKind::ReduceScatter => Collective::ReduceScatter,
             CollKind::Send { .. } => Collective::Send,
             CollKind::Recv { .. } => Collective::Recv,
-        };
-        c.spec()
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -296,7 +299,8 @@ impl Communicator {
                 return r;
             }
         }
-        self.publish_path(symmetric::PATH_USUAL);
+        // The usual way: a group of sends and receives (no signature of its own).
+        self.publish_route(crate::work::Way::Planned, crate::work::OpSig(0));
         let counts = vec![count; n];
         let displs: Vec<usize> = (0..n).map(|i| i * count).collect();
         self.all_to_allv(send, &counts, &displs, recv, &counts, &displs, dtype, stream)

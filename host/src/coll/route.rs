@@ -377,7 +377,7 @@ mod tests {
     #[test]
     fn windows_take_the_symmetric_ways_by_kind_and_size() {
         let s = settings();
-        let mut win = || Place { symmetric: true, ..Default::default() };
+        let win = || Place { symmetric: true, ..Default::default() };
         assert_eq!(go(&task(CollKind::AllReduce, 2), &GPU, &mut win(), None, &s), Route::Symmetric(SymWay::Kernel(SymKernel::AllReduceLl)));
         assert_eq!(go(&task(CollKind::AllReduce, 1 << 20), &GPU, &mut win(), None, &s), Route::Symmetric(SymWay::Kernel(SymKernel::AllReduceRsAg)));
         assert_eq!(go(&task(CollKind::AllGather, 4), &GPU, &mut win(), None, &s), Route::Symmetric(SymWay::Kernel(SymKernel::AllGather)));

@@ -17,39 +17,7 @@ use super::plan::{self, Choice, ChosenBy, TaskPlan};
 use super::Task;
 use crate::comm::Communicator;
 use crate::plugin::tuner::TunerInstance;
-
-/// A way around the planner (the planner's own line is [`trace_planned`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Way {
-    /// One rank: nothing, or one copy per task ([`one_rank`]).
-    OneRank,
-    /// A symmetric kernel on symmetric windows (`coll::symmetric`).
-    SymmetricKernel,
-    /// The symmetric collectives' CPU twin (host backend).
-    SymmetricCpu,
-    /// The copy engines on symmetric windows.
-    CopyEngine,
-    /// The board of small collectives in shared memory (`coll::small`).
-    Board,
-    /// One copy straight from the peers' buffers (`coll::single_copy`).
-    SingleCopy,
-    /// A plan the planner made for an earlier call of the same shape (`coll::cache`).
-    PlanCache,
-}
-
-impl Way {
-    fn name(self) -> &'static str {
-        match self {
-            Way::OneRank => "one-rank",
-            Way::SymmetricKernel => "symmetric-kernel",
-            Way::SymmetricCpu => "symmetric-cpu",
-            Way::CopyEngine => "copy-engine",
-            Way::Board => "board",
-            Way::SingleCopy => "single-copy",
-            Way::PlanCache => "plan-cache",
-        }
-    }
-}
+pub(crate) use crate::work::Way;
 
 /// Whether the one-rank route serves `tasks`, one communicator's share of a group (a single
 /// call is a group of one) on a communicator of `nranks`: one rank, and every task leaves its
@@ -85,20 +53,22 @@ pub(crate) fn tuner_choice(comm: &Communicator, task: &Task) -> Option<Choice> {
 }
 
 /// Logs that `task` took `way`, a way around the planner (chosen by rustccl: none of them
-/// runs where the tuner spoke or, but the plan cache, where `NCCL_ALGO` / `NCCL_PROTO` is set).
+/// runs where the tuner spoke or where `NCCL_ALGO` / `NCCL_PROTO` is set).
 pub(crate) fn trace(task: &Task, nranks: usize, way: Way) {
+    trace_named(task, nranks, way.name(), ChosenBy::Rustccl);
+}
+
+/// Logs that `task` ran a plan the planner made for an earlier call of the same shape
+/// (`coll::cache`).
+pub(crate) fn trace_cached(task: &Task, nranks: usize) {
+    trace_named(task, nranks, "plan-cache", ChosenBy::untuned());
+}
+
+fn trace_named(task: &Task, nranks: usize, way: &str, by: ChosenBy) {
     if !tracing::enabled!(target: "COLL", tracing::Level::TRACE) {
         return;
     }
-    let by = if way == Way::PlanCache { ChosenBy::untuned() } else { ChosenBy::Rustccl };
-    tracing::trace!(
-        target: "COLL",
-        "{} {} B: way={} chosen by {}",
-        task.kind.name(),
-        plan::task_bytes(task, nranks),
-        way.name(),
-        who(by, None)
-    );
+    tracing::trace!(target: "COLL", "{} {} B: way={way} chosen by {}", task.kind.name(), plan::task_bytes(task, nranks), who(by, None));
 }
 
 /// Logs how the planner runs `task`, from what it chose (`plan`): its algorithm, protocol,

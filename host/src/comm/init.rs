@@ -186,8 +186,8 @@ impl Communicator {
             grow_id: Mutex::new(None),
             windows: Mutex::new(Default::default()),
             registered: Mutex::new(Default::default()),
-            small_board: Mutex::new(Default::default()),
-            sym_path: AtomicU64::new(0),
+            board: OnceLock::new(),
+            sym_resources: AtomicBool::new(false),
             coll_seq: AtomicU64::new(0),
             net_failure: Default::default(),
         });
@@ -227,12 +227,16 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
             rank: inner.rank as usize,
         };
         let plugins = CommPlugins::select(&info, &inner.config)?;
-        Ok((bs, plugins))
+        let board = make_board(inner, &bs)?;
+        Ok((bs, plugins, board))
     });
     let mut state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
     match result {
-        Ok((bs, plugins)) => {
+        Ok((bs, plugins, board)) => {
             let _ = inner.bootstrap.set(bs);
+            if let crate::exec::host::board::BoardState::Ready(b) = board {
+                let _ = inner.board.set(b);
+            }
             Communicator::attach_health(inner);
             Communicator::attach_registrations(inner);
             inner.has_tuner.store(plugins.tuner.is_some(), Ordering::Release);
@@ -250,4 +254,37 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
             *state = State::Failed(e);
         }
     }
+}
+
+/// The board of small collectives and the route rings (`exec::host::board`), on backends whose
+/// memory the CPU addresses (the host backend), where the communicator has several ranks, all
+/// on one host: made here, in one go, so that every rank has the same board (or none) before
+/// its first collective. Every rank decides alike whether to make it (from what every rank
+/// knows: the backend and the peers' hosts).
+fn make_board(inner: &Arc<Inner>, bs: &Bootstrap) -> Result<crate::exec::host::board::BoardState> {
+    use crate::exec::host::board::{self, BoardState};
+    let peers = bs.peers();
+    let one_host = peers.iter().all(|p| p.host_hash == peers[0].host_hash);
+    if inner.nranks < 2 || !one_host || !inner.shared.backend.capabilities().host_addressable {
+        return Ok(BoardState::Off);
+    }
+    let pids: Vec<u32> = peers.iter().map(|p| p.pid).collect();
+    let allgather = |mine: &[u8]| bs.allgather(mine);
+    let check = || {
+        if inner.stop.abort.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage("the communicator was aborted during its init"));
+        }
+        bs.failure().map_or(Ok(()), Err)
+    };
+    let making = board::Making {
+        rank: inner.rank as usize,
+        nranks: inner.nranks as usize,
+        device: inner.device.max(0) as usize,
+        backend: &inner.shared.backend,
+        pids: &pids,
+        allgather: &allgather,
+        check: &check,
+        timeout: crate::params::bootstrap_timeout(),
+    };
+    board::make(&making)
 }

@@ -122,12 +122,14 @@ struct Inner {
     windows: Mutex<crate::window::Windows>,
     /// Buffers registered for zero-copy point-to-point, and peers' buffers mapped here.
     registered: Mutex<registered::Registry>,
-    /// Host backend: the board of the small single collectives (`coll::small`).
-    small_board: Mutex<crate::coll::small::BoardState>,
-    /// Host backend: where this rank publishes which way its current collective goes
-    /// (`coll::symmetric::host::Path`; 0 until the symmetric collectives' memory exists), and
-    /// how many collectives it has started.
-    sym_path: AtomicU64,
+    /// Host backend, ranks on one host: the board of small collectives and the ranks' route
+    /// rings (`exec::host::board`), made at init (set then or never; read without a lock on
+    /// every collective). Its memory goes with the last handle of the communicator (its
+    /// files were unlinked when it was made).
+    board: OnceLock<Arc<crate::exec::host::board::Board>>,
+    /// Host backend: whether the symmetric collectives' memory exists (a symmetric window was
+    /// registered), and how many collectives this rank has started.
+    sym_resources: AtomicBool,
     coll_seq: AtomicU64,
     /// The first failure of one of its network connections (set by the proxy): it ends every
     /// pending and later operation, whichever connection that waits on.
@@ -324,11 +326,6 @@ impl Communicator {
         Ok(self.ready("host_hashes")?.peers().iter().map(|p| p.host_hash).collect())
     }
 
-    /// Process ids of every rank, in rank order.
-    pub(crate) fn peer_pids(&self) -> Result<Vec<u32>> {
-        Ok(self.ready("peer_pids")?.peers().iter().map(|p| p.pid).collect())
-    }
-
     // --- Bootstrap operations ----------------------------------------------------------------
 
     /// Blocks until every rank has entered the barrier.
@@ -439,8 +436,7 @@ impl Communicator {
         }
         self.release_plugins();
         self.release_registrations();
-        self.release_small_board();
-        self.inner.sym_path.store(0, Ordering::Release);
+        self.inner.sym_resources.store(false, Ordering::Release);
         self.windows().release();
         tracing::info!(target: "INIT", "rank {}: communicator {:016x} destroyed", self.inner.rank, self.inner.comm_hash);
         Ok(())
@@ -775,24 +771,16 @@ impl Communicator {
         f(&self.inner.shared.backend, device, &mut cache.exec)
     }
 
-    /// The board of the small single collectives (host backend).
-    pub(crate) fn small_board(&self) -> std::sync::MutexGuard<'_, crate::coll::small::BoardState> {
-        self.inner.small_board.lock().unwrap_or_else(|p| p.into_inner())
+    /// The board of small collectives and the route rings (host backend, ranks on one host),
+    /// where this communicator has one.
+    pub(crate) fn board(&self) -> Option<&Arc<crate::exec::host::board::Board>> {
+        self.inner.board.get()
     }
 
     /// Host backend: single all_gather calls that copied straight from the peers' buffers
-    /// (`coll::single_copy`) so far. For tests and logs.
+    /// (`exec::host::single_copy`) so far. For tests and logs.
     pub fn single_copy_calls(&self) -> u64 {
-        match &*self.small_board() {
-            crate::coll::small::BoardState::Ready(b) => b.single_copies,
-            _ => 0,
-        }
-    }
-
-    fn release_small_board(&self) {
-        if let crate::coll::small::BoardState::Ready(b) = std::mem::take(&mut *self.small_board()) {
-            b.release(&**self.backend());
-        }
+        self.board().map_or(0, |b| b.single_copies())
     }
 
     /// The executor's reusable device objects.
@@ -866,8 +854,5 @@ impl Drop for Inner {
         // Peers' buffers still mapped (an abort; destroy unmaps them itself).
         let registered = self.registered.get_mut().unwrap_or_else(|p| p.into_inner());
         registered.close_imports(&*self.shared.backend);
-        if let crate::coll::small::BoardState::Ready(b) = std::mem::take(self.small_board.get_mut().unwrap_or_else(|p| p.into_inner())) {
-            b.release(&*self.shared.backend);
-        }
     }
 }

@@ -34,39 +34,24 @@ impl Communicator {
                 if let Err(e) = windows.ensure_resources(&x) {
                     tracing::warn!(target: "INIT", "rank {rank}: collectives on symmetric windows will take the usual kernels: {}", e.message);
                 }
-                if self.backend().capabilities().host_addressable {
-                    if let Some(base) = windows.resource_base() {
-                        self.inner.sym_path.store(base + crate::window::PATH_WORD, Ordering::Release);
-                    }
+                if self.backend().capabilities().host_addressable && windows.resource_base().is_some() {
+                    self.inner.sym_resources.store(true, Ordering::Release);
                 }
             }
             Ok(w)
         })
     }
 
-    /// The path word of this rank (host backend, once the symmetric collectives' memory
-    /// exists): `(collective number << 2) | path`, read by peers waiting in a symmetric
-    /// collective to tell a rank that took the usual way (`coll::symmetric::host`).
-    fn path_word(&self) -> Option<&std::sync::atomic::AtomicU64> {
-        let addr = self.inner.sym_path.load(Ordering::Acquire);
-        // SAFETY: a word of this rank's resource memory, mapped until the windows are
-        // released (which clears `sym_path` first), 8-byte aligned, only accessed atomically.
-        (addr != 0).then(|| unsafe { &*(addr as *const std::sync::atomic::AtomicU64) })
-    }
-
-    /// A collective starts: it is counted (every rank counts alike), and its number published
-    /// as pending (host backend with symmetric windows only).
+    /// A collective starts: it is counted (every rank counts alike; its number keys the
+    /// route ring, [`Communicator::publish_route`]).
     pub(crate) fn note_collective(&self) {
-        let seq = self.inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(w) = self.path_word() {
-            w.store(seq << 2, Ordering::Release);
-        }
+        self.inner.coll_seq.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Host backend: whether the symmetric collectives' memory exists (a symmetric window was
     /// registered).
     pub(crate) fn has_symmetric_resources(&self) -> bool {
-        self.inner.sym_path.load(Ordering::Relaxed) != 0
+        self.inner.sym_resources.load(Ordering::Relaxed)
     }
 
     /// The number of the current collective (`note_collective`).
@@ -74,12 +59,15 @@ impl Communicator {
         self.inner.coll_seq.load(Ordering::Relaxed)
     }
 
-    /// Publishes which way the current collective goes (`coll::symmetric::PATH_*`); returns
-    /// its number (0 without symmetric windows).
-    pub(crate) fn publish_path(&self, path: u64) -> u64 {
-        let Some(w) = self.path_word() else { return 0 };
-        let seq = w.load(Ordering::Relaxed) >> 2;
-        w.store((seq << 2) | path, Ordering::Release);
+    /// Publishes, before it runs, that the current collective takes `way` with signature `sig`
+    /// (0 where it has none), in this rank's route ring on the board, where the communicator
+    /// has one (`exec::host::board::Board::publish_route`: peers waiting for this rank find
+    /// out when it took another way). Returns the collective's number.
+    pub(crate) fn publish_route(&self, way: crate::work::Way, sig: crate::work::OpSig) -> u64 {
+        let seq = self.collective_number();
+        if let Some(b) = self.board() {
+            b.publish_route(seq, way, sig);
+        }
         seq
     }
 

@@ -2,9 +2,10 @@
 //! host executor, a call on the small collectives' board): spin a while (the writer may be
 //! running on another core right now), then give the CPU away for up to 2 ms (the writer may
 //! need this core), then nap 20 µs at a time (a long wait must not hold a core). The host
-//! executor (`exec::host`) and the board (`coll::small`) wait this way; the symmetric
-//! collectives' barrier (`coll::symmetric::host`) naps from its first pause on (1 µs naps,
-//! no yields), its own measured choice.
+//! executor's one wait loop (`exec::host`) waits this way for the FIFOs and the board; the
+//! symmetric collectives' barriers (`exec::host::symmetric`) ask for naps instead of yields
+//! once the spin is over ([`Backoff::napping`]: 1 µs naps, then 50 µs ones), their own
+//! measured choice.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,10 @@ const OVERSUBSCRIBED_SPIN: u32 = 16;
 /// Spinning and yielding, before the naps.
 const YIELD: Duration = Duration::from_millis(2);
 const NAP: Duration = Duration::from_micros(20);
+/// [`Backoff::napping`]: short naps for this many rounds after the spin, then long ones.
+const SHORT_NAPS: u32 = 4096;
+const SHORT_NAP: Duration = Duration::from_micros(1);
+const LONG_NAP: Duration = Duration::from_micros(50);
 
 /// One wait's state (see the module docs).
 #[derive(Debug)]
@@ -21,12 +26,21 @@ pub(crate) struct Backoff {
     spin: u32,
     rounds: u32,
     since: Option<Instant>,
+    /// Naps instead of yields after the spin ([`Backoff::napping`]).
+    naps: bool,
 }
 
 impl Backoff {
     /// A wait that spins `spin` rounds before it yields.
     pub(crate) fn new(spin: u32) -> Backoff {
-        Backoff { spin, rounds: 0, since: None }
+        Backoff { spin, rounds: 0, since: None, naps: false }
+    }
+
+    /// A wait that spins `spin` rounds, then naps 1 µs a round for 4096 rounds, then 50 µs
+    /// (never yields): the symmetric collectives' barriers, where every rank of the host
+    /// waits at once and a yield would hand the core to another waiter.
+    pub(crate) fn napping(spin: u32) -> Backoff {
+        Backoff { naps: true, ..Backoff::new(spin) }
     }
 
     /// What arrived ends the wait: the next pause starts spinning again.
@@ -40,6 +54,10 @@ impl Backoff {
         self.rounds += 1;
         if self.rounds <= self.spin {
             std::hint::spin_loop();
+            return;
+        }
+        if self.naps {
+            std::thread::sleep(if self.rounds - self.spin <= SHORT_NAPS { SHORT_NAP } else { LONG_NAP });
             return;
         }
         let since = *self.since.get_or_insert_with(Instant::now);
@@ -94,5 +112,19 @@ mod tests {
         assert_eq!(spin_for(1, 2048), 2048);
         assert_eq!(spin_for(usize::MAX, 2048), OVERSUBSCRIBED_SPIN);
         assert_eq!(spin_for(usize::MAX, 4), 4);
+    }
+
+    #[test]
+    fn a_napping_wait_naps_after_the_spin_and_never_yields() {
+        let mut w = Backoff::napping(2);
+        w.pause();
+        w.pause();
+        let t = Instant::now();
+        w.pause();
+        assert!(t.elapsed() >= SHORT_NAP && w.since.is_none(), "a nap, not a yield");
+        w.rounds = w.spin + SHORT_NAPS;
+        let t = Instant::now();
+        w.pause();
+        assert!(t.elapsed() >= LONG_NAP);
     }
 }

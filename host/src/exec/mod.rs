@@ -1,7 +1,8 @@
 //! Execution: what runs a group's work once the planner made it (`crate::work`) and its
 //! connections exist. Two executors, chosen by what the backend offers
 //! (`Capabilities::host_addressable`), never by which backend it is:
-//! - [`host`]: CPU threads poll FIFOs in shared memory (the host backend);
+//! - [`host`]: the calling thread polls FIFOs in shared memory, the board of small
+//!   collectives, single copies and the symmetric collectives' CPU twin (the host backend);
 //! - [`gpu`]: one launch of the collective interpreter per communicator and kernel, through
 //!   the `DeviceBackend` trait (CUDA today, HIP later).
 //!
@@ -75,5 +76,10 @@ pub trait CommSide {
     /// the core early when they outnumber the cores.
     fn local_ranks(&self) -> u32 {
         1
+    }
+    /// Host backend: the communicator's board (`host::board`), where it has one. The FIFO
+    /// poller reads the peers' route entries on it while it waits.
+    fn board(&self) -> Option<Arc<host::board::Board>> {
+        None
     }
 }

@@ -33,12 +33,6 @@ pub const WIN_COLL_SYMMETRIC: u32 = 1;
 pub const WIN_STRICT_ORDERING: u32 = 2;
 /// `NCCL_WIN_REQUIRED_ALIGNMENT`: a window starts this far into its allocation, or a multiple.
 pub const WIN_ALIGNMENT: usize = 4096;
-/// Host backend: where in a rank's symmetric resource memory ([`Windows::resource_base`]) it
-/// publishes which way its current collective goes (bytes 72..80, which the kernels do not
-/// use), as `(number << 2) | PATH_*` (`coll::symmetric`): the communicator writes it
-/// (`comm/windows.rs`), peers waiting in a symmetric collective read it
-/// (`coll/symmetric/host.rs`).
-pub const PATH_WORD: u64 = 72;
 /// Offsets in the space are multiples of this (NCCL's cuMem granularity, 2 MiB on GPUs).
 const SPACE_ALIGN: u64 = 2 << 20;
 /// Each rank's slot in the flat range, unless `NCCL_WIN_STRIDE` says otherwise (rounded up to
@@ -171,23 +165,9 @@ pub struct Windows {
     ce_released: bool,
 }
 
-/// Where a symmetric collective finds its buffers and memory (this rank's addresses in the
-/// flat range; rank r's are `+ (r - rank) * stride`, [`SymmetricPlace::peer`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SymmetricPlace {
-    pub send: u64,
-    pub recv: u64,
-    pub res: u64,
-    pub stride: u64,
-    pub rank: usize,
-}
-
-impl SymmetricPlace {
-    /// Rank `r`'s copy of this rank's flat address `addr`.
-    pub fn peer(&self, addr: u64, r: usize) -> u64 {
-        addr.wrapping_add((r as i64 - self.rank as i64) as u64 * self.stride)
-    }
-}
+/// Where a symmetric collective finds its buffers and memory (pure data, in `work`: the
+/// executors below this module take it).
+pub use crate::work::SymmetricPlace;
 
 /// The exchange message: whether the allocation is mapped already, its span, its handle.
 const MSG_BYTES: usize = 16 + ShareHandle::SIZE;

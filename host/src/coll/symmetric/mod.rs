@@ -1,5 +1,5 @@
 //! The planner's choice of the symmetric kernels (`kernels/src/device/symmetric.h`; on the
-//! host backend their CPU twins, `host.rs`): a single
+//! host backend their CPU twins, `exec::host::symmetric`): a single
 //! all_reduce, all_gather or reduce_scatter (outside a group, on a blocking communicator)
 //! whose send and receive buffers both lie in `NCCL_WIN_COLL_SYMMETRIC` windows runs one
 //! kernel that reads and writes the peers' windows directly, instead of the ring through the
@@ -7,7 +7,7 @@
 //! call (the windows are collective, so ranks that do see the same windows): on GPUs a rank
 //! that passes a window buffer where another passes other memory takes another kernel, and
 //! the two wait for each other until the operation timeout reports the hang; the host
-//! backend detects it (`host.rs`).
+//! backend detects it (the route ring, `exec::host::board`).
 //!
 //! Which kernel, by size (`choose`; `RUSTCCL_SYM_KERNEL` forces one: `ll`, `ld`, `rsag` for
 //! all_reduce; `off` turns the symmetric kernels off), from the measurements on one H200
@@ -36,8 +36,6 @@
 use rustccl_kernels::symmetric::SymKernel;
 use super::observe::{self as profiler_events, OpPlan};
 
-mod host;
-
 use super::{CollKind, Task};
 use crate::backend::{DevicePtr, Stream};
 use crate::comm::health::OpShape;
@@ -45,8 +43,10 @@ use crate::comm::Communicator;
 use crate::error::Result;
 use crate::exec::gpu::copy_engine::{CeCollective, CopyEngineRun, Ready};
 use crate::exec::gpu::symmetric::{SymLaunch, SymPlace};
+use crate::exec::host::symmetric::SymOp;
+use crate::exec::host::HostCall;
 use crate::types::DataType;
-use crate::window::SymmetricPlace;
+use crate::work::{OpCtx, OpSig, SymmetricPlace, Way};
 
 /// all_reduce takes the LL one-shot kernel up to this many bytes (measured: 6.6 us at 128 KiB
 /// against 7.3 for two shots; 10.0 at 512 KiB against 7.7).
@@ -55,19 +55,15 @@ pub const LL_MAX: u64 = 256 << 10;
 /// against 18; 62 at 32 MiB against 52).
 pub const CE_MIN: u64 = 16 << 20;
 
-// Host backend: each rank publishes which way its current collective goes in its resource
-// memory (`window::PATH_WORD`), as `(number << 2) | PATH_*`.
-/// The collective has started; its way is not chosen yet.
-pub const PATH_PENDING: u64 = 0;
-/// It runs as a symmetric collective.
-pub const PATH_SYMMETRIC: u64 = 1;
-/// It takes the usual way (the FIFOs): a peer waiting for it in a symmetric collective will
-/// wait forever, so it reports the mismatch instead.
-pub const PATH_USUAL: u64 = 2;
+// The count of symmetric collectives run: kernels and copy engines (`exec::gpu`), or on the
+// host backend their CPU twins (`exec::host::symmetric`).
 
-// The count of symmetric collectives run (the CPU twins in `host.rs` count there too).
-pub(crate) use crate::exec::gpu::symmetric::LAUNCHES;
-pub use crate::exec::gpu::symmetric::launches;
+
+/// How many symmetric collectives this process has run (kernels and copy engines, or on the
+/// host backend their CPU twins).
+pub fn launches() -> u64 {
+    crate::exec::gpu::symmetric::launches() + crate::exec::host::symmetric::launches()
+}
 
 /// `RUSTCCL_SYM_KERNEL`: a forced kernel, `Some(None)` for `off`.
 fn forced() -> Option<Option<&'static str>> {
@@ -184,9 +180,9 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
             return None;
         }
         let place = place_of(comm, task, n)?;
-        super::way::trace(task, n, super::way::Way::SymmetricCpu);
+        super::way::trace(task, n, Way::SymmetricCpu);
         let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
-        let r = host::run_task(comm, task, place);
+        let r = run_on_host(comm, task.shape(), place, || super::plan::task_ctx(comm, task), |seq, ctx| super::small::host_call(task, seq, ctx));
         profiler_events::end_single_op(events, &r);
         return Some(r);
     }
@@ -199,7 +195,7 @@ pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
     }
     let kernel = choose(&task.kind, part, n, task.send == task.recv)?;
     let place = place_of(comm, task, n)?;
-    super::way::trace(task, n, super::way::Way::SymmetricKernel);
+    super::way::trace(task, n, Way::SymmetricKernel);
     let start = crate::profile::start();
     comm.op_log().started(std::slice::from_ref(&task.shape()));
     let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
@@ -220,7 +216,7 @@ fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Opt
     };
     match copy_engine_ready(comm, task.stream) {
         Ok(Some(ready)) => {
-            super::way::trace(task, n, super::way::Way::CopyEngine);
+            super::way::trace(task, n, Way::CopyEngine);
             let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
             let r = copy_engine_run(comm, task.shape(), ready, collective, place, part);
             profiler_events::launched_single_op(events, comm, &r);
@@ -248,13 +244,44 @@ pub(crate) fn try_all_to_all(comm: &Communicator, send: DevicePtr, recv: DeviceP
     }
     let shape = crate::comm::health::OpShape { kind: "AlltoAll", rank: None, count: count as u64, dtype: dtype.name(), op: None, p2p: false };
     if comm.backend().capabilities().host_addressable {
-        return Some(host::run_all_to_all(comm, shape, place, part as usize));
+        let ctx = || {
+            let bytes = part as usize * n;
+            let reducer = crate::reduce::Reducer::new(DataType::Uint8, crate::reduce::DevOp::Sum);
+            let proto = rustccl_plugin_api::Protocol::Simple;
+            let (src, dst) = (place.send as usize, place.recv as usize);
+            Ok(OpCtx { src, dst, src_len: bytes, dst_len: bytes, reducer, proto, sig: OpSig(0), scalar_at: 0, dst_remote: 0 })
+        };
+        let call = |seq, ctx| HostCall { coll: crate::spec::Collective::AlltoAll, root: 0, count, dtype, seq, ctx };
+        return Some(run_on_host(comm, shape, place, ctx, call));
     }
     match copy_engine_ready(comm, stream) {
         Ok(Some(ready)) => Some(copy_engine_run(comm, shape, ready, CeCollective::AllToAll, place, part)),
         Ok(None) => None,
         Err(r) => Some(r),
     }
+}
+
+/// A symmetric collective on the host backend (its CPU twin, `exec::host::symmetric`): its
+/// buffers resolved (`ctx`), its way published, then run by the executor; the op log and
+/// failures as every way around the planner.
+fn run_on_host(
+    comm: &Communicator,
+    shape: OpShape,
+    place: SymmetricPlace,
+    ctx: impl FnOnce() -> Result<OpCtx>,
+    call: impl FnOnce(u64, OpCtx) -> HostCall,
+) -> Result<()> {
+    let n = comm.nranks_unchecked() as usize;
+    comm.op_log().started(std::slice::from_ref(&shape));
+    let r = match ctx() {
+        Ok(ctx) => {
+            let seq = comm.publish_route(Way::SymmetricCpu, ctx.sig);
+            crate::exec::host::run_op(comm, &mut SymOp::new(place, n, call(seq, ctx), comm.board().map(|b| &**b)))
+        }
+        Err(e) => Err(comm.record_error(e.context(format!("{} (symmetric, host)", shape.kind)))),
+    };
+    super::cache::finish(comm, &r, false);
+    r
 }
 
 /// Runs a copy-engine collective on `ready`'s stream: the op log, the run (its epoch drawn

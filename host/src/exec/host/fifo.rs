@@ -1,23 +1,20 @@
-//! The host executor: runs the work of every host-backend communicator of a group on the
-//! calling thread, by polling: each work item advances as far as its FIFOs allow, then the
-//! next, until all are done. Nothing waits on one item while another could move, so programs
+//! The FIFO poller: the planner's work of one communicator (programs of steps over FIFOs in
+//! shared memory or network buffers) run by polling: each work item advances as far as its
+//! FIFOs allow, then the next. Nothing waits on one item while another could move, so programs
 //! whose progress depends on each other (a rank's sends and receives, several ranks in one
-//! process) never deadlock. While nothing moves it asks each communicator whether to go on
-//! (an abort, a revoke, a failed peer, a hang report or timeout) and looks at the connections
-//! a waiting step needs.
+//! process) never deadlock. The driver (`exec::host`) polls it with the other host ways, and
+//! while nothing moves asks each communicator whether to go on (an abort, a revoke, a failed
+//! peer, a hang report or timeout) and this run for the connections a waiting step needs.
 
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::{CommSide, Links, NetReceives};
 use crate::error::{Error, Result};
+use crate::exec::{CommSide, Links, NetReceives};
 use crate::program::{Link, Step};
 use crate::transport::{Connection, Dir, SLOT_BYTES};
 use crate::work::{OpCtx, OpSig, Work};
-
-/// How often (in idle rounds) failures are checked.
-const CHECK_EVERY: u32 = 256;
 
 /// One communicator's work with its connections.
 pub struct HostRun<'a> {
@@ -56,28 +53,78 @@ impl Prepared {
     }
 }
 
-/// Runs every item of every run to completion.
-pub fn run(runs: &mut [HostRun<'_>]) -> Result<()> {
-    if runs.is_empty() {
-        return Ok(());
-    }
-    for run in runs.iter_mut() {
-        read_scalars(run.work);
-        for c in &run.work.copies {
+impl HostRun<'_> {
+    /// Before its first round: the PreMulSum scalars given by address are read, the plain
+    /// copies made, the proxy told what the items will receive, every item set at its first
+    /// step.
+    pub(super) fn start(&mut self) {
+        read_scalars(self.work);
+        for c in &self.work.copies {
             // SAFETY: the planner resolved both ranges through the backend (live memory of
             // `bytes` each); they may overlap only as the caller's buffers do, hence memmove.
             unsafe { std::ptr::copy(c.src as *const u8, c.dst as *mut u8, c.bytes) };
         }
+        if self.work.items.is_empty() {
+            return;
+        }
+        let p = &mut *self.prep;
+        p.net_receives.expect();
+        p.cursors.clear();
+        p.cursors.extend_from_slice(&p.firsts);
+        for item in self.work.items.iter_mut() {
+            item.pc = 0;
+        }
     }
-    if runs.iter().all(|r| r.work.items.is_empty()) {
-        return Ok(());
+
+    /// Whether a step is still to run.
+    pub(super) fn pending(&self) -> bool {
+        self.work.items.iter().any(|item| item.pc < item.steps.len())
     }
-    // Where a step that sends nothing computes (a slot's worth), kept per thread: a fresh
-    // 512 KiB per call would cost more than a small operation.
+
+    /// One round: each item advances as far as its FIFOs allow. Returns whether a step ran,
+    /// and whether a step is still to run. `scratch`: a slot's worth of bytes, where a step
+    /// that sends nothing computes.
+    pub(super) fn poll(&mut self, scratch: &mut [u8]) -> Result<(bool, bool)> {
+        let work = &mut *self.work;
+        let Prepared { conns, cursors, .. } = &mut *self.prep;
+        let me = self.comm.rank();
+        let (mut progressed, mut pending) = (false, false);
+        for (item, at) in work.items.iter_mut().zip(cursors.iter_mut()) {
+            while let Some((ci, step)) = item.steps.get(item.pc) {
+                let used = step.recv.len() + step.send.len();
+                if !try_step(me, step, &work.ctxs[*ci], &conns[*at..*at + used], scratch)? {
+                    break;
+                }
+                item.pc += 1;
+                *at += used;
+                progressed = true;
+            }
+            pending |= item.pc < item.steps.len();
+        }
+        Ok((progressed, pending))
+    }
+
+    /// While it waits: the failure of a connection a waiting step needs (only those: a peer
+    /// that has finished and left may fail receives posted ahead that nothing waits for).
+    pub(super) fn check_connections(&self) -> Result<()> {
+        let p = &*self.prep;
+        let waiting = self.work.items.iter().zip(&p.cursors).filter_map(|(item, &at)| {
+            item.steps.get(item.pc).map(|(_, step)| &p.conns[at..at + step.recv.len() + step.send.len()])
+        });
+        match waiting.flatten().find_map(|c| c.failure()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs `f` with the calling thread's scratch slot (a fresh 512 KiB per call would cost more
+/// than a small operation).
+pub(super) fn with_scratch<T>(f: impl FnOnce(&mut [u8]) -> T) -> T {
     SCRATCH.with(|cell| {
         let mut scratch = cell.take();
         scratch.resize(SLOT_BYTES, 0);
-        let r = poll(runs, &mut scratch);
+        let r = f(&mut scratch);
         cell.set(scratch);
         r
     })
@@ -87,72 +134,9 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
-    let mut idle = 0u32;
-    let local = runs.iter().map(|r| r.comm.local_ranks()).max().unwrap_or(1) as usize;
-    let mut wait = super::backoff::Backoff::new(super::backoff::spin_for(local, spin_rounds()));
-    for run in runs.iter_mut() {
-        let p = &mut *run.prep;
-        p.net_receives.expect();
-        p.cursors.clear();
-        p.cursors.extend_from_slice(&p.firsts);
-        for item in run.work.items.iter_mut() {
-            item.pc = 0;
-        }
-    }
-    loop {
-        let mut progressed = false;
-        let mut pending = false;
-        for run in runs.iter_mut() {
-            let work = &mut *run.work;
-            let Prepared { conns, cursors, .. } = &mut *run.prep;
-            let me = run.comm.rank();
-            for (item, at) in work.items.iter_mut().zip(cursors.iter_mut()) {
-                while let Some((ci, step)) = item.steps.get(item.pc) {
-                    let used = step.recv.len() + step.send.len();
-                    let ok = try_step(me, step, &work.ctxs[*ci], &conns[*at..*at + used], scratch)
-                        .map_err(|e| run.comm.record(e.context("collective")))?;
-                    if !ok {
-                        break;
-                    }
-                    item.pc += 1;
-                    *at += used;
-                    progressed = true;
-                }
-                pending |= item.pc < item.steps.len();
-            }
-        }
-        if !pending {
-            wait.reset();
-            return Ok(());
-        }
-        if progressed {
-            idle = 0;
-            wait.reset();
-            continue;
-        }
-        idle += 1;
-        if idle.is_multiple_of(CHECK_EVERY) {
-            for run in runs.iter() {
-                run.comm.check("collective").map_err(|e| run.comm.record(e))?;
-                // Only connections a waiting step needs: a peer that has finished and left may
-                // fail receives posted ahead that nothing waits for.
-                let p = &*run.prep;
-                let waiting = run.work.items.iter().zip(&p.cursors).filter_map(|(item, &at)| {
-                    item.steps.get(item.pc).map(|(_, step)| &p.conns[at..at + step.recv.len() + step.send.len()])
-                });
-                if let Some(e) = waiting.flatten().find_map(|c| c.failure()) {
-                    return Err(run.comm.record(e));
-                }
-            }
-        }
-        wait.pause();
-    }
-}
-
-/// How the calling thread waits while none of its steps can move: `exec::backoff` (spin, then
-/// yield the core until 2 ms have passed, then short naps; the failure checks run all along),
-/// spinning `RUSTCCL_HOST_SPIN` rounds (a round polls every waiting step once: tens of
+/// How the calling thread waits while none of its FIFO steps can move: `exec::backoff` (spin,
+/// then yield the core until 2 ms have passed, then short naps; the failure checks run all
+/// along), spinning `RUSTCCL_HOST_SPIN` rounds (a round polls every waiting step once: tens of
 /// nanoseconds), read once; with more ranks on this host than cores, at most 16 (a peer that is
 /// not running needs a core to get on).
 ///
@@ -162,7 +146,7 @@ fn poll(runs: &mut [HostRun<'_>], scratch: &mut [u8]) -> Result<()> {
 /// all-reduce on 2 loaded cores, runs interleaved): 64 rounds gave 1.3-7 µs a call, 16 rounds
 /// 4.7-7, 256 rounds 1.6 µs when the ranks ran apart but 12-17 when together, 4096 rounds
 /// 1.2 µs apart but 140-170 together. 64 is the default: never far off.
-fn spin_rounds() -> u32 {
+pub(super) fn spin_rounds() -> u32 {
     static N: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *N.get_or_init(|| crate::params::env_int_or("RUSTCCL_HOST_SPIN", 64).clamp(0, 1 << 30) as u32)
 }
