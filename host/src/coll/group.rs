@@ -15,6 +15,7 @@
 use std::cell::RefCell;
 
 use super::check::OpSig;
+use super::route::{self, Route};
 use super::{exec, plan, Task};
 use crate::work::Way;
 use crate::comm::Communicator;
@@ -145,38 +146,55 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
         return Ok(());
     }
     profiler_events::group_end_api_start();
-    // One rank, nothing to compute: nothing or one copy (a send or receive alone gets the
-    // planner's error). A repeated single operation runs its cached plan (when the backend
-    // caches them).
-    if let Some(r) = super::cache::try_one_rank(comm, &task) {
-        return r;
+    if !blocking {
+        // A non-blocking communicator: one rank at once (nothing to wait for), everything
+        // else planned in its background job.
+        if let Some(r) = super::cache::try_one_rank(comm, &task) {
+            return r;
+        }
+        if !task_is_p2p {
+            comm.publish_route(Way::Planned, OpSig::of(&task));
+        }
+        return start(vec![(comm.handle(), task)]);
     }
-    // A tuner's table that speaks for this call decides it: the ways around the planner step
-    // aside, and the planner runs what the tuner chose (asked once: the choice goes along).
+    // The router decides the way (the tuner asked once, where one is loaded: its choice goes
+    // along to the planner).
     let tuned = super::way::tuner_choice(comm, &task);
-    let rustccl_decides = tuned.is_none_or(|c| c.by != plan::ChosenBy::Tuner);
-    if rustccl_decides {
-        if let Some(r) = super::symmetric::try_run(comm, &task) {
-            return r;
+    let mut placed = super::symmetric::Placed::new(comm, &task);
+    let route = route::route(&task, &route_caps(comm), &mut placed, tuned, route::Settings::get()).map_err(|e| comm.record_error(e))?;
+    match route {
+        Route::OneRank => super::cache::run_one_rank(comm, std::slice::from_ref(&task)),
+        Route::Symmetric(way) => super::symmetric::run(comm, &task, way, placed),
+        Route::Board => super::small::run(comm, &task, Way::Board),
+        Route::SingleCopy => super::small::run(comm, &task, Way::SingleCopy),
+        Route::Planned(chosen) => {
+            drop(placed);
+            // The ways around the planner publish their way themselves; the planner's, here.
+            if !task_is_p2p {
+                comm.publish_route(Way::Planned, OpSig::of(&task));
+            }
+            if chosen.is_some() {
+                // Asked only where a tuner is loaded: the plan cache is off with a tuner.
+                return run(vec![(comm.handle(), task)], chosen);
+            }
+            if let Some(r) = super::cache::try_run(comm, &task) {
+                return r;
+            }
+            start(vec![(comm.handle(), task)])
         }
     }
-    if rustccl_decides {
-        if let Some(r) = super::small::try_run(comm, &task) {
-            return r;
-        }
-    }
-    // The ways around the planner publish their way themselves; the planner's, here.
-    if !task.kind.is_p2p() {
-        comm.publish_route(Way::Planned, OpSig::of(&task));
-    }
-    if tuned.is_some() {
-        // Asked only for blocking calls: they run here, and the plan cache is off with a tuner.
-        return run(vec![(comm.handle(), task)], tuned);
-    }
-    if let Some(r) = super::cache::try_run(comm, &task) {
-        return r;
-    }
-    start(vec![(comm.handle(), task)])
+}
+
+/// What the router knows of `comm` (fixed for its life, the same on every rank).
+fn route_caps(comm: &Communicator) -> route::Caps {
+    let caps = comm.backend().capabilities();
+    let symmetric = match (caps.symmetric_kernels, caps.host_addressable) {
+        (false, _) => route::SymExec::None,
+        (true, true) => route::SymExec::Cpu,
+        (true, false) => route::SymExec::Kernels,
+    };
+    let board = comm.board().filter(|b| b.has_ring()).map(|b| route::BoardCaps { single_copy: b.single_copy() });
+    route::Caps { nranks: comm.nranks_unchecked(), symmetric, board }
 }
 
 /// Runs the tasks of a group that ended: here, or, for non-blocking communicators, as a

@@ -15,6 +15,7 @@
 //! may abort stuck work from the same thread. Argument errors are still returned at once.
 
 pub(crate) mod cache;
+mod call;
 pub mod check;
 pub mod exec;
 pub mod group;

@@ -40,7 +40,7 @@ pub const LL_MAX: u64 = 256 << 10;
 /// at 4 MiB against 18; 62 at 32 MiB against 52).
 pub const CE_MIN: u64 = 16 << 20;
 /// The most data bytes of one call on the board (a slot of its ring).
-pub const BOARD_MAX_BYTES: usize = 32 << 10;
+pub const BOARD_MAX_BYTES: usize = crate::exec::host::board::MAX_BYTES;
 
 /// The way a task runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,21 +64,6 @@ pub(crate) enum SymWay {
     CopyEngine,
     /// The CPU twins of the kernels (backends whose collectives run on CPUs).
     Cpu,
-}
-
-impl Route {
-    /// Its name in TRACE lines and mismatch messages.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Route::OneRank => "one-rank",
-            Route::Symmetric(SymWay::Kernel(_)) => "symmetric-kernel",
-            Route::Symmetric(SymWay::CopyEngine) => "copy-engine",
-            Route::Symmetric(SymWay::Cpu) => "symmetric-cpu",
-            Route::Board => "board",
-            Route::SingleCopy => "single-copy",
-            Route::Planned(_) => "planner",
-        }
-    }
 }
 
 /// How symmetric collectives run on a backend (from its capabilities).
@@ -160,7 +145,7 @@ impl Settings {
     pub(crate) fn get() -> &'static Settings {
         static S: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
         S.get_or_init(|| {
-            use crate::params::{env_int, env_int_or, env_str};
+            use crate::params::{env_int_or, env_str};
             let sym = match env_str("RUSTCCL_SYM_KERNEL").map(|v| SymSetting::parse(&v)) {
                 None => SymSetting::Auto,
                 Some(Ok(s)) => s,
@@ -174,15 +159,10 @@ impl Settings {
                 algo_forced: super::plan::forced(),
                 shm_disabled: env_int_or("NCCL_SHM_DISABLE", 0) == 1,
                 sym,
-                board_bytes: env_int("RUSTCCL_HOST_SMALL_BYTES").ok().flatten().map(|v| v.clamp(0, BOARD_MAX_BYTES as i64) as usize),
-                single_copy_min: env_int("RUSTCCL_HOST_SINGLE_COPY_BYTES").ok().flatten().map_or(256 << 10, |v| v.max(0) as usize),
+                board_bytes: crate::exec::host::board::bytes_setting(),
+                single_copy_min: crate::exec::host::single_copy::threshold(),
             }
         })
-    }
-
-    /// Whether the board may ever be used (else it need not be made for its ring).
-    pub(crate) fn board_wanted(&self) -> bool {
-        !self.algo_forced && !self.shm_disabled && (self.board_bytes != Some(0) || self.single_copy_min > 0)
     }
 
     /// The most bytes per rank a call of `task`'s kind puts on the board: the setting, else
@@ -449,8 +429,6 @@ mod tests {
         ] {
             assert_eq!(go(&ar(8), &caps, &mut Place::default(), None, &s2), Route::Planned(None), "{caps:?} {s2:?}");
         }
-        assert!(!Settings { board_bytes: Some(0), single_copy_min: 0, ..s }.board_wanted());
-        assert!(Settings { board_bytes: Some(0), ..s }.board_wanted(), "single copies still use it");
         assert_eq!(go(&ar(100), &HOST, &mut Place::default(), None, &Settings { board_bytes: Some(256), ..s }), Route::Planned(None));
     }
 

@@ -11,74 +11,44 @@
 //! takes the same way (and where a rank's arguments differ, the route ring finds it). The
 //! board is made at the communicator's init, so it exists on every rank before any collective.
 
-use super::{CollKind, Task};
+use super::Task;
 use crate::comm::Communicator;
 use crate::error::Result;
-use crate::exec::host::board::{self, Board, BoardOp};
-use crate::exec::host::single_copy::{self, SingleCopyOp};
+use crate::exec::host::board::BoardOp;
+use crate::exec::host::single_copy::SingleCopyOp;
 use crate::exec::host::HostCall;
-use super::observe::{self as profiler_events, OpPlan};
 use crate::work::{OpCtx, Way};
-
-/// The most bytes a rank puts on the board for a call of `task`'s kind: the setting
-/// (`RUSTCCL_HOST_SMALL_BYTES`), else where the board stops being faster than the FIFOs (2 ranks
-/// on the 2-core development machine, 2026-12-02: all_reduce in place at 8 KiB 2.2 µs against
-/// 8.2 and at 32 KiB 9.4 against 22, at 64 KiB out of place 16.8 against 12.8; broadcast and
-/// all_gather the same from 4 KiB on, run to run swings larger than the difference): a whole
-/// slot for reductions, 4 KiB for copies.
-fn limit(task: &Task) -> usize {
-    board::bytes_setting().unwrap_or(if task.kind.reduces() { board::MAX_BYTES } else { 4 << 10 })
-}
-
-/// Whether `task` (of `bytes` per rank on the board) takes a single copy on `board`.
-fn takes_single_copy(board: &Board, task: &Task, bytes: usize) -> bool {
-    let t = single_copy::threshold();
-    board.single_copy() && t > 0 && bytes >= t && matches!(task.kind, CollKind::AllGather)
-}
-
-/// The way `task`, a single collective, takes on the board of `comm`: `None` when it does not.
-fn choose<'c>(comm: &'c Communicator, task: &Task) -> Option<(&'c Board, Way)> {
-    if task.count == 0 || task.kind.is_p2p() || !super::cache::may_skip_planner(comm, task) || super::plan::forced() {
-        return None;
-    }
-    let board = comm.board().filter(|b| b.has_ring())?.as_ref();
-    let bytes = board::board_bytes(task.kind.collective(), task.count, task.dtype.size(), board.nranks())?;
-    if takes_single_copy(board, task, bytes) {
-        return Some((board, Way::SingleCopy));
-    }
-    (bytes <= limit(task)).then_some((board, Way::Board))
-}
 
 /// The plain description of `task` the host ways take.
 pub(super) fn host_call(task: &Task, seq: u64, ctx: OpCtx) -> HostCall {
     HostCall { coll: task.kind.collective(), root: task.kind.root(), count: task.count, dtype: task.dtype, seq, ctx }
 }
 
-/// Runs `task`, a collective outside a group, through the board or by single copies if it
-/// takes one of them (None: it does not).
-pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    let (board, way) = choose(comm, task)?;
+/// Runs `task`, a single collective, the board way `way` (`Way::Board` or `Way::SingleCopy`)
+/// the router chose for it.
+pub(crate) fn run(comm: &Communicator, task: &Task, way: Way) -> Result<()> {
+    let Some(board) = comm.board().filter(|b| b.has_ring()) else {
+        return Err(comm.record_error(crate::error::Error::internal("a board route without a board")));
+    };
+    let board = board.as_ref();
     // Its buffers are checked before anything is published: a bad argument is refused at
     // once, as on the planner's way.
     let ctx = match super::plan::task_ctx(comm, task) {
         Ok(ctx) => ctx,
-        Err(e) => return Some(Err(comm.record_error(e))),
+        Err(e) => return Err(comm.record_error(e)),
     };
     let seq = comm.collective_number();
     board.publish_route(seq, way, ctx.sig);
     super::way::trace(task, board.nranks(), way);
-    comm.op_log().started(std::slice::from_ref(&task.shape()));
-    // For a profiler: one channel, no NCCL algorithm.
-    let events = profiler_events::single_op(comm, task, || OpPlan { algo: "", proto: "", channels: 1 });
+    let mut guard = super::call::Call::start(comm, false, std::iter::once(task));
+    guard.around_planner(task);
     let call = host_call(task, seq, ctx);
     let r = if way == Way::SingleCopy {
         crate::exec::host::run_op(comm, &mut SingleCopyOp::new(board, call))
     } else {
         crate::exec::host::run_op(comm, &mut BoardOp::new(board, call))
     };
-    profiler_events::end_single_op(events, &r);
-    super::cache::finish(comm, &r, false);
-    Some(r)
+    guard.end(r)
 }
 
 #[cfg(test)]
@@ -125,7 +95,7 @@ mod tests {
     #[test]
     fn one_thread_drives_two_ranks_board_all_reduces_to_completion() {
         let comms = Communicator::init_all(&[0, 1]).unwrap();
-        let boards: Vec<&Board> = comms.iter().map(|c| &**c.board().expect("a board on the host backend")).collect();
+        let boards: Vec<&crate::exec::host::board::Board> = comms.iter().map(|c| &**c.board().expect("a board on the host backend")).collect();
         let counts = [2usize, 1024, 8192]; // 8 B to the board's largest call (32 KiB)
         let mut ctxs: Vec<Vec<OpCtx>> = Vec::new();
         let mut ops: Vec<Vec<BoardOp>> = Vec::new();

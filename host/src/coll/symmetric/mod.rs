@@ -36,6 +36,7 @@
 use rustccl_kernels::symmetric::SymKernel;
 use super::observe::{self as profiler_events, OpPlan};
 
+use super::route::SymWay;
 use super::{CollKind, Task};
 use crate::backend::{DevicePtr, Stream};
 use crate::comm::health::OpShape;
@@ -48,16 +49,7 @@ use crate::exec::host::HostCall;
 use crate::types::DataType;
 use crate::work::{OpCtx, OpSig, SymmetricPlace, Way};
 
-/// all_reduce takes the LL one-shot kernel up to this many bytes (measured: 6.6 us at 128 KiB
-/// against 7.3 for two shots; 10.0 at 512 KiB against 7.7).
-pub const LL_MAX: u64 = 256 << 10;
-/// broadcast takes the copy engines from this many bytes (measured: the ring 14 us at 4 MiB
-/// against 18; 62 at 32 MiB against 52).
-pub const CE_MIN: u64 = 16 << 20;
-
-// The count of symmetric collectives run: kernels and copy engines (`exec::gpu`), or on the
-// host backend their CPU twins (`exec::host::symmetric`).
-
+pub use super::route::{CE_MIN, LL_MAX};
 
 /// How many symmetric collectives this process has run (kernels and copy engines, or on the
 /// host backend their CPU twins).
@@ -65,66 +57,16 @@ pub fn launches() -> u64 {
     crate::exec::gpu::symmetric::launches() + crate::exec::host::symmetric::launches()
 }
 
-/// `RUSTCCL_SYM_KERNEL`: a forced kernel, `Some(None)` for `off`.
-fn forced() -> Option<Option<&'static str>> {
-    static FORCED: std::sync::OnceLock<Option<Option<&'static str>>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let v = crate::params::env_str("RUSTCCL_SYM_KERNEL")?;
-        let v = v.trim().to_ascii_lowercase();
-        match v.as_str() {
-            "" | "auto" => None,
-            "off" | "0" | "none" => Some(None),
-            k => match SymKernel::ALL.iter().find(|s| s.short() == k) {
-                Some(s) => Some(Some(s.short())),
-                None if k == "ce" => Some(Some("ce")),
-                None => {
-                    tracing::warn!(target: "INIT", "RUSTCCL_SYM_KERNEL={v}: not one of auto, off, ll, ld, rsag, ag, rs, ce; ignored");
-                    None
-                }
-            },
-        }
-    })
-}
-
-/// The kernel for a collective of `kind` on `bytes` (all_reduce: the buffer; all_gather and
-/// reduce_scatter: one rank's part) with `nranks` ranks, if a symmetric one takes it. The same
-/// on every rank for the same call.
+/// The kernel for a collective of `kind` on `bytes` with `nranks` ranks, as the router
+/// chooses it with this process's `RUSTCCL_SYM_KERNEL` ([`super::route::choose_kernel`]).
 pub fn choose(kind: &CollKind, bytes: u64, nranks: usize, in_place: bool) -> Option<SymKernel> {
-    let forced = forced();
-    if forced == Some(None) {
-        return None;
-    }
-    let force = forced.flatten();
-    match kind {
-        CollKind::AllReduce => {
-            let ll_fits = bytes <= SymKernel::ll_max_bytes(nranks);
-            match force {
-                Some("ll") if ll_fits => Some(SymKernel::AllReduceLl),
-                Some("ld") if !in_place => Some(SymKernel::AllReduceLd),
-                Some("rsag") => Some(SymKernel::AllReduceRsAg),
-                _ if bytes <= LL_MAX && ll_fits => Some(SymKernel::AllReduceLl),
-                _ => Some(SymKernel::AllReduceRsAg),
-            }
-        }
-        CollKind::AllGather => Some(SymKernel::AllGather),
-        CollKind::ReduceScatter => Some(SymKernel::ReduceScatter),
-        _ => None,
-    }
+    super::route::choose_kernel(kind, bytes, nranks, in_place, super::route::Settings::get().sym)
 }
 
-/// Whether a collective of `kind` on `bytes` (per rank for all_gather) takes the copy
-/// engines (outside graph captures; the same on every rank).
+/// Whether a collective of `kind` on `bytes` takes the copy engines, as the router chooses it
+/// ([`super::route::copy_engine`]).
 pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
-    let forced = forced();
-    if forced == Some(None) {
-        return false;
-    }
-    let ce = forced.flatten() == Some("ce");
-    match kind {
-        CollKind::AllGather => ce,
-        CollKind::Broadcast { .. } => ce || (forced.flatten().is_none() && bytes >= CE_MIN),
-        _ => false,
-    }
+    super::route::copy_engine(kind, bytes, super::route::Settings::get().sym)
 }
 
 /// What the profiler's Coll event says of a symmetric path: no NCCL algorithm, one channel.
@@ -139,7 +81,7 @@ fn eligible(comm: &Communicator, count: usize) -> bool {
         && comm.config().blocking
         && !super::check::enabled()
         && comm.nranks_unchecked() > 1
-        && forced() != Some(None)
+        && super::route::Settings::get().sym != super::route::SymSetting::Off
 }
 
 /// Where `task`'s buffers lie in symmetric windows (`None` if either does not), with its
@@ -167,63 +109,85 @@ fn copy_engine_ready(comm: &Communicator, stream: Stream) -> std::result::Result
     crate::exec::gpu::copy_engine_ready(comm.backend(), stream).map_err(|e| Err(comm.record_error(e)))
 }
 
-/// Runs `task` with a symmetric kernel, the copy engines, or (host backend) their CPU twins
-/// if its buffers lie in symmetric windows; `None` when it must take the usual way.
-pub(crate) fn try_run(comm: &Communicator, task: &Task) -> Option<Result<()>> {
-    if !eligible(comm, task.count) {
-        return None;
-    }
-    let n = comm.nranks_unchecked() as usize;
-    if comm.backend().capabilities().host_addressable {
-        // No symmetric window yet: nothing to look up (this runs on every small call).
-        if !comm.has_symmetric_resources() {
-            return None;
-        }
-        let place = place_of(comm, task, n)?;
-        super::way::trace(task, n, Way::SymmetricCpu);
-        let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
-        let r = run_on_host(comm, task.shape(), place, || super::plan::task_ctx(comm, task), |seq, ctx| super::small::host_call(task, seq, ctx));
-        profiler_events::end_single_op(events, &r);
-        return Some(r);
-    }
-    let part = (task.count * task.dtype.size()) as u64;
-    if copy_engine(&task.kind, part) {
-        // (Inside a graph capture, the kernels or the usual way.)
-        if let Some(r) = try_copy_engine(comm, task, n, part) {
-            return Some(r);
-        }
-    }
-    let kernel = choose(&task.kind, part, n, task.send == task.recv)?;
-    let place = place_of(comm, task, n)?;
-    super::way::trace(task, n, Way::SymmetricKernel);
-    let start = crate::profile::start();
-    comm.op_log().started(std::slice::from_ref(&task.shape()));
-    let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
-    let r = launch(comm, task, kernel, place, part, n);
-    profiler_events::launched_single_op(events, comm, &r);
-    super::cache::finish(comm, &r, true);
-    crate::profile::stage(crate::profile::Stage::Total, start);
-    Some(r)
+/// Where a task's buffers lie, as the router asks it (`route::Placement`): looked up once
+/// each, and kept for the run (the copy engines' readiness is the capture check itself).
+pub(crate) struct Placed<'c> {
+    comm: &'c Communicator,
+    task: &'c Task,
+    place: Option<Option<SymmetricPlace>>,
+    ready: Option<Ready>,
 }
 
-/// all_gather and broadcast on symmetric windows by the copy engines (see the module docs).
-fn try_copy_engine(comm: &Communicator, task: &Task, n: usize, part: u64) -> Option<Result<()>> {
-    let place = place_of(comm, task, n)?;
-    let collective = match task.kind {
-        CollKind::AllGather => CeCollective::AllGather,
-        CollKind::Broadcast { root } => CeCollective::Broadcast { root: root as usize },
-        _ => return None,
+impl<'c> Placed<'c> {
+    pub(crate) fn new(comm: &'c Communicator, task: &'c Task) -> Placed<'c> {
+        Placed { comm, task, place: None, ready: None }
+    }
+
+    fn place(&mut self) -> Option<SymmetricPlace> {
+        let (comm, task) = (self.comm, self.task);
+        *self.place.get_or_insert_with(|| {
+            // No symmetric window yet: nothing to look up (this runs on every small call).
+            if !comm.has_symmetric_resources() && comm.backend().capabilities().host_addressable {
+                return None;
+            }
+            place_of(comm, task, comm.nranks_unchecked() as usize)
+        })
+    }
+}
+
+impl super::route::Placement for Placed<'_> {
+    fn symmetric(&mut self) -> bool {
+        self.place().is_some()
+    }
+
+    fn capturing(&mut self) -> Result<bool> {
+        let ready = crate::exec::gpu::copy_engine_ready(self.comm.backend(), self.task.stream)?;
+        let capturing = ready.is_none();
+        self.ready = ready;
+        Ok(capturing)
+    }
+}
+
+/// Runs `task` the symmetric way `way` the router chose for it, on the buffers `placed`
+/// found in symmetric windows.
+pub(crate) fn run(comm: &Communicator, task: &Task, way: SymWay, mut placed: Placed<'_>) -> Result<()> {
+    let n = comm.nranks_unchecked() as usize;
+    let Some(place) = placed.place() else {
+        return Err(comm.record_error(crate::error::Error::internal("a symmetric route without window buffers")));
     };
-    match copy_engine_ready(comm, task.stream) {
-        Ok(Some(ready)) => {
+    let part = (task.count * task.dtype.size()) as u64;
+    match way {
+        SymWay::Cpu => {
+            super::way::trace(task, n, Way::SymmetricCpu);
+            let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
+            let r = run_on_host(comm, task.shape(), place, || super::plan::task_ctx(comm, task), |seq, ctx| super::small::host_call(task, seq, ctx));
+            profiler_events::end_single_op(events, &r);
+            r
+        }
+        SymWay::CopyEngine => {
+            let collective = match task.kind {
+                CollKind::AllGather => CeCollective::AllGather,
+                CollKind::Broadcast { root } => CeCollective::Broadcast { root: root as usize },
+                _ => return Err(comm.record_error(crate::error::Error::internal("the copy engines run all_gather and broadcast only"))),
+            };
+            let Some(ready) = placed.ready.take() else {
+                return Err(comm.record_error(crate::error::Error::internal("the copy engines chosen without their capture check")));
+            };
             super::way::trace(task, n, Way::CopyEngine);
             let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
             let r = copy_engine_run(comm, task.shape(), ready, collective, place, part);
             profiler_events::launched_single_op(events, comm, &r);
-            Some(r)
+            r
         }
-        Ok(None) => None,
-        Err(r) => Some(r),
+        SymWay::Kernel(kernel) => {
+            super::way::trace(task, n, Way::SymmetricKernel);
+            let start = crate::profile::start();
+            let mut guard = super::call::Call::start(comm, true, std::iter::once(task));
+            guard.around_planner(task);
+            let r = guard.end(launch(comm, task, kernel, place, part, n));
+            crate::profile::stage(crate::profile::Stage::Total, start);
+            r
+        }
     }
 }
 
