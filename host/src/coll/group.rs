@@ -168,7 +168,6 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
         Route::Board => super::small::run(comm, &task, Way::Board),
         Route::SingleCopy => super::small::run(comm, &task, Way::SingleCopy),
         Route::Planned(chosen) => {
-            drop(placed);
             // The ways around the planner publish their way themselves; the planner's, here.
             if !task_is_p2p {
                 comm.publish_route(Way::Planned, OpSig::of(&task));
