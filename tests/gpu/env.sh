@@ -54,3 +54,15 @@ restore_kcache() { [ -f $G/kcache.tgz ] && tar xzf $G/kcache.tgz -C target; }
 # copy_roofline: the plain copy kernel's bandwidth per block count, cudaMemcpy, and the launch
 # floor (tests/gpu/copy_roofline.cu), into the summary.
 copy_roofline() { nvcc -O3 -arch=native -o /tmp/copy_roofline tests/gpu/copy_roofline.cu >> $S 2>&1 && /tmp/copy_roofline | tee -a $S; }
+
+# two <name> <seconds> <command> [VAR=value ...]: rank-worker <command> as 2 processes, one
+# summary line (needs `results` first: it notes into the summary).
+two() {
+    local name=$1 t=$2 cmd=$3; shift 3
+    local port=$((29600 + RANDOM % 300))
+    for r in 0 1; do
+        env NCCL_COMM_ID=127.0.0.1:$port "$@" timeout $t $G/rank-worker $cmd 2 $r env > $OUT/$name.$r.log 2>&1 &
+    done
+    wait
+    note "$name: $(grep -h -E '^(RESULT|ERROR|windows:)' $OUT/$name.*.log | cut -c1-300 | tr '\n' ' ')"
+}

@@ -38,15 +38,6 @@ if want matrix; then
         esac | tee -a $S
     done
 fi
-two() {
-    local name=$1 t=$2 cmd=$3; shift 3
-    local port=$((29600 + RANDOM % 300))
-    for r in 0 1; do
-        env NCCL_COMM_ID=127.0.0.1:$port "$@" timeout $t $G/rank-worker $cmd 2 $r env > $OUT/$name.$r.log 2>&1 &
-    done
-    wait
-    note "$name: $(grep -h -E '^(RESULT|ERROR)' $OUT/$name.*.log | cut -c1-250 | tr '\n' ' ')"
-}
 if want graph; then
     two graph 200 coll-graph
     two peer_death 90 coll-peer-death

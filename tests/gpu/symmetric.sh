@@ -33,15 +33,6 @@ if want compile; then
     note "kernels: rc $? $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-600 | tr '\n' ' ')"
 fi
 # two <name> <seconds> <command> [VAR=value ...]: rank-worker <command> as 2 processes.
-two() {
-    local name=$1 t=$2 cmd=$3; shift 3
-    local port=$((29600 + RANDOM % 300))
-    for r in 0 1; do
-        env NCCL_COMM_ID=127.0.0.1:$port "$@" timeout $t $G/rank-worker $cmd 2 $r env > $OUT/$name.$r.log 2>&1 &
-    done
-    wait
-    note "$name: $(grep -h -E '^(RESULT|ERROR|windows:)' $OUT/$name.*.log | cut -c1-300 | tr '\n' ' ')"
-}
 want windows && two windows 120 windows
 if want windows; then
     # three <name> <command>: rank-worker <command> as 3 processes, rank 2 the victim.
