@@ -32,7 +32,6 @@ if want compile; then
     timeout 400 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
     note "kernels: rc $? $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-600 | tr '\n' ' ')"
 fi
-# two <name> <seconds> <command> [VAR=value ...]: rank-worker <command> as 2 processes.
 want windows && two windows 120 windows
 if want windows; then
     # three <name> <command>: rank-worker <command> as 3 processes, rank 2 the victim.
