@@ -199,6 +199,26 @@ impl Conn {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
+    /// Turns on (or off) TCP keepalive probes after a second of silence, for the wait for a
+    /// challenge, where the accepting side speaks first. A peer killed as this side connected
+    /// can leave the connection half-open: established here, forgotten there without a reset
+    /// (seen in init_death's "table" case). As this side has sent nothing, nothing would
+    /// tell, and the wait would last until the deadline; a probe draws the reset of a peer
+    /// that is gone, while a live one, however slow, answers it. Off again after the wait:
+    /// past the handshake, this side's own writes draw that reset.
+    fn probe_silence(&self, on: bool) {
+        const SECOND: Duration = Duration::from_secs(1);
+        let sock = socket2::SockRef::from(&self.stream);
+        let set = if on {
+            sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(SECOND).with_interval(SECOND).with_retries(10))
+        } else {
+            sock.set_keepalive(false)
+        };
+        if let Err(e) = set {
+            tracing::debug!(target: "BOOTSTRAP", "keepalive on the connection to {}: {e}", self.peer);
+        }
+    }
+
     fn read_exact(&mut self, mut buf: &mut [u8], cancel: &Cancel, started: bool) -> Result<()> {
         let mut got_any = started;
         while !buf.is_empty() {
@@ -310,7 +330,10 @@ impl Conn {
 
     /// Connecting side of the handshake: answers the challenge.
     pub fn prove(&mut self, secret: &Secret, cancel: &Cancel) -> Result<()> {
-        let nonce = self.expect(Kind::Challenge, cancel)?;
+        self.probe_silence(true);
+        let nonce = self.expect(Kind::Challenge, cancel);
+        self.probe_silence(false);
+        let nonce = nonce?;
         if nonce.len() != 16 {
             return Err(Error::remote(format!("{}: {} sent a malformed challenge", cancel.what, self.peer)));
         }
@@ -528,6 +551,31 @@ mod tests {
                 assert_eq!(e.code, crate::error::ResultCode::RemoteError, "try {i}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn a_peer_gone_without_a_reset_before_its_challenge_is_noticed_within_seconds() {
+        // A peer killed as this side connects can leave the connection half-open: the kernel
+        // here finished the handshake, the one there forgot the connection and sent no reset.
+        // TCP_REPAIR closes the accepted socket that way (no FIN, no reset). The deadline is
+        // 20 s: before keepalive probes, the wait for the challenge lasted until it.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut c = Conn::connect_listening(addr, 1 << 20, &Cancel::after(Duration::from_secs(5), "test")).unwrap();
+        let (s, _) = l.accept().unwrap();
+        match nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::TcpRepair, &1) {
+            Err(nix::errno::Errno::EPERM) => {
+                println!("skipped: closing a socket without a word (TCP_REPAIR) needs CAP_NET_ADMIN");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        drop(s);
+        drop(l);
+        let t0 = Instant::now();
+        let e = c.prove(&[1; 16], &Cancel::after(Duration::from_secs(20), "peer handshake")).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::RemoteError, "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "noticed after {:?}: {e}", t0.elapsed());
     }
 
     #[test]
