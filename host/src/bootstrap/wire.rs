@@ -140,8 +140,8 @@ impl Conn {
         Ok(Conn { stream, peer, max_payload })
     }
 
-    /// Connects to `addr`, retrying refused (or reset) connections (the listener may not be up yet)
-    /// until the deadline.
+    /// Connects to `addr`, retrying refused (or reset) connections (the listener may not be
+    /// up yet) until the deadline.
     pub fn connect(addr: SocketAddr, max_payload: u64, cancel: &Cancel) -> Result<Conn> {
         Conn::connect_to(addr, max_payload, cancel, true)
     }
