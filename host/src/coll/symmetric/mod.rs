@@ -58,13 +58,13 @@ pub fn launches() -> u64 {
 }
 
 /// The kernel for a collective of `kind` on `bytes` with `nranks` ranks, as the router
-/// chooses it with this process's `RUSTCCL_SYM_KERNEL` ([`super::route::choose_kernel`]).
+/// chooses it with this process's `RUSTCCL_SYM_KERNEL` (`route::choose_kernel`).
 pub fn choose(kind: &CollKind, bytes: u64, nranks: usize, in_place: bool) -> Option<SymKernel> {
     super::route::choose_kernel(kind, bytes, nranks, in_place, super::route::Settings::get().sym)
 }
 
 /// Whether a collective of `kind` on `bytes` takes the copy engines, as the router chooses it
-/// ([`super::route::copy_engine`]).
+/// (`route::copy_engine`).
 pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
     super::route::copy_engine(kind, bytes, super::route::Settings::get().sym)
 }
