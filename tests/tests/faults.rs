@@ -84,8 +84,10 @@ fn a_count_mismatch_reaches_the_ranks_that_did_not_see_it() {
         assert_eq!(code, "InvalidUsage", "rank {rank}: {msg}");
         assert!(*ms < 1000, "rank {rank} learnt of it after {ms} ms: {msg}");
     }
-    // Rank 1 exchanges nothing with rank 2 directly in the first ring step: it hears of it.
-    assert!(res.iter().any(|(_, _, m)| m.contains("failed:")), "{res:?}");
+    // Rank 1 exchanges nothing with rank 2 directly in the first ring step: it hears of it
+    // (the failure's announcement), or finds it in rank 2's route entry (the host executor's
+    // periodic look), whichever comes first; either way it names rank 2's count.
+    assert!(res.iter().all(|(_, _, m)| m.contains("failed:") || m.contains("count 1025")), "{res:?}");
 }
 
 #[test]

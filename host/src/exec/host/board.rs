@@ -401,14 +401,19 @@ fn route_mismatch(me: usize, mine: Route, p: usize, theirs: Route) -> Error {
          RUSTCCL_HOST_SINGLE_COPY_BYTES, NCCL_ALGO, NCCL_PROTO, NCCL_SHM_DISABLE, RUSTCCL_SYM_KERNEL, a tuner) must be the \
          same on every rank"
     };
-    Error::invalid_usage(format!(
-        "rank {p} ran collective {}{} on the {} way, rank {me}{} on the {} way: {hint}",
-        mine.seq,
-        described(theirs.sig),
-        theirs.way.name(),
-        described(mine.sig),
-        mine.way.name(),
-    ))
+    let ways = if mine.way == theirs.way {
+        format!("rank {p} ran collective {}{} and rank {me}{}, both on the {} way", mine.seq, described(theirs.sig), described(mine.sig), mine.way.name())
+    } else {
+        format!(
+            "rank {p} ran collective {}{} on the {} way, rank {me}{} on the {} way",
+            mine.seq,
+            described(theirs.sig),
+            theirs.way.name(),
+            described(mine.sig),
+            mine.way.name()
+        )
+    };
+    Error::invalid_usage(format!("{ways}: {hint}"))
     .with_kind(ErrorKind::Mismatch)
 }
 
