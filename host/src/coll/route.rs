@@ -382,6 +382,26 @@ mod tests {
     }
 
     #[test]
+    fn all_reduce_takes_ll_then_two_shots() {
+        let choose = |kind: &CollKind, bytes, nranks, in_place| choose_kernel(kind, bytes, nranks, in_place, SymSetting::Auto);
+        let copy_engine = |kind: &CollKind, bytes| copy_engine(kind, bytes, SymSetting::Auto);
+        assert_eq!(choose(&CollKind::AllReduce, 8, 2, false), Some(SymKernel::AllReduceLl));
+        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, 2, true), Some(SymKernel::AllReduceLl));
+        assert_eq!(choose(&CollKind::AllReduce, LL_MAX + 8, 2, false), Some(SymKernel::AllReduceRsAg));
+        assert_eq!(choose(&CollKind::AllReduce, 1 << 30, 8, true), Some(SymKernel::AllReduceRsAg));
+        // The LL scratch of a half holds nranks regions: many ranks take two shots earlier.
+        let ranks = 1024;
+        assert!(SymKernel::ll_max_bytes(ranks) < LL_MAX);
+        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, ranks, false), Some(SymKernel::AllReduceRsAg));
+        assert_eq!(choose(&CollKind::AllGather, 1 << 30, 8, false), Some(SymKernel::AllGather));
+        assert_eq!(choose(&CollKind::ReduceScatter, 4, 8, true), Some(SymKernel::ReduceScatter));
+        assert_eq!(choose(&CollKind::Broadcast { root: 0 }, 4, 8, false), None);
+        assert!(copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN));
+        assert!(!copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN - 1));
+        assert!(!copy_engine(&CollKind::AllGather, 1 << 30));
+    }
+
+    #[test]
     fn rustccl_sym_kernel_forces_or_turns_off() {
         let s = settings();
         let win = || Place { symmetric: true, ..Default::default() };

@@ -1,15 +1,8 @@
-//! Which single collectives take the board of small collectives or its single copies (host
-//! backend, every rank on one host): the choice; the executor runs them
-//! (`exec::host::board`, `exec::host::single_copy`).
-//!
-//! Taken for a single collective (outside a group, blocking communicator, no check mode, no
-//! `NCCL_ALGO`/`NCCL_PROTO`, a board with its ring: not where `NCCL_SHM_DISABLE=1` or both
-//! ways are turned off, no tuner whose table speaks for the call: `coll::way`) of at most
-//! [`limit`] bytes on the board per rank, or an all_gather of at least
-//! `RUSTCCL_HOST_SINGLE_COPY_BYTES` per rank where every rank may read every peer's memory
-//! (single copies); everything the choice depends on is the same on every rank, so every rank
-//! takes the same way (and where a rank's arguments differ, the route ring finds it). The
-//! board is made at the communicator's init, so it exists on every rank before any collective.
+//! A single collective the router (`coll::route`) sends to the board of small collectives or
+//! to its single copies (host backend, every rank on one host): its buffers resolved, its way
+//! published in the route ring, then run by the executor (`exec::host::board`,
+//! `exec::host::single_copy`) under the call guard (`coll::call`). The board is made at the
+//! communicator's init, so it exists on every rank before any collective.
 
 use super::Task;
 use crate::comm::Communicator;

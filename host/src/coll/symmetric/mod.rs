@@ -57,18 +57,6 @@ pub fn launches() -> u64 {
     crate::exec::gpu::symmetric::launches() + crate::exec::host::symmetric::launches()
 }
 
-/// The kernel for a collective of `kind` on `bytes` with `nranks` ranks, as the router
-/// chooses it with this process's `RUSTCCL_SYM_KERNEL` (`route::choose_kernel`).
-pub fn choose(kind: &CollKind, bytes: u64, nranks: usize, in_place: bool) -> Option<SymKernel> {
-    super::route::choose_kernel(kind, bytes, nranks, in_place, super::route::Settings::get().sym)
-}
-
-/// Whether a collective of `kind` on `bytes` takes the copy engines, as the router chooses it
-/// (`route::copy_engine`).
-pub fn copy_engine(kind: &CollKind, bytes: u64) -> bool {
-    super::route::copy_engine(kind, bytes, super::route::Settings::get().sym)
-}
-
 /// What the profiler's Coll event says of a symmetric path: no NCCL algorithm, one channel.
 const ONE_CHANNEL: OpPlan = OpPlan { algo: "", proto: "", channels: 1 };
 
@@ -266,27 +254,4 @@ fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: SymmetricP
     let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_symmetric(backend, device, state, &l));
     tracing::debug!(target: "COLL", "{} of {bytes} bytes: symmetric kernel {}", task.kind.name(), kernel.name());
     r.map_err(|e| comm.record_error(e.context(format!("{} (symmetric kernel {})", task.kind.name(), kernel.name()))))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn all_reduce_takes_ll_then_two_shots() {
-        assert_eq!(choose(&CollKind::AllReduce, 8, 2, false), Some(SymKernel::AllReduceLl));
-        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, 2, true), Some(SymKernel::AllReduceLl));
-        assert_eq!(choose(&CollKind::AllReduce, LL_MAX + 8, 2, false), Some(SymKernel::AllReduceRsAg));
-        assert_eq!(choose(&CollKind::AllReduce, 1 << 30, 8, true), Some(SymKernel::AllReduceRsAg));
-        // The LL scratch of a half holds nranks regions: many ranks take two shots earlier.
-        let ranks = 1024;
-        assert!(SymKernel::ll_max_bytes(ranks) < LL_MAX);
-        assert_eq!(choose(&CollKind::AllReduce, LL_MAX, ranks, false), Some(SymKernel::AllReduceRsAg));
-        assert_eq!(choose(&CollKind::AllGather, 1 << 30, 8, false), Some(SymKernel::AllGather));
-        assert_eq!(choose(&CollKind::ReduceScatter, 4, 8, true), Some(SymKernel::ReduceScatter));
-        assert_eq!(choose(&CollKind::Broadcast { root: 0 }, 4, 8, false), None);
-        assert!(copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN));
-        assert!(!copy_engine(&CollKind::Broadcast { root: 0 }, CE_MIN - 1));
-        assert!(!copy_engine(&CollKind::AllGather, 1 << 30));
-    }
 }
