@@ -14,6 +14,7 @@
 
 use super::observe::{self, OpPlan, SingleOp};
 use super::Task;
+use crate::comm::health::OpShape;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 
@@ -29,9 +30,14 @@ pub(crate) struct Call<'a> {
 impl<'a> Call<'a> {
     /// The share of `comm` starts: `tasks` are those that do work (count > 0).
     pub(crate) fn start<'t>(comm: &'a Communicator, device: bool, tasks: impl Iterator<Item = &'t Task>) -> Call<'a> {
-        let shapes: smallvec::SmallVec<[crate::comm::health::OpShape; 4]> = tasks.map(Task::shape).collect();
+        let shapes: smallvec::SmallVec<[OpShape; 4]> = tasks.map(Task::shape).collect();
+        Call::start_shapes(comm, device, &shapes)
+    }
+
+    /// [`Call::start`] for operations that are not tasks (an all_to_all on symmetric windows).
+    pub(crate) fn start_shapes(comm: &'a Communicator, device: bool, shapes: &[OpShape]) -> Call<'a> {
         if !shapes.is_empty() {
-            comm.op_log().started(&shapes);
+            comm.op_log().started(shapes);
         }
         Call { comm, device, events: Vec::new() }
     }

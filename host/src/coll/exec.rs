@@ -10,23 +10,37 @@ use std::time::Instant;
 use super::plan::CommRun;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
+use crate::exec::host::{HostOp, Queue};
 use crate::exec::{self, CommSide, Links};
 use crate::program::Link;
 use crate::transport::{establish_all, Dir, Wanted};
 
+/// The host operations of one communicator's share of a group: the tasks the router sent
+/// around the planner (board, single copies, the symmetric CPU twin), in call order. The
+/// host executor's driver runs them with the communicator's FIFO work, if any.
+pub(crate) struct HostOps<'a> {
+    pub comm: &'a Communicator,
+    pub ops: Vec<Box<dyn HostOp + 'a>>,
+}
+
 /// Runs every communicator's work (connections are made first).
 pub fn run(runs: &mut [CommRun]) -> Result<()> {
+    run_with(runs, &mut [])
+}
+
+/// [`run`], with host operations of the same group (`host_ops`) driven with the host work.
+pub(crate) fn run_with(runs: &mut [CommRun], host_ops: &mut [HostOps<'_>]) -> Result<()> {
     match runs.iter().find(|r| r.device).map(|r| Arc::clone(r.comm.backend())) {
-        Some(backend) => backend.with_relaxed_capture(&mut || run_all(runs)),
-        None => run_all(runs),
+        Some(backend) => backend.with_relaxed_capture(&mut || run_all(runs, host_ops)),
+        None => run_all(runs, host_ops),
     }
 }
 
-fn run_all(runs: &mut [CommRun]) -> Result<()> {
+fn run_all(runs: &mut [CommRun], host_ops: &mut [HostOps<'_>]) -> Result<()> {
     let start = crate::profile::start();
     let result = connect(runs).and_then(|conns| {
         crate::profile::stage(crate::profile::Stage::Connect, start);
-        execute(runs, &conns)
+        execute(runs, &conns, host_ops)
     });
     if let Err(e) = &result {
         for run in runs.iter() {
@@ -59,14 +73,14 @@ impl CommSide for Communicator {
     }
 }
 
-fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
+fn execute(runs: &mut [CommRun], conns: &[Links], host_ops: &mut [HostOps<'_>]) -> Result<()> {
     // The observer's transfers: which slots of each network connection carry which task.
     for (run, links) in runs.iter().zip(conns) {
         if let Some(events) = &run.profile {
             exec::observe::queue_proxy_ops(events, &run.work, links);
         }
     }
-    let r = execute_queued(runs, conns);
+    let r = execute_queued(runs, conns, host_ops);
     if r.is_err() {
         // Transfers that will never run: their events go (their tasks' may end).
         for (run, links) in runs.iter().zip(conns) {
@@ -78,7 +92,7 @@ fn execute(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     r
 }
 
-fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
+fn execute_queued(runs: &mut [CommRun], conns: &[Links], host_ops: &mut [HostOps<'_>]) -> Result<()> {
     // Device work is enqueued on its streams (the interpreter runs it); host work runs here.
     for (run, links) in runs.iter_mut().zip(conns) {
         if run.device {
@@ -98,13 +112,25 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links]) -> Result<()> {
     let channels: Vec<_> = runs.iter().filter(|r| !r.device).filter_map(|r| r.profile.as_ref().map(|p| p.start_channels())).collect();
     let mut preps: Vec<exec::host::Prepared> =
         runs.iter().zip(conns).filter(|(r, _)| !r.device).map(|(r, links)| exec::host::Prepared::new(&r.work, links)).collect();
-    let mut host: Vec<exec::host::HostRun<'_>> = runs
-        .iter_mut()
-        .filter(|r| !r.device)
-        .zip(preps.iter_mut())
-        .map(|(r, prep)| exec::host::HostRun { work: &mut r.work, prep, comm: &r.comm })
-        .collect();
-    let r = exec::host::run(&mut host);
+    // One queue per communicator: its FIFO work and its host operations.
+    let mut queues: Vec<(&Communicator, Queue<'_>)> = Vec::new();
+    for (r, prep) in runs.iter_mut().filter(|r| !r.device).zip(preps.iter_mut()) {
+        let mut q = Queue::new(&r.comm);
+        q.fifo = Some(exec::host::HostRun { work: &mut r.work, prep, comm: &r.comm });
+        queues.push((&r.comm, q));
+    }
+    for share in host_ops.iter_mut().filter(|s| !s.ops.is_empty()) {
+        let at = match queues.iter().position(|(c, _)| c.same_as(share.comm)) {
+            Some(at) => at,
+            None => {
+                queues.push((share.comm, Queue::new(share.comm)));
+                queues.len() - 1
+            }
+        };
+        queues[at].1.ops.extend(share.ops.iter_mut().map(|op| &mut **op as &mut dyn HostOp));
+    }
+    let mut queues: Vec<Queue<'_>> = queues.into_iter().map(|(_, q)| q).collect();
+    let r = exec::host::drive(&mut queues);
     if r.is_ok() {
         channels.into_iter().for_each(|c| c.complete());
     }

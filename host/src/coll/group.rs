@@ -14,18 +14,39 @@
 
 use std::cell::RefCell;
 
+use super::call::Call;
 use super::check::OpSig;
 use super::route::{self, Route};
+use super::symmetric::SymRun;
 use super::{exec, plan, Task};
+use crate::exec::host::HostOp;
 use crate::work::Way;
 use crate::comm::Communicator;
 use super::observe as profiler_events;
 use crate::error::{Error, Result};
 
+/// A task queued to run at the end of its group (a single call is a group of one).
+pub(crate) struct Queued {
+    comm: Communicator,
+    task: Task,
+    /// Its collective number on `comm` when it was called (the key of its route-ring entry,
+    /// published when the group runs).
+    seq: u64,
+    /// The way, where the router already chose it (a single call); else it routes at the
+    /// group's end.
+    route: Option<Route>,
+}
+
+impl Queued {
+    fn new(comm: &Communicator, task: Task, route: Option<Route>) -> Queued {
+        Queued { comm: comm.handle(), seq: comm.collective_number(), task, route }
+    }
+}
+
 #[derive(Default)]
 struct GroupState {
     depth: u32,
-    tasks: Vec<(Communicator, Task)>,
+    tasks: Vec<Queued>,
     /// The first operation refused inside the group: the group then runs nothing and its
     /// end returns this error (a group's operations succeed or fail together).
     error: Option<Error>,
@@ -55,7 +76,7 @@ pub fn depth() -> u32 {
 
 /// Leaves one level of grouping; the queued tasks when it was the outermost (or the error
 /// that cancelled them).
-fn leave(what: &str) -> Result<Option<Vec<(Communicator, Task)>>> {
+fn leave(what: &str) -> Result<Option<Vec<Queued>>> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
@@ -109,8 +130,8 @@ pub fn group_simulate_end() -> Result<f32> {
     profiler_events::group_ended(depth);
     let tasks = left?.unwrap_or_default();
     let mut total = 0.0f32;
-    for (comm, task) in &tasks {
-        total += plan::estimate(comm, task)?;
+    for q in &tasks {
+        total += plan::estimate(&q.comm, &q.task)?;
     }
     Ok(total)
 }
@@ -135,27 +156,21 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
             g.error.get_or_insert_with(|| e.clone());
             return Err(e);
         }
-        g.tasks.push((comm.handle(), task.clone()));
+        g.tasks.push(Queued::new(comm, task.clone(), None));
         Ok(true)
     })?;
     if queued {
-        // Inside a group every collective takes the planner (for now).
-        if !task_is_p2p {
-            comm.publish_route(Way::Planned, OpSig::of(&task));
-        }
+        // Routed at the group's end, with the group's other tasks.
         return Ok(());
     }
     profiler_events::group_end_api_start();
     if !blocking {
         // A non-blocking communicator: one rank at once (nothing to wait for), everything
-        // else planned in its background job.
+        // else routed and run in its background job.
         if let Some(r) = super::cache::try_one_rank(comm, &task) {
             return r;
         }
-        if !task_is_p2p {
-            comm.publish_route(Way::Planned, OpSig::of(&task));
-        }
-        return start(vec![(comm.handle(), task)]);
+        return start(vec![Queued::new(comm, task, None)]);
     }
     // The router decides the way (the tuner asked once, where one is loaded: its choice goes
     // along to the planner).
@@ -174,12 +189,12 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
             }
             if chosen.is_some() {
                 // Asked only where a tuner is loaded: the plan cache is off with a tuner.
-                return run(vec![(comm.handle(), task)], chosen);
+                return run(vec![Queued::new(comm, task, Some(route))]);
             }
             if let Some(r) = super::cache::try_run(comm, &task) {
                 return r;
             }
-            start(vec![(comm.handle(), task)])
+            run(vec![Queued::new(comm, task, Some(route))])
         }
     }
 }
@@ -198,15 +213,15 @@ fn route_caps(comm: &Communicator) -> route::Caps {
 
 /// Runs the tasks of a group that ended: here, or, for non-blocking communicators, as a
 /// background job (then `InProgress`).
-fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
+fn start(tasks: Vec<Queued>) -> Result<()> {
     // Every communicator of a group is blocking, or every one is not (checked as queued).
-    if tasks[0].0.config().blocking {
-        return run(tasks, None);
+    if tasks[0].comm.config().blocking {
+        return run(tasks);
     }
     let mut comms: Vec<Communicator> = Vec::new();
-    for (c, _) in &tasks {
-        if !comms.iter().any(|k| k.same_as(c)) {
-            comms.push(c.handle());
+    for q in &tasks {
+        if !comms.iter().any(|k| k.same_as(&q.comm)) {
+            comms.push(q.comm.handle());
         }
     }
     // An earlier job that failed left the communicator unusable, as its asynchronous error
@@ -218,61 +233,186 @@ fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
     }
     // One rank, nothing to compute: done at once, nothing to queue (unless earlier jobs
     // still run: then after them, in call order).
-    if comms.iter().all(|c| super::cache::may_run_now(c) && super::way::one_rank(c.nranks_unchecked(), of_comm(&tasks, c))) {
-        return run(tasks, None);
+    let one_rank = |c: &Communicator| super::way::one_rank(c.nranks_unchecked(), tasks.iter().filter(|q| q.comm.same_as(c)).map(|q| &q.task));
+    if comms.iter().all(|c| super::cache::may_run_now(c) && one_rank(c)) {
+        return run(tasks);
     }
-    crate::comm::jobs::launch(comms, move || run(tasks, None));
+    crate::comm::jobs::launch(comms, move || run(tasks));
     Err(Error::in_progress(
         "the operations were queued on a non-blocking communicator; poll async_error until it is no longer InProgress",
     ))
 }
 
-/// The tasks of `comm` among a group's.
-fn of_comm<'a>(tasks: &'a [(Communicator, Task)], comm: &'a Communicator) -> impl Iterator<Item = &'a Task> {
-    tasks.iter().filter(|(c, _)| c.same_as(comm)).map(|(_, t)| t)
+/// One communicator's share of a group: its tasks in call order, with their collective
+/// numbers and, where already chosen, their routes.
+struct Share {
+    comm: Communicator,
+    tasks: Vec<(Task, u64, Option<Route>)>,
 }
 
-/// Plans, connects and runs tasks, grouped by communicator in call order; `chosen`: the
-/// choice made already for a single collective (`way::tuner_choice`). The shares of
-/// one-rank communicators that the one-rank route serves (`way::one_rank`) take it instead,
-/// after the others are planned (a share that cannot be planned fails the group before
-/// anything ran) and before they run.
-fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result<()> {
-    let mut by_comm: Vec<(Communicator, Vec<Task>)> = Vec::new();
-    for (comm, task) in tasks {
-        match by_comm.iter_mut().find(|(c, _)| c.same_as(&comm)) {
-            Some((_, list)) => list.push(task),
-            None => by_comm.push((comm, vec![task])),
+/// A task of a share the router sent around the planner, ready to run.
+enum Around<'c> {
+    /// A host operation: the board, a single copy, the symmetric CPU twin.
+    Host(Box<dyn HostOp + 'c>),
+    /// Device work: a symmetric kernel or the copy engines.
+    Device(SymRun),
+}
+
+/// A share routed: what goes to the planner (with the choice made for each task, if one
+/// was), what goes around it, and every collective's route entry (number, way, signature)
+/// in call order.
+struct Routed<'c> {
+    comm: &'c Communicator,
+    planned: Vec<Task>,
+    choices: Vec<Option<plan::Choice>>,
+    around: Vec<Around<'c>>,
+    entries: Vec<(u64, Way, OpSig)>,
+    /// The tasks that do work, for the call guard (op log), and those around the planner
+    /// (their observer events).
+    working: Vec<&'c Task>,
+    around_tasks: Vec<&'c Task>,
+}
+
+/// Routes every task of `share` (the router decides each, as for a single call: inside a
+/// group the same ways serve it) and makes ready those that go around the planner. An error
+/// is the caller's (a bad buffer): nothing ran, nothing was published.
+fn route_share(share: &Share) -> Result<Routed<'_>> {
+    let comm = &share.comm;
+    let caps = route_caps(comm);
+    let mut routed = Routed {
+        comm,
+        planned: Vec::new(),
+        choices: Vec::new(),
+        around: Vec::new(),
+        entries: Vec::new(),
+        working: Vec::new(),
+        around_tasks: Vec::new(),
+    };
+    let n = comm.nranks_unchecked() as usize;
+    for (task, seq, known) in &share.tasks {
+        if task.count > 0 {
+            routed.working.push(task);
+        }
+        let mut placed = super::symmetric::Placed::new(comm, task);
+        let route = match known {
+            Some(r) => *r,
+            None => {
+                let tuned = super::way::tuner_choice(comm, task);
+                route::route(task, &caps, &mut placed, tuned, route::Settings::get())?
+            }
+        };
+        let way = match route {
+            // (One-rank shares are run apart; a one-rank route here is a planner's task.)
+            Route::Planned(_) | Route::OneRank => {
+                routed.planned.push(task.clone());
+                routed.choices.push(if let Route::Planned(c) = route { c } else { None });
+                Way::Planned
+            }
+            Route::Symmetric(way) => {
+                let ready = super::symmetric::prepare(comm, task, way, &mut placed, *seq)?;
+                let way = ready.way();
+                routed.around.push(match ready.host_op(comm) {
+                    Some(op) => Around::Host(Box::new(op)),
+                    None => Around::Device(ready),
+                });
+                routed.around_tasks.push(task);
+                way
+            }
+            Route::Board | Route::SingleCopy => {
+                let way = if route == Route::Board { Way::Board } else { Way::SingleCopy };
+                let (board, call) = super::small::prepare(comm, task, *seq)?;
+                routed.around.push(Around::Host(super::small::op(board, call, way)));
+                routed.around_tasks.push(task);
+                way
+            }
+        };
+        if !task.kind.is_p2p() {
+            if way != Way::Planned {
+                super::way::trace(task, n, way);
+            }
+            routed.entries.push((*seq, way, OpSig::of(task)));
         }
     }
-    let (one_rank, by_comm): (Vec<_>, Vec<_>) = by_comm.into_iter().partition(|(c, t)| super::way::one_rank(c.nranks_unchecked(), t));
+    Ok(routed)
+}
+
+/// Routes, plans, connects and runs tasks, by communicator in call order. The shares of
+/// one-rank communicators that the one-rank route serves (`way::one_rank`) take it; every
+/// other task is routed (`route_share`): the planner's are planned together (a share that
+/// cannot be planned or routed fails the group before anything ran), then every
+/// communicator's route entries are published, and the work runs under one call guard per
+/// share: the planner's work and the host operations around it driven together by the host
+/// executor; on devices the planner's launch first, then the ways around it in call order.
+fn run(tasks: Vec<Queued>) -> Result<()> {
+    let mut shares: Vec<Share> = Vec::new();
+    for q in tasks {
+        match shares.iter_mut().find(|s| s.comm.same_as(&q.comm)) {
+            Some(s) => s.tasks.push((q.task, q.seq, q.route)),
+            None => shares.push(Share { comm: q.comm, tasks: vec![(q.task, q.seq, q.route)] }),
+        }
+    }
+    let (one_rank, shares): (Vec<Share>, Vec<Share>) =
+        shares.into_iter().partition(|s| super::way::one_rank(s.comm.nranks_unchecked(), s.tasks.iter().map(|(t, _, _)| t)));
     let start = crate::profile::start();
     if super::check::enabled() {
-        for (comm, tasks) in &by_comm {
-            super::check::check_group(comm, tasks).map_err(|e| comm.record_error(e))?;
+        for s in &shares {
+            let tasks: Vec<Task> = s.tasks.iter().map(|(t, _, _)| t.clone()).collect();
+            super::check::check_group(&s.comm, &tasks).map_err(|e| s.comm.record_error(e))?;
         }
     }
-    let mut runs = Vec::with_capacity(by_comm.len());
-    for (comm, tasks) in &by_comm {
-        let mut run = plan::build_chosen(comm, tasks, chosen).map_err(|e| comm.record_error(e))?;
-        run.profile = profiler_events::start_run(comm, tasks, &run.plans);
+    let mut routed = Vec::with_capacity(shares.len());
+    for s in &shares {
+        routed.push(route_share(s).map_err(|e| s.comm.record_error(e))?);
+    }
+    let mut runs = Vec::with_capacity(routed.len());
+    for r in routed.iter().filter(|r| !r.planned.is_empty()) {
+        let mut run = plan::build_chosen(r.comm, &r.planned, &r.choices).map_err(|e| r.comm.record_error(e))?;
+        run.profile = profiler_events::start_run(r.comm, &r.planned, &run.plans);
         runs.push(run);
     }
     crate::profile::stage(crate::profile::Stage::Plan, start);
-    for (comm, tasks) in &one_rank {
-        super::cache::run_one_rank(comm, tasks)?;
+    for s in &one_rank {
+        let tasks: Vec<Task> = s.tasks.iter().map(|(t, _, _)| t.clone()).collect();
+        super::cache::run_one_rank(&s.comm, &tasks)?;
     }
-    if runs.is_empty() {
+    if routed.is_empty() {
         return Ok(());
     }
-    for (comm, tasks) in &by_comm {
-        comm.op_log().started(&tasks.iter().map(Task::shape).collect::<Vec<_>>());
+    for r in &routed {
+        for &(seq, way, sig) in &r.entries {
+            r.comm.publish_route_at(seq, way, sig);
+        }
     }
-    let r = exec::run(&mut runs);
-    // Device work finishes later (the watchdog sees it); host work has finished or failed.
-    for run in runs.iter().filter(|run| !run.device || r.is_err()) {
-        run.comm.op_log().all_finished();
+    let mut guards: Vec<Call<'_>> = Vec::with_capacity(routed.len());
+    let mut host_ops: Vec<exec::HostOps<'_>> = Vec::new();
+    let mut device_ops: Vec<(&Communicator, Vec<SymRun>)> = Vec::new();
+    for r in routed {
+        let device = runs.iter().any(|run| run.device && run.comm.same_as(r.comm)) || r.around.iter().any(|a| matches!(a, Around::Device(_)));
+        let mut guard = Call::start(r.comm, device, r.working.iter().copied());
+        r.around_tasks.iter().for_each(|t| guard.around_planner(t));
+        guards.push(guard);
+        let (mut host, mut dev) = (Vec::new(), Vec::new());
+        for a in r.around {
+            match a {
+                Around::Host(op) => host.push(op),
+                Around::Device(d) => dev.push(d),
+            }
+        }
+        host_ops.push(exec::HostOps { comm: r.comm, ops: host });
+        device_ops.push((r.comm, dev));
+    }
+    let mut r = exec::run_with(&mut runs, &mut host_ops);
+    drop(host_ops);
+    if r.is_ok() {
+        r = device_ops.into_iter().try_for_each(|(comm, ops)| ops.into_iter().try_for_each(|op| op.launch(comm)));
     }
     crate::profile::stage(crate::profile::Stage::Total, start);
-    r
+    // Every share ends with the group's outcome.
+    let mut out = Ok(());
+    for g in guards {
+        if let Err(e) = g.end(r.clone()) {
+            out = out.and(Err(e));
+        }
+    }
+    out
 }

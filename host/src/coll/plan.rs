@@ -344,26 +344,26 @@ pub(crate) fn task_ctx(comm: &Communicator, task: &Task) -> Result<OpCtx> {
 
 /// Builds the work of one communicator's tasks.
 pub fn build(comm: &Communicator, tasks: &[Task]) -> Result<CommRun> {
-    build_chosen(comm, tasks, None)
+    build_chosen(comm, tasks, &[])
 }
 
-/// [`build`]; with `chosen`, the choice already made for the one collective of `tasks` (the
-/// tuner was asked for this call before the ways around the planner: it is not asked again).
-pub(crate) fn build_chosen(comm: &Communicator, tasks: &[Task], chosen: Option<Choice>) -> Result<CommRun> {
+/// [`build`]; `chosen`: empty, or for each task the choice already made for it, if one was
+/// (the router asked the tuner before the ways around the planner: it is not asked again).
+pub(crate) fn build_chosen(comm: &Communicator, tasks: &[Task], chosen: &[Option<Choice>]) -> Result<CommRun> {
     let (work, device, plans) = PlanEnv::with(comm, |env| plan_chosen(env, tasks, chosen))?;
     Ok(CommRun { comm: comm.handle(), work, device, plans, profile: None })
 }
 
 /// The work of one rank's tasks, and whether it runs on a device.
 pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
-    plan_chosen(env, tasks, None).map(|(work, device, _)| (work, device))
+    plan_chosen(env, tasks, &[]).map(|(work, device, _)| (work, device))
 }
 
-/// [`plan`], and what it chose for each task that runs; with the choice for the collective
-/// of `tasks` made already where `chosen` is given (then `tasks` is that one collective).
-/// Each task's TRACE way line is logged from what it chose.
-fn plan_chosen(env: &PlanEnv, tasks: &[Task], chosen: Option<Choice>) -> Result<(Work, bool, Vec<TaskPlan>)> {
-    debug_assert!(chosen.is_none() || tasks.len() == 1);
+/// [`plan`], and what it chose for each task that runs; with the choice made already for a
+/// task where `chosen` (empty, or one per task) gives one. Each task's TRACE way line is
+/// logged from what it chose.
+fn plan_chosen(env: &PlanEnv, tasks: &[Task], chosen: &[Option<Choice>]) -> Result<(Work, bool, Vec<TaskPlan>)> {
+    debug_assert!(chosen.is_empty() || chosen.len() == tasks.len());
     let (n, rank, caps) = (env.nranks, env.rank, env.caps);
     let device = !caps.host_addressable;
     let p2p_chunk = caps.slot_bytes;
@@ -446,7 +446,7 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], chosen: Option<Choice>) -> Result<
             }
             _ => {}
         }
-        let choice = match chosen {
+        let choice = match chosen.get(ti).copied().flatten() {
             Some(c) => c,
             None => choose(env, task)?,
         };
@@ -715,7 +715,7 @@ mod tests {
             task(CollKind::Send { peer: 1 }, 64, ReduceOp::Sum),
             task(CollKind::Recv { peer: 1 }, 64, ReduceOp::Sum),
         ];
-        let (work, _, plans) = plan_chosen(&e, &tasks, None).unwrap();
+        let (work, _, plans) = plan_chosen(&e, &tasks, &[]).unwrap();
         assert_eq!(plans.len(), work.ctxs.len());
         assert_eq!(plans.iter().map(|p| p.task).collect::<Vec<_>>(), [0, 2, 3], "a count of 0 runs nothing");
         let c = choose(&e, &tasks[0]).unwrap();
@@ -727,10 +727,10 @@ mod tests {
         }
         // A choice made before (the tuner asked once) is the one returned.
         let chosen = Choice { algo: Algorithm::Tree, proto: Protocol::Simple, channels: 2, chunk_bytes: 4096, time_us: 1.0, by: ChosenBy::Tuner };
-        let (_, _, plans) = plan_chosen(&e, &tasks[..1], Some(chosen)).unwrap();
+        let (_, _, plans) = plan_chosen(&e, &tasks[..1], &[Some(chosen)]).unwrap();
         assert_eq!(plans, [TaskPlan { task: 0, algo: Some(Algorithm::Tree), proto: Some(Protocol::Simple), channels: 2, by: Some(ChosenBy::Tuner) }]);
         // One rank: no algorithm or protocol; a copy on one channel.
-        let (work, _, plans) = plan_chosen(&env(&host, 0, 1, &identity), &tasks[..1], None).unwrap();
+        let (work, _, plans) = plan_chosen(&env(&host, 0, 1, &identity), &tasks[..1], &[]).unwrap();
         assert_eq!(work.copies.len(), 1);
         assert_eq!(plans, [TaskPlan { task: 0, algo: None, proto: None, channels: 1, by: None }]);
     }

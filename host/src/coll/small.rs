@@ -7,9 +7,9 @@
 use super::Task;
 use crate::comm::Communicator;
 use crate::error::Result;
-use crate::exec::host::board::BoardOp;
+use crate::exec::host::board::{Board, BoardOp};
 use crate::exec::host::single_copy::SingleCopyOp;
-use crate::exec::host::HostCall;
+use crate::exec::host::{HostCall, HostOp};
 use crate::work::{OpCtx, Way};
 
 /// The plain description of `task` the host ways take.
@@ -17,25 +17,37 @@ pub(super) fn host_call(task: &Task, seq: u64, ctx: OpCtx) -> HostCall {
     HostCall { coll: task.kind.collective(), root: task.kind.root(), count: task.count, dtype: task.dtype, seq, ctx }
 }
 
+/// `task` ready for the board way `way` (`Way::Board` or `Way::SingleCopy`) the router chose
+/// for it: the board and the call with its buffers resolved and checked (an error here is
+/// the caller's: nothing ran); `seq`: its collective number.
+pub(crate) fn prepare<'c>(comm: &'c Communicator, task: &Task, seq: u64) -> Result<(&'c Board, HostCall)> {
+    let Some(board) = comm.board().filter(|b| b.has_ring()) else {
+        return Err(crate::error::Error::internal("a board route without a board"));
+    };
+    let ctx = super::plan::task_ctx(comm, task)?;
+    Ok((board, host_call(task, seq, ctx)))
+}
+
+/// The host operation that runs `call` on `board` the way `way`.
+pub(crate) fn op<'c>(board: &'c Board, call: HostCall, way: Way) -> Box<dyn HostOp + 'c> {
+    if way == Way::SingleCopy {
+        Box::new(SingleCopyOp::new(board, call))
+    } else {
+        Box::new(BoardOp::new(board, call))
+    }
+}
+
 /// Runs `task`, a single collective, the board way `way` (`Way::Board` or `Way::SingleCopy`)
 /// the router chose for it.
 pub(crate) fn run(comm: &Communicator, task: &Task, way: Way) -> Result<()> {
-    let Some(board) = comm.board().filter(|b| b.has_ring()) else {
-        return Err(comm.record_error(crate::error::Error::internal("a board route without a board")));
-    };
-    let board = board.as_ref();
     // Its buffers are checked before anything is published: a bad argument is refused at
     // once, as on the planner's way.
-    let ctx = match super::plan::task_ctx(comm, task) {
-        Ok(ctx) => ctx,
-        Err(e) => return Err(comm.record_error(e)),
-    };
     let seq = comm.collective_number();
-    board.publish_route(seq, way, ctx.sig);
+    let (board, call) = prepare(comm, task, seq).map_err(|e| comm.record_error(e))?;
+    board.publish_route(seq, way, call.ctx.sig);
     super::way::trace(task, board.nranks(), way);
     let mut guard = super::call::Call::start(comm, false, std::iter::once(task));
     guard.around_planner(task);
-    let call = host_call(task, seq, ctx);
     let r = if way == Way::SingleCopy {
         crate::exec::host::run_op(comm, &mut SingleCopyOp::new(board, call))
     } else {

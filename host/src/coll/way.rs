@@ -32,8 +32,8 @@ pub(crate) fn one_rank<'a>(nranks: u32, tasks: impl IntoIterator<Item = &'a Task
     nranks == 1 && !super::check::enabled() && tasks.into_iter().all(|t| t.kind.is_p2p() || plan::one_rank_identity(t))
 }
 
-/// What the tuner says for `task`, a single blocking collective outside a group that may take
-/// a way around the planner: `None` where no tuner is loaded (one check on the hot path) or
+/// What the tuner says for `task`, a collective of several ranks that may take a way around the
+/// planner (the router asks it first, for single calls and inside groups alike): `None` where no tuner is loaded (one check on the hot path) or
 /// the call goes to the planner anyway (which asks the tuner itself); else the planner's
 /// choice for it, the tuner asked once, as NCCL asks once per task (never memoized: a tuner
 /// may answer differently from call to call). Its `by` is [`ChosenBy::Tuner`] where the
@@ -43,7 +43,7 @@ pub(crate) fn one_rank<'a>(nranks: u32, tasks: impl IntoIterator<Item = &'a Task
 /// released communicator) `None` too: the way the call takes reports it, or runs it where it
 /// needs no algorithm (a symmetric path), as without a tuner.
 pub(crate) fn tuner_choice(comm: &Communicator, task: &Task) -> Option<Choice> {
-    if !comm.has_tuner() || comm.nranks_unchecked() < 2 || !super::cache::may_skip_planner(comm, task) {
+    if !comm.has_tuner() || comm.nranks_unchecked() < 2 || task.count == 0 || task.kind.is_p2p() || super::check::enabled() {
         return None;
     }
     let start = crate::profile::start();

@@ -65,10 +65,16 @@ impl Communicator {
     /// out when it took another way). Returns the collective's number.
     pub(crate) fn publish_route(&self, way: crate::work::Way, sig: crate::work::OpSig) -> u64 {
         let seq = self.collective_number();
+        self.publish_route_at(seq, way, sig);
+        seq
+    }
+
+    /// [`Communicator::publish_route`] for collective number `seq` (a group publishes its
+    /// collectives' routes at its end, each under the number it got when called).
+    pub(crate) fn publish_route_at(&self, seq: u64, way: crate::work::Way, sig: crate::work::OpSig) {
         if let Some(b) = self.board() {
             b.publish_route(seq, way, sig);
         }
-        seq
     }
 
     /// After a failure or an abort: lets streams blocked in a copy-engine collective go on

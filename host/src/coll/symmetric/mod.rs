@@ -33,13 +33,10 @@
 //! kernel's launch; `exec::gpu::copy_engine`: the copy engines), given the buffers as an
 //! `exec::gpu::symmetric::SymPlace`.
 
-use rustccl_kernels::symmetric::SymKernel;
-use super::observe::{self as profiler_events, OpPlan};
 
 use super::route::SymWay;
 use super::{CollKind, Task};
 use crate::backend::{DevicePtr, Stream};
-use crate::comm::health::OpShape;
 use crate::comm::Communicator;
 use crate::error::Result;
 use crate::exec::gpu::copy_engine::{CeCollective, CopyEngineRun, Ready};
@@ -56,9 +53,6 @@ pub use super::route::{CE_MIN, LL_MAX};
 pub fn launches() -> u64 {
     crate::exec::gpu::symmetric::launches() + crate::exec::host::symmetric::launches()
 }
-
-/// What the profiler's Coll event says of a symmetric path: no NCCL algorithm, one channel.
-const ONE_CHANNEL: OpPlan = OpPlan { algo: "", proto: "", channels: 1 };
 
 /// Whether a collective of `count` elements on `comm` may take a symmetric path at all:
 /// the backend has them, they are not turned off, and it is a single blocking call of
@@ -136,46 +130,114 @@ impl super::route::Placement for Placed<'_> {
     }
 }
 
-/// Runs `task` the symmetric way `way` the router chose for it, on the buffers `placed`
-/// found in symmetric windows.
-pub(crate) fn run(comm: &Communicator, task: &Task, way: SymWay, mut placed: Placed<'_>) -> Result<()> {
+/// A task on symmetric windows, ready to run the way the router chose: its buffers resolved
+/// and checked (an error before this is the caller's: nothing ran), nothing run yet. A
+/// single call runs it at once ([`run`]); a group runs it with the group's other tasks
+/// (`coll::group`).
+pub(crate) enum SymRun {
+    /// The CPU twin: a host operation (`exec::host::symmetric`), made when it runs.
+    Cpu { place: SymmetricPlace, call: HostCall },
+    /// The copy engines on the stream their capture check found ready (its epoch is drawn when
+    /// it runs: every rank draws them in the same order).
+    CopyEngine { collective: CeCollective, ready: Ready, place: SymmetricPlace, bytes: u64, what: &'static str },
+    /// A symmetric kernel.
+    Kernel { launch: SymLaunch, what: &'static str },
+}
+
+impl SymRun {
+    /// The way it takes (published in the route ring).
+    pub(crate) fn way(&self) -> Way {
+        match self {
+            SymRun::Cpu { .. } => Way::SymmetricCpu,
+            SymRun::CopyEngine { .. } => Way::CopyEngine,
+            SymRun::Kernel { .. } => Way::SymmetricKernel,
+        }
+    }
+
+    /// Whether it runs on a device (it outlives the call).
+    pub(crate) fn on_device(&self) -> bool {
+        !matches!(self, SymRun::Cpu { .. })
+    }
+
+    /// Its host operation (the CPU twin), on `comm`'s board (route rings) where it has one.
+    pub(crate) fn host_op<'c>(&self, comm: &'c Communicator) -> Option<SymOp<'c>> {
+        match self {
+            SymRun::Cpu { place, call } => Some(SymOp::new(*place, comm.nranks_unchecked() as usize, *call, comm.board().map(|b| &**b))),
+            _ => None,
+        }
+    }
+
+    /// Enqueues a device way (kernel or copy engines) on its stream; a failure in context.
+    pub(crate) fn launch(self, comm: &Communicator) -> Result<()> {
+        match self {
+            SymRun::Cpu { .. } => Err(crate::error::Error::internal("the CPU twin launched as device work")),
+            SymRun::CopyEngine { collective, ready, place, bytes, what } => {
+                let nranks = comm.nranks_unchecked() as usize;
+                let run = CopyEngineRun { collective, place: sym_place(place), nranks, bytes, epoch: comm.next_ce_epoch() };
+                let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_copy_engine(backend, device, state, ready, &run));
+                r.map_err(|e| e.context(format!("{what} (copy engines)")))
+            }
+            SymRun::Kernel { launch, what } => {
+                let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_symmetric(backend, device, state, &launch));
+                tracing::debug!(target: "COLL", "{what} of {} bytes: symmetric kernel {}", launch.bytes, launch.kernel.name());
+                r.map_err(|e| e.context(format!("{what} (symmetric kernel {})", launch.kernel.name())))
+            }
+        }
+    }
+}
+
+/// Makes `task` ready to run the symmetric way `way` the router chose for it, on the buffers
+/// `placed` found in symmetric windows; `seq`: its collective number.
+pub(crate) fn prepare(comm: &Communicator, task: &Task, way: SymWay, placed: &mut Placed<'_>, seq: u64) -> Result<SymRun> {
     let n = comm.nranks_unchecked() as usize;
     let Some(place) = placed.place() else {
-        return Err(comm.record_error(crate::error::Error::internal("a symmetric route without window buffers")));
+        return Err(crate::error::Error::internal("a symmetric route without window buffers"));
     };
-    let part = (task.count * task.dtype.size()) as u64;
-    match way {
-        SymWay::Cpu => {
-            super::way::trace(task, n, Way::SymmetricCpu);
-            let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
-            let r = run_on_host(comm, task.shape(), place, || super::plan::task_ctx(comm, task), |seq, ctx| super::small::host_call(task, seq, ctx));
-            profiler_events::end_single_op(events, &r);
-            r
-        }
+    let bytes = (task.count * task.dtype.size()) as u64;
+    let what = task.kind.name();
+    let ctx = super::plan::task_ctx(comm, task)?;
+    Ok(match way {
+        SymWay::Cpu => SymRun::Cpu { place, call: super::small::host_call(task, seq, ctx) },
         SymWay::CopyEngine => {
             let collective = match task.kind {
                 CollKind::AllGather => CeCollective::AllGather,
                 CollKind::Broadcast { root } => CeCollective::Broadcast { root: root as usize },
-                _ => return Err(comm.record_error(crate::error::Error::internal("the copy engines run all_gather and broadcast only"))),
+                _ => return Err(crate::error::Error::internal("the copy engines run all_gather and broadcast only")),
             };
             let Some(ready) = placed.ready.take() else {
-                return Err(comm.record_error(crate::error::Error::internal("the copy engines chosen without their capture check")));
+                return Err(crate::error::Error::internal("the copy engines chosen without their capture check"));
             };
-            super::way::trace(task, n, Way::CopyEngine);
-            let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
-            let r = copy_engine_run(comm, task.shape(), ready, collective, place, part);
-            profiler_events::launched_single_op(events, comm, &r);
-            r
+            SymRun::CopyEngine { collective, ready, place, bytes, what }
         }
         SymWay::Kernel(kernel) => {
-            super::way::trace(task, n, Way::SymmetricKernel);
-            let start = crate::profile::start();
-            let mut guard = super::call::Call::start(comm, true, std::iter::once(task));
-            guard.around_planner(task);
-            let r = guard.end(launch(comm, task, kernel, place, part, n));
-            crate::profile::stage(crate::profile::Stage::Total, start);
-            r
+            let launch = SymLaunch { kernel, place: sym_place(place), bytes, nranks: n, reducer: ctx.reducer, scalar_at: ctx.scalar_at, stream: task.stream };
+            SymRun::Kernel { launch, what }
         }
+    })
+}
+
+/// Runs `task`, a single call, the symmetric way `way` the router chose for it, on the
+/// buffers `placed` found in symmetric windows: made ready, its way published, then run under
+/// the call guard.
+pub(crate) fn run(comm: &Communicator, task: &Task, way: SymWay, mut placed: Placed<'_>) -> Result<()> {
+    let start = crate::profile::start();
+    let seq = comm.collective_number();
+    let prepared = prepare(comm, task, way, &mut placed, seq).map_err(|e| comm.record_error(e))?;
+    comm.publish_route_at(seq, prepared.way(), OpSig::of(task));
+    super::way::trace(task, comm.nranks_unchecked() as usize, prepared.way());
+    let mut guard = super::call::Call::start(comm, prepared.on_device(), std::iter::once(task));
+    guard.around_planner(task);
+    let r = run_prepared(comm, prepared);
+    let r = guard.end(r);
+    crate::profile::stage(crate::profile::Stage::Total, start);
+    r
+}
+
+/// Runs a prepared symmetric collective to completion (the CPU twin) or enqueues it (device).
+fn run_prepared(comm: &Communicator, prepared: SymRun) -> Result<()> {
+    match prepared.host_op(comm) {
+        Some(mut op) => crate::exec::host::run_op(comm, &mut op),
+        None => prepared.launch(comm),
     }
 }
 
@@ -194,64 +256,22 @@ pub(crate) fn try_all_to_all(comm: &Communicator, send: DevicePtr, recv: DeviceP
     if place.send == place.recv {
         return None;
     }
-    let shape = crate::comm::health::OpShape { kind: "AlltoAll", rank: None, count: count as u64, dtype: dtype.name(), op: None, p2p: false };
-    if comm.backend().capabilities().host_addressable {
-        let ctx = || {
-            let bytes = part as usize * n;
-            let reducer = crate::reduce::Reducer::new(DataType::Uint8, crate::reduce::DevOp::Sum);
-            let proto = rustccl_plugin_api::Protocol::Simple;
-            let (src, dst) = (place.send as usize, place.recv as usize);
-            Ok(OpCtx { src, dst, src_len: bytes, dst_len: bytes, reducer, proto, sig: OpSig(0), scalar_at: 0, dst_remote: 0 })
-        };
-        let call = |seq, ctx| HostCall { coll: crate::spec::Collective::AlltoAll, root: 0, count, dtype, seq, ctx };
-        return Some(run_on_host(comm, shape, place, ctx, call));
-    }
-    match copy_engine_ready(comm, stream) {
-        Ok(Some(ready)) => Some(copy_engine_run(comm, shape, ready, CeCollective::AllToAll, place, part)),
-        Ok(None) => None,
-        Err(r) => Some(r),
-    }
-}
-
-/// A symmetric collective on the host backend (its CPU twin, `exec::host::symmetric`): its
-/// buffers resolved (`ctx`), its way published, then run by the executor; the op log and
-/// failures as every way around the planner.
-fn run_on_host(
-    comm: &Communicator,
-    shape: OpShape,
-    place: SymmetricPlace,
-    ctx: impl FnOnce() -> Result<OpCtx>,
-    call: impl FnOnce(u64, OpCtx) -> HostCall,
-) -> Result<()> {
-    let n = comm.nranks_unchecked() as usize;
-    comm.op_log().started(std::slice::from_ref(&shape));
-    let r = match ctx() {
-        Ok(ctx) => {
-            let seq = comm.publish_route(Way::SymmetricCpu, ctx.sig);
-            crate::exec::host::run_op(comm, &mut SymOp::new(place, n, call(seq, ctx), comm.board().map(|b| &**b)))
+    let seq = comm.collective_number();
+    let prepared = if comm.backend().capabilities().host_addressable {
+        let reducer = crate::reduce::Reducer::new(DataType::Uint8, crate::reduce::DevOp::Sum);
+        let proto = rustccl_plugin_api::Protocol::Simple;
+        let (src, dst) = (place.send as usize, place.recv as usize);
+        let ctx = OpCtx { src, dst, src_len: total, dst_len: total, reducer, proto, sig: OpSig(0), scalar_at: 0, dst_remote: 0 };
+        SymRun::Cpu { place, call: HostCall { coll: crate::spec::Collective::AlltoAll, root: 0, count, dtype, seq, ctx } }
+    } else {
+        match copy_engine_ready(comm, stream) {
+            Ok(Some(ready)) => SymRun::CopyEngine { collective: CeCollective::AllToAll, ready, place, bytes: part, what: "AlltoAll" },
+            Ok(None) => return None,
+            Err(r) => return Some(r),
         }
-        Err(e) => Err(comm.record_error(e.context(format!("{} (symmetric, host)", shape.kind)))),
     };
-    super::cache::finish(comm, &r, false);
-    r
-}
-
-/// Runs a copy-engine collective on `ready`'s stream: the op log, the run (its epoch drawn
-/// now), the failure's bookkeeping.
-fn copy_engine_run(comm: &Communicator, shape: OpShape, ready: Ready, collective: CeCollective, place: SymmetricPlace, bytes: u64) -> Result<()> {
-    comm.op_log().started(std::slice::from_ref(&shape));
-    let nranks = comm.nranks_unchecked() as usize;
-    let run = CopyEngineRun { collective, place: sym_place(place), nranks, bytes, epoch: comm.next_ce_epoch() };
-    let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_copy_engine(backend, device, state, ready, &run));
-    super::cache::finish(comm, &r, true);
-    r.map_err(|e| comm.record_error(e.context(format!("{} (copy engines)", shape.kind))))
-}
-
-/// Launches `kernel` for `task` on `bytes` (see [`choose`]) on the buffers at `place`.
-fn launch(comm: &Communicator, task: &Task, kernel: SymKernel, place: SymmetricPlace, bytes: u64, n: usize) -> Result<()> {
-    let ctx = super::plan::task_ctx(comm, task).map_err(|e| comm.record_error(e))?;
-    let l = SymLaunch { kernel, place: sym_place(place), bytes, nranks: n, reducer: ctx.reducer, scalar_at: ctx.scalar_at, stream: task.stream };
-    let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_symmetric(backend, device, state, &l));
-    tracing::debug!(target: "COLL", "{} of {bytes} bytes: symmetric kernel {}", task.kind.name(), kernel.name());
-    r.map_err(|e| comm.record_error(e.context(format!("{} (symmetric kernel {})", task.kind.name(), kernel.name()))))
+    comm.publish_route_at(seq, prepared.way(), OpSig(0));
+    let shape = crate::comm::health::OpShape { kind: "AlltoAll", rank: None, count: count as u64, dtype: dtype.name(), op: None, p2p: false };
+    let guard = super::call::Call::start_shapes(comm, prepared.on_device(), std::slice::from_ref(&shape));
+    Some(guard.end(run_prepared(comm, prepared)))
 }
