@@ -179,6 +179,11 @@ pub(crate) fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
             }
             for run in runs {
                 CommSide::check(&run.comm, "connect").map_err(|e| run.comm.record_error(e))?;
+                // A peer that ran this collective another way never connects for it (it may
+                // wait for this rank in an earlier collective of the group meanwhile).
+                if let Some(board) = run.comm.board() {
+                    board.check_current_route().map_err(|e| run.comm.record_error(e.context("connecting")))?;
+                }
             }
             Ok(())
         },

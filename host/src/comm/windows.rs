@@ -77,6 +77,20 @@ impl Communicator {
         }
     }
 
+    /// The way this rank published for collective number `seq` in its route ring (for tests
+    /// and logs): `None` without a route ring, or where the entry now holds another
+    /// collective's (1024 collectives later).
+    pub fn route_taken(&self, seq: u64) -> Option<crate::work::Way> {
+        let b = self.board()?;
+        b.route_of(self.inner.rank as usize, seq).filter(|r| r.seq == seq).map(|r| r.way)
+    }
+
+    /// How many collectives this communicator has been called for so far (the number of the
+    /// last one; for tests and logs, with [`Communicator::route_taken`]).
+    pub fn collectives_called(&self) -> u64 {
+        self.collective_number()
+    }
+
     /// After a failure or an abort: lets streams blocked in a copy-engine collective go on
     /// (`Windows::release_copy_engine_waits`).
     pub(crate) fn release_copy_engine_waits(&self) {

@@ -13,6 +13,7 @@ mod worker_lifecycle;
 mod worker_nonblocking;
 mod worker_one_rank;
 mod worker_profiler;
+mod worker_routes;
 mod worker_shrink;
 mod worker_streams;
 mod worker_typed;
@@ -73,6 +74,9 @@ fn main() {
         "windows-peer-death" => worker_windows::peer_death(nranks, rank, &ids),
         "windows-op-death" => worker_windows::op_death(nranks, rank, &ids),
         "windows-mismatch" => worker_windows::mismatch(nranks, rank, &ids),
+        "routes-group" => worker_routes::group(nranks, rank, &ids),
+        "routes-nonblocking" => worker_routes::nonblocking(nranks, rank, &ids),
+        "routes-disagree" => worker_routes::disagree(nranks, rank, &ids),
         "compile-kernels" => compile_kernels(),
         "latency" => latency(nranks, rank, &ids),
         "from-env" => from_env(nranks, rank),
