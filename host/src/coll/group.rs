@@ -149,7 +149,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     if !blocking {
         // A non-blocking communicator: one rank at once (nothing to wait for), everything
         // else planned in its background job.
-        if let Some(r) = super::cache::try_one_rank(comm, &task) {
+        if let Some(r) = super::one_rank::try_one_rank(comm, &task) {
             return r;
         }
         if !task_is_p2p {
@@ -163,7 +163,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     let mut placed = super::symmetric::Placed::new(comm, &task);
     let route = route::route(&task, &route_caps(comm), &mut placed, tuned, route::Settings::get()).map_err(|e| comm.record_error(e))?;
     match route {
-        Route::OneRank => super::cache::run_one_rank(comm, std::slice::from_ref(&task)),
+        Route::OneRank => super::one_rank::run_one_rank(comm, std::slice::from_ref(&task)),
         Route::Symmetric(way) => super::symmetric::run(comm, &task, way, placed),
         Route::Board => super::small::run(comm, &task, Way::Board),
         Route::SingleCopy => super::small::run(comm, &task, Way::SingleCopy),
@@ -218,7 +218,7 @@ fn start(tasks: Vec<(Communicator, Task)>) -> Result<()> {
     }
     // One rank, nothing to compute: done at once, nothing to queue (unless earlier jobs
     // still run: then after them, in call order).
-    if comms.iter().all(|c| super::cache::may_run_now(c) && super::way::one_rank(c.nranks_unchecked(), of_comm(&tasks, c))) {
+    if comms.iter().all(|c| super::one_rank::may_run_now(c) && super::way::one_rank(c.nranks_unchecked(), of_comm(&tasks, c))) {
         return run(tasks, None);
     }
     crate::comm::jobs::launch(comms, move || run(tasks, None));
@@ -260,7 +260,7 @@ fn run(tasks: Vec<(Communicator, Task)>, chosen: Option<plan::Choice>) -> Result
     }
     crate::profile::stage(crate::profile::Stage::Plan, start);
     for (comm, tasks) in &one_rank {
-        super::cache::run_one_rank(comm, tasks)?;
+        super::one_rank::run_one_rank(comm, tasks)?;
     }
     if runs.is_empty() {
         return Ok(());
