@@ -5,7 +5,10 @@
 //! `observe::start_run`). When it ends: a failure breaks the communicator (its peers hear of
 //! it) and becomes its last error; the events end (on a device, when the watchdog sees the
 //! launch complete); the op log hears that the share finished, unless device work still runs
-//! (the watchdog tells it then).
+//! (the watchdog tells it then) or it heard of none of the share's tasks (the caller says
+//! which tasks it hears of: the one-rank route tells it only of those that copy, so an
+//! in-place call on one rank leaves the op log as it was, earlier device work still running
+//! included).
 //!
 //! Errors found before anything ran (a buffer the backend does not know, a send without its
 //! receive) are the caller's: they are recorded as the last error and do not break the
@@ -23,12 +26,16 @@ pub(crate) struct Call<'a> {
     comm: &'a Communicator,
     /// Whether the share's work runs on a device (it outlives the call).
     device: bool,
+    /// Whether the op log heard that tasks of the share started (then it hears that they
+    /// finished).
+    logged: bool,
     /// The observer's events of the tasks on ways around the planner.
     events: Vec<SingleOp>,
 }
 
 impl<'a> Call<'a> {
-    /// The share of `comm` starts: `tasks` are those that do work (count > 0).
+    /// The share of `comm` starts: `tasks` are those that do work (count > 0), the ones the
+    /// op log hears of.
     pub(crate) fn start<'t>(comm: &'a Communicator, device: bool, tasks: impl Iterator<Item = &'t Task>) -> Call<'a> {
         let shapes: smallvec::SmallVec<[OpShape; 4]> = tasks.map(Task::shape).collect();
         Call::start_shapes(comm, device, &shapes)
@@ -36,10 +43,11 @@ impl<'a> Call<'a> {
 
     /// [`Call::start`] for operations that are not tasks (an all_to_all on symmetric windows).
     pub(crate) fn start_shapes(comm: &'a Communicator, device: bool, shapes: &[OpShape]) -> Call<'a> {
-        if !shapes.is_empty() {
+        let logged = !shapes.is_empty();
+        if logged {
             comm.op_log().started(shapes);
         }
-        Call { comm, device, events: Vec::new() }
+        Call { comm, device, logged, events: Vec::new() }
     }
 
     /// `task` takes a way around the planner: its observer events start (one channel, no
@@ -64,7 +72,7 @@ impl<'a> Call<'a> {
             self.comm.mark_broken(&e);
             self.comm.record_error(e)
         });
-        if !self.device || r.is_err() {
+        if self.logged && (!self.device || r.is_err()) {
             self.comm.op_log().all_finished();
         }
         r

@@ -167,7 +167,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     if !blocking {
         // A non-blocking communicator: one rank at once (nothing to wait for), everything
         // else routed and run in its background job.
-        if let Some(r) = super::cache::try_one_rank(comm, &task) {
+        if let Some(r) = super::one_rank::try_one_rank(comm, &task) {
             return r;
         }
         return start(vec![Queued::new(comm, task, None)]);
@@ -178,7 +178,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
     let mut placed = super::symmetric::Placed::new(comm, &task);
     let route = route::route(&task, &route_caps(comm), &mut placed, tuned, route::Settings::get()).map_err(|e| comm.record_error(e))?;
     match route {
-        Route::OneRank => super::cache::run_one_rank(comm, std::slice::from_ref(&task)),
+        Route::OneRank => super::one_rank::run_one_rank(comm, std::slice::from_ref(&task)),
         Route::Symmetric(way) => super::symmetric::run(comm, &task, way, placed),
         Route::Board => super::small::run(comm, &task, Way::Board),
         Route::SingleCopy => super::small::run(comm, &task, Way::SingleCopy),
@@ -234,7 +234,7 @@ fn start(tasks: Vec<Queued>) -> Result<()> {
     // One rank, nothing to compute: done at once, nothing to queue (unless earlier jobs
     // still run: then after them, in call order).
     let one_rank = |c: &Communicator| super::way::one_rank(c.nranks_unchecked(), tasks.iter().filter(|q| q.comm.same_as(c)).map(|q| &q.task));
-    if comms.iter().all(|c| super::cache::may_run_now(c) && one_rank(c)) {
+    if comms.iter().all(|c| super::one_rank::may_run_now(c) && one_rank(c)) {
         return run(tasks);
     }
     crate::comm::jobs::launch(comms, move || run(tasks));
@@ -373,7 +373,7 @@ fn run(tasks: Vec<Queued>) -> Result<()> {
     crate::profile::stage(crate::profile::Stage::Plan, start);
     for s in &one_rank {
         let tasks: Vec<Task> = s.tasks.iter().map(|(t, _, _)| t.clone()).collect();
-        super::cache::run_one_rank(&s.comm, &tasks)?;
+        super::one_rank::run_one_rank(&s.comm, &tasks)?;
     }
     if routed.is_empty() {
         return Ok(());

@@ -20,6 +20,7 @@ pub mod check;
 pub mod exec;
 pub mod group;
 pub mod observe;
+pub(crate) mod one_rank;
 pub mod plan;
 pub(crate) mod route;
 pub(crate) mod small;

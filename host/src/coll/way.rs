@@ -24,7 +24,7 @@ pub(crate) use crate::work::Way;
 /// input as it is ([`plan::one_rank_identity`]: no operator that computes) or is a send to
 /// self or a receive from self. Then nothing goes to the planner or a device kernel: in place
 /// (a send/recv pair with one buffer) nothing runs, out of place one copy per task
-/// (`coll::cache::run_one_rank`), inside groups, on blocking and non-blocking communicators
+/// (`coll::one_rank`), inside groups, on blocking and non-blocking communicators
 /// alike, as NCCL, whose one-rank calls cost a host-side check and at most a
 /// `cudaMemcpyAsync`. Check mode (`RUSTCCL_CHECK_COLLECTIVES`) checks each call's plan, so
 /// its calls go the full way. The one place that decides it (the router takes it over).

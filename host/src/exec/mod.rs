@@ -17,10 +17,11 @@ pub mod observe;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::backend::{DeviceBackend, Stream};
 use crate::error::{Error, Result};
 use crate::program::Link;
 use crate::transport::{Connection, Dir, Kind};
-use crate::work::Work;
+use crate::work::{LocalCopy, Work};
 
 /// The connections of one communicator's work, by link and direction.
 pub type Links = HashMap<(Link, Dir), Arc<Connection>>;
@@ -64,6 +65,21 @@ impl NetReceives {
     }
 }
 
+/// Copies within one rank's memory with nothing to compute (the one-rank route,
+/// `coll::one_rank`), in order, by the executor the backend's capabilities choose: on a
+/// device each on its stream ([`gpu::local_copies`]), on the host backend by the calling
+/// thread ([`host::local_copies`]; the streams mean nothing there). The addresses are those
+/// the planner resolves for the backend (`coll::plan::task_ctx`): host addresses where the
+/// backend's memory is host-addressable, device addresses otherwise.
+pub(crate) fn local_copies(backend: &dyn DeviceBackend, copies: &[(LocalCopy, Stream)]) -> Result<()> {
+    if backend.capabilities().host_addressable {
+        host::local_copies(copies.iter().map(|(c, _)| c));
+        Ok(())
+    } else {
+        gpu::local_copies(backend, copies)
+    }
+}
+
 /// What an executor needs from the communicator whose work it runs.
 pub trait CommSide {
     fn rank(&self) -> u32;
@@ -81,5 +97,52 @@ pub trait CommSide {
     /// poller reads the peers' route entries on it while it waits.
     fn board(&self) -> Option<Arc<host::board::Board>> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::DevicePtr;
+    use crate::exec::gpu::fake::{Call, FakeDevice};
+
+    /// On a device the one-rank copies are the backend's stream copies, each on its own
+    /// stream, in order, and nothing else (no launch, no event: they go around the launch
+    /// sequence).
+    #[test]
+    fn local_copies_on_a_device_are_stream_copies_in_order_each_on_its_stream() {
+        let fake = FakeDevice::default();
+        let copies = [
+            (LocalCopy { src: 0xa000, dst: 0xb000, bytes: 64 }, Stream(7)),
+            (LocalCopy { src: 0xc000, dst: 0xd000, bytes: 8 }, Stream(9)),
+        ];
+        local_copies(&fake, &copies).unwrap();
+        let log = fake.log();
+        let want: Vec<Call> = copies
+            .iter()
+            .map(|&(c, stream)| Call::Copy { dst: DevicePtr(c.dst as u64), src: DevicePtr(c.src as u64), bytes: c.bytes, stream })
+            .collect();
+        assert_eq!(log.calls, want);
+        assert!(log.launches.is_empty());
+        assert_eq!(log.events_recorded, 0);
+    }
+
+    /// On the host backend the calling thread moves the bytes (host addresses, as the planner
+    /// resolves them there), in order: a later copy sees what an earlier one wrote.
+    #[test]
+    fn local_copies_on_the_host_backend_move_the_bytes_in_order() {
+        let backend = crate::backend::HostBackend::shared().unwrap();
+        let mut mem: Vec<u8> = (0..48).collect();
+        let base = mem.as_mut_ptr() as usize;
+        let at = |off: usize| base + off;
+        let copies = [
+            (LocalCopy { src: at(0), dst: at(16), bytes: 16 }, Stream::DEFAULT),
+            (LocalCopy { src: at(16), dst: at(32), bytes: 16 }, Stream::DEFAULT),
+        ];
+        local_copies(&*backend, &copies).unwrap();
+        let first: Vec<u8> = (0..16).collect();
+        assert_eq!(&mem[..16], &first[..]);
+        assert_eq!(&mem[16..32], &first[..]);
+        assert_eq!(&mem[32..], &first[..], "the second copy read what the first wrote");
     }
 }

@@ -51,7 +51,7 @@ use crate::backend::{DeviceBackend, DevicePtr, ExecLaunch, HostCallback, Stream}
 use crate::error::{Error, Result};
 use crate::profile::{self, Stage};
 use sequence::Engine;
-use crate::work::Work;
+use crate::work::{LocalCopy, Work};
 pub(crate) use copy_engine::{ready as copy_engine_ready, run_copy_engine};
 pub use state::ExecState;
 pub(crate) use symmetric::run_symmetric;
@@ -104,6 +104,18 @@ pub(crate) fn launch(backend: &Arc<dyn DeviceBackend>, device: usize, state: &mu
         }
         Ok(())
     })
+}
+
+/// The one-rank route's copies (`exec::local_copies`), each on its stream, in order, as
+/// NCCL's one-rank calls: they read and write only the caller's buffers and cannot hang, so
+/// they go around the launch sequence — no event for the watchdog and teardown, no ordering
+/// after the communicator's work on other streams, no capture check (copies are captured as
+/// they are).
+pub(crate) fn local_copies(backend: &dyn DeviceBackend, copies: &[(LocalCopy, Stream)]) -> Result<()> {
+    let t = profile::start();
+    let r = copies.iter().try_for_each(|&(c, stream)| backend.copy(DevicePtr(c.dst as u64), DevicePtr(c.src as u64), c.bytes, stream));
+    profile::stage(Stage::Copy, t);
+    r
 }
 
 /// Tells the proxy of the network receives a launch on `stream` will consume: at once when

@@ -59,11 +59,7 @@ impl HostRun<'_> {
     /// step.
     pub(super) fn start(&mut self) {
         read_scalars(self.work);
-        for c in &self.work.copies {
-            // SAFETY: the planner resolved both ranges through the backend (live memory of
-            // `bytes` each); they may overlap only as the caller's buffers do, hence memmove.
-            unsafe { std::ptr::copy(c.src as *const u8, c.dst as *mut u8, c.bytes) };
-        }
+        super::local_copies(&self.work.copies);
         if self.work.items.is_empty() {
             return;
         }

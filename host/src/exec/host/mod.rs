@@ -36,7 +36,7 @@ use super::CommSide;
 use crate::error::Result;
 use crate::spec::Collective;
 use crate::types::DataType;
-use crate::work::OpCtx;
+use crate::work::{LocalCopy, OpCtx};
 
 pub(crate) use fifo::cores;
 
@@ -144,6 +144,18 @@ pub fn run_op(comm: &dyn CommSide, op: &mut dyn HostOp) -> Result<()> {
     let mut q = Queue::new(comm);
     q.ops.push(op);
     drive(std::slice::from_mut(&mut q))
+}
+
+/// Copies within this rank's memory with nothing to compute, in order, on the calling thread:
+/// a work's plain copies (before its items) and the one-rank route's (`exec::local_copies`).
+/// Their ranges are host addresses the planner resolved through the backend
+/// (`coll::plan::task_ctx`), as every address in a `Work` is.
+pub fn local_copies<'a>(copies: impl IntoIterator<Item = &'a LocalCopy>) {
+    for c in copies {
+        // SAFETY: the planner resolved both ranges through the backend (live memory of
+        // `bytes` each); they may overlap only as the caller's buffers do, hence memmove.
+        unsafe { std::ptr::copy(c.src as *const u8, c.dst as *mut u8, c.bytes) };
+    }
 }
 
 /// Runs every queue to completion on the calling thread (see the module docs). An error ends
