@@ -176,7 +176,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
                 // Asked only where a tuner is loaded: the plan cache is off with a tuner.
                 return run(vec![(comm.handle(), task)], chosen);
             }
-            if let Some(r) = super::cache::try_run(comm, &task) {
+            if let Some(r) = super::planned::run_single(comm, &task) {
                 return r;
             }
             start(vec![(comm.handle(), task)])

@@ -21,6 +21,7 @@ pub mod exec;
 pub mod group;
 pub mod observe;
 pub mod plan;
+mod planned;
 pub(crate) mod route;
 pub(crate) mod small;
 pub mod symmetric;
