@@ -1,5 +1,5 @@
 //! A device launch made once and repeated: what a single collective called again with the same
-//! shape (`coll::cache`) reuses on a device backend — its program image (encoded once, kept in
+//! shape (the planned route's memo, `exec::memo`) reuses on a device backend — its program image (encoded once, kept in
 //! the image arena and found there again by generation and offset, not by content), the
 //! interpreter kernel (looked up once), and the peer access of its connections' slots (set up
 //! once). The image depends only on the shape (the buffers and the PreMulSum scalar travel in
