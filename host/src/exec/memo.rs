@@ -120,7 +120,9 @@ impl Default for Memo {
     }
 }
 
-/// What a look-up found.
+/// What a look-up found. (Its entry is moved out by value: boxing it would allocate on every
+/// hit.)
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Lookup {
     /// The entry (taken out while it runs) and the epoch to put it back under.
     Hit(Entry, u64),
