@@ -28,15 +28,6 @@ use std::path::{Path, PathBuf};
 /// it". (Item 6, the profiler's events through an observer interface, `observe`, paid off
 /// its entries.)
 const DEBT: &[(&str, &str, &str)] = &[
-    // The communicator holds coll's plan cache.
-    ("comm/mod.rs", "crate::coll::cache::PlanCache", "issue 32 item 5: the engine keeps the plan cache"),
-    ("comm/mod.rs", "crate::coll::cache::PlanKey", "issue 32 item 5: the engine keeps the plan cache"),
-    ("comm/mod.rs", "crate::coll::cache::Lookup", "issue 32 item 5: the engine keeps the plan cache"),
-    ("comm/mod.rs", "crate::coll::cache::Entry", "issue 32 item 5: the engine keeps the plan cache"),
-    // The cached launch's tests make their work with the planner (test code only).
-    ("exec/gpu/cached.rs", "crate::coll::plan::{self,PlanEnv}", "issue 32 items 4+5: exec's tests take work from a fixture, the planner's own tests stay in coll"),
-    ("exec/gpu/cached.rs", "crate::coll::{CollKind,ReduceOp,Scalar,Task}", "issue 32 items 4+5: exec's tests take work from a fixture, the planner's own tests stay in coll"),
-    ("exec/gpu/cached.rs", "crate::coll::cache::point_at", "issue 32 items 4+5: exec's tests take work from a fixture, the planner's own tests stay in coll"),
     // Every parameter is resolved through the env plugin, whose loader lives in plugin (it
     // reads no parameter itself, so nothing recurses at run time).
     ("params.rs", "crate::plugin::env::{self as env_plugin,Answer}", "not in issue 32: the env plugin's loader would move below params"),

@@ -1,4 +1,4 @@
-//! The host backend's plan cache (`rustccl::coll::cache`), with ranks as processes: repeated
+//! The host backend's plan cache (the planned route's memo, `rustccl::coll::planned`), with ranks as processes: repeated
 //! single collectives interleaved with calls that differ from a cached one in one thing
 //! (count, type, operator, PreMulSum scalar by value and by address, root, buffers, in place),
 //! every result checked (`tests/src/bin/worker_cache.rs`); on 2 and 3 ranks, and with

@@ -58,7 +58,7 @@ pub struct Capabilities {
     /// turns it off), `NCCL_ALGO` and tuners work unchanged; Tree/LL stays a tree in LL-sized
     /// chunks. Device backends run a ring in the LL line format instead.
     pub one_shot_ll: bool,
-    /// Repeated single collectives reuse their plan, cached by shape (`coll::cache`): a call
+    /// Repeated single collectives reuse their plan, kept by shape (the planned route's memo, `coll::planned`): a call
     /// only resolves its buffers. On device backends the plan's launch is kept with it (its
     /// program image in device memory, its kernel), so a call checks its buffers and
     /// launches.

@@ -100,10 +100,11 @@ fn execute_queued(runs: &mut [CommRun], conns: &[Links], host_ops: &mut [HostOps
             let channels = run.profile.as_ref().map(|p| p.launch_channels());
             run.comm.resolve_direct_receives(&mut run.work, links);
             let work = &run.work;
-            let r = run.comm.with_device_exec(|backend, device, state| exec::gpu::launch(backend, device, state, work, links));
+            let engine = run.comm.engine();
+            let r = engine.with_device(|backend, device, state| exec::gpu::launch(backend, device, state, work, links));
             r.map_err(|e| run.comm.record_error(e.context("collective")))?;
             if let Some(c) = channels {
-                run.comm.profiled_launch(c);
+                engine.profiled_launch(c);
             }
         }
     }
@@ -151,7 +152,7 @@ pub(crate) fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
         }
         wanted.sort();
         wanted.dedup();
-        let (have, missing) = run.comm.cached_connections(&wanted);
+        let (have, missing) = run.comm.engine().cached_connections(&wanted);
         out.push(have);
         pending.extend(missing.into_iter().map(|(l, d)| Wanted::new((i, l, d), l, d)));
     }
@@ -167,7 +168,7 @@ pub(crate) fn connect(runs: &[CommRun]) -> Result<Vec<Links>> {
                 .map_err(|e| comm.record_error(e.context(format!("connecting to rank {}", link.peer))))
         },
         |(i, link, dir), conn| {
-            runs[i].comm.cache_connection(link, dir, Arc::clone(&conn));
+            runs[i].comm.engine().keep_connection(link, dir, Arc::clone(&conn));
             out[i].insert((link, dir), conn);
         },
         |&(i, link, _)| {

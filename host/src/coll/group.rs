@@ -191,7 +191,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
                 // Asked only where a tuner is loaded: the plan cache is off with a tuner.
                 return run(vec![Queued::new(comm, task, Some(route))]);
             }
-            if let Some(r) = super::cache::try_run(comm, &task) {
+            if let Some(r) = super::planned::run_single(comm, &task) {
                 return r;
             }
             run(vec![Queued::new(comm, task, Some(route))])

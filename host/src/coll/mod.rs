@@ -14,7 +14,6 @@
 //! `InProgress` (or blocks in [`Communicator::wait_idle`]) before it reads the results; it
 //! may abort stuck work from the same thread. Argument errors are still returned at once.
 
-pub(crate) mod cache;
 mod call;
 pub mod check;
 pub mod exec;
@@ -22,6 +21,7 @@ pub mod group;
 pub mod observe;
 pub(crate) mod one_rank;
 pub mod plan;
+mod planned;
 pub(crate) mod route;
 pub(crate) mod small;
 pub mod symmetric;

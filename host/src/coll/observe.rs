@@ -149,7 +149,7 @@ pub fn end_single_op<T>(op: Option<SingleOp>, r: &crate::error::Result<T>) {
 pub fn launched_single_op<T>(op: Option<SingleOp>, comm: &Communicator, r: &crate::error::Result<T>) {
     if let Some(op) = op {
         if r.is_ok() {
-            comm.profiled_launch(op.channels);
+            comm.engine().profiled_launch(op.channels);
         }
     }
 }

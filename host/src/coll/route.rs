@@ -191,7 +191,7 @@ pub(crate) fn route(task: &Task, caps: &Caps, place: &mut dyn Placement, tuner: 
         return Ok(if leaves_input && !settings.check { Route::OneRank } else { Route::Planned(None) });
     }
     let planned = Route::Planned(tuner);
-    if task.count == 0 || task.kind.is_p2p() || settings.check || tuner.is_some_and(|c| c.by == ChosenBy::Tuner) {
+    if !may_go_around_planner(task, settings) || tuner.is_some_and(|c| c.by == ChosenBy::Tuner) {
         return Ok(planned);
     }
     if let Some(way) = symmetric(task, caps, place, settings)? {
@@ -209,6 +209,20 @@ pub(crate) fn route(task: &Task, caps: &Caps, place: &mut dyn Placement, tuner: 
         }
     }
     Ok(planned)
+}
+
+/// Whether `task` may go any way around the planner: some data, not point-to-point, not in
+/// check mode (which checks every call's plan).
+fn may_go_around_planner(task: &Task, settings: &Settings) -> bool {
+    task.count > 0 && !task.kind.is_p2p() && !settings.check
+}
+
+/// Whether a task the router sent to the planner ([`Route::Planned`]) may be served by the
+/// planned route's memo (`coll::planned`), as far as the router's rules go: a communicator of
+/// several ranks and a task that could go around the planner. The memo's own conditions (the
+/// backend's, the process's, no tuner, no profiler) are the memo's.
+pub(crate) fn memo_may_serve(task: &Task, nranks: u32, settings: &Settings) -> bool {
+    nranks > 1 && may_go_around_planner(task, settings)
 }
 
 /// The symmetric way of `task`, if it takes one.

@@ -59,7 +59,7 @@ pub(crate) fn trace(task: &Task, nranks: usize, way: Way) {
 }
 
 /// Logs that `task` ran a plan the planner made for an earlier call of the same shape
-/// (`coll::cache`).
+/// (the planned route's memo, `coll::planned`).
 pub(crate) fn trace_cached(task: &Task, nranks: usize) {
     trace_named(task, nranks, "plan-cache", ChosenBy::untuned());
 }

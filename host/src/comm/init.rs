@@ -9,6 +9,7 @@ use super::{Communicator, Inner, SharedResources, State};
 use crate::backend;
 use crate::bootstrap::{self, Bootstrap, JoinRequest, StopFlags, UniqueId};
 use crate::config::CommConfig;
+use crate::exec::engine::Engine;
 use crate::error::{Error, Result};
 use crate::plugin::profiler::CommInfo;
 use crate::plugin::CommPlugins;
@@ -156,7 +157,8 @@ impl Communicator {
             bootstrap::start_comm_id_root(&ids[0])?;
         }
         let blocking = resolved.blocking;
-        let inner = Arc::new(Inner {
+        let engine_backend = Arc::clone(&shared.backend);
+        let inner = Arc::new_cyclic(|weak| Inner {
             rank: rank as u32,
             nranks: nranks as u32,
             device,
@@ -176,10 +178,13 @@ impl Communicator {
             shrink_stopped: AtomicBool::new(false),
             plugins: Mutex::new(None),
             has_tuner: AtomicBool::new(false),
-            transports: Mutex::new(Default::default()),
+            engine: Engine::new(
+                Arc::clone(&engine_backend),
+                device as usize,
+                Communicator::watchdog_starter(weak.clone(), engine_backend, rank as u32),
+            ),
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
-            device_cache: Mutex::new(Default::default()),
             ops: Arc::new(super::health::OpLog::new(rank as u32)),
             jobs: Default::default(),
             suspended: Mutex::new(None),

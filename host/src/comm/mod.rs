@@ -26,6 +26,7 @@ use crate::backend::DeviceBackend;
 use crate::bootstrap::{Bootstrap, StopFlags};
 use crate::config::{CommConfig, ResolvedConfig};
 use crate::error::{set_last_error, Error, ErrorKind, Result, ResultCode};
+use crate::exec::engine::Engine;
 use crate::program::Link;
 use crate::plugin::CommPlugins;
 use crate::transport::{proxy::Proxy, Connection, Context, Dir};
@@ -33,24 +34,6 @@ use crate::transport::{proxy::Proxy, Connection, Context, Dir};
 /// How long a failed communicator waits, before it frees device memory its peers map, for the
 /// peers' kernels to stop.
 const PEER_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// What the device executor keeps across operations (device backends).
-#[derive(Default)]
-pub(crate) struct DeviceCache {
-    pub exec: crate::exec::gpu::ExecState,
-    /// The observer's channels of launched work, completed when the watchdog sees the
-    /// launches done (dropped, not completed, if the work fails).
-    pub profiled: Vec<crate::observe::Channels>,
-}
-
-/// A communicator's connections, made on first use and kept until destroy.
-#[derive(Default)]
-pub(crate) struct Transports {
-    conns: std::collections::HashMap<(Link, Dir), Arc<Connection>>,
-    proxy: Option<Proxy>,
-    /// Plans cached by shape, with the connections they use (go with them).
-    plans: crate::coll::cache::PlanCache,
-}
 
 pub use from_env::{LaunchEnv, Launcher};
 pub use init::get_unique_id;
@@ -101,15 +84,14 @@ struct Inner {
     plugins: Mutex<Option<Arc<CommPlugins>>>,
     /// Set at init when the plugins include a tuner (the check every collective makes).
     has_tuner: AtomicBool,
-    /// Connections made so far, and the proxy thread of the network ones.
-    transports: Mutex<Transports>,
+    /// What runs its work (`exec::engine`): the connections and the proxy, the device
+    /// executor's state, the planned route's memo.
+    engine: Engine,
     /// Set when an operation failed half-way: the FIFOs may hold stale data, so later
     /// operations are refused with this error instead of running on them.
     broken: Mutex<Option<Error>>,
     /// Set (for good) when `broken` holds an error.
     is_broken: AtomicBool,
-    /// Device objects the executor reuses from call to call (device backends).
-    device_cache: Mutex<DeviceCache>,
     /// The operations started and finished (hang reports, timeouts).
     ops: Arc<health::OpLog>,
     /// Operations queued or running in the background (non-blocking communicators).
@@ -558,46 +540,14 @@ impl Communicator {
         }
     }
 
-    fn lock_transports(&self) -> std::sync::MutexGuard<'_, Transports> {
-        self.inner.transports.lock().unwrap_or_else(|p| p.into_inner())
+    /// The engine that runs this communicator's work (connections, device executor, the
+    /// planned route's memo): coll runs work through it.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.inner.engine
     }
 
-    /// The connections of `wanted` already made, and those still to make.
-    pub(crate) fn cached_connections(
-        &self,
-        wanted: &[(Link, Dir)],
-    ) -> (crate::exec::Links, Vec<(Link, Dir)>) {
-        let t = self.lock_transports();
-        let mut have = std::collections::HashMap::new();
-        let mut missing = Vec::new();
-        for key in wanted {
-            match t.conns.get(key) {
-                Some(c) => {
-                    have.insert(*key, Arc::clone(c));
-                }
-                None => missing.push(*key),
-            }
-        }
-        (have, missing)
-    }
-
-    /// Takes the cached plan of `key` out of the cache (see `coll::cache`).
-    pub(crate) fn take_plan(&self, key: &crate::coll::cache::PlanKey) -> crate::coll::cache::Lookup {
-        self.lock_transports().plans.take(key)
-    }
-
-    /// Puts a plan (back) into the cache it was taken from, if that is still this one's.
-    pub(crate) fn keep_plan(&self, entry: crate::coll::cache::Entry, epoch: u64) {
-        self.lock_transports().plans.put(entry, epoch);
-    }
-
-    /// Plans are not cached on this communicator (it has a tuner, asked on every call).
-    pub(crate) fn bypass_plans(&self) {
-        self.lock_transports().plans.set_bypass();
-    }
-
-    pub(crate) fn cache_connection(&self, link: Link, dir: Dir, conn: Arc<Connection>) {
-        self.lock_transports().conns.insert((link, dir), conn);
+    fn lock_transports(&self) -> std::sync::MutexGuard<'_, crate::exec::engine::Connections> {
+        self.inner.engine.connections()
     }
 
     /// Runs `f` with what making a connection needs.
@@ -623,10 +573,14 @@ impl Communicator {
     /// Starts the thread that watches this communicator's device work: when a peer dies, a
     /// network connection fails, the communicator is aborted or revoked, or a kernel reports
     /// an error, it records the error (the asynchronous error from then on) and tells the
-    /// kernels to stop. It ends with the communicator.
-    pub(crate) fn start_watchdog(&self) {
-        let weak = Arc::downgrade(&self.inner);
-        let backend = Arc::clone(&self.inner.shared.backend);
+    /// kernels to stop. It ends with the communicator. Started by the engine when the first
+    /// device work is handed to the executor (`Engine::with_device`): the engine is made with
+    /// this as its `on_first_device_work`, `weak` naming the communicator it is made for.
+    fn watchdog_starter(weak: std::sync::Weak<Inner>, backend: Arc<dyn DeviceBackend>, rank: u32) -> Box<dyn Fn() + Send + Sync> {
+        Box::new(move || Self::start_watchdog(weak.clone(), Arc::clone(&backend), rank))
+    }
+
+    fn start_watchdog(weak: std::sync::Weak<Inner>, backend: Arc<dyn DeviceBackend>, rank: u32) {
         let spawned = std::thread::Builder::new().name("rustccl-watchdog".into()).spawn(move || {
             // The watchdog queries events while the application may be capturing a graph on
             // another thread; in CUDA's global capture mode such a query from any thread that
@@ -649,7 +603,7 @@ impl Communicator {
             }
         });
         if let Err(e) = spawned {
-            tracing::warn!(target: "INIT", "rank {}: no watchdog thread ({e}); failures will not stop kernels", self.inner.rank);
+            tracing::warn!(target: "INIT", "rank {}: no watchdog thread ({e}); failures will not stop kernels", rank);
         }
     }
 
@@ -728,13 +682,6 @@ impl Communicator {
         launched.into_iter().for_each(crate::observe::Channels::complete);
     }
 
-    /// Keeps the observer's channels of device work just launched until it completes.
-    pub(crate) fn profiled_launch(&self, channels: crate::observe::Channels) {
-        if !channels.is_empty() {
-            self.device_cache().profiled.push(channels);
-        }
-    }
-
     /// Waits until this communicator's device work has completed; a failure found meanwhile
     /// stops the kernels (so this never waits on a dead peer).
     pub(crate) fn wait_device_idle(&self) -> Result<()> {
@@ -754,23 +701,6 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs `f` with the backend, the device and the device executor's state of this
-    /// communicator (the watchdog starts with the first use): the way to the GPU executor's
-    /// entry points (`exec::gpu::launch`, `CachedLaunch::launch`, `run_symmetric`,
-    /// `run_copy_engine`).
-    pub(crate) fn with_device_exec<T>(
-        &self,
-        f: impl FnOnce(&Arc<dyn crate::backend::DeviceBackend>, usize, &mut crate::exec::gpu::ExecState) -> Result<T>,
-    ) -> Result<T> {
-        let device = self.device()? as usize;
-        let mut cache = self.device_cache();
-        if !cache.exec.watching {
-            cache.exec.watching = true;
-            self.start_watchdog();
-        }
-        f(&self.inner.shared.backend, device, &mut cache.exec)
-    }
-
     /// The board of small collectives and the route rings (host backend, ranks on one host),
     /// where this communicator has one.
     pub(crate) fn board(&self) -> Option<&Arc<crate::exec::host::board::Board>> {
@@ -783,9 +713,9 @@ impl Communicator {
         self.board().map_or(0, |b| b.single_copies())
     }
 
-    /// The executor's reusable device objects.
-    pub(crate) fn device_cache(&self) -> std::sync::MutexGuard<'_, DeviceCache> {
-        self.inner.device_cache.lock().unwrap_or_else(|p| p.into_inner())
+    /// The device executor's state (the engine's).
+    fn device_cache(&self) -> std::sync::MutexGuard<'_, crate::exec::engine::DeviceExec> {
+        self.inner.engine.device()
     }
 
     /// Waits until every network connection has handed the peer what this rank's operations

@@ -164,7 +164,7 @@ impl Communicator {
             |&(link, _), est| {
                 self.with_transport(|cx| est.poll(cx)).map_err(|e| e.context(format!("connecting to rank {}", link.peer)))
             },
-            |(link, dir), conn| self.cache_connection(link, dir, conn),
+            |(link, dir), conn| self.engine().keep_connection(link, dir, conn),
             |&(link, _)| {
                 if Instant::now() > deadline {
                     return Err(Error::remote(format!(

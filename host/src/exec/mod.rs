@@ -6,12 +6,17 @@
 //! - [`gpu`]: one launch of the collective interpreter per communicator and kernel, through
 //!   the `DeviceBackend` trait (CUDA today, HIP later).
 //!
+//! A communicator's [`engine::Engine`] keeps what they reuse from call to call: the
+//! connections, the device executor's state and the planned route's memo ([`memo`]).
+//!
 //! Executors know nothing of communicators: what they need from one (its rank, whether to go
 //! on, where to record an error) comes through [`CommSide`].
 
 pub(crate) mod backoff;
+pub(crate) mod engine;
 pub mod gpu;
 pub mod host;
+pub(crate) mod memo;
 pub mod observe;
 
 use std::collections::HashMap;

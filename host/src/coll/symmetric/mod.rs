@@ -174,11 +174,11 @@ impl SymRun {
             SymRun::CopyEngine { collective, ready, place, bytes, what } => {
                 let nranks = comm.nranks_unchecked() as usize;
                 let run = CopyEngineRun { collective, place: sym_place(place), nranks, bytes, epoch: comm.next_ce_epoch() };
-                let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_copy_engine(backend, device, state, ready, &run));
+                let r = comm.engine().with_device(|backend, device, state| crate::exec::gpu::run_copy_engine(backend, device, state, ready, &run));
                 r.map_err(|e| e.context(format!("{what} (copy engines)")))
             }
             SymRun::Kernel { launch, what } => {
-                let r = comm.with_device_exec(|backend, device, state| crate::exec::gpu::run_symmetric(backend, device, state, &launch));
+                let r = comm.engine().with_device(|backend, device, state| crate::exec::gpu::run_symmetric(backend, device, state, &launch));
                 tracing::debug!(target: "COLL", "{what} of {} bytes: symmetric kernel {}", launch.bytes, launch.kernel.name());
                 r.map_err(|e| e.context(format!("{what} (symmetric kernel {})", launch.kernel.name())))
             }

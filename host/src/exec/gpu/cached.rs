@@ -1,5 +1,5 @@
 //! A device launch made once and repeated: what a single collective called again with the same
-//! shape (`coll::cache`) reuses on a device backend — its program image (encoded once, kept in
+//! shape (the planned route's memo, `exec::memo`) reuses on a device backend — its program image (encoded once, kept in
 //! the image arena and found there again by generation and offset, not by content), the
 //! interpreter kernel (looked up once), and the peer access of its connections' slots (set up
 //! once). The image depends only on the shape (the buffers and the PreMulSum scalar travel in
@@ -127,45 +127,16 @@ impl CachedLaunch {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::fake::{links_for, links_of_kind, FakeDevice};
+    use super::super::fake::{links_for, links_of_kind, FakeDevice, RingSum};
     use super::*;
-    use crate::backend::{Capabilities, Stream};
-    use crate::coll::plan::{self, PlanEnv};
-    use crate::coll::{CollKind, ReduceOp, Scalar, Task};
-    use crate::types::DataType;
+    use crate::backend::Stream;
+    use crate::reduce::DevOp;
 
     const COUNT: usize = 1000;
 
-    pub(crate) fn task(count: usize, op: ReduceOp, send: u64, recv: u64) -> Task {
-        let (send, recv) = (DevicePtr(send), DevicePtr(recv));
-        Task { kind: CollKind::AllReduce, send, recv, count, dtype: DataType::Float32, op, stream: Stream(7), profile: Default::default() }
-    }
-
-    /// Runs `f` with the planner's environment of rank 0 of 2 on a GPU.
-    pub(crate) fn with_env<T>(f: impl FnOnce(&PlanEnv) -> T) -> T {
-        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
-        let caps = Capabilities::gpu();
-        f(&PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity })
-    }
-
-    /// The planner's work for `task` on rank 0 of 2 on a GPU.
-    pub(crate) fn planned(task: &Task) -> Work {
-        let (work, device) = with_env(|env| plan::plan(env, std::slice::from_ref(task))).unwrap();
-        assert!(device);
-        work
-    }
-
-    /// The planner's work for a sum of `count` floats (buffers at 0xa000_0000 and
-    /// 0xa100_0000) on rank 0 of 2 on a GPU: what the other exec tests launch.
-    pub(crate) fn planned_sum(count: usize) -> Work {
-        planned(&task(count, ReduceOp::Sum, 0xa000_0000, 0xa100_0000))
-    }
-
-    /// `work` pointed at `task`'s buffers, as `coll::cache` does for a call.
-    pub(crate) fn patched(mut work: Work, task: &Task) -> Work {
-        let proto = work.ctxs[0].proto;
-        with_env(|env| crate::coll::cache::point_at(env, task, &mut work, proto)).unwrap();
-        work
+    /// A sum of `count` floats from `src` into `dst`.
+    fn task(count: usize, src: u64, dst: u64) -> RingSum {
+        RingSum::new(count, src, dst)
     }
 
     pub(crate) fn backend() -> (Arc<FakeDevice>, Arc<dyn DeviceBackend>) {
@@ -186,7 +157,7 @@ pub(crate) mod tests {
     }
 
     fn made() -> Made {
-        let work = planned(&task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000));
+        let work = task(COUNT, 0xa000_0000, 0xa100_0000).work();
         let links = links_for(&work);
         let (fake, backend) = backend();
         let cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().expect("one launch");
@@ -201,17 +172,17 @@ pub(crate) mod tests {
 
     #[test]
     fn a_cached_launch_uploads_and_launches_what_the_uncached_path_does() {
-        let a = task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000);
-        let b = task(COUNT, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
-        let work_a = planned(&a);
+        let a = task(COUNT, 0xa000_0000, 0xa100_0000);
+        let b = task(COUNT, 0xb000_0000, 0xb100_0000);
+        let work_a = a.work();
         let links = links_for(&work_a);
         // The uncached path, fresh state, buffers of a.
         let (fake1, b1) = backend();
         super::super::launch(&b1, 0, &mut ExecState::default(), &work_a, &links).unwrap();
         // The cached path: made from a plan on b's buffers, called with a's.
         let (fake2, b2) = backend();
-        let mut cached = CachedLaunch::new(&b2, 0, &planned(&b), &links).unwrap().expect("one launch");
-        cached.launch(&b2, 0, &mut ExecState::default(), &patched(planned(&b), &a)).unwrap();
+        let mut cached = CachedLaunch::new(&b2, 0, &b.work(), &links).unwrap().expect("one launch");
+        cached.launch(&b2, 0, &mut ExecState::default(), &a.point(b.work())).unwrap();
         let (l1, l2) = (fake1.log(), fake2.log());
         assert_eq!(l1.uploads.len(), 1);
         assert_eq!(l1.uploads, l2.uploads, "the same image, at the same place");
@@ -222,17 +193,17 @@ pub(crate) mod tests {
         assert_eq!((args.ncalls, args.calls[0].src, args.calls[0].dst), (1, 0xa000_0000, 0xa100_0000));
         // The image holds no buffer: a's and b's are the same bytes.
         let enc = |w: &Work| encode::encode(w, &links, 0..1).unwrap().unwrap().bytes;
-        assert_eq!(enc(&work_a), enc(&planned(&b)));
+        assert_eq!(enc(&work_a), enc(&b.work()));
         assert_eq!(cached.image_bytes(), &enc(&work_a)[..]);
         assert_eq!(l2.uploads[0].1, enc(&work_a));
     }
 
     #[test]
     fn a_second_call_with_other_buffers_uploads_nothing() {
-        let b = task(COUNT, ReduceOp::Sum, 0xb000_0000, 0xb100_0000);
+        let b = task(COUNT, 0xb000_0000, 0xb100_0000);
         let Made { fake, backend, mut state, work, links, mut cached } = made();
         cached.launch(&backend, 0, &mut state, &work).unwrap();
-        let work = patched(work, &b);
+        let work = b.point(work);
         cached.launch(&backend, 0, &mut state, &work).unwrap();
         assert_eq!(state.uploads(), 1);
         assert_eq!(state.lookups(), 1, "the second call does not look its image up by content");
@@ -251,8 +222,8 @@ pub(crate) mod tests {
         assert_eq!(without_calls(first), without_calls(second), "only the call values differ");
         drop(log);
         // The uncached path on the same shape finds the image too (it holds no buffer).
-        let c = task(COUNT, ReduceOp::Sum, 0xc000_0000, 0xc100_0000);
-        super::super::launch(&backend, 0, &mut state, &planned(&c), &links).unwrap();
+        let c = task(COUNT, 0xc000_0000, 0xc100_0000);
+        super::super::launch(&backend, 0, &mut state, &c.work(), &links).unwrap();
         assert_eq!(state.uploads(), 1);
         assert_eq!(fake.log().launches[2].args.items, first.items);
     }
@@ -285,27 +256,28 @@ pub(crate) mod tests {
 
     #[test]
     fn premulsum_scalars_are_call_values_and_the_count_is_shape() {
-        let host = |s: f64| task(COUNT, ReduceOp::PreMulSum(Scalar::Host(s)), 0xa000_0000, 0xa100_0000);
-        let half = planned(&host(0.5));
+        let host = |scalar: f64| RingSum { op: DevOp::PreMulSum { scalar }, ..task(COUNT, 0xa000_0000, 0xa100_0000) };
+        let half = host(0.5).work();
         let links = links_for(&half);
         let enc = |w: &Work| encode::encode(w, &links, 0..1).unwrap().unwrap().bytes;
-        assert_eq!(enc(&half), enc(&planned(&host(2.0))), "the scalar is not in the image");
-        let device = task(COUNT, ReduceOp::PreMulSum(Scalar::Device(DevicePtr(0xd000_0000))), 0xa000_0000, 0xa100_0000);
-        assert_eq!(enc(&half), enc(&planned(&device)));
-        let other_count = task(2 * COUNT, ReduceOp::PreMulSum(Scalar::Host(0.5)), 0xa000_0000, 0xa100_0000);
-        assert_ne!(enc(&half), enc(&planned(&other_count)), "the count is");
+        assert_eq!(enc(&half), enc(&host(2.0).work()), "the scalar is not in the image");
+        // A scalar given by address: the planner's reducer holds 1.0, the address travels.
+        let device = RingSum { scalar_at: 0xd000_0000, ..host(1.0) };
+        assert_eq!(enc(&half), enc(&device.work()));
+        let other_count = RingSum { count: 2 * COUNT, ..host(0.5) };
+        assert_ne!(enc(&half), enc(&other_count.work()), "the count is");
         // Made with 0.5, called with 2.0 and with a device scalar: the uncached parameters.
         for call in [host(2.0), device] {
             let (fake1, b1) = backend();
-            super::super::launch(&b1, 0, &mut ExecState::default(), &planned(&call), &links).unwrap();
+            super::super::launch(&b1, 0, &mut ExecState::default(), &call.work(), &links).unwrap();
             let (fake2, b2) = backend();
             let mut cached = CachedLaunch::new(&b2, 0, &half, &links).unwrap().unwrap();
-            cached.launch(&b2, 0, &mut ExecState::default(), &patched(planned(&host(0.5)), &call)).unwrap();
+            cached.launch(&b2, 0, &mut ExecState::default(), &call.point(host(0.5).work())).unwrap();
             let (l1, l2) = (fake1.log(), fake2.log());
             assert_eq!(l1.launches, l2.launches);
             let c = l2.launches[0].args.calls[0];
-            match call.op {
-                ReduceOp::PreMulSum(Scalar::Host(_)) => assert_eq!((c.scalar, c.scalar_ptr), (2.0f32.to_bits() as u64, 0)),
+            match call.scalar_at {
+                0 => assert_eq!((c.scalar, c.scalar_ptr), (2.0f32.to_bits() as u64, 0)),
                 _ => assert_eq!(c.scalar_ptr, 0xd000_0000),
             }
         }
@@ -335,7 +307,7 @@ pub(crate) mod tests {
     #[test]
     fn launches_announce_their_network_receives_and_captured_ones_do_so_at_each_replay() {
         use crate::transport::{Dir, Kind};
-        let work = planned(&task(COUNT, ReduceOp::Sum, 0xa000_0000, 0xa100_0000));
+        let work = task(COUNT, 0xa000_0000, 0xa100_0000).work();
         let links = links_of_kind(&work, Kind::Net);
         let (fake, backend) = backend();
         let mut state = ExecState::default();

@@ -317,3 +317,69 @@ pub(crate) fn links_of_kind(run: &crate::work::Work, kind: crate::transport::Kin
     }
     links
 }
+
+/// One all_reduce call of the executor tests' work (their fixture, made by hand so that
+/// exec's tests need nothing of coll): `count` floats reduced with `op` (a PreMulSum scalar
+/// read at `scalar_at` when that is not 0), from `src` into `dst`, on rank 0 of 2.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RingSum {
+    pub count: usize,
+    pub op: crate::reduce::DevOp,
+    pub scalar_at: usize,
+    pub src: u64,
+    pub dst: u64,
+}
+
+impl RingSum {
+    /// A sum of `count` floats from `src` into `dst`.
+    pub(crate) fn new(count: usize, src: u64, dst: u64) -> RingSum {
+        RingSum { count, op: crate::reduce::DevOp::Sum, scalar_at: 0, src, dst }
+    }
+
+    /// Its context with protocol `proto` (what the planner's `op_ctx` makes for it).
+    fn ctx(&self, proto: rustccl_plugin_api::Protocol) -> crate::work::OpCtx {
+        let bytes = self.count * DataType::Float32.size();
+        // An all_reduce (kind 1) of floats (type 7 + 1) summed (operator 0 + 1), no root, as
+        // `coll::check::OpSig::of` writes it.
+        let sig = crate::work::OpSig(1 << 60 | 8 << 56 | 1 << 52 | crate::work::NO_ROOT << 32 | self.count as u64);
+        crate::work::OpCtx {
+            src: self.src as usize,
+            dst: self.dst as usize,
+            src_len: bytes,
+            dst_len: bytes,
+            reducer: crate::reduce::Reducer::new(DataType::Float32, self.op),
+            proto,
+            sig,
+            scalar_at: self.scalar_at,
+            dst_remote: 0,
+        }
+    }
+
+    /// Its work: one ring channel of rank 0 of 2 (`program::ring_all_reduce`) in chunks of 256
+    /// elements, protocol Simple, on stream 7 — the shape of work the planner makes for a
+    /// small all_reduce on a GPU.
+    pub(crate) fn work(&self) -> crate::work::Work {
+        use crate::program::{ring_all_reduce, Ring};
+        let ring = Ring { rank: 0, nranks: 2, channel: 0 };
+        let steps = ring_all_reduce(ring, (0, self.count), 256, DataType::Float32.size());
+        crate::work::Work {
+            ctxs: vec![self.ctx(rustccl_plugin_api::Protocol::Simple)],
+            items: vec![crate::work::WorkItem { steps: steps.into_iter().map(|s| (0, s)).collect(), pc: 0 }],
+            copies: vec![],
+            stream: Stream(7),
+        }
+    }
+
+    /// `work` (made for another call of this shape) pointed at this call's buffers and
+    /// scalar, keeping its protocol: what the planned route's memo does for a call.
+    pub(crate) fn point(&self, mut work: crate::work::Work) -> crate::work::Work {
+        work.ctxs[0] = self.ctx(work.ctxs[0].proto);
+        work
+    }
+}
+
+/// The work of a sum of `count` floats from 0xa000_0000 into 0xa100_0000 ([`RingSum`]):
+/// what the executor's tests launch.
+pub(crate) fn ring_sum(count: usize) -> crate::work::Work {
+    RingSum::new(count, 0xa000_0000, 0xa100_0000).work()
+}

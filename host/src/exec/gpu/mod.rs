@@ -12,7 +12,7 @@
 //! `EXEC_ARG_CTXS` operations (and their PreMulSum scalars) travel in the kernel parameter
 //! ([`encode`]). Images are cached per communicator by content, so a loop over the same shape
 //! pays the upload once, whatever its buffers; a single collective repeated with one shape
-//! outside a group (`coll::cache`) skips planning and encoding as well, and launches what
+//! outside a group (the planned route's memo, `exec::memo`) skips planning and encoding as well, and launches what
 //! [`cached`] kept. A launch captured into a CUDA graph gets an image of its own that lives as
 //! long as the communicator, since the graph may be replayed at any time.
 //!
@@ -27,7 +27,7 @@
 //! symmetric kernel, a copy-engine collective — goes through the one launch sequence
 //! ([`sequence`]: capture check, control block, the wait for the communicator's last launch,
 //! the enqueue, the event after it). The entry points, each given the backend, the device and
-//! the communicator's [`ExecState`] (`Communicator::with_device_exec` hands them out):
+//! the communicator's [`ExecState`] (`engine::Engine::with_device` hands them out):
 //! `launch`, `cached::CachedLaunch::launch`, `run_symmetric`, and
 //! `copy_engine_ready` then `run_copy_engine`. Everything here goes through the
 //! `DeviceBackend` trait, so CUDA and a later HIP backend share it.

@@ -97,10 +97,10 @@ mod tests {
     use rustccl_kernels::symmetric::SymKernel;
     use rustccl_kernels::DeviceOp;
 
-    use super::super::cached::tests::{backend, planned_sum};
+    use super::super::cached::tests::backend;
     use super::super::cached::CachedLaunch;
     use super::super::copy_engine::{ready, run_copy_engine, CeCollective, CopyEngineRun};
-    use super::super::fake::{links_for, Call, FakeDevice};
+    use super::super::fake::{links_for, ring_sum, Call, FakeDevice};
     use super::super::state::CONTROL_BYTES;
     use super::super::symmetric::{blocks, run_symmetric, SymLaunch, SymPlace};
     use super::*;
@@ -325,7 +325,7 @@ mod tests {
     /// the event; captured, no wait and no event.
     #[test]
     fn interpreter_and_cached_launches_go_through_the_launch_sequence_in_order() {
-        let work = planned_sum(1000);
+        let work = ring_sum(1000);
         let links = links_for(&work);
         let (fake, backend) = backend();
         let mut state = ExecState::default();
@@ -338,7 +338,7 @@ mod tests {
         super::super::launch(&backend, 0, &mut state, &work, &links).unwrap();
         assert_eq!(kinds(&calls(&fake)), ["capture?", "control", "wait-event", "pinned", "upload", "exec", "record-event"]);
         let mut cached = CachedLaunch::new(&backend, 0, &work, &links).unwrap().expect("one launch");
-        let mut on_a = planned_sum(1000);
+        let mut on_a = ring_sum(1000);
         on_a.stream = A;
         cached.launch(&backend, 0, &mut state, &on_a).unwrap();
         assert_eq!(kinds(&calls(&fake)), ["capture?", "wait-event", "exec-kernel", "record-event"], "its image is in the arena already");

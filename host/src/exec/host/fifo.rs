@@ -27,7 +27,7 @@ pub struct HostRun<'a> {
 /// The connections of every step of a work, looked up once: all of them in item and step
 /// order (a step's receives, then its sends), where each item's steps begin, and per item
 /// where its current step's begin while the work runs. Made per call, or kept with a cached
-/// plan (`coll::cache`): it stays valid as long as the work's steps and the connections do.
+/// plan (`exec::memo`): it stays valid as long as the work's steps and the connections do.
 pub struct Prepared {
     conns: Vec<Arc<Connection>>,
     firsts: Vec<usize>,
