@@ -162,6 +162,7 @@ pub(crate) fn run(comm: &Communicator, task: &Task, way: SymWay, mut placed: Pla
                 return Err(comm.record_error(crate::error::Error::internal("the copy engines chosen without their capture check")));
             };
             super::way::trace(task, n, Way::CopyEngine);
+            comm.publish_route(Way::CopyEngine, OpSig::of(task));
             let events = profiler_events::single_op(comm, task, || ONE_CHANNEL);
             let r = copy_engine_run(comm, task.shape(), ready, collective, place, part);
             profiler_events::launched_single_op(events, comm, &r);
@@ -169,6 +170,7 @@ pub(crate) fn run(comm: &Communicator, task: &Task, way: SymWay, mut placed: Pla
         }
         SymWay::Kernel(kernel) => {
             super::way::trace(task, n, Way::SymmetricKernel);
+            comm.publish_route(Way::SymmetricKernel, OpSig::of(task));
             let start = crate::profile::start();
             let mut guard = super::call::Call::start(comm, true, std::iter::once(task));
             guard.around_planner(task);
@@ -207,7 +209,10 @@ pub(crate) fn try_all_to_all(comm: &Communicator, send: DevicePtr, recv: DeviceP
         return Some(run_on_host(comm, shape, place, ctx, call));
     }
     match copy_engine_ready(comm, stream) {
-        Ok(Some(ready)) => Some(copy_engine_run(comm, shape, ready, CeCollective::AllToAll, place, part)),
+        Ok(Some(ready)) => {
+            comm.publish_route(Way::CopyEngine, OpSig(0));
+            Some(copy_engine_run(comm, shape, ready, CeCollective::AllToAll, place, part))
+        }
         Ok(None) => None,
         Err(r) => Some(r),
     }
