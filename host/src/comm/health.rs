@@ -10,7 +10,7 @@
 //! and from the signal `RUSTCCL_HANG_REPORT_SIGNAL` (SIGUSR1 by default, when the process has
 //! no handler of its own for it). With an operation timeout (`op_timeout_ms`,
 //! `NCCL_OP_TIMEOUT_MS`), an operation waiting longer ends with `Timeout` on every rank.
-//! Device work that waits also has its route checked ([`route_disagreement`]): a peer that
+//! Device work that waits also has its route checked (`route_disagreement`): a peer that
 //! ran the collective another way ends it at once with `Mismatch`.
 
 use std::fmt;
