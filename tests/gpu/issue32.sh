@@ -5,11 +5,13 @@
 #  1. the kernels compile;
 #  2. the correctness matrices over P2P, SHM and NET, with LL and LL128 forced, on symmetric
 #     windows with each symmetric kernel forced (and the copy engines, and off);
-#  3. CUDA graphs (rank-worker coll-graph) and a peer's death;
+#  3. CUDA graphs (rank-worker coll-graph) and a peer's death; ranks that take different
+#     routes (agree: rank 0 on symmetric windows, rank 1 on plain memory, all_reduce: both
+#     must fail within seconds with the mismatch named, not by the operation timeout);
 #  4. the benchmark, before and after in the same run: all_reduce 8 B-1 GiB, sendrecv and
 #     alltoall (2 ranks); one rank against NVIDIA's NCCL; a grouped all_reduce of 8 tensors
 #     (-m 8) against single calls, plain buffers and windows (-R 2).
-# SKIP lists what to leave out: the sections compile matrix graph bench, and the benchmarks
+# SKIP lists what to leave out: the sections compile matrix graph agree bench, and the benchmarks
 # ar2 ar2_win sr2 a2a2 ar2_m8 ar2_m8_win one_rank; MATRICES names the matrices to run. Only summary.txt comes back.
 set -u
 . tests/gpu/env.sh
@@ -41,6 +43,21 @@ fi
 if want graph; then
     two graph 200 coll-graph
     two peer_death 90 coll-peer-death
+fi
+if want agree; then
+    # rank-worker windows-mismatch: rank 0's all_reduce takes the symmetric kernel, rank 1's
+    # the planner; the watchdog reads the route rings. The operation timeout (60 s) and the
+    # scenario's own hang guard (40 s) are far above the 10 s each rank must fail within.
+    two agree 90 windows-mismatch NCCL_OP_TIMEOUT_MS=60000
+    for r in 0 1; do
+        line=$(grep -h '^RESULT windows-mismatch ok' $OUT/agree.$r.log)
+        ms=$(echo "$line" | awk '{print $6}')
+        if [ -n "$line" ] && [ "${ms:-99999}" -lt 10000 ] && echo "$line" | grep -q 'symmetric-kernel way' && echo "$line" | grep -q 'planner way'; then
+            note "agree rank $r: PASS (error after $ms ms)"
+        else
+            note "agree rank $r: FAIL: $(grep -hE '^(RESULT|ERROR)' $OUT/agree.$r.log | cut -c1-400 | tr '\n' ' ')"
+        fi
+    done
 fi
 if want bench; then
     # bench <label> <args>: after, then before (same machine, same run), rows side by side.

@@ -10,6 +10,8 @@
 //! and from the signal `RUSTCCL_HANG_REPORT_SIGNAL` (SIGUSR1 by default, when the process has
 //! no handler of its own for it). With an operation timeout (`op_timeout_ms`,
 //! `NCCL_OP_TIMEOUT_MS`), an operation waiting longer ends with `Timeout` on every rank.
+//! Device work that waits also has its route checked (`route_disagreement`): a peer that
+//! ran the collective another way ends it at once with `Mismatch`.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
@@ -22,6 +24,13 @@ use crate::error::{Error, Result};
 
 /// How long a report waits for the other ranks' answers.
 const GATHER_WAIT: Duration = Duration::from_secs(2);
+
+/// How long device work waits before the watchdog reads the peers' route entries for it
+/// ([`route_disagreement`]): most device work completes sooner, so the look costs nothing
+/// then; ranks that called the collective together have published their routes well within
+/// it (each publishes before it launches); and a disagreement is still reported in a fraction
+/// of a second, far below any sensible `NCCL_OP_TIMEOUT_MS`.
+pub(crate) const ROUTE_LOOK_AFTER: Duration = Duration::from_millis(100);
 
 /// One operation as the report shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -320,6 +329,21 @@ pub fn format_report(hash: u64, me: u32, why: &str, statuses: &[Option<RankStatu
     out
 }
 
+/// The watchdog's look at the route rings while device work waits (`waited`: how long the
+/// oldest unfinished operation has waited, `None` when none): from [`ROUTE_LOOK_AFTER`] on, a
+/// peer that ran this rank's current collective (the last it published) another way or with
+/// another signature is a `Mismatch` naming both ranks and both ways — the look the host
+/// backend's FIFO poller makes (`Board::check_current_route`). A peer that has not published
+/// that collective yet is no error (it may still come). On GPUs this is what turns ranks
+/// that disagree (one on symmetric windows, one on plain memory) into an error instead of
+/// kernels waiting for each other until the operation timeout.
+pub(crate) fn route_disagreement(board: Option<&crate::exec::host::board::Board>, waited: Option<Duration>) -> Result<()> {
+    match (board, waited) {
+        (Some(board), Some(waited)) if waited >= ROUTE_LOOK_AFTER => board.check_current_route(),
+        _ => Ok(()),
+    }
+}
+
 /// Communicators alive in this process, for the report signal.
 static LIVE: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 
@@ -458,6 +482,13 @@ impl Communicator {
         Ok(())
     }
 
+    /// The watchdog, while device work waits: [`route_disagreement`] of this communicator
+    /// (its error ends the work as the operation timeout does: recorded, announced, kernels
+    /// stopped).
+    pub(crate) fn check_device_routes(&self) -> Result<()> {
+        route_disagreement(self.board().map(|b| &**b), self.inner.ops.waiting())
+    }
+
     /// This rank's operation log.
     pub(crate) fn op_log(&self) -> &OpLog {
         &self.inner.ops
@@ -505,6 +536,44 @@ mod tests {
         let c = classify(Some(&r), &[st(0, Some(r.clone()), true), st(1, None, false)]);
         assert_eq!(c, vec![Standing::Same, Standing::NeverArrived]);
         assert_eq!(r.to_string(), "#3 Send(count 8, Int32, to rank 1)");
+    }
+
+    /// The watchdog's look on a device communicator's route rings (made as at its init: only
+    /// the rings, no entries): nothing before the grace or while the peer has not published;
+    /// the peer's other way is a `Mismatch` naming both ranks and both ways; agreeing routes
+    /// are fine.
+    #[test]
+    fn the_watchdog_finds_a_peer_that_took_another_route() {
+        use crate::error::{ErrorKind, ResultCode};
+        use crate::work::{OpSig, Way};
+        let rings = crate::exec::host::board::tests::boards_made(2, false);
+        assert!(!rings[0].has_ring(), "a device communicator's board carries only the route rings");
+        let (r0, r1) = (Some(&*rings[0]), Some(&*rings[1]));
+        let late = Some(ROUTE_LOOK_AFTER);
+        // AllReduce of 1024 Float32, sum.
+        let sig = OpSig(1 << 60 | 8 << 56 | 1 << 52 | 0xf_ffff << 32 | 1024);
+        // Collective 1 agrees.
+        rings[0].publish_route(1, Way::Planned, sig);
+        rings[1].publish_route(1, Way::Planned, sig);
+        assert!(route_disagreement(r0, late).is_ok() && route_disagreement(r1, late).is_ok());
+        // Collective 2: rank 0 on symmetric windows, rank 1 not yet there.
+        rings[0].publish_route(2, Way::SymmetricKernel, sig);
+        assert!(route_disagreement(r0, late).is_ok(), "the peer has not published collective 2 yet");
+        // Rank 1 takes the planner: both see it, after the grace only.
+        rings[1].publish_route(2, Way::Planned, sig);
+        assert!(route_disagreement(r0, Some(ROUTE_LOOK_AFTER / 2)).is_ok(), "within the grace");
+        assert!(route_disagreement(r0, None).is_ok(), "no device work waits");
+        for (me, peer, ring, mine, theirs) in [(0, 1, r0, "symmetric-kernel", "planner"), (1, 0, r1, "planner", "symmetric-kernel")] {
+            let e = route_disagreement(ring, late).unwrap_err();
+            assert_eq!((e.kind, e.code), (ErrorKind::Mismatch, ResultCode::InvalidUsage));
+            for part in [format!("rank {peer} ran collective 2"), format!("on the {theirs} way"), format!("rank {me}"), format!("on the {mine} way"), "without symmetric windows".into()] {
+                assert!(e.message.contains(&part), "rank {me}: {part:?} not in: {}", e.message);
+            }
+        }
+        // Collective 3 agrees again on a fresh pair of entries.
+        rings[0].publish_route(3, Way::SymmetricKernel, sig);
+        rings[1].publish_route(3, Way::SymmetricKernel, sig);
+        assert!(route_disagreement(r0, late).is_ok() && route_disagreement(r1, late).is_ok());
     }
 
     #[test]

@@ -261,18 +261,28 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
     }
 }
 
-/// The board of small collectives and the route rings (`exec::host::board`), on backends whose
-/// memory the CPU addresses (the host backend), where the communicator has several ranks, all
-/// on one host: made here, in one go, so that every rank has the same board (or none) before
-/// its first collective. Every rank decides alike whether to make it (from what every rank
-/// knows: the backend and the peers' hosts).
+/// The board of small collectives and the route rings (`exec::host::board`), where the
+/// communicator has several ranks, all on one host: made here, in one go, so that every rank
+/// has the same board (or none) before its first collective. Every rank decides alike whether
+/// to make it (from what every rank knows: the backend and the peers' hosts). On a backend
+/// whose memory the CPU addresses (the host backend) the regions are its memory and calls may
+/// take the board; on device backends (CUDA, HIP) the regions carry only the route rings, in
+/// host shared memory of a host backend of this communicator's own (`/dev/shm` files, which
+/// every local process maps without a GPU context): the collectives publish their routes
+/// there, and the watchdog reads the peers' while device work waits (`health.rs`).
 fn make_board(inner: &Arc<Inner>, bs: &Bootstrap) -> Result<crate::exec::host::board::BoardState> {
     use crate::exec::host::board::{self, BoardState};
     let peers = bs.peers();
     let one_host = peers.iter().all(|p| p.host_hash == peers[0].host_hash);
-    if inner.nranks < 2 || !one_host || !inner.shared.backend.capabilities().host_addressable {
+    if inner.nranks < 2 || !one_host {
         return Ok(BoardState::Off);
     }
+    let host_addressable = inner.shared.backend.capabilities().host_addressable;
+    let (backend, device): (Arc<dyn backend::DeviceBackend>, usize) = if host_addressable {
+        (Arc::clone(&inner.shared.backend), inner.device.max(0) as usize)
+    } else {
+        (Arc::new(backend::HostBackend::with_devices(1)), 0)
+    };
     let pids: Vec<u32> = peers.iter().map(|p| p.pid).collect();
     let allgather = |mine: &[u8]| bs.allgather(mine);
     let check = || {
@@ -284,8 +294,9 @@ fn make_board(inner: &Arc<Inner>, bs: &Bootstrap) -> Result<crate::exec::host::b
     let making = board::Making {
         rank: inner.rank as usize,
         nranks: inner.nranks as usize,
-        device: inner.device.max(0) as usize,
-        backend: &inner.shared.backend,
+        device,
+        backend: &backend,
+        entries: host_addressable,
         pids: &pids,
         allgather: &allgather,
         check: &check,

@@ -104,10 +104,10 @@ struct Inner {
     windows: Mutex<crate::window::Windows>,
     /// Buffers registered for zero-copy point-to-point, and peers' buffers mapped here.
     registered: Mutex<registered::Registry>,
-    /// Host backend, ranks on one host: the board of small collectives and the ranks' route
-    /// rings (`exec::host::board`), made at init (set then or never; read without a lock on
-    /// every collective). Its memory goes with the last handle of the communicator (its
-    /// files were unlinked when it was made).
+    /// Ranks on one host: the board of small collectives and the ranks' route rings
+    /// (`exec::host::board`; on device backends only the route rings), made at init (set then
+    /// or never; read without a lock on every collective). Its memory goes with the last
+    /// handle of the communicator (its files were unlinked when it was made).
     board: OnceLock<Arc<crate::exec::host::board::Board>>,
     /// Host backend: whether the symmetric collectives' memory exists (a symmetric window was
     /// registered), and how many collectives this rank has started.
@@ -651,6 +651,7 @@ impl Communicator {
         if busy || profiled {
             let completed = self.device_completed();
             if busy && !completed {
+                self.check_device_routes()?;
                 self.check_op_health()?;
             }
         }
@@ -701,8 +702,8 @@ impl Communicator {
         Ok(())
     }
 
-    /// The board of small collectives and the route rings (host backend, ranks on one host),
-    /// where this communicator has one.
+    /// The board of small collectives and the route rings (ranks on one host; on device
+    /// backends only the route rings), where this communicator has one.
     pub(crate) fn board(&self) -> Option<&Arc<crate::exec::host::board::Board>> {
         self.inner.board.get()
     }

@@ -61,8 +61,9 @@ impl Communicator {
 
     /// Publishes, before it runs, that the current collective takes `way` with signature `sig`
     /// (0 where it has none), in this rank's route ring on the board, where the communicator
-    /// has one (`exec::host::board::Board::publish_route`: peers waiting for this rank find
-    /// out when it took another way). Returns the collective's number.
+    /// has one (ranks on one host, any backend: `exec::host::board::Board::publish_route`;
+    /// peers waiting for this rank find out when it took another way: the host backend's
+    /// waits, the watchdog on GPUs). Returns the collective's number.
     pub(crate) fn publish_route(&self, way: crate::work::Way, sig: crate::work::OpSig) -> u64 {
         let seq = self.collective_number();
         self.publish_route_at(seq, way, sig);

@@ -268,9 +268,10 @@ pub fn op_death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
 }
 
 /// `windows-mismatch`: every rank registers two symmetric windows; rank 0 runs an all_reduce
-/// on them while the others run it on plain buffers. On the host backend rank 0 sees that a
-/// peer took the usual way (`ncclInvalidUsage`, naming the cause) and the others learn of the
-/// failure (an error): no rank hangs. `RESULT windows-mismatch ok <code>`.
+/// on them while the others run it on plain buffers. Rank 0 sees that a peer took the usual
+/// way (`ncclInvalidUsage`, naming the cause: on the host backend in its wait, on GPUs through
+/// the watchdog and the asynchronous error) and the others learn of the failure (an error): no
+/// rank hangs. `RESULT windows-mismatch ok <code> ms <ms to the error> <message>`.
 pub fn mismatch(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let bytes = 1 << 20;
     let t = two_windows(nranks, rank, ids, bytes)?;
@@ -286,15 +287,25 @@ pub fn mismatch(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     });
     let (s, d) = if rank == 0 { (src, dst) } else { (psrc, pdst) };
     let stream = b.create_stream(dev)?;
+    let t0 = std::time::Instant::now();
     let r = comm.all_reduce(s, d, bytes / 4, rustccl::types::DataType::Float32, rustccl::ReduceOp::Sum, stream).and_then(|_| b.synchronize(stream));
+    // On GPUs the call returns once launched, and the watchdog stops the kernels and reports
+    // through the asynchronous error.
+    while r.is_ok() && comm.async_error() == ResultCode::Success && t0.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let e = match r {
-        Ok(()) => return Err(Error::internal("an all_reduce on windows on one rank and plain buffers on another succeeded")),
         Err(e) => e,
+        Ok(()) => match comm.async_error_detail() {
+            Some(e) => e,
+            None => return Err(Error::internal("an all_reduce on windows on one rank and plain buffers on another succeeded")),
+        },
     };
+    let ms = t0.elapsed().as_millis();
     if rank == 0 {
         check(e.code == ResultCode::InvalidUsage && e.message.contains("without symmetric windows"), || format!("rank 0: {e}"))?;
     }
     t.abort();
-    println!("RESULT windows-mismatch ok {:?}", e.code);
+    println!("RESULT windows-mismatch ok {:?} ms {ms} {}", e.code, e.message.replace('\n', " "));
     Ok(())
 }

@@ -1,13 +1,13 @@
-//! The planner's choice of the symmetric kernels (`kernels/src/device/symmetric.h`; on the
-//! host backend their CPU twins, `exec::host::symmetric`): a single
-//! all_reduce, all_gather or reduce_scatter (outside a group, on a blocking communicator)
-//! whose send and receive buffers both lie in `NCCL_WIN_COLL_SYMMETRIC` windows runs one
-//! kernel that reads and writes the peers' windows directly, instead of the ring through the
-//! FIFOs. As with NCCL, every rank must pass window buffers at the same offsets for the same
-//! call (the windows are collective, so ranks that do see the same windows): on GPUs a rank
-//! that passes a window buffer where another passes other memory takes another kernel, and
-//! the two wait for each other until the operation timeout reports the hang; the host
-//! backend detects it (the route ring, `exec::host::board`).
+//! The symmetric kernels (`kernels/src/device/symmetric.h`; on the host backend their CPU
+//! twins, `exec::host::symmetric`) as the router (`coll::route`) sends tasks to them: an
+//! all_reduce, all_gather, reduce_scatter or broadcast (a single call or a task of a group,
+//! blocking or not) whose send and receive buffers both lie in `NCCL_WIN_COLL_SYMMETRIC`
+//! windows runs one kernel that reads and writes the peers' windows directly, instead of the
+//! ring through the FIFOs. As with NCCL, every rank must pass window buffers at the same
+//! offsets for the same call (the windows are collective, so ranks that do see the same
+//! windows): a rank that passes a window buffer where another passes other memory takes
+//! another way, and the route ring (`exec::host::board`) reports it to both (host waits read
+//! it; on GPUs the watchdog, while device work waits) instead of a hang.
 //!
 //! Which kernel, by size (`choose`; `RUSTCCL_SYM_KERNEL` forces one: `ll`, `ld`, `rsag` for
 //! all_reduce; `off` turns the symmetric kernels off), from the measurements on one H200

@@ -41,12 +41,16 @@
 //! waits for it too. A ring rather than one word, so that a group may publish the ways of all
 //! its collectives before any of them runs.
 //!
-//! The board is made at the communicator's init on the host backend where every rank is on one
-//! host (one bootstrap all-gather of the regions' handles; each rank then maps the peers'
+//! The board is made at the communicator's init where every rank is on one host, on any
+//! backend (one bootstrap all-gather of the regions' handles; each rank then maps the peers'
 //! regions and says in its own region how that went: every rank decides alike, the board or
 //! none). Where the board way is off (`RUSTCCL_HOST_SMALL_BYTES=0` without single copies,
-//! `NCCL_SHM_DISABLE=1`) it carries only the route rings. coll decides which calls take it
-//! (`coll::small`).
+//! `NCCL_SHM_DISABLE=1`) it carries only the route rings; on device backends too
+//! ([`Making::entries`] off: the regions are then host shared memory of a host backend of the
+//! communicator's own, which every local process maps without a GPU context, and the
+//! watchdog reads the peers' entries while device work waits, `comm::health`). Ranks on
+//! several hosts have no board and no route rings (no agreement over the network). coll
+//! decides which calls take it (`coll::small`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -108,8 +112,8 @@ fn ring_wanted() -> bool {
 #[derive(Default)]
 pub enum BoardState {
     Ready(Arc<Board>),
-    /// This communicator has none (a device backend, one rank, ranks on several hosts, or it
-    /// could not be made on some rank).
+    /// This communicator has none (one rank, ranks on several hosts, or it could not be made
+    /// on some rank).
     #[default]
     Off,
 }
@@ -433,7 +437,12 @@ pub struct Making<'a> {
     pub rank: usize,
     pub nranks: usize,
     pub device: usize,
+    /// Whose shareable memory the regions are (host memory: the host backend's).
     pub backend: &'a Arc<dyn DeviceBackend>,
+    /// Whether the regions get their ring of entries, so that calls may take the board (the
+    /// communicator's backend is the host's); else they carry only the route rings (device
+    /// backends: their collectives run on the GPU, but the ranks still publish their routes).
+    pub entries: bool,
     /// The ranks' process ids, in rank order.
     pub pids: &'a [u32],
     pub allgather: &'a AllGather<'a>,
@@ -444,7 +453,7 @@ pub struct Making<'a> {
 }
 
 /// Makes the board (collective: every rank of a communicator whose ranks share a host calls
-/// it at init, the backend's memory being host-addressable): one all-gather of the regions'
+/// it at init, `m.backend`'s memory being host-addressable): one all-gather of the regions'
 /// handles (and ring sizes: the smallest is every rank's); each rank maps every peer's region,
 /// checks that it may read the peers' memory (`process_vm_readv`, for single copies), and
 /// stores in its own region's `STATUS` how that went; it then waits for every peer's status
@@ -455,7 +464,7 @@ pub struct Making<'a> {
 /// processes end. `Err` only where a peer failed or did not answer in time (init fails).
 pub fn make(m: &Making) -> Result<BoardState> {
     let began = Instant::now();
-    let ring = if ring_wanted() { RING } else { 0 };
+    let ring = if m.entries && ring_wanted() { RING } else { 0 };
     let region = RING_AT + ring;
     let backend = m.backend;
     // This rank's region: an exported allocation (its file, until the peers have mapped it)
@@ -914,6 +923,12 @@ pub(crate) mod tests {
     /// The boards of `n` ranks of one process, made as at init: each rank's `make` on its own
     /// thread, the all-gather through shared memory of the test.
     pub(crate) fn boards(n: usize) -> Vec<Arc<Board>> {
+        boards_made(n, true)
+    }
+
+    /// As [`boards`], with the rings of entries (`entries`) or only the route rings (as a
+    /// device backend's communicator has them).
+    pub(crate) fn boards_made(n: usize, entries: bool) -> Vec<Arc<Board>> {
         let backend: Arc<dyn DeviceBackend> = Arc::new(HostBackend::with_devices(n));
         let gathered = Mutex::new(vec![Vec::new(); n]);
         let barrier = std::sync::Barrier::new(n);
@@ -935,6 +950,7 @@ pub(crate) mod tests {
                             nranks: n,
                             device: rank,
                             backend,
+                            entries,
                             pids,
                             allgather: &allgather,
                             check: &|| Ok(()),
