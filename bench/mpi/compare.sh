@@ -7,10 +7,13 @@
 #
 #   bench/mpi/compare.sh                 # writes target/mpi-compare/compare.md
 #   ROUNDS=5 RANKS="2" OPS=all_reduce bench/mpi/compare.sh
+#   BEFORE=/path/to/older/rustccl-bench bench/mpi/compare.sh   # before/after in the same rounds
 #
 # Settings (environment): ROUNDS (3), RANKS ("2 4"), OPS ("all_reduce all_gather broadcast"),
 # MIN (8), MAX (128M), FACTOR (4), SMALL_ITERS (500: timed calls per size up to 128 KiB; larger
-# sizes run as many as fit in 0.25 s, at most 20), OUT (target/mpi-compare).
+# sizes run as many as fit in 0.25 s, at most 20), OUT (target/mpi-compare), BEFORE (an older
+# build's rustccl-bench: it runs in every round too, and the table adds its in-place time and
+# the ratio before / after).
 # MPI runs as root with --allow-run-as-root and with more ranks than cores (--oversubscribe).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,6 +55,10 @@ for round in $(seq 1 "$ROUNDS"); do
                 tag="$op.$n.$lo.$round"
                 RUSTCCL_BACKEND=host "$BENCH" "$op" -N "$n" -b "$lo" -e "$hi" -f "$FACTOR" -c 0 -w 5 $iters </dev/null \
                     >"$OUT/raw/rustccl.$tag.txt" 2>&1 || echo "rustccl-bench failed: $tag"
+                if [ -n "${BEFORE:-}" ]; then
+                    RUSTCCL_BACKEND=host "$BEFORE" "$op" -N "$n" -b "$lo" -e "$hi" -f "$FACTOR" -c 0 -w 5 $iters </dev/null \
+                        >"$OUT/raw/before.$tag.txt" 2>&1 || echo "the earlier rustccl-bench failed: $tag"
+                fi
                 "${MPIRUN[@]}" -np "$n" "$OUT/mpi_bench" -o "$op" -b "$lo" -e "$hi" -f "$FACTOR" -w 5 \
                     $iters </dev/null >"$OUT/raw/mpi.$tag.txt" 2>&1 || echo "mpi_bench failed: $tag"
             done < <(ranges)
@@ -102,21 +109,27 @@ lines = [f"# rustccl host backend vs {mpi_version[0] if mpi_version else 'Open M
          "busbw in GB/s, in place. MPI_Bcast has no out-of-place form.", ""]
 for n in ranks:
     for op in ops:
-        data = {"rustccl": {}, "mpi": {}}
+        data = {"rustccl": {}, "mpi": {}, "before": {}}
         for who in data:
             for path in glob.glob(os.path.join(out, "raw", f"{who}.{op}.{n}.*.txt")):
                 for size, v in rows(path).items():
                     data[who].setdefault(size, []).append(v)
         # (An all-gather's smallest sizes give some ranks no element: rustccl-bench prints 0.)
         sizes = sorted(s for s in set(data["rustccl"]) | set(data["mpi"]) if s > 0)
+        before = bool(data["before"])
+        extra = " before in | before / rustccl in |" if before else ""
         lines += [f"## {op}, {n} ranks", "",
-                  "| size | rustccl oop | MPI oop | ratio oop | rustccl in | MPI in | ratio in | rustccl busbw | MPI busbw |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| size | rustccl oop | MPI oop | ratio oop | rustccl in | MPI in | ratio in | rustccl busbw | MPI busbw |" + extra,
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if before else "")]
         for s in sizes:
             r = [median(col) for col in zip(*data["rustccl"].get(s, [(None,) * 4]))]
             m = [median(col) for col in zip(*data["mpi"].get(s, [(None,) * 4]))]
-            lines.append(f"| {human(s)} | {fmt(r[0])} | {fmt(m[0])} | {ratio(m[0], r[0])} | {fmt(r[2])} | {fmt(m[2])} | "
-                         f"{ratio(m[2], r[2])} | {fmt(r[3])} | {fmt(m[3])} |")
+            row = (f"| {human(s)} | {fmt(r[0])} | {fmt(m[0])} | {ratio(m[0], r[0])} | {fmt(r[2])} | {fmt(m[2])} | "
+                   f"{ratio(m[2], r[2])} | {fmt(r[3])} | {fmt(m[3])} |")
+            if before:
+                b = [median(col) for col in zip(*data["before"].get(s, [(None,) * 4]))]
+                row += f" {fmt(b[2])} | {ratio(b[2], r[2])} |"
+            lines.append(row)
         lines.append("")
 open(os.path.join(out, "compare.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -11,7 +11,7 @@
 #  4. the benchmark, before and after in the same run: all_reduce 8 B-1 GiB, sendrecv and
 #     alltoall (2 ranks); one rank against NVIDIA's NCCL; a grouped all_reduce of 8 tensors
 #     (-m 8) against single calls, plain buffers and windows (-R 2).
-# SKIP lists what to leave out: the sections compile matrix graph agree bench, and the benchmarks
+# SKIP lists what to leave out: the sections compile matrix graph agree routes bench, and the benchmarks
 # ar2 ar2_win sr2 a2a2 ar2_m8 ar2_m8_win one_rank; MATRICES names the matrices to run. Only summary.txt comes back.
 set -u
 . tests/gpu/env.sh
@@ -58,6 +58,14 @@ if want agree; then
             note "agree rank $r: FAIL: $(grep -hE '^(RESULT|ERROR)' $OUT/agree.$r.log | cut -c1-400 | tr '\n' ' ')"
         fi
     done
+fi
+if want routes; then
+    # Routing inside groups and on non-blocking communicators (tests/src/bin/worker_routes.rs):
+    # a group of a small all_reduce and broadcast (planner), an all_reduce on windows (a
+    # symmetric kernel inside the group), a 4 MiB all_reduce and a send/receive ring; results
+    # checked element by element and each collective's published way.
+    two routes_group 120 routes-group
+    two routes_nb 120 routes-nonblocking
 fi
 if want bench; then
     # bench <label> <args>: after, then before (same machine, same run), rows side by side.

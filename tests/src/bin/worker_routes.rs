@@ -7,6 +7,8 @@
 //! - `routes-group`: a blocking communicator; three times, one group of: a small all_reduce
 //!   (the board), a small broadcast (the board), an all_reduce on symmetric windows (the CPU
 //!   twin), a 4 MiB all_reduce (the planner) and a send/receive ring. `RESULT routes-group ok`.
+//!   On GPUs (tests/gpu/issue32.sh) the small calls take the planner and the call on windows
+//!   a symmetric kernel.
 //! - `routes-nonblocking`: a non-blocking communicator: a small all_reduce alone (the board),
 //!   one on windows alone (the CPU twin), then the group above; each returns `InProgress`
 //!   and is polled to the end. `RESULT routes-nonblocking ok`.
@@ -105,6 +107,16 @@ fn setup(nranks: i32, rank: i32, ids: &[UniqueId], blocking: bool) -> Result<Set
     Ok(Setup { comm, be, dev, win, windows })
 }
 
+/// The ways a small call and a call on windows take: the board and the CPU twin on the host
+/// backend, the planner and a symmetric kernel on GPUs (no board there; its route rings only).
+fn expected_ways(be: &dyn DeviceBackend) -> (Way, Way) {
+    if be.capabilities().host_addressable {
+        (Way::Board, Way::SymmetricCpu)
+    } else {
+        (Way::Planned, Way::SymmetricKernel)
+    }
+}
+
 /// The way `comm` published for collective `seq` must be `want`.
 fn took(comm: &Communicator, seq: u64, want: Way, what: &str) -> Result<(), Error> {
     let got = comm.route_taken(seq);
@@ -150,9 +162,10 @@ fn mixed_group(s: &Setup, nranks: usize, me: usize, iter: usize) -> Result<(), E
     expect_eq(&download(be, s.win[1], WIN)?, &summed(nranks, iter + 2, WIN), "all_reduce (windows)")?;
     expect_eq(&download(be, f, BIG)?, &summed(nranks, iter + 3, BIG), "all_reduce (planner)")?;
     expect_eq(&download(be, h, RING)?, &input(prev, iter + 4, RING), "recv")?;
-    took(comm, seqs[0], Way::Board, "the small all_reduce")?;
-    took(comm, seqs[1], Way::Board, "the small broadcast")?;
-    took(comm, seqs[2], Way::SymmetricCpu, "the all_reduce on windows")?;
+    let (small, win) = expected_ways(be);
+    took(comm, seqs[0], small, "the small all_reduce")?;
+    took(comm, seqs[1], small, "the small broadcast")?;
+    took(comm, seqs[2], win, "the all_reduce on windows")?;
     took(comm, seqs[3], Way::Planned, "the 4 MiB all_reduce")?;
     for p in [a, b, c, d, e, f, g, h] {
         be.free(p)?;
@@ -185,17 +198,20 @@ pub fn nonblocking(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error
     let ai = DataType::Int32;
     // Alone: the board, then the CPU twin.
     let (a, b) = (upload(be, dev, &input(me, 9, SMALL))?, be.alloc(dev, SMALL * 4)?);
+    let (small, win) = expected_ways(be);
     let r = comm.all_reduce(a, b, SMALL, ai, ReduceOp::Sum, S);
     check(matches!(&r, Err(e) if e.code == ResultCode::InProgress), || format!("a small all_reduce returned {r:?}, expected InProgress"))?;
     done(comm, r, "the small all_reduce")?;
+    be.synchronize(S)?;
     expect_eq(&download(be, b, SMALL)?, &summed(n, 9, SMALL), "all_reduce alone (board)")?;
-    took(comm, comm.collectives_called(), Way::Board, "the small all_reduce alone")?;
+    took(comm, comm.collectives_called(), small, "the small all_reduce alone")?;
     let w: Vec<u8> = input(me, 10, WIN).iter().flat_map(|x| x.to_ne_bytes()).collect();
     be.copy_to_device(s.win[0], &w, S)?;
     be.synchronize(S)?;
     done(comm, comm.all_reduce(s.win[0], s.win[1], WIN, ai, ReduceOp::Sum, S), "the all_reduce on windows")?;
+    be.synchronize(S)?;
     expect_eq(&download(be, s.win[1], WIN)?, &summed(n, 10, WIN), "all_reduce on windows alone")?;
-    took(comm, comm.collectives_called(), Way::SymmetricCpu, "the all_reduce on windows alone")?;
+    took(comm, comm.collectives_called(), win, "the all_reduce on windows alone")?;
     for iter in 0..2 {
         mixed_group(&s, n, me, iter)?;
     }
