@@ -489,3 +489,60 @@ mod tests {
         ]
     );
 }
+
+/// The folders of host/src that ask the communicator's executor (`exec::executor::Executor`,
+/// `comm.engine().executor()`) how work runs, never the backend whose memory it is
+/// (issue 32 item 4: executors own execution).
+const ASK_THE_EXECUTOR: &[&str] = &["coll", "comm"];
+
+/// Where `src` reads `host_addressable` in code (comments and strings aside): 1-based lines.
+fn host_addressable_reads(src: &str) -> Vec<usize> {
+    let code = code_only(src);
+    let word = "host_addressable";
+    let mut lines = Vec::new();
+    for (at, _) in code.match_indices(word) {
+        let before = code.as_bytes()[..at].last().copied();
+        let after = code.as_bytes().get(at + word.len()).copied();
+        if before.is_some_and(is_ident) || after.is_some_and(is_ident) {
+            continue;
+        }
+        lines.push(code[..at].matches('\n').count() + 1);
+    }
+    lines.dedup();
+    lines
+}
+
+/// coll and comm ask the executor where and how work runs (`runs_on_host`, `symmetric`,
+/// `cpu_reads_buffers`, ...): a read of the backend's `Capabilities::host_addressable` there
+/// fails, naming its file and line.
+#[test]
+fn coll_and_comm_ask_the_executor_not_host_addressable() {
+    let src = host_dir().join("src");
+    let mut found = Vec::new();
+    for dir in ASK_THE_EXECUTOR {
+        let mut files = Vec::new();
+        rust_files(&src.join(dir), &mut files);
+        files.sort();
+        for path in files {
+            let rel = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+            let text = std::fs::read_to_string(&path).unwrap();
+            found.extend(host_addressable_reads(&text).into_iter().map(|line| format!("host/src/{rel}:{line}")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "{} read(s) of the backend's host_addressable in {ASK_THE_EXECUTOR:?}:\n{}\n\
+         Ask the communicator's executor instead (`comm.engine().executor()`, exec/executor.rs), with a \
+         question named for what the code needs to know (where work runs, how symmetric collectives run, \
+         what the planner's programs need); add one there if none fits.",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+/// The scan finds reads in code, by whole word, and not in comments or strings.
+#[test]
+fn the_host_addressable_scan_reads_code_only() {
+    let src = "// caps.host_addressable in a comment\nlet a = caps.host_addressable;\nlet s = \"host_addressable\";\nlet b = not_host_addressable_at_all;\nif x.capabilities().host_addressable {}\nlet host_addressable = c.host_addressable;\n";
+    assert_eq!(host_addressable_reads(src), vec![2, 5, 6]);
+}

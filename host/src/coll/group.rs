@@ -201,12 +201,7 @@ pub(crate) fn enqueue(comm: &Communicator, task: Task) -> Result<()> {
 
 /// What the router knows of `comm` (fixed for its life, the same on every rank).
 fn route_caps(comm: &Communicator) -> route::Caps {
-    let caps = comm.backend().capabilities();
-    let symmetric = match (caps.symmetric_kernels, caps.host_addressable) {
-        (false, _) => route::SymExec::None,
-        (true, true) => route::SymExec::Cpu,
-        (true, false) => route::SymExec::Kernels,
-    };
+    let symmetric = comm.engine().executor().symmetric();
     let board = comm.board().filter(|b| b.has_ring()).map(|b| route::BoardCaps { single_copy: b.single_copy() });
     route::Caps { nranks: comm.nranks_unchecked(), symmetric, board }
 }

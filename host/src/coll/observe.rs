@@ -118,7 +118,7 @@ fn single_op_observed(comm: &Communicator, task: &Task, plan: OpPlan) -> Option<
         exchange(&op).into_iter().for_each(|t| run.add_local(t));
     }
     // Host work starts now; device work is launched, seen done by the watchdog.
-    let channels = if comm.backend().capabilities().host_addressable { run.start_channels() } else { run.launch_channels() };
+    let channels = if comm.engine().executor().runs_on_host() { run.start_channels() } else { run.launch_channels() };
     Some(SingleOp { channels, _run: run })
 }
 

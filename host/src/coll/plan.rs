@@ -15,6 +15,7 @@ use super::{CollKind, ReduceOp, Scalar, Task};
 use crate::backend::DevicePtr;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
+use crate::exec::executor::Executor;
 use crate::params;
 use crate::reduce::{DevOp, Reducer};
 use crate::backend::Capabilities;
@@ -172,6 +173,9 @@ pub struct PlanEnv<'a> {
     pub rank: u32,
     pub nranks: u32,
     pub caps: &'a Capabilities,
+    /// What runs the work (the communicator's engine's executor): the shape of the programs
+    /// and whether the work runs on a device depend on it.
+    pub executor: Executor,
     pub min_ctas: i32,
     pub max_ctas: i32,
     pub tuner: Option<&'a crate::plugin::tuner::TunerInstance>,
@@ -192,8 +196,9 @@ impl PlanEnv<'_> {
     ) -> Result<T> {
         let backend = comm.backend();
         let caps = backend.capabilities();
+        let executor = comm.engine().executor();
         let resolve = |ptr: DevicePtr, bytes: usize| -> Result<usize> {
-            if !caps.host_addressable {
+            if !executor.cpu_reads_buffers() {
                 return Ok(ptr.0 as usize);
             }
             backend.host_access_or_err("the plan's buffers")?.host_address(ptr, bytes)
@@ -203,6 +208,7 @@ impl PlanEnv<'_> {
             rank: comm.rank_unchecked(),
             nranks: comm.nranks_unchecked(),
             caps,
+            executor,
             min_ctas: config.min_ctas,
             max_ctas: config.max_ctas,
             tuner,
@@ -260,7 +266,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
     };
     let wanted = if channels > 0 { channels as u32 } else { caps.channels_for(proto, bytes, env.nranks) };
     let channels = wanted.clamp(env.min_ctas.max(1) as u32, (env.max_ctas.max(1) as u32).min(caps.max_channels));
-    let most_chunk = max_chunk(caps, proto);
+    let most_chunk = max_chunk(env.executor, caps, proto);
     let mut chunk_bytes = match caps.protocol(proto).chunk_bytes {
         0 => most_chunk,
         c => c.min(most_chunk),
@@ -274,11 +280,11 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
 }
 
 /// The most payload bytes one step of `proto` carries: a slot's worth in the protocol's format
-/// (the protocol's own slot where it has one), a multiple of 16; the host backend's steps
+/// (the protocol's own slot where it has one), a multiple of 16; the host executor's steps
 /// carry bytes as they are.
-pub fn max_chunk(caps: &Capabilities, proto: Protocol) -> usize {
+pub fn max_chunk(executor: Executor, caps: &Capabilities, proto: Protocol) -> usize {
     use rustccl_kernels::exec::{payload_capacity, PROTO_LL, PROTO_LL128, PROTO_SIMPLE};
-    if caps.host_addressable {
+    if !executor.steps_use_protocol_format() {
         return caps.slot_bytes;
     }
     let capacity = match proto {
@@ -365,7 +371,7 @@ pub fn plan(env: &PlanEnv, tasks: &[Task]) -> Result<(Work, bool)> {
 fn plan_chosen(env: &PlanEnv, tasks: &[Task], chosen: &[Option<Choice>]) -> Result<(Work, bool, Vec<TaskPlan>)> {
     debug_assert!(chosen.is_empty() || chosen.len() == tasks.len());
     let (n, rank, caps) = (env.nranks, env.rank, env.caps);
-    let device = !caps.host_addressable;
+    let device = !env.executor.runs_on_host();
     let p2p_chunk = caps.slot_bytes;
     let mut ctxs = Vec::new();
     let mut items: Vec<(ItemKey, Vec<(usize, Step)>)> = Vec::new();
@@ -429,7 +435,7 @@ fn plan_chosen(env: &PlanEnv, tasks: &[Task], chosen: &[Option<Choice>]) -> Resu
                     Protocol::Simple
                 };
                 ctxs[ci].proto = proto;
-                let chunk = if proto == Protocol::Ll { max_chunk(caps, proto) } else { p2p_chunk };
+                let chunk = if proto == Protocol::Ll { max_chunk(env.executor, caps, proto) } else { p2p_chunk };
                 plans.push(TaskPlan { proto: Some(proto), channels: nch, ..planned });
                 for c in 0..nch {
                     let range = program::p2p_range(b, c, nch);
@@ -583,7 +589,7 @@ mod tests {
     use rustccl_plugin_api::CollType;
 
     fn env<'a>(caps: &'a Capabilities, rank: u32, nranks: u32, resolve: &'a dyn Fn(DevicePtr, usize) -> Result<usize>) -> PlanEnv<'a> {
-        PlanEnv { rank, nranks, caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve }
+        PlanEnv { rank, nranks, caps, executor: Executor::of(caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve }
     }
 
     fn task(kind: CollKind, count: usize, op: ReduceOp) -> Task {
@@ -606,7 +612,7 @@ mod tests {
         // A GPU: one channel per 128 KiB up to 32, a chunk in the protocol's slot.
         let c = choose(&env(&gpu, 0, 2, &identity), &big).unwrap();
         assert_eq!(c.channels, 32);
-        assert!(c.chunk_bytes <= max_chunk(&gpu, c.proto));
+        assert!(c.chunk_bytes <= max_chunk(Executor::of(&gpu), &gpu, c.proto));
         let (work, device) = plan(&env(&gpu, 0, 2, &identity), std::slice::from_ref(&big)).unwrap();
         assert!(device);
         assert_eq!(work.items.len(), 32);
@@ -757,7 +763,7 @@ mod p2p_tests {
         let recv = |count: usize| Task { kind: CollKind::Recv { peer: 0 }, send: DevicePtr(0), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
         let gpu = Capabilities::gpu();
         let host = Capabilities::host();
-        let env = |caps, rank| PlanEnv { rank, nranks: 2, caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        let env = |caps, rank| PlanEnv { rank, nranks: 2, caps, executor: Executor::of(caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
         if proto_setting().is_some() {
             return;
         }
@@ -767,7 +773,7 @@ mod p2p_tests {
             let (ws, _) = plan(&env(&gpu, 0), &[send(count)]).unwrap();
             let (wr, _) = plan(&env(&gpu, 1), &[recv(count)]).unwrap();
             assert_eq!((ws.ctxs[0].proto, wr.ctxs[0].proto), (want, want), "{count} floats");
-            let most = max_chunk(&gpu, want);
+            let most = max_chunk(Executor::of(&gpu), &gpu, want);
             assert!(ws.items.iter().chain(&wr.items).flat_map(|i| &i.steps).all(|(_, s)| s.bytes <= most));
         }
         let (w, _) = plan(&env(&host, 0), &[send(1)]).unwrap();
@@ -784,7 +790,7 @@ mod one_rank_tests {
     fn one_rank_is_a_plain_copy_or_nothing_unless_the_op_computes() {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
-        let env = PlanEnv { rank: 0, nranks: 1, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        let env = PlanEnv { rank: 0, nranks: 1, caps: &caps, executor: Executor::of(&caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
         let t = |kind, send, recv, op| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 1000, dtype: DataType::Float32, op, stream: Stream(1), profile: Default::default() };
         // Out of place: one copy, no step.
         let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::Sum)]).unwrap();
@@ -818,7 +824,7 @@ mod one_rank_tests {
     fn a_send_to_self_is_a_copy_unless_another_operation_touches_its_memory() {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
-        let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
+        let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, executor: Executor::of(&caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
         let t = |kind, send, recv| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 256, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
         // An all-to-all's own block, and a send to the peer elsewhere: the self part is a copy.
         let group = [

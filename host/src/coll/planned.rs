@@ -221,7 +221,7 @@ mod tests {
     fn with_env<T>(f: impl FnOnce(&plan::PlanEnv) -> T) -> T {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
-        f(&plan::PlanEnv { rank: 0, nranks: 2, caps: &caps, min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity })
+        f(&plan::PlanEnv { rank: 0, nranks: 2, caps: &caps, executor: crate::exec::executor::Executor::of(&caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity })
     }
 
     /// The planner's work for `task` on rank 0 of 2 on a GPU.

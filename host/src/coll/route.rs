@@ -66,16 +66,9 @@ pub(crate) enum SymWay {
     Cpu,
 }
 
-/// How symmetric collectives run on a backend (from its capabilities).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SymExec {
-    /// Not at all.
-    None,
-    /// Device kernels and copy engines.
-    Kernels,
-    /// CPU loads and stores in the mapped windows.
-    Cpu,
-}
+/// How symmetric collectives run on a communicator: its executor's answer
+/// (`exec::executor::Executor::symmetric`).
+pub(crate) use crate::exec::executor::SymmetricExec as SymExec;
 
 /// What the router knows of a communicator, fixed for its life and the same on every rank.
 #[derive(Clone, Copy, Debug)]

@@ -264,12 +264,13 @@ fn run_init(inner: &Arc<Inner>, ids: &[UniqueId]) {
 /// The board of small collectives and the route rings (`exec::host::board`), where the
 /// communicator has several ranks, all on one host: made here, in one go, so that every rank
 /// has the same board (or none) before its first collective. Every rank decides alike whether
-/// to make it (from what every rank knows: the backend and the peers' hosts). On a backend
-/// whose memory the CPU addresses (the host backend) the regions are its memory and calls may
-/// take the board; on device backends (CUDA, HIP) the regions carry only the route rings, in
-/// host shared memory of a host backend of this communicator's own (`/dev/shm` files, which
-/// every local process maps without a GPU context): the collectives publish their routes
-/// there, and the watchdog reads the peers' while device work waits (`health.rs`).
+/// to make it (from what every rank knows: the backend and the peers' hosts). Where the host
+/// executor runs the work (the host backend) the regions are the backend's memory and calls
+/// may take the board; where the device executor does (CUDA, HIP) the regions carry only the
+/// route rings, in host shared memory of a host backend of this communicator's own
+/// (`/dev/shm` files, which every local process maps without a GPU context): the collectives
+/// publish their routes there, and the watchdog reads the peers' while device work waits
+/// (`health.rs`).
 fn make_board(inner: &Arc<Inner>, bs: &Bootstrap) -> Result<crate::exec::host::board::BoardState> {
     use crate::exec::host::board::{self, BoardState};
     let peers = bs.peers();
@@ -277,8 +278,8 @@ fn make_board(inner: &Arc<Inner>, bs: &Bootstrap) -> Result<crate::exec::host::b
     if inner.nranks < 2 || !one_host {
         return Ok(BoardState::Off);
     }
-    let host_addressable = inner.shared.backend.capabilities().host_addressable;
-    let (backend, device): (Arc<dyn backend::DeviceBackend>, usize) = if host_addressable {
+    let on_host = inner.engine.executor().runs_on_host();
+    let (backend, device): (Arc<dyn backend::DeviceBackend>, usize) = if on_host {
         (Arc::clone(&inner.shared.backend), inner.device.max(0) as usize)
     } else {
         (Arc::new(backend::HostBackend::with_devices(1)), 0)
@@ -296,7 +297,7 @@ fn make_board(inner: &Arc<Inner>, bs: &Bootstrap) -> Result<crate::exec::host::b
         nranks: inner.nranks as usize,
         device,
         backend: &backend,
-        entries: host_addressable,
+        entries: on_host,
         pids: &pids,
         allgather: &allgather,
         check: &check,

@@ -109,8 +109,8 @@ struct Inner {
     /// or never; read without a lock on every collective). Its memory goes with the last
     /// handle of the communicator (its files were unlinked when it was made).
     board: OnceLock<Arc<crate::exec::host::board::Board>>,
-    /// Host backend: whether the symmetric collectives' memory exists (a symmetric window was
-    /// registered), and how many collectives this rank has started.
+    /// Whether the symmetric collectives' memory exists (a symmetric window was registered),
+    /// and how many collectives this rank has started.
     sym_resources: AtomicBool,
     coll_seq: AtomicU64,
     /// The first failure of one of its network connections (set by the proxy): it ends every

@@ -34,7 +34,7 @@ impl Communicator {
                 if let Err(e) = windows.ensure_resources(&x) {
                     tracing::warn!(target: "INIT", "rank {rank}: collectives on symmetric windows will take the usual kernels: {}", e.message);
                 }
-                if self.backend().capabilities().host_addressable && windows.resource_base().is_some() {
+                if windows.resource_base().is_some() {
                     self.inner.sym_resources.store(true, Ordering::Release);
                 }
             }
@@ -48,8 +48,8 @@ impl Communicator {
         self.inner.coll_seq.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Host backend: whether the symmetric collectives' memory exists (a symmetric window was
-    /// registered).
+    /// Whether the symmetric collectives' memory exists (a symmetric window was registered):
+    /// without it no buffer lies in a symmetric window, and a call need not look.
     pub(crate) fn has_symmetric_resources(&self) -> bool {
         self.inner.sym_resources.load(Ordering::Relaxed)
     }
@@ -95,7 +95,7 @@ impl Communicator {
     /// After a failure or an abort: lets streams blocked in a copy-engine collective go on
     /// (`Windows::release_copy_engine_waits`).
     pub(crate) fn release_copy_engine_waits(&self) {
-        if self.backend().capabilities().host_addressable {
+        if !self.engine().executor().uses_copy_engines() {
             return;
         }
         let Ok(device) = self.device() else { return };

@@ -1,9 +1,10 @@
 //! A communicator's engine: what runs its work, kept from call to call — the connections to
 //! its peers and the proxy thread of the network ones, the device executor's state (program
 //! images, the control block, the event of the last launch) with the observer's channels of
-//! launched work, and the planned route's memo ([`super::memo`]). The communicator holds one
-//! (`comm` sits above `exec`) and hands it to coll, which runs work through it; the engine
-//! knows nothing of either.
+//! launched work, the planned route's memo ([`super::memo`]), and the description of its
+//! executor ([`Executor`], made once from the backend's capabilities). The communicator
+//! holds one (`comm` sits above `exec`) and hands it to coll, which runs work through it and
+//! asks its executor where and how work runs; the engine knows nothing of either.
 //!
 //! Two locks, as before the engine existed: one for the connections and the memo (a memo's
 //! entries name connections and go with them), one for the device executor's state (held
@@ -12,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::executor::Executor;
 use super::gpu::ExecState;
 use super::memo::{Entry, Lookup, Memo, MemoKey};
 use super::Links;
@@ -43,6 +45,7 @@ pub(crate) struct DeviceExec {
 pub(crate) struct Engine {
     backend: Arc<dyn DeviceBackend>,
     device: usize,
+    executor: Executor,
     connections: Mutex<Connections>,
     device_exec: Mutex<DeviceExec>,
     /// Called once, when the first device work is handed to the executor: the communicator
@@ -53,7 +56,14 @@ pub(crate) struct Engine {
 impl Engine {
     /// The engine of a communicator on `device` of `backend`.
     pub(crate) fn new(backend: Arc<dyn DeviceBackend>, device: usize, on_first_device_work: Box<dyn Fn() + Send + Sync>) -> Engine {
-        Engine { backend, device, connections: Default::default(), device_exec: Default::default(), on_first_device_work }
+        let executor = Executor::of(backend.capabilities());
+        Engine { backend, device, executor, connections: Default::default(), device_exec: Default::default(), on_first_device_work }
+    }
+
+    /// What runs this communicator's work (made once, from the backend's capabilities): coll
+    /// asks it where and how work runs.
+    pub(crate) fn executor(&self) -> Executor {
+        self.executor
     }
 
     /// The connections, the proxy and the memo, locked.

@@ -1,6 +1,8 @@
 //! Execution: what runs a group's work once the planner made it (`crate::work`) and its
 //! connections exist. Two executors, chosen by what the backend offers
-//! (`Capabilities::host_addressable`), never by which backend it is:
+//! (`Capabilities::host_addressable`), never by which backend it is, and described to coll by
+//! an [`executor::Executor`] (where work runs, how the symmetric collectives run, what the
+//! planner's programs need):
 //! - [`host`]: the calling thread polls FIFOs in shared memory, the board of small
 //!   collectives, single copies and the symmetric collectives' CPU twin (the host backend);
 //! - [`gpu`]: one launch of the collective interpreter per communicator and kernel, through
@@ -14,6 +16,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod engine;
+pub mod executor;
 pub mod gpu;
 pub mod host;
 pub(crate) mod memo;

@@ -34,7 +34,7 @@
 //! `exec::gpu::symmetric::SymPlace`.
 
 
-use super::route::SymWay;
+use super::route::{SymExec, SymWay};
 use super::{CollKind, Task};
 use crate::backend::{DevicePtr, Stream};
 use crate::comm::Communicator;
@@ -55,10 +55,10 @@ pub fn launches() -> u64 {
 }
 
 /// Whether a collective of `count` elements on `comm` may take a symmetric path at all:
-/// the backend has them, they are not turned off, and it is a single blocking call of
+/// its executor runs them, they are not turned off, and it is a single blocking call of
 /// several ranks outside check mode.
 fn eligible(comm: &Communicator, count: usize) -> bool {
-    comm.backend().capabilities().symmetric_kernels
+    comm.engine().executor().symmetric() != SymExec::None
         && count > 0
         && comm.config().blocking
         && !super::check::enabled()
@@ -109,7 +109,7 @@ impl<'c> Placed<'c> {
         let (comm, task) = (self.comm, self.task);
         *self.place.get_or_insert_with(|| {
             // No symmetric window yet: nothing to look up (this runs on every small call).
-            if !comm.has_symmetric_resources() && comm.backend().capabilities().host_addressable {
+            if !comm.has_symmetric_resources() {
                 return None;
             }
             place_of(comm, task, comm.nranks_unchecked() as usize)
@@ -257,7 +257,7 @@ pub(crate) fn try_all_to_all(comm: &Communicator, send: DevicePtr, recv: DeviceP
         return None;
     }
     let seq = comm.collective_number();
-    let prepared = if comm.backend().capabilities().host_addressable {
+    let prepared = if comm.engine().executor().symmetric() == SymExec::Cpu {
         let reducer = crate::reduce::Reducer::new(DataType::Uint8, crate::reduce::DevOp::Sum);
         let proto = rustccl_plugin_api::Protocol::Simple;
         let (src, dst) = (place.send as usize, place.recv as usize);
