@@ -26,7 +26,7 @@ use crate::worker_coll::test_device;
 const COUNT: usize = 100_003;
 const S: Stream = Stream::DEFAULT;
 
-fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
+pub fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
     if cond {
         Ok(())
     } else {
@@ -35,7 +35,7 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
 }
 
 /// A hang is a failure with a message, not a silent timeout of the harness.
-fn hang_guard(rank: i32, what: &'static str, secs: u64) {
+pub fn hang_guard(rank: i32, what: &'static str, secs: u64) {
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(secs));
         println!("ERROR InternalError rank {rank} {what}: still running after {secs} s (hang)");

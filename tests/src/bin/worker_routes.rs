@@ -18,8 +18,6 @@
 //!   non-blocking communicator (the error comes through async_error).
 //!   `RESULT routes-disagree ok <code>`.
 
-use std::time::Duration;
-
 use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
 use rustccl::types::DataType;
 use rustccl::window::{Window, WIN_COLL_SYMMETRIC};
@@ -27,7 +25,7 @@ use rustccl::work::Way;
 use rustccl::{group_end, group_start, CommConfig, Communicator, Error, ReduceOp, ResultCode, UniqueId};
 
 use crate::worker_coll::test_device;
-use crate::worker_nonblocking::{download, expect_eq, poll_done, upload};
+use crate::worker_nonblocking::{check, download, expect_eq, hang_guard, poll_done, upload};
 
 const S: Stream = Stream::DEFAULT;
 /// Elements of the small calls (1 KiB: the board).
@@ -38,22 +36,6 @@ const WIN: usize = 64 << 10;
 const BIG: usize = 1 << 20;
 /// Elements each rank sends to the next.
 const RING: usize = 1000;
-
-fn check(cond: bool, what: impl FnOnce() -> String) -> Result<(), Error> {
-    if cond {
-        Ok(())
-    } else {
-        Err(Error::internal(format!("check failed: {}", what())))
-    }
-}
-
-fn hang_guard(rank: i32, what: &'static str, secs: u64) {
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(secs));
-        println!("ERROR InternalError rank {rank} {what}: still running after {secs} s (hang)");
-        std::process::exit(3);
-    });
-}
 
 /// Rank `r`'s input of `n` elements for call `k`.
 fn input(r: usize, k: usize, n: usize) -> Vec<i32> {
