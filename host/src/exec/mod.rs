@@ -8,8 +8,8 @@
 //! - [`gpu`]: one launch of the collective interpreter per communicator and kernel, through
 //!   the `DeviceBackend` trait (CUDA today, HIP later).
 //!
-//! A communicator's [`engine::Engine`] keeps what they reuse from call to call: the
-//! connections, the device executor's state and the planned route's memo ([`memo`]).
+//! A communicator's `engine::Engine` keeps what they reuse from call to call: the
+//! connections, the device executor's state and the planned route's memo (`memo`).
 //!
 //! Executors know nothing of communicators: what they need from one (its rank, whether to go
 //! on, where to record an error) comes through [`CommSide`].
