@@ -117,7 +117,10 @@ pub fn discover(settings: &IbSettings) -> Result<Discovery, PluginError> {
 }
 
 /// [`discover`] with a loaded library.
-pub fn discover_with(verbs: &'static Verbs, settings: &IbSettings) -> Result<Discovery, PluginError> {
+pub fn discover_with(
+    verbs: &'static Verbs,
+    settings: &IbSettings,
+) -> Result<Discovery, PluginError> {
     let hca = HcaFilter::parse(settings.hca.as_deref());
     let list = DeviceList::get(verbs)?;
     let mut found = Discovery::default();
@@ -126,7 +129,9 @@ pub fn discover_with(verbs: &'static Verbs, settings: &IbSettings) -> Result<Dis
         if !(1..=u8::MAX.into()).any(|p| hca.selects(&name, p)) {
             continue;
         }
-        let opened = dev.open().and_then(|ctx| ctx.query_device().map(|attr| (ctx, attr)));
+        let opened = dev
+            .open()
+            .and_then(|ctx| ctx.query_device().map(|attr| (ctx, attr)));
         let (context, attr) = match opened {
             Ok(pair) => pair,
             Err(e) => {
@@ -141,11 +146,15 @@ pub fn discover_with(verbs: &'static Verbs, settings: &IbSettings) -> Result<Dis
             let port_attr = match context.query_port(port) {
                 Ok(a) => a,
                 Err(e) => {
-                    found.notes.push(format!("{name}:{port} skipped: {}", e.message));
+                    found
+                        .notes
+                        .push(format!("{name}:{port} skipped: {}", e.message));
                     continue;
                 }
             };
-            let Some(link_layer) = LinkLayer::of_usable_port(&port_attr) else { continue };
+            let Some(link_layer) = LinkLayer::of_usable_port(&port_attr) else {
+                continue;
+            };
             let table_len = u32::try_from(port_attr.gid_tbl_len).unwrap_or(0);
             let gid_index = match link_layer {
                 LinkLayer::InfiniBand => 0,
@@ -164,7 +173,9 @@ pub fn discover_with(verbs: &'static Verbs, settings: &IbSettings) -> Result<Dis
             let gid = match context.query_gid(port, gid_index) {
                 Ok(g) => g.raw,
                 Err(e) => {
-                    found.notes.push(format!("{name}:{port} skipped: {}", e.message));
+                    found
+                        .notes
+                        .push(format!("{name}:{port} skipped: {}", e.message));
                     continue;
                 }
             };
@@ -192,12 +203,24 @@ pub fn discover_with(verbs: &'static Verbs, settings: &IbSettings) -> Result<Dis
 fn read_gid_table(context: &Context, port: u8, table_len: u32) -> Vec<GidEntry> {
     (0..table_len)
         .filter_map(|index| match context.query_gid_entry(port, index) {
-            Ok(Some(e)) => Some(GidEntry { index, gid: e.gid.raw, gid_type: GidType::from_verbs(e.gid_type) }),
+            Ok(Some(e)) => Some(GidEntry {
+                index,
+                gid: e.gid.raw,
+                gid_type: GidType::from_verbs(e.gid_type),
+            }),
             Ok(None) => {
                 let gid = context.query_gid(port, index).ok()?.raw;
-                let types = Path::new(SYSFS_INFINIBAND).join(context.name()).join(format!("ports/{port}/gid_attrs/types/{index}"));
-                let gid_type = std::fs::read_to_string(types).ok().and_then(|t| GidType::from_sysfs(&t));
-                Some(GidEntry { index, gid, gid_type })
+                let types = Path::new(SYSFS_INFINIBAND)
+                    .join(context.name())
+                    .join(format!("ports/{port}/gid_attrs/types/{index}"));
+                let gid_type = std::fs::read_to_string(types)
+                    .ok()
+                    .and_then(|t| GidType::from_sysfs(&t));
+                Some(GidEntry {
+                    index,
+                    gid,
+                    gid_type,
+                })
             }
             Err(_) => None,
         })
@@ -209,16 +232,37 @@ mod tests {
     use super::*;
 
     fn port(state: u32, link_layer: u8) -> ibv_port_attr {
-        ibv_port_attr { state, link_layer, ..Default::default() }
+        ibv_port_attr {
+            state,
+            link_layer,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn only_active_ib_and_ethernet_ports_are_devices() {
-        assert_eq!(LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, IBV_LINK_LAYER_INFINIBAND)), Some(LinkLayer::InfiniBand));
-        assert_eq!(LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET)), Some(LinkLayer::Ethernet));
-        assert_eq!(LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, IBV_LINK_LAYER_UNSPECIFIED)), Some(LinkLayer::InfiniBand));
-        assert_eq!(LinkLayer::of_usable_port(&port(1, IBV_LINK_LAYER_INFINIBAND)), None, "DOWN");
-        assert_eq!(LinkLayer::of_usable_port(&port(2, IBV_LINK_LAYER_ETHERNET)), None, "INIT");
+        assert_eq!(
+            LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, IBV_LINK_LAYER_INFINIBAND)),
+            Some(LinkLayer::InfiniBand)
+        );
+        assert_eq!(
+            LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, IBV_LINK_LAYER_ETHERNET)),
+            Some(LinkLayer::Ethernet)
+        );
+        assert_eq!(
+            LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, IBV_LINK_LAYER_UNSPECIFIED)),
+            Some(LinkLayer::InfiniBand)
+        );
+        assert_eq!(
+            LinkLayer::of_usable_port(&port(1, IBV_LINK_LAYER_INFINIBAND)),
+            None,
+            "DOWN"
+        );
+        assert_eq!(
+            LinkLayer::of_usable_port(&port(2, IBV_LINK_LAYER_ETHERNET)),
+            None,
+            "INIT"
+        );
         assert_eq!(LinkLayer::of_usable_port(&port(IBV_PORT_ACTIVE, 7)), None);
     }
 
@@ -242,7 +286,11 @@ mod tests {
 
     #[test]
     fn ib_disable_refuses_before_loading_anything() {
-        let settings = IbSettings { disable: true, library: Some("/nonexistent/x.so".into()), ..Default::default() };
+        let settings = IbSettings {
+            disable: true,
+            library: Some("/nonexistent/x.so".into()),
+            ..Default::default()
+        };
         let e = discover(&settings).unwrap_err();
         assert_eq!(e.code, PluginError::INTERNAL);
         assert!(e.message.starts_with("NCCL_IB_DISABLE is set"), "{e}");

@@ -73,14 +73,30 @@ pub struct AddrRange {
 impl AddrRange {
     /// Parses `addr/len` of `family`; the message says what is wrong.
     pub fn parse(text: &str, family: Family) -> Result<AddrRange, String> {
-        let (addr, len) = text.trim().split_once('/').ok_or("expected address/prefix-length, e.g. 10.0.0.0/16")?;
-        let addr: IpAddr = addr.trim().parse().map_err(|_| format!("{addr:?} is not an IP address"))?;
+        let (addr, len) = text
+            .trim()
+            .split_once('/')
+            .ok_or("expected address/prefix-length, e.g. 10.0.0.0/16")?;
+        let addr: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("{addr:?} is not an IP address"))?;
         let max = match (addr, family) {
             (IpAddr::V4(_), Family::V4) => 32,
             (IpAddr::V6(_), Family::V6) => 128,
-            _ => return Err(format!("{addr} is not of NCCL_IB_ADDR_FAMILY ({})", family_name(family))),
+            _ => {
+                return Err(format!(
+                    "{addr} is not of NCCL_IB_ADDR_FAMILY ({})",
+                    family_name(family)
+                ))
+            }
         };
-        let prefix_len: u8 = len.trim().parse().ok().filter(|&l| l <= max).ok_or_else(|| format!("prefix length {len:?} is not 0 to {max}"))?;
+        let prefix_len: u8 = len
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&l| l <= max)
+            .ok_or_else(|| format!("prefix length {len:?} is not 0 to {max}"))?;
         Ok(AddrRange { addr, prefix_len })
     }
 
@@ -124,7 +140,12 @@ pub struct GidConfig {
 
 impl Default for GidConfig {
     fn default() -> GidConfig {
-        GidConfig { index: None, family: Family::V4, range: None, roce_version: 2 }
+        GidConfig {
+            index: None,
+            family: Family::V4,
+            range: None,
+            roce_version: 2,
+        }
     }
 }
 
@@ -174,7 +195,15 @@ pub fn choose_roce_gid_index(table: &[GidEntry], table_len: u32, config: &GidCon
         return index;
     }
     let entry = |index: u32| {
-        table.iter().find(|e| e.index == index).copied().unwrap_or(GidEntry { index, gid: [0; 16], gid_type: None })
+        table
+            .iter()
+            .find(|e| e.index == index)
+            .copied()
+            .unwrap_or(GidEntry {
+                index,
+                gid: [0; 16],
+                gid_type: None,
+            })
     };
     let mut chosen = entry(0);
     for index in 1..table_len {
@@ -225,7 +254,11 @@ mod tests {
     }
 
     fn e(index: u32, gid: [u8; 16], t: GidType) -> GidEntry {
-        GidEntry { index, gid, gid_type: Some(t) }
+        GidEntry {
+            index,
+            gid,
+            gid_type: Some(t),
+        }
     }
 
     use GidType::{IbOrRoceV1 as V1, RoceV2 as V2};
@@ -244,22 +277,42 @@ mod tests {
 
     #[test]
     fn default_is_ipv4_roce_v2() {
-        assert_eq!(choose_roce_gid_index(&mlx5_table(), 6, &GidConfig::default()), 3);
+        assert_eq!(
+            choose_roce_gid_index(&mlx5_table(), 6, &GidConfig::default()),
+            3
+        );
     }
 
     #[test]
     fn roce_version_and_family_choose_among_entries() {
-        let v1 = GidConfig { roce_version: 1, ..GidConfig::default() };
+        let v1 = GidConfig {
+            roce_version: 1,
+            ..GidConfig::default()
+        };
         assert_eq!(choose_roce_gid_index(&mlx5_table(), 6, &v1), 2);
-        let ipv6 = GidConfig { family: Family::V6, ..GidConfig::default() };
-        assert_eq!(choose_roce_gid_index(&mlx5_table(), 6, &ipv6), 5, "link-local v2 (1) skipped");
-        let ipv6_v1 = GidConfig { family: Family::V6, roce_version: 1, ..GidConfig::default() };
+        let ipv6 = GidConfig {
+            family: Family::V6,
+            ..GidConfig::default()
+        };
+        assert_eq!(
+            choose_roce_gid_index(&mlx5_table(), 6, &ipv6),
+            5,
+            "link-local v2 (1) skipped"
+        );
+        let ipv6_v1 = GidConfig {
+            family: Family::V6,
+            roce_version: 1,
+            ..GidConfig::default()
+        };
         assert_eq!(choose_roce_gid_index(&mlx5_table(), 6, &ipv6_v1), 4);
     }
 
     #[test]
     fn the_user_index_wins() {
-        let cfg = GidConfig { index: Some(1), ..GidConfig::default() };
+        let cfg = GidConfig {
+            index: Some(1),
+            ..GidConfig::default()
+        };
         assert_eq!(choose_roce_gid_index(&mlx5_table(), 6, &cfg), 1);
     }
 
@@ -269,25 +322,54 @@ mod tests {
         table.push(e(6, v4([192, 168, 7, 2]), V1));
         table.push(e(7, v4([192, 168, 7, 2]), V2));
         let range = AddrRange::parse("192.168.0.0/16", Family::V4).unwrap();
-        let cfg = GidConfig { range: Some(range), ..GidConfig::default() };
+        let cfg = GidConfig {
+            range: Some(range),
+            ..GidConfig::default()
+        };
         assert_eq!(choose_roce_gid_index(&table, 8, &cfg), 7);
         let narrow = AddrRange::parse("10.110.0.32/31", Family::V4).unwrap();
-        let cfg = GidConfig { range: Some(narrow), ..GidConfig::default() };
+        let cfg = GidConfig {
+            range: Some(narrow),
+            ..GidConfig::default()
+        };
         assert_eq!(choose_roce_gid_index(&table, 8, &cfg), 3);
         let none = AddrRange::parse("172.16.0.0/12", Family::V4).unwrap();
-        let cfg = GidConfig { range: Some(none), ..GidConfig::default() };
-        assert_eq!(choose_roce_gid_index(&table, 8, &cfg), 0, "nothing fits: index 0 stays");
+        let cfg = GidConfig {
+            range: Some(none),
+            ..GidConfig::default()
+        };
+        assert_eq!(
+            choose_roce_gid_index(&table, 8, &cfg),
+            0,
+            "nothing fits: index 0 stays"
+        );
     }
 
     #[test]
     fn unused_and_link_local_entries_are_skipped() {
         // Only link-local and empty entries of the wanted version: index 0 stays.
-        let table = [e(0, link_local(), V1), e(1, link_local(), V2), e(2, [0; 16], V2)];
+        let table = [
+            e(0, link_local(), V1),
+            e(1, link_local(), V2),
+            e(2, [0; 16], V2),
+        ];
         assert_eq!(choose_roce_gid_index(&table, 3, &GidConfig::default()), 0);
+        // The same for IPv6: link-local v2 (1) and the unused entry (2) are not taken.
+        let ipv6 = GidConfig {
+            family: Family::V6,
+            ..GidConfig::default()
+        };
+        assert_eq!(choose_roce_gid_index(&table, 3, &ipv6), 0);
         // Entries beyond what was read count as unused.
-        assert_eq!(choose_roce_gid_index(&mlx5_table()[..2], 6, &GidConfig::default()), 0);
+        assert_eq!(
+            choose_roce_gid_index(&mlx5_table()[..2], 6, &GidConfig::default()),
+            0
+        );
         // A stand-in with one IPv4 RoCE v2 GID at 0.
-        assert_eq!(choose_roce_gid_index(&[e(0, v4([10, 0, 0, 1]), V2)], 1, &GidConfig::default()), 0);
+        assert_eq!(
+            choose_roce_gid_index(&[e(0, v4([10, 0, 0, 1]), V2)], 1, &GidConfig::default()),
+            0
+        );
         // IPv4 only at v1 and the user wants v2: the first IPv4 entry still beats IPv6.
         let table = [e(0, link_local(), V1), e(1, v4([10, 0, 0, 1]), V1)];
         assert_eq!(choose_roce_gid_index(&table, 2, &GidConfig::default()), 1);
@@ -318,9 +400,15 @@ mod tests {
         assert_eq!(GidType::from_verbs(0), Some(V1));
         assert_eq!(GidType::from_verbs(2), Some(V2));
         assert_eq!(GidType::from_verbs(7), None);
-        assert!(AddrRange::parse("10.0.0.0", Family::V4).unwrap_err().contains("address/prefix-length"));
-        assert!(AddrRange::parse("10.0.0.0/33", Family::V4).unwrap_err().contains("0 to 32"));
-        assert!(AddrRange::parse("fd00::/64", Family::V4).unwrap_err().contains("AF_INET"));
+        assert!(AddrRange::parse("10.0.0.0", Family::V4)
+            .unwrap_err()
+            .contains("address/prefix-length"));
+        assert!(AddrRange::parse("10.0.0.0/33", Family::V4)
+            .unwrap_err()
+            .contains("0 to 32"));
+        assert!(AddrRange::parse("fd00::/64", Family::V4)
+            .unwrap_err()
+            .contains("AF_INET"));
         assert!(AddrRange::parse("fd00::/64", Family::V6).is_ok());
     }
 }

@@ -92,18 +92,28 @@ pub(crate) fn guid_from_verbs(raw: u64) -> u64 {
 /// `NCCL_IBVERBS_LIB`). See the crate documentation.
 pub fn list_devices() -> Result<Vec<IbDeviceInfo>, PluginError> {
     let library = std::env::var("NCCL_IBVERBS_LIB").ok();
-    list_devices_with(verbs::Verbs::get(library.as_deref())?, Path::new(SYSFS_INFINIBAND))
+    list_devices_with(
+        verbs::Verbs::get(library.as_deref())?,
+        Path::new(SYSFS_INFINIBAND),
+    )
 }
 
 /// [`list_devices`] with a loaded library and another sysfs directory for the port details.
-pub fn list_devices_with(lib: &'static verbs::Verbs, sysfs: &Path) -> Result<Vec<IbDeviceInfo>, PluginError> {
+pub fn list_devices_with(
+    lib: &'static verbs::Verbs,
+    sysfs: &Path,
+) -> Result<Vec<IbDeviceInfo>, PluginError> {
     let list = verbs::DeviceList::get(lib)?;
     let devices = list
         .iter()
         .map(|dev| {
             let name = dev.name();
             let guid = Some(dev.guid()).filter(|&g| g != 0);
-            let ports = if name.is_empty() { Vec::new() } else { read_ports(&sysfs.join(&name)) };
+            let ports = if name.is_empty() {
+                Vec::new()
+            } else {
+                read_ports(&sysfs.join(&name))
+            };
             IbDeviceInfo { name, guid, ports }
         })
         .collect();
@@ -174,7 +184,10 @@ mod tests {
             Ok(devices) => {
                 let stand_in = std::env::var_os("NCCL_IBVERBS_LIB").is_some();
                 if !Path::new(SYSFS_INFINIBAND).is_dir() && !stand_in {
-                    assert!(devices.is_empty(), "devices without {SYSFS_INFINIBAND}: {devices:?}");
+                    assert!(
+                        devices.is_empty(),
+                        "devices without {SYSFS_INFINIBAND}: {devices:?}"
+                    );
                 }
                 for d in &devices {
                     assert!(!d.name.is_empty());
@@ -200,13 +213,19 @@ mod tests {
         let settings = IbSettings::default();
         match discover(&settings) {
             Ok(found) => {
-                if !Path::new(SYSFS_INFINIBAND).is_dir() && std::env::var_os("NCCL_IBVERBS_LIB").is_none() {
+                if !Path::new(SYSFS_INFINIBAND).is_dir()
+                    && std::env::var_os("NCCL_IBVERBS_LIB").is_none()
+                {
                     assert!(found.devices.is_empty(), "{found:?}");
                 }
             }
             Err(e) => {
                 assert_eq!(e.code, PluginError::SYSTEM, "{e}");
-                assert!(e.message.starts_with("cannot list RDMA devices (") || e.message.contains("not found ("), "{e}");
+                assert!(
+                    e.message.starts_with("cannot list RDMA devices (")
+                        || e.message.contains("not found ("),
+                    "{e}"
+                );
             }
         }
     }

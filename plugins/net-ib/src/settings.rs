@@ -30,12 +30,18 @@ impl IbSettings {
     /// From `lookup`; a value that does not parse is an `InvalidArgument` error naming the
     /// variable and what it accepts.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<IbSettings, PluginError> {
-        let var = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let var = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let int = |name: &str| -> Result<Option<i64>, PluginError> {
             var(name)
                 .map(|v| {
                     v.parse::<i64>().map_err(|_| {
-                        PluginError::invalid_argument(format!("{name}={v} is not an integer; unset it or give a number"))
+                        PluginError::invalid_argument(format!(
+                            "{name}={v} is not an integer; unset it or give a number"
+                        ))
                     })
                 })
                 .transpose()
@@ -52,8 +58,9 @@ impl IbSettings {
         };
         let range = var("NCCL_IB_ADDR_RANGE")
             .map(|v| {
-                AddrRange::parse(&v, family)
-                    .map_err(|why| PluginError::invalid_argument(format!("NCCL_IB_ADDR_RANGE={v}: {why}")))
+                AddrRange::parse(&v, family).map_err(|why| {
+                    PluginError::invalid_argument(format!("NCCL_IB_ADDR_RANGE={v}: {why}"))
+                })
             })
             .transpose()?;
         let index = match int("NCCL_IB_GID_INDEX")? {
@@ -65,16 +72,19 @@ impl IbSettings {
         let roce_version = match int("NCCL_IB_ROCE_VERSION_NUM")? {
             None => 2,
             Some(v @ (1 | 2)) => v as u32,
-            Some(v) => {
-                return Err(PluginError::invalid_argument(format!(
-                    "NCCL_IB_ROCE_VERSION_NUM={v}: RoCE versions are 1 and 2; set one or unset it (2)"
-                )))
-            }
+            Some(v) => return Err(PluginError::invalid_argument(format!(
+                "NCCL_IB_ROCE_VERSION_NUM={v}: RoCE versions are 1 and 2; set one or unset it (2)"
+            ))),
         };
         Ok(IbSettings {
             disable: int("NCCL_IB_DISABLE")?.is_some_and(|v| v != 0),
             hca: var("NCCL_IB_HCA"),
-            gid: GidConfig { index, family, range, roce_version },
+            gid: GidConfig {
+                index,
+                family,
+                range,
+                roce_version,
+            },
             library: var("NCCL_IBVERBS_LIB"),
         })
     }
@@ -86,7 +96,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn settings(vars: &[(&str, &str)]) -> Result<IbSettings, PluginError> {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         IbSettings::from_lookup(|name| map.get(name).cloned())
     }
 
@@ -94,7 +107,15 @@ mod tests {
     fn defaults_when_unset() {
         let s = settings(&[]).unwrap();
         assert_eq!(s, IbSettings::default());
-        assert_eq!(s.gid, GidConfig { index: None, family: Family::V4, range: None, roce_version: 2 });
+        assert_eq!(
+            s.gid,
+            GidConfig {
+                index: None,
+                family: Family::V4,
+                range: None,
+                roce_version: 2
+            }
+        );
     }
 
     #[test]
@@ -117,16 +138,35 @@ mod tests {
         assert_eq!(s.gid.roce_version, 1);
         assert_eq!(s.library.as_deref(), Some("/opt/double/libibverbs.so.1"));
         assert!(!settings(&[("NCCL_IB_DISABLE", "0")]).unwrap().disable);
-        assert_eq!(settings(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().gid.index, None);
+        assert_eq!(
+            settings(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().gid.index,
+            None
+        );
     }
 
     #[test]
     fn bad_values_are_named() {
         for (var, value, says) in [
-            ("NCCL_IB_DISABLE", "yes", "NCCL_IB_DISABLE=yes is not an integer"),
-            ("NCCL_IB_GID_INDEX", "three", "NCCL_IB_GID_INDEX=three is not an integer"),
-            ("NCCL_IB_ADDR_FAMILY", "AF_UNIX", "NCCL_IB_ADDR_FAMILY=AF_UNIX is neither"),
-            ("NCCL_IB_ADDR_RANGE", "10.0.0.0/40", "NCCL_IB_ADDR_RANGE=10.0.0.0/40: prefix length"),
+            (
+                "NCCL_IB_DISABLE",
+                "yes",
+                "NCCL_IB_DISABLE=yes is not an integer",
+            ),
+            (
+                "NCCL_IB_GID_INDEX",
+                "three",
+                "NCCL_IB_GID_INDEX=three is not an integer",
+            ),
+            (
+                "NCCL_IB_ADDR_FAMILY",
+                "AF_UNIX",
+                "NCCL_IB_ADDR_FAMILY=AF_UNIX is neither",
+            ),
+            (
+                "NCCL_IB_ADDR_RANGE",
+                "10.0.0.0/40",
+                "NCCL_IB_ADDR_RANGE=10.0.0.0/40: prefix length",
+            ),
             ("NCCL_IB_ROCE_VERSION_NUM", "3", "RoCE versions are 1 and 2"),
         ] {
             let e = settings(&[(var, value)]).unwrap_err();

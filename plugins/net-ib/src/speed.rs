@@ -6,7 +6,9 @@
 
 /// Lane rate in Mbit/s by bit of `active_speed` (`active_speed_ex` where the library
 /// reports it): SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR.
-const LANE_MBPS: [u32; 9] = [2_500, 5_000, 10_000, 10_000, 14_000, 25_000, 50_000, 100_000, 200_000];
+const LANE_MBPS: [u32; 9] = [
+    2_500, 5_000, 10_000, 10_000, 14_000, 25_000, 50_000, 100_000, 200_000,
+];
 
 /// Lanes by bit of `active_width`: 1x, 4x, 8x, 12x, 2x.
 const LANES: [u32; 5] = [1, 4, 8, 12, 2];
@@ -43,7 +45,11 @@ mod tests {
 
     #[test]
     fn the_lowest_bit_counts_and_unknown_reads_as_the_last_entry() {
-        assert_eq!(port_speed_mbps(32 | 64, 2 | 1), 25_000, "EDR (not HDR), 1x (not 4x)");
+        assert_eq!(
+            port_speed_mbps(32 | 64, 2 | 1),
+            25_000,
+            "EDR (not HDR), 1x (not 4x)"
+        );
         assert_eq!(port_speed_mbps(0, 0), 200_000 * 2, "no bit: XDR lanes, 2x");
     }
 }

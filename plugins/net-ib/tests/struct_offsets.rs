@@ -134,14 +134,21 @@ fn c_program(checks: &[Check]) -> String {
     for c in checks {
         let f = &c.c_field;
         // `union ibv_gid` is the one union among them.
-        let s = if c.c_struct == "ibv_gid" { "union ibv_gid".to_string() } else { format!("struct {}", c.c_struct) };
+        let s = if c.c_struct == "ibv_gid" {
+            "union ibv_gid".to_string()
+        } else {
+            format!("struct {}", c.c_struct)
+        };
         let value = match (c.relative_to_context, f.as_str()) {
             (false, "sizeof") => format!("sizeof({s})"),
             (false, _) => format!("offsetof({s}, {f})"),
             (true, "sizeof") => format!("sizeof({s}) - offsetof({s}, context)"),
             (true, _) => format!("offsetof({s}, context) - offsetof({s}, {f})"),
         };
-        src.push_str(&format!("  printf(\"{} {f} %zu\\n\", (size_t)({value}));\n", c.c_struct));
+        src.push_str(&format!(
+            "  printf(\"{} {f} %zu\\n\", (size_t)({value}));\n",
+            c.c_struct
+        ));
     }
     src.push_str("  return 0;\n}\n");
     src
@@ -159,8 +166,18 @@ fn rust_layouts_match_verbs_h() {
     let (src, exe) = (dir.join("offsets.c"), dir.join("offsets"));
     std::fs::write(&src, c_program(&checks)).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = Command::new(&cc).arg("-o").arg(&exe).arg(&src).output().unwrap_or_else(|e| panic!("running {cc}: {e}"));
-    assert!(built.status.success(), "{cc} failed on {}:\n{}", src.display(), String::from_utf8_lossy(&built.stderr));
+    let built = Command::new(&cc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
+    assert!(
+        built.status.success(),
+        "{cc} failed on {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&built.stderr)
+    );
     let run = Command::new(&exe).output().unwrap();
     assert!(run.status.success());
     let out = String::from_utf8(run.stdout).unwrap();
@@ -172,9 +189,18 @@ fn rust_layouts_match_verbs_h() {
     for (line, check) in lines.iter().zip(&checks) {
         let c: usize = line.rsplit(' ').next().unwrap().parse().unwrap();
         if c != check.rust {
-            wrong.push(format!("{}.{}: C {c}, Rust {}", check.c_struct, check.c_field, check.rust));
+            wrong.push(format!(
+                "{}.{}: C {c}, Rust {}",
+                check.c_struct, check.c_field, check.rust
+            ));
         }
     }
-    assert!(wrong.is_empty(), "{} of {} layouts differ from {HEADER}:\n{}", wrong.len(), checks.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {} layouts differ from {HEADER}:\n{}",
+        wrong.len(),
+        checks.len(),
+        wrong.join("\n")
+    );
     println!("{} offsets and sizes match {HEADER}", checks.len());
 }

@@ -90,3 +90,80 @@ pub unsafe fn verbs_context_op(
     let op = unsafe { vctx.cast::<u8>().add(op_offset).cast::<*const ()>().read() };
     (!op.is_null()).then_some(vctx.cast_const())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zeroed verbs_context (all pointers null, all ops absent).
+    fn blank() -> Box<verbs_context> {
+        // SAFETY: every field is an integer, a raw pointer or an `Option` of a function
+        // pointer, for all of which zero is a valid value (0, null, None).
+        Box::new(unsafe { std::mem::MaybeUninit::<verbs_context>::zeroed().assume_init() })
+    }
+
+    unsafe extern "C" fn fake_poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+        assert!(n >= 1);
+        // SAFETY: the test passes room for `n` entries and a CQ whose handle it set.
+        unsafe {
+            *wc = ibv_wc {
+                wr_id: 7,
+                byte_len: (*cq).handle,
+                ..Default::default()
+            }
+        };
+        1
+    }
+
+    unsafe extern "C" fn fake_query_port(
+        _: *mut ibv_context,
+        _: u8,
+        _: *mut ibv_port_attr,
+        _: usize,
+    ) -> c_int {
+        0
+    }
+
+    #[test]
+    fn poll_cq_goes_through_the_context_ops_table() {
+        let mut vctx = blank();
+        // SAFETY: all-zero is a valid ibv_cq (pointers, integers, pthread objects' zero state).
+        let mut cq: ibv_cq = unsafe { std::mem::zeroed() };
+        cq.context = &mut vctx.context;
+        cq.handle = 4096;
+        let mut wc = [ibv_wc::default(); 2];
+        // SAFETY: live (fake) CQ and context; room for 2.
+        assert_eq!(
+            unsafe { poll_cq(&mut cq, 2, wc.as_mut_ptr()) },
+            -libc::EOPNOTSUPP,
+            "no provider op"
+        );
+        vctx.context.ops.poll_cq = Some(fake_poll);
+        // SAFETY: as above.
+        assert_eq!(unsafe { poll_cq(&mut cq, 2, wc.as_mut_ptr()) }, 1);
+        assert_eq!((wc[0].wr_id, wc[0].byte_len), (7, 4096));
+    }
+
+    #[test]
+    fn extended_ops_are_found_only_where_the_library_has_them() {
+        let op = std::mem::offset_of!(verbs_context, query_port);
+        let mut vctx = blank();
+        vctx.query_port = Some(fake_query_port);
+        vctx.sz = std::mem::size_of::<verbs_context>();
+        let ctx: *mut ibv_context = &mut vctx.context;
+        // SAFETY (each call): `ctx` is the (fake) context inside `vctx`, alive throughout.
+        assert_eq!(
+            unsafe { verbs_context_op(ctx, op) },
+            None,
+            "old ABI: abi_compat is not the marker"
+        );
+        vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED as *mut std::ffi::c_void;
+        let found = unsafe { verbs_context_op(ctx, op) };
+        assert_eq!(found, Some(&*vctx as *const verbs_context));
+        vctx.sz -= 8; // a library whose verbs_context does not reach query_port
+        assert_eq!(unsafe { verbs_context_op(ctx, op) }, None);
+        vctx.sz += 8;
+        vctx.query_port = None; // a provider without the op
+        assert_eq!(unsafe { verbs_context_op(ctx, op) }, None);
+    }
+}

@@ -75,7 +75,9 @@ pub struct Verbs {
 
 impl std::fmt::Debug for Verbs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Verbs").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("Verbs")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -85,14 +87,19 @@ impl Verbs {
     /// the same error, whatever they pass (as NCCL, which loads it once).
     pub fn get(library: Option<&str>) -> Result<&'static Verbs, PluginError> {
         static LOADED: OnceLock<Result<&'static Verbs, PluginError>> = OnceLock::new();
-        LOADED.get_or_init(|| Verbs::open(library).map(|v| &*Box::leak(Box::new(v)))).clone()
+        LOADED
+            .get_or_init(|| Verbs::open(library).map(|v| &*Box::leak(Box::new(v))))
+            .clone()
     }
 
     /// Loads the library named `library` (`None`: [`DEFAULT_LIBRARY`]) and resolves its
     /// functions, without caching: [`Verbs::get`] is the entry point; this one lets tests
     /// try paths that do not exist.
     pub fn open(library: Option<&str>) -> Result<Verbs, PluginError> {
-        let path = library.map(str::trim).filter(|p| !p.is_empty()).unwrap_or(DEFAULT_LIBRARY);
+        let path = library
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .unwrap_or(DEFAULT_LIBRARY);
         // SAFETY: loading libibverbs runs its initialisers, which only read its config
         // directory and sysfs; RTLD_NOW resolves everything up front, so a broken library
         // fails here rather than at a later call.
@@ -115,40 +122,48 @@ impl Verbs {
                 ))
             })
         };
-        // SAFETY (every transmute below): the pointer is the named libibverbs function,
-        // found under the version whose C prototype the field's type repeats (verbs.h).
+        // SAFETY (every as_fn below): the pointer is the named libibverbs function, found
+        // under the version whose C prototype the field's type repeats (verbs.h).
         unsafe {
             Ok(Verbs {
                 path: path.to_string(),
-                get_device_list: std::mem::transmute(need("ibv_get_device_list")?),
-                free_device_list: std::mem::transmute(need("ibv_free_device_list")?),
-                get_device_name: std::mem::transmute(need("ibv_get_device_name")?),
-                get_device_guid: std::mem::transmute(need("ibv_get_device_guid")?),
-                open_device: std::mem::transmute(need("ibv_open_device")?),
-                close_device: std::mem::transmute(need("ibv_close_device")?),
-                query_device: std::mem::transmute(need("ibv_query_device")?),
-                query_port: std::mem::transmute(need("ibv_query_port")?),
-                query_gid: std::mem::transmute(need("ibv_query_gid")?),
-                alloc_pd: std::mem::transmute(need("ibv_alloc_pd")?),
-                dealloc_pd: std::mem::transmute(need("ibv_dealloc_pd")?),
-                reg_mr: std::mem::transmute(need("ibv_reg_mr")?),
-                dereg_mr: std::mem::transmute(need("ibv_dereg_mr")?),
-                create_cq: std::mem::transmute(need("ibv_create_cq")?),
-                destroy_cq: std::mem::transmute(need("ibv_destroy_cq")?),
-                create_qp: std::mem::transmute(need("ibv_create_qp")?),
-                modify_qp: std::mem::transmute(need("ibv_modify_qp")?),
-                destroy_qp: std::mem::transmute(need("ibv_destroy_qp")?),
-                get_async_event: std::mem::transmute(need("ibv_get_async_event")?),
-                ack_async_event: std::mem::transmute(need("ibv_ack_async_event")?),
-                reg_mr_iova2: lookup(handle, "ibv_reg_mr_iova2", "IBVERBS_1.8")
-                    .map(|p| std::mem::transmute(p)),
+                get_device_list: as_fn(need("ibv_get_device_list")?),
+                free_device_list: as_fn(need("ibv_free_device_list")?),
+                get_device_name: as_fn(need("ibv_get_device_name")?),
+                get_device_guid: as_fn(need("ibv_get_device_guid")?),
+                open_device: as_fn(need("ibv_open_device")?),
+                close_device: as_fn(need("ibv_close_device")?),
+                query_device: as_fn(need("ibv_query_device")?),
+                query_port: as_fn(need("ibv_query_port")?),
+                query_gid: as_fn(need("ibv_query_gid")?),
+                alloc_pd: as_fn(need("ibv_alloc_pd")?),
+                dealloc_pd: as_fn(need("ibv_dealloc_pd")?),
+                reg_mr: as_fn(need("ibv_reg_mr")?),
+                dereg_mr: as_fn(need("ibv_dereg_mr")?),
+                create_cq: as_fn(need("ibv_create_cq")?),
+                destroy_cq: as_fn(need("ibv_destroy_cq")?),
+                create_qp: as_fn(need("ibv_create_qp")?),
+                modify_qp: as_fn(need("ibv_modify_qp")?),
+                destroy_qp: as_fn(need("ibv_destroy_qp")?),
+                get_async_event: as_fn(need("ibv_get_async_event")?),
+                ack_async_event: as_fn(need("ibv_ack_async_event")?),
+                reg_mr_iova2: lookup(handle, "ibv_reg_mr_iova2", "IBVERBS_1.8").map(|p| as_fn(p)),
                 reg_dmabuf_mr: lookup(handle, "ibv_reg_dmabuf_mr", "IBVERBS_1.12")
-                    .map(|p| std::mem::transmute(p)),
-                query_gid_ex: lookup(handle, "_ibv_query_gid_ex", "IBVERBS_1.11")
-                    .map(|p| std::mem::transmute(p)),
+                    .map(|p| as_fn(p)),
+                query_gid_ex: lookup(handle, "_ibv_query_gid_ex", "IBVERBS_1.11").map(|p| as_fn(p)),
             })
         }
     }
+}
+
+/// The function pointer of type `F` at address `p`.
+///
+/// # Safety
+/// `p` is a function whose C prototype `F` (an `unsafe extern "C" fn` type) repeats.
+unsafe fn as_fn<F: Copy>(p: *mut c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: same size (checked), and the caller's promise on the prototype.
+    unsafe { std::mem::transmute_copy(&p) }
 }
 
 /// The error for a library that dlopen refuses: what to install, or what to fix in
@@ -206,7 +221,12 @@ mod tests {
     fn a_missing_library_says_what_to_install() {
         let e = Verbs::open(Some("/nonexistent/rustccl/libibverbs.so.1")).unwrap_err();
         assert_eq!(e.code, PluginError::SYSTEM);
-        assert!(e.message.starts_with("NCCL_IBVERBS_LIB=/nonexistent/rustccl/libibverbs.so.1 cannot be loaded ("), "{e}");
+        assert!(
+            e.message.starts_with(
+                "NCCL_IBVERBS_LIB=/nonexistent/rustccl/libibverbs.so.1 cannot be loaded ("
+            ),
+            "{e}"
+        );
         assert!(e.message.contains("unset it"), "{e}");
 
         let e = not_loadable(false, DEFAULT_LIBRARY, "cannot open shared object file");
@@ -219,7 +239,11 @@ mod tests {
     fn a_library_without_verbs_is_refused_by_name() {
         // libc is loadable but is no libibverbs: the first missing function is named.
         let e = Verbs::open(Some("libc.so.6")).unwrap_err();
-        assert!(e.message.starts_with("libc.so.6 lacks ibv_get_device_list@IBVERBS_1.1"), "{e}");
+        assert!(
+            e.message
+                .starts_with("libc.so.6 lacks ibv_get_device_list@IBVERBS_1.1"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -229,7 +253,10 @@ mod tests {
         match Verbs::open(None) {
             Ok(v) => {
                 assert_eq!(v.path, DEFAULT_LIBRARY);
-                assert!(v.query_gid_ex.is_some() && v.reg_mr_iova2.is_some(), "{v:?}");
+                assert!(
+                    v.query_gid_ex.is_some() && v.reg_mr_iova2.is_some(),
+                    "{v:?}"
+                );
             }
             Err(e) => {
                 assert!(e.message.starts_with("libibverbs.so.1 not found ("), "{e}");

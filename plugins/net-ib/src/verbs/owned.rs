@@ -16,7 +16,9 @@ use super::types::*;
 
 /// The errno of the last failed call, for verbs that return NULL or -1.
 fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// A system error for verb `what` on `device` that failed with errno `err`.
@@ -67,7 +69,11 @@ impl DeviceList {
                 std::io::Error::from_raw_os_error(err)
             )));
         };
-        Ok(DeviceList { verbs, list, len: usize::try_from(n).unwrap_or(0) })
+        Ok(DeviceList {
+            verbs,
+            list,
+            len: usize::try_from(n).unwrap_or(0),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -121,8 +127,13 @@ impl Device<'_> {
         let name = self.name();
         // SAFETY: a device of the live list; returns a context or NULL with errno.
         let ctx = unsafe { (self.list.verbs.open_device)(self.ptr.as_ptr()) };
-        let ptr = NonNull::new(ctx).ok_or_else(|| verbs_error("ibv_open_device", &name, errno()))?;
-        Ok(Arc::new(Context { verbs: self.list.verbs, ptr, name }))
+        let ptr =
+            NonNull::new(ctx).ok_or_else(|| verbs_error("ibv_open_device", &name, errno()))?;
+        Ok(Arc::new(Context {
+            verbs: self.list.verbs,
+            ptr,
+            name,
+        }))
     }
 }
 
@@ -156,7 +167,11 @@ impl Context {
         // SAFETY: all-zero is a valid value of this plain C struct.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context; the library fills `attr`.
-        check(unsafe { (self.verbs.query_device)(self.as_ptr(), &mut attr) }, "ibv_query_device", &self.name)?;
+        check(
+            unsafe { (self.verbs.query_device)(self.as_ptr(), &mut attr) },
+            "ibv_query_device",
+            &self.name,
+        )?;
         Ok(attr)
     }
 
@@ -165,7 +180,11 @@ impl Context {
         let mut attr = ibv_port_attr::default();
         let what = format!("ibv_query_port (port {port})");
         // SAFETY: live context; the compat call fills `attr` up to `flags`.
-        check(unsafe { (self.verbs.query_port)(self.as_ptr(), port, &mut attr) }, &what, &self.name)?;
+        check(
+            unsafe { (self.verbs.query_port)(self.as_ptr(), port, &mut attr) },
+            &what,
+            &self.name,
+        )?;
         Ok(attr)
     }
 
@@ -173,20 +192,40 @@ impl Context {
     pub fn query_gid(&self, port: u8, index: u32) -> Result<ibv_gid, PluginError> {
         let mut gid = ibv_gid::default();
         let what = format!("ibv_query_gid (port {port}, index {index})");
-        let index = c_int::try_from(index).map_err(|_| verbs_error(&what, &self.name, libc::EINVAL))?;
+        let index =
+            c_int::try_from(index).map_err(|_| verbs_error(&what, &self.name, libc::EINVAL))?;
         // SAFETY: live context; the library writes 16 bytes into `gid`.
-        check(unsafe { (self.verbs.query_gid)(self.as_ptr(), port, index, &mut gid) }, &what, &self.name)?;
+        check(
+            unsafe { (self.verbs.query_gid)(self.as_ptr(), port, index, &mut gid) },
+            &what,
+            &self.name,
+        )?;
         Ok(gid)
     }
 
     /// GID `index` of `port` with its type, where the library has `_ibv_query_gid_ex`
     /// (`Ok(None)` when it has not). An unused entry is an error (`ENODATA`).
-    pub fn query_gid_entry(&self, port: u8, index: u32) -> Result<Option<ibv_gid_entry>, PluginError> {
-        let Some(query) = self.verbs.query_gid_ex else { return Ok(None) };
+    pub fn query_gid_entry(
+        &self,
+        port: u8,
+        index: u32,
+    ) -> Result<Option<ibv_gid_entry>, PluginError> {
+        let Some(query) = self.verbs.query_gid_ex else {
+            return Ok(None);
+        };
         let mut entry = ibv_gid_entry::default();
         let what = format!("ibv_query_gid_ex (port {port}, index {index})");
         // SAFETY: live context; `entry` has the size passed, as verbs.h's inline wrapper does.
-        let rc = unsafe { query(self.as_ptr(), port.into(), index, &mut entry, 0, std::mem::size_of::<ibv_gid_entry>()) };
+        let rc = unsafe {
+            query(
+                self.as_ptr(),
+                port.into(),
+                index,
+                &mut entry,
+                0,
+                std::mem::size_of::<ibv_gid_entry>(),
+            )
+        };
         check(rc, &what, &self.name)?;
         Ok(Some(entry))
     }
@@ -194,18 +233,34 @@ impl Context {
     pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<Pd>, PluginError> {
         // SAFETY: live context; returns a PD or NULL with errno.
         let pd = unsafe { (self.verbs.alloc_pd)(self.as_ptr()) };
-        let ptr = NonNull::new(pd).ok_or_else(|| verbs_error("ibv_alloc_pd", &self.name, errno()))?;
-        Ok(Arc::new(Pd { ctx: Arc::clone(self), ptr }))
+        let ptr =
+            NonNull::new(pd).ok_or_else(|| verbs_error("ibv_alloc_pd", &self.name, errno()))?;
+        Ok(Arc::new(Pd {
+            ctx: Arc::clone(self),
+            ptr,
+        }))
     }
 
     /// A CQ of at least `entries` entries, without a completion channel (polled).
     pub fn create_cq(self: &Arc<Self>, entries: u32) -> Result<Arc<Cq>, PluginError> {
         let what = format!("ibv_create_cq ({entries} entries)");
-        let n = c_int::try_from(entries).map_err(|_| verbs_error(&what, &self.name, libc::EINVAL))?;
+        let n =
+            c_int::try_from(entries).map_err(|_| verbs_error(&what, &self.name, libc::EINVAL))?;
         // SAFETY: live context; no channel, vector 0; returns a CQ or NULL with errno.
-        let cq = unsafe { (self.verbs.create_cq)(self.as_ptr(), n, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        let cq = unsafe {
+            (self.verbs.create_cq)(
+                self.as_ptr(),
+                n,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
         let ptr = NonNull::new(cq).ok_or_else(|| verbs_error(&what, &self.name, errno()))?;
-        Ok(Arc::new(Cq { ctx: Arc::clone(self), ptr }))
+        Ok(Arc::new(Cq {
+            ctx: Arc::clone(self),
+            ptr,
+        }))
     }
 
     /// Waits for the device's next asynchronous event (blocks unless the context's
@@ -214,7 +269,11 @@ impl Context {
         // SAFETY: all-zero is a valid value of this plain C struct.
         let mut event: ibv_async_event = unsafe { std::mem::zeroed() };
         // SAFETY: live context; the library fills `event`.
-        check(unsafe { (self.verbs.get_async_event)(self.as_ptr(), &mut event) }, "ibv_get_async_event", &self.name)?;
+        check(
+            unsafe { (self.verbs.get_async_event)(self.as_ptr(), &mut event) },
+            "ibv_get_async_event",
+            &self.name,
+        )?;
         Ok(AsyncEvent { ctx: self, event })
     }
 }
@@ -268,22 +327,46 @@ impl Pd {
     /// # Safety
     /// `addr..addr+len` is memory of this process that stays mapped until the [`Mr`] drops;
     /// the device may read and write it (as `access` allows) meanwhile.
-    pub unsafe fn reg_mr(self: &Arc<Self>, addr: *mut c_void, len: usize, access: c_int) -> Result<Mr, PluginError> {
+    pub unsafe fn reg_mr(
+        self: &Arc<Self>,
+        addr: *mut c_void,
+        len: usize,
+        access: c_int,
+    ) -> Result<Mr, PluginError> {
         let optional = access & !(IBV_ACCESS_RELAXED_ORDERING - 1) != 0;
         let mr = match (optional, self.ctx.verbs.reg_mr_iova2) {
             // SAFETY: live PD; the caller's promise on the range; iova = the address.
-            (true, Some(iova2)) => unsafe { iova2(self.as_ptr(), addr, len, addr as u64, access as u32) },
+            (true, Some(iova2)) => unsafe {
+                iova2(self.as_ptr(), addr, len, addr as u64, access as u32)
+            },
             // SAFETY: as above, without the optional flags the plain export rejects.
-            _ => unsafe { (self.ctx.verbs.reg_mr)(self.as_ptr(), addr, len, access & (IBV_ACCESS_RELAXED_ORDERING - 1)) },
+            _ => unsafe {
+                (self.ctx.verbs.reg_mr)(
+                    self.as_ptr(),
+                    addr,
+                    len,
+                    access & (IBV_ACCESS_RELAXED_ORDERING - 1),
+                )
+            },
         };
         let what = format!("ibv_reg_mr ({len} bytes at {addr:p})");
         let ptr = NonNull::new(mr).ok_or_else(|| verbs_error(&what, self.ctx.name(), errno()))?;
-        Ok(Mr { pd: Arc::clone(self), ptr })
+        Ok(Mr {
+            pd: Arc::clone(self),
+            ptr,
+        })
     }
 
     /// Registers `len` bytes at `offset` of dma-buf `fd`, mapped at `iova`; an error when
     /// the library lacks `ibv_reg_dmabuf_mr` (rdma-core before 34).
-    pub fn reg_dmabuf_mr(self: &Arc<Self>, offset: u64, len: usize, iova: u64, fd: c_int, access: c_int) -> Result<Mr, PluginError> {
+    pub fn reg_dmabuf_mr(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: c_int,
+        access: c_int,
+    ) -> Result<Mr, PluginError> {
         let what = format!("ibv_reg_dmabuf_mr ({len} bytes of dma-buf fd {fd})");
         let Some(reg) = self.ctx.verbs.reg_dmabuf_mr else {
             return Err(PluginError::system(format!(
@@ -295,11 +378,19 @@ impl Pd {
         // access, so no aliasing promise is needed).
         let mr = unsafe { reg(self.as_ptr(), offset, len, iova, fd, access) };
         let ptr = NonNull::new(mr).ok_or_else(|| verbs_error(&what, self.ctx.name(), errno()))?;
-        Ok(Mr { pd: Arc::clone(self), ptr })
+        Ok(Mr {
+            pd: Arc::clone(self),
+            ptr,
+        })
     }
 
     /// An RC QP on `send_cq` / `recv_cq` with `cap`.
-    pub fn create_rc_qp(self: &Arc<Self>, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>, cap: ibv_qp_cap) -> Result<Qp, PluginError> {
+    pub fn create_rc_qp(
+        self: &Arc<Self>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        cap: ibv_qp_cap,
+    ) -> Result<Qp, PluginError> {
         let mut init = ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
             send_cq: send_cq.as_ptr(),
@@ -311,8 +402,13 @@ impl Pd {
         };
         // SAFETY: live PD and CQs of the same context; returns a QP or NULL with errno.
         let qp = unsafe { (self.ctx.verbs.create_qp)(self.as_ptr(), &mut init) };
-        let ptr = NonNull::new(qp).ok_or_else(|| verbs_error("ibv_create_qp (RC)", self.ctx.name(), errno()))?;
-        Ok(Qp { pd: Arc::clone(self), _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)], ptr })
+        let ptr = NonNull::new(qp)
+            .ok_or_else(|| verbs_error("ibv_create_qp (RC)", self.ctx.name(), errno()))?;
+        Ok(Qp {
+            pd: Arc::clone(self),
+            _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
+            ptr,
+        })
     }
 }
 
@@ -421,7 +517,11 @@ impl Qp {
     pub fn modify(&self, attr: &mut ibv_qp_attr, mask: c_int) -> Result<(), PluginError> {
         // SAFETY: live QP; the library reads the fields `mask` names.
         let rc = unsafe { (self.pd.ctx.verbs.modify_qp)(self.as_ptr(), attr, mask) };
-        check(rc, &format!("ibv_modify_qp (to state {})", attr.qp_state), self.device())
+        check(
+            rc,
+            &format!("ibv_modify_qp (to state {})", attr.qp_state),
+            self.device(),
+        )
     }
 
     /// Posts a chain of send work requests.
@@ -432,7 +532,11 @@ impl Qp {
     pub unsafe fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), PluginError> {
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: live QP; the caller's promise on the chain.
-        check(unsafe { inline::post_send(self.as_ptr(), wr, &mut bad) }, "ibv_post_send", self.device())
+        check(
+            unsafe { inline::post_send(self.as_ptr(), wr, &mut bad) },
+            "ibv_post_send",
+            self.device(),
+        )
     }
 
     /// Posts a chain of receive work requests.
@@ -442,7 +546,11 @@ impl Qp {
     pub unsafe fn post_recv(&self, wr: &mut ibv_recv_wr) -> Result<(), PluginError> {
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: live QP; the caller's promise on the chain.
-        check(unsafe { inline::post_recv(self.as_ptr(), wr, &mut bad) }, "ibv_post_recv", self.device())
+        check(
+            unsafe { inline::post_recv(self.as_ptr(), wr, &mut bad) },
+            "ibv_post_recv",
+            self.device(),
+        )
     }
 }
 

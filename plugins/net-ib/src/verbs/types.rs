@@ -56,12 +56,10 @@ pub struct ibv_context_ops {
     pub _compat_query_qp: opaque,
     pub _compat_modify_qp: opaque,
     pub _compat_destroy_qp: opaque,
-    pub post_send: Option<
-        unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int,
-    >,
-    pub post_recv: Option<
-        unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
-    >,
+    pub post_send:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int>,
+    pub post_recv:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
     pub _compat_create_ah: opaque,
     pub _compat_destroy_ah: opaque,
     pub _compat_attach_mcast: opaque,
@@ -92,9 +90,8 @@ pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
 /// [`super::inline::verbs_context_op`].
 #[repr(C)]
 pub struct verbs_context {
-    pub query_port: Option<
-        unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int,
-    >,
+    pub query_port:
+        Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
     pub advise_mr: opaque,
     pub alloc_null_mr: opaque,
     pub read_counters: opaque,
