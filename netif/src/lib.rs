@@ -152,14 +152,35 @@ impl IfnameSpec {
 
     /// Whether the interface called `name` is selected.
     pub fn matches(&self, name: &str) -> bool {
-        let listed = self.names.iter().any(|n| {
-            if self.exact {
-                name == n
-            } else {
-                name.starts_with(n.as_str())
-            }
+        let listed = self.names.iter().any(|n| self.name_matches(n, name));
+        listed != self.exclude
+    }
+
+    /// Whether port `port` of the device called `name` is selected, for the specs that name
+    /// ports (`NCCL_IB_HCA`): an entry `mlx5_0:1` lists port 1 of `mlx5_0` only, an entry
+    /// without a port lists every port. Fields after the port (NCCL's `:rail:plane`) are
+    /// ignored; a port that is not a number lists no port (NCCL reads it as 0, and ports
+    /// count from 1).
+    pub fn matches_port(&self, name: &str, port: u32) -> bool {
+        let listed = self.names.iter().any(|entry| {
+            let mut fields = entry.split(':');
+            let entry_name = fields.next().unwrap_or_default();
+            let port_ok = match fields.next() {
+                None => true,
+                Some(p) => p.trim().parse::<u32>() == Ok(port),
+            };
+            port_ok && self.name_matches(entry_name, name)
         });
         listed != self.exclude
+    }
+
+    /// `name` against one listed name: whole with `=`, else as a prefix.
+    fn name_matches(&self, listed: &str, name: &str) -> bool {
+        if self.exact {
+            name == listed
+        } else {
+            name.starts_with(listed)
+        }
     }
 }
 
@@ -446,6 +467,25 @@ mod tests {
 
         assert!(!IfnameSpec::parse("").matches("eth0"));
         assert!(IfnameSpec::parse("^").matches("eth0"));
+    }
+
+    #[test]
+    fn specs_with_ports_select_ports() {
+        let s = IfnameSpec::parse("mlx5_0:1,mlx5_1");
+        assert!(s.matches_port("mlx5_0", 1) && !s.matches_port("mlx5_0", 2));
+        assert!(s.matches_port("mlx5_1", 1) && s.matches_port("mlx5_1", 2));
+        assert!(s.matches_port("mlx5_10", 1), "a prefix without = matches longer names");
+        assert!(!s.matches_port("mlx4_0", 1));
+
+        let s = IfnameSpec::parse("=mlx5_1:2:0:0");
+        assert!(s.matches_port("mlx5_1", 2) && !s.matches_port("mlx5_1", 1));
+        assert!(!s.matches_port("mlx5_10", 2));
+
+        let s = IfnameSpec::parse("^mlx5_0:2");
+        assert!(s.matches_port("mlx5_0", 1) && !s.matches_port("mlx5_0", 2));
+        assert!(s.matches_port("mlx5_1", 2));
+
+        assert!(!IfnameSpec::parse("mlx5_0:x").matches_port("mlx5_0", 1));
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! The `NCCL_*` variables that decide which devices the transport uses and how, read
+//! through a lookup (name → value) so that the host's parameter resolution (env plugin,
+//! config file) applies, as for the socket plugin.
+
+use rustccl_netif::Family;
+use rustccl_plugin_api::PluginError;
+
+use crate::gid::{AddrRange, GidConfig};
+
+/// What the device choice depends on.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct IbSettings {
+    /// `NCCL_IB_DISABLE` non-zero: the transport reports no device and refuses to start.
+    pub disable: bool,
+    /// `NCCL_IB_HCA`: `[^][=]name[:port],...` (unset: every active port).
+    pub hca: Option<String>,
+    /// `NCCL_IB_GID_INDEX`, `NCCL_IB_ADDR_FAMILY`, `NCCL_IB_ADDR_RANGE`,
+    /// `NCCL_IB_ROCE_VERSION_NUM`.
+    pub gid: GidConfig,
+    /// `NCCL_IBVERBS_LIB`: the libibverbs to load (unset: `libibverbs.so.1`).
+    pub library: Option<String>,
+}
+
+impl IbSettings {
+    /// From the process environment.
+    pub fn from_env() -> Result<IbSettings, PluginError> {
+        IbSettings::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// From `lookup`; a value that does not parse is an `InvalidArgument` error naming the
+    /// variable and what it accepts.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<IbSettings, PluginError> {
+        let var = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let int = |name: &str| -> Result<Option<i64>, PluginError> {
+            var(name)
+                .map(|v| {
+                    v.parse::<i64>().map_err(|_| {
+                        PluginError::invalid_argument(format!(
+                            "{name}={v} is not an integer; unset it or give a number"
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        let family = match var("NCCL_IB_ADDR_FAMILY").as_deref() {
+            None => Family::V4,
+            Some(v) if v.eq_ignore_ascii_case("AF_INET") => Family::V4,
+            Some(v) if v.eq_ignore_ascii_case("AF_INET6") => Family::V6,
+            Some(v) => {
+                return Err(PluginError::invalid_argument(format!(
+                    "NCCL_IB_ADDR_FAMILY={v} is neither AF_INET nor AF_INET6; set one of them or unset it (AF_INET)"
+                )))
+            }
+        };
+        let range = var("NCCL_IB_ADDR_RANGE")
+            .map(|v| {
+                AddrRange::parse(&v, family).map_err(|why| {
+                    PluginError::invalid_argument(format!("NCCL_IB_ADDR_RANGE={v}: {why}"))
+                })
+            })
+            .transpose()?;
+        let index = match int("NCCL_IB_GID_INDEX")? {
+            Some(i) if i >= 0 => Some(u32::try_from(i).map_err(|_| {
+                PluginError::invalid_argument(format!("NCCL_IB_GID_INDEX={i} is too large; GID tables have at most a few hundred entries"))
+            })?),
+            _ => None,
+        };
+        let roce_version = match int("NCCL_IB_ROCE_VERSION_NUM")? {
+            None => 2,
+            Some(v @ (1 | 2)) => v as u32,
+            Some(v) => return Err(PluginError::invalid_argument(format!(
+                "NCCL_IB_ROCE_VERSION_NUM={v}: RoCE versions are 1 and 2; set one or unset it (2)"
+            ))),
+        };
+        Ok(IbSettings {
+            disable: int("NCCL_IB_DISABLE")?.is_some_and(|v| v != 0),
+            hca: var("NCCL_IB_HCA"),
+            gid: GidConfig {
+                index,
+                family,
+                range,
+                roce_version,
+            },
+            library: var("NCCL_IBVERBS_LIB"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(vars: &[(&str, &str)]) -> Result<IbSettings, PluginError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        IbSettings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_when_unset() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s, IbSettings::default());
+        assert_eq!(
+            s.gid,
+            GidConfig {
+                index: None,
+                family: Family::V4,
+                range: None,
+                roce_version: 2
+            }
+        );
+    }
+
+    #[test]
+    fn values_parse() {
+        let s = settings(&[
+            ("NCCL_IB_DISABLE", "1"),
+            ("NCCL_IB_HCA", " ^=mlx5_0:1 "),
+            ("NCCL_IB_GID_INDEX", "3"),
+            ("NCCL_IB_ADDR_FAMILY", "AF_INET6"),
+            ("NCCL_IB_ADDR_RANGE", "fd00::/8"),
+            ("NCCL_IB_ROCE_VERSION_NUM", "1"),
+            ("NCCL_IBVERBS_LIB", "/opt/double/libibverbs.so.1"),
+        ])
+        .unwrap();
+        assert!(s.disable);
+        assert_eq!(s.hca.as_deref(), Some("^=mlx5_0:1"));
+        assert_eq!(s.gid.index, Some(3));
+        assert_eq!(s.gid.family, Family::V6);
+        assert_eq!(s.gid.range.map(|r| r.prefix_len), Some(8));
+        assert_eq!(s.gid.roce_version, 1);
+        assert_eq!(s.library.as_deref(), Some("/opt/double/libibverbs.so.1"));
+        assert!(!settings(&[("NCCL_IB_DISABLE", "0")]).unwrap().disable);
+        assert_eq!(
+            settings(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().gid.index,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (var, value, says) in [
+            (
+                "NCCL_IB_DISABLE",
+                "yes",
+                "NCCL_IB_DISABLE=yes is not an integer",
+            ),
+            (
+                "NCCL_IB_GID_INDEX",
+                "three",
+                "NCCL_IB_GID_INDEX=three is not an integer",
+            ),
+            (
+                "NCCL_IB_ADDR_FAMILY",
+                "AF_UNIX",
+                "NCCL_IB_ADDR_FAMILY=AF_UNIX is neither",
+            ),
+            (
+                "NCCL_IB_ADDR_RANGE",
+                "10.0.0.0/40",
+                "NCCL_IB_ADDR_RANGE=10.0.0.0/40: prefix length",
+            ),
+            ("NCCL_IB_ROCE_VERSION_NUM", "3", "RoCE versions are 1 and 2"),
+        ] {
+            let e = settings(&[(var, value)]).unwrap_err();
+            assert_eq!(e.code, PluginError::INVALID_ARGUMENT, "{e}");
+            assert!(e.message.contains(says), "{var}={value}: {e}");
+        }
+    }
+}
