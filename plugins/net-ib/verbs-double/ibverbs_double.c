@@ -136,7 +136,7 @@ struct dbl_qp {
 
 /* Wire header; payload of `len` bytes follows for WRITE*, SEND*, READ_RESP. Host byte order:
  * both ends run this library on the same kind of machine. */
-enum { M_HELLO = 1, M_WRITE, M_WRITE_IMM, M_SEND, M_SEND_IMM, M_READ, M_ACK, M_READ_RESP };
+enum { M_HELLO = 1, M_WRITE, M_WRITE_IMM, M_SEND, M_SEND_IMM, M_READ, M_ACK, M_READ_RESP, M_BYE };
 struct dbl_msg {
 	uint8_t type;
 	uint8_t status;         /* ACK / READ_RESP: enum ibv_wc_status for the requester */
@@ -917,9 +917,20 @@ static void link_kill(struct dbl_link *l)
 	l->qp = NULL;
 }
 
-/* Every link of q goes; peers see EOF. */
-static void qp_drop_links(struct dbl_qp *q)
+static int link_queue(struct dbl_link *l, const struct dbl_msg *m, const void *payload, size_t n);
+static void link_flush(struct dbl_link *l);
+
+/* Every link of q goes. `graceful` (the application destroyed, reset or errored the QP) tells the
+ * peer first with a BYE: like hardware, the peer's QP then stays as it is and only its next
+ * request fails (IBV_WC_RETRY_EXC_ERR). Without BYE the peer sees a bare EOF, which the double
+ * treats as a dead peer process: its QP goes to ERR and flushes (see link_read). */
+static void qp_drop_links(struct dbl_qp *q, bool graceful)
 {
+	if (graceful && q->link && q->link->fd >= 0 && !q->link->dead) {
+		struct dbl_msg bye = { .type = M_BYE, .src_qpn = q->qp.qp_num };
+		if (link_queue(q->link, &bye, NULL, 0) == 0)
+			link_flush(q->link); /* best effort: if it cannot go now, the peer sees EOF */
+	}
 	for (struct dbl_link *l = G.links; l; l = l->next)
 		if (l->qp == q)
 			link_kill(l);
@@ -929,7 +940,7 @@ static void qp_drop_links(struct dbl_qp *q)
 
 /* The QP enters ERR: outstanding send and receive WRs complete with IBV_WC_WR_FLUSH_ERR (every
  * one, signaled or not), and its link closes, so the peer's QP follows into ERR. */
-static void qp_to_err(struct dbl_qp *q, const char *why)
+static void qp_to_err_how(struct dbl_qp *q, const char *why, bool graceful)
 {
 	if (q->qp.state != IBV_QPS_ERR)
 		dbl_log("QP 0x%x -> ERR: %s", q->qp.qp_num, why);
@@ -952,7 +963,14 @@ static void qp_to_err(struct dbl_qp *q, const char *why)
 	q->rq_tail = NULL;
 	q->rq_count = 0;
 	q->doomed = false;
-	qp_drop_links(q);
+	qp_drop_links(q, graceful);
+}
+
+/* An error the double detected (error answer, EOF, bad local access): no BYE, so the peer's QP
+ * goes to ERR too, as a responder does after a NAK. */
+static void qp_to_err(struct dbl_qp *q, const char *why)
+{
+	qp_to_err_how(q, why, false);
 }
 
 /* Send WRs that were doomed when posted (bad lkey, injected fault, unreachable peer) complete in
@@ -1202,7 +1220,7 @@ static void qp_reset(struct dbl_qp *q)
 	q->sq_count = q->rq_count = 0;
 	q->unreachable = false;
 	q->doomed = false;
-	qp_drop_links(q);
+	qp_drop_links(q, true);
 	memset(&q->attr, 0, sizeof(q->attr));
 }
 
@@ -1251,7 +1269,7 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 	if (next == IBV_QPS_RESET) {
 		qp_reset(q);
 	} else if (next == IBV_QPS_ERR) {
-		qp_to_err(q, "modify_qp(ERR)");
+		qp_to_err_how(q, "modify_qp(ERR)", true);
 	} else {
 		copy_attrs(&q->attr, a, mask);
 		if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
@@ -1355,7 +1373,7 @@ static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 		dbl_log("IBV_DOUBLE_FAIL_AFTER=%ld: WR %ld fails", G.fail_after, G.posted);
 		w->preset = G.fail_status;
 	}
-	if (q->unreachable && w->preset == IBV_WC_SUCCESS)
+	if ((q->unreachable || !q->link) && w->preset == IBV_WC_SUCCESS)
 		w->preset = IBV_WC_RETRY_EXC_ERR;
 	/* Requests behind a doomed one are never sent: answers are matched to the queue in order. */
 	if (q->doomed)
@@ -1623,6 +1641,23 @@ static bool handle_hello(struct dbl_link *l, const struct dbl_msg *m)
 	return true;
 }
 
+/* The peer destroyed (or reset, or errored) its QP. Hardware would not tell us: our requests
+ * would time out after their retries. So outstanding requests fail with IBV_WC_RETRY_EXC_ERR
+ * (QP to ERR), and if none is outstanding the QP stays as it is, its receives still posted, and
+ * the next request fails the same way. */
+static void peer_left(struct dbl_link *l, struct dbl_qp *q)
+{
+	dbl_log("QP 0x%x: peer QP 0x%x is gone (BYE)", q->qp.qp_num, q->attr.dest_qp_num);
+	link_kill(l);
+	if (q->link == l)
+		q->link = NULL;
+	q->unreachable = true;
+	if (q->sq_head) {
+		q->sq_head->preset = IBV_WC_RETRY_EXC_ERR;
+		sq_complete_preset(q);
+	}
+}
+
 /* Handle every complete message buffered on l, in order; stop at one that must wait. */
 static void link_process(struct dbl_link *l)
 {
@@ -1643,6 +1678,10 @@ static void link_process(struct dbl_link *l)
 			continue;
 		}
 		struct dbl_qp *q = l->qp;
+		if (m.type == M_BYE) {
+			peer_left(l, q);
+			return;
+		}
 		if (m.type == M_ACK || m.type == M_READ_RESP) {
 			handle_answer(q, &m, payload);
 		} else {
