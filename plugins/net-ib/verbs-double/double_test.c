@@ -13,6 +13,9 @@
  *              and its next send fails with IBV_WC_RETRY_EXC_ERR.
  *   fail-after IBV_DOUBLE_FAIL_AFTER=1: the second WR fails, the third is flushed.
  *   delay      IBV_DOUBLE_DELAY_US=200000 on the responder: a write completes no sooner.
+ *   rnr        rnr_retry 1 and no receive posted at the peer: IBV_WC_RNR_RETRY_EXC_ERR after
+ *              the retries (2 x min_rnr_timer 20 = 20 ms); with rnr_retry 7 the send waits
+ *              until a receive is posted, then completes.
  * Prints PASS/FAIL per check; exits 0 only if all pass. Every wait is bounded (5 s).
  */
 #define _GNU_SOURCE
@@ -55,6 +58,7 @@ struct side {
 };
 
 static int failures;
+static uint8_t rnr_retry = 7; /* QA's, on the requester; "rnr" mode lowers it */
 
 static void check(int ok, const char *name, const char *fmt, ...)
 {
@@ -182,7 +186,7 @@ static void connect_qps(struct side *s)
 	for (int i = 0; i < NQP; i++) {
 		struct ibv_qp_attr a = {
 			.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn[i],
-			.rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+			.rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 20, /* 10.24 ms */
 			.ah_attr = { .is_global = 1, .port_num = 1,
 				     .grh = { .dgid = s->peer.gid, .sgid_index = (uint8_t)s->gid_index,
 					      .hop_limit = 1 } },
@@ -192,7 +196,8 @@ static void connect_qps(struct side *s)
 						    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
 			die("modify RTR");
 		struct ibv_qp_attr r = { .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
-					 .rnr_retry = 7, .sq_psn = 0, .max_rd_atomic = 1 };
+					 .rnr_retry = i == QA ? rnr_retry : 7, .sq_psn = 0,
+					 .max_rd_atomic = 1 };
 		if (ibv_modify_qp(s->qp[i], &r, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 						    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 						    IBV_QP_MAX_QP_RD_ATOMIC))
@@ -241,9 +246,11 @@ static void server(const char *mode, int rd, int wr)
 	struct side s = { 0 };
 	setup(&s);
 	fill(s.buf + 16384, 1024, 'R');
-	post_recv(&s, QA, 101, 32768, 4096); /* write-with-imm consumes it; no bytes land here */
-	post_recv(&s, QA, 102, 32768, 4096); /* send-with-imm lands here */
-	post_recv(&s, QB, 201, 32768, 64);   /* flushed when B fails */
+	if (!strcmp(mode, "basic")) {
+		post_recv(&s, QA, 101, 32768, 4096); /* write-with-imm consumes it; no bytes here */
+		post_recv(&s, QA, 102, 32768, 4096); /* send-with-imm lands here */
+		post_recv(&s, QB, 201, 32768, 64);   /* flushed when B fails */
+	}
 	xwrite(wr, &s.me, sizeof(s.me));
 	if (xread(rd, &s.peer, sizeof(s.peer)))
 		die("no peer info");
@@ -269,12 +276,15 @@ static void server(const char *mode, int rd, int wr)
 		check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 201 && wc.qp_num == s.me.qpn[QB],
 		      "responder: peer QP in error flushes the posted receive",
 		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		char done = failures ? 'F' : 'P';
+		xwrite(wr, &done, 1);
 	}
-	char done = failures ? 'F' : 'P';
-	xwrite(wr, &done, 1);
 	char cmd;
-	if (xread(rd, &cmd, 1) == 0 && cmd == 'd') {
-		ibv_destroy_qp(s.qp[QE]);
+	while (xread(rd, &cmd, 1) == 0) {
+		if (cmd == 'd')
+			ibv_destroy_qp(s.qp[QE]);
+		if (cmd == 'r')
+			post_recv(&s, QB, 301, 32768, 4096);
 		xwrite(wr, &cmd, 1);
 	}
 	pause(); /* killed by the parent */
@@ -302,6 +312,8 @@ static int run(const char *mode)
 	close(c2p[1]);
 	if (!strcmp(mode, "fail-after"))
 		setenv("IBV_DOUBLE_FAIL_AFTER", "1", 1);
+	if (!strcmp(mode, "rnr"))
+		rnr_retry = 1;
 	struct side s = { 0 };
 	setup(&s);
 	check(s.gid_index == 3, "GID choice: RoCE v2 IPv4 entry, link-local skipped",
@@ -422,6 +434,27 @@ static int run(const char *mode)
 		      w[2].status == IBV_WC_WR_FLUSH_ERR && w[1].wr_id == 2 && w[2].wr_id == 3,
 		      "IBV_DOUBLE_FAIL_AFTER=1: second WR fails, third is flushed",
 		      "statuses %d %d %d", w[0].status, w[1].status, w[2].status);
+	} else if (!strcmp(mode, "rnr")) {
+		double t0 = now_s();
+		post(&s, QA, 1, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		double dt = now_s() - t0;
+		check(wc.status == IBV_WC_RNR_RETRY_EXC_ERR && wc.wr_id == 1 && dt >= 0.02,
+		      "rnr_retry 1, no receive posted: IBV_WC_RNR_RETRY_EXC_ERR after the retries",
+		      "status %d after %.3f s", wc.status, dt);
+		/* rnr_retry 7 (QB): the send waits for the receive posted 300 ms later. */
+		post(&s, QB, 2, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		usleep(300000);
+		int early = ibv_poll_cq(s.cq, 1, &wc);
+		c = 'r';
+		xwrite(p2c[1], &c, 1);
+		if (xread(c2p[0], &c, 1))
+			die("peer did not post its receive");
+		if (!early)
+			wc = wait_wc(&s);
+		check(early == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 2,
+		      "rnr_retry 7: the send waits for the receive, then completes",
+		      "early %d (wr_id %llu status %d)", early, (unsigned long long)wc.wr_id, wc.status);
 	} else if (!strcmp(mode, "delay")) {
 		double t0 = now_s();
 		post(&s, QA, 1, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
@@ -439,8 +472,9 @@ static int run(const char *mode)
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "basic";
-	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay")) {
-		fprintf(stderr, "usage: %s [basic|fail-after|delay]\n", argv[0]);
+	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay") &&
+	    strcmp(mode, "rnr")) {
+		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr]\n", argv[0]);
 		return 2;
 	}
 	alarm(30); /* a hang fails the test */

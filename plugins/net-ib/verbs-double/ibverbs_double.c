@@ -114,6 +114,7 @@ struct dbl_link {
 	struct dbl_qp *qp;      /* NULL: accepted, its HELLO not matched yet */
 	struct dbuf out, in;
 	bool stalled;           /* head message needs a receive WR and none is posted (RNR) */
+	struct timespec stall_since;
 	bool dead;              /* to be closed and freed by the progress thread */
 	struct dbl_link *next;
 };
@@ -140,7 +141,8 @@ enum { M_HELLO = 1, M_WRITE, M_WRITE_IMM, M_SEND, M_SEND_IMM, M_READ, M_ACK, M_R
 struct dbl_msg {
 	uint8_t type;
 	uint8_t status;         /* ACK / READ_RESP: enum ibv_wc_status for the requester */
-	uint16_t reserved;
+	uint8_t rnr_retry;      /* requests: the requester QP's rnr_retry (7 = retry for ever) */
+	uint8_t reserved;
 	uint32_t imm;           /* as posted (already big-endian) */
 	uint32_t rkey;
 	uint32_t len;
@@ -1394,7 +1396,8 @@ static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 
 	/* The request, with the payload gathered now: the double reads the source at post time. */
 	struct dbl_msg m = { .type = (uint8_t)ops[wr->opcode].msg, .len = (uint32_t)total,
-			     .src_qpn = q->qp.qp_num, .dst_qpn = q->attr.dest_qp_num };
+			     .rnr_retry = q->attr.rnr_retry, .src_qpn = q->qp.qp_num,
+			     .dst_qpn = q->attr.dest_qp_num };
 	if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_IMM)
 		m.imm = wr->imm_data;
 	if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
@@ -1659,8 +1662,23 @@ static void peer_left(struct dbl_link *l, struct dbl_qp *q)
 }
 
 /* Handle every complete message buffered on l, in order; stop at one that must wait. */
+static double elapsed_ms(const struct timespec *t0);
+
+/* How long a requester with `rnr_retry` (< 7) keeps retrying against this responder: each retry
+ * waits the responder's min_rnr_timer (IB's encoding: 0 = 655.36 ms, 1..31 = 0.01..491.52 ms). */
+static double rnr_budget_ms(const struct dbl_qp *q, unsigned rnr_retry)
+{
+	static const double timer_ms[32] = {
+		655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28,
+		1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92, 122.88,
+		163.84, 245.76, 327.68, 491.52,
+	};
+	return (rnr_retry + 1) * timer_ms[q->attr.min_rnr_timer & 31];
+}
+
 static void link_process(struct dbl_link *l)
 {
+	bool was_stalled = l->stalled;
 	l->stalled = false;
 	while (!l->dead && dbuf_size(&l->in) >= sizeof(struct dbl_msg)) {
 		struct dbl_msg m;
@@ -1685,7 +1703,7 @@ static void link_process(struct dbl_link *l)
 		if (m.type == M_ACK || m.type == M_READ_RESP) {
 			handle_answer(q, &m, payload);
 		} else {
-			if (G.delay_us) { /* a slow responder: the progress thread only; l is not freed */
+			if (G.delay_us && !was_stalled) { /* a slow responder; l is not freed meanwhile */
 				pthread_mutex_unlock(&G.lock);
 				usleep(G.delay_us);
 				pthread_mutex_lock(&G.lock);
@@ -1694,6 +1712,16 @@ static void link_process(struct dbl_link *l)
 				q = l->qp;
 			}
 			if (!handle_request(l, q, &m, payload)) {
+				/* No receive posted (RNR). rnr_retry 7 waits for ever; fewer retries run
+				 * out and the requester gets IBV_WC_RNR_RETRY_EXC_ERR. */
+				if (!was_stalled) {
+					clock_gettime(CLOCK_MONOTONIC, &l->stall_since);
+				} else if (m.rnr_retry < 7 &&
+					   elapsed_ms(&l->stall_since) > rnr_budget_ms(q, m.rnr_retry)) {
+					answer(l, M_ACK, IBV_WC_RNR_RETRY_EXC_ERR, NULL, 0);
+					l->in.off += need;
+					continue;
+				}
 				l->stalled = true;
 				return;
 			}
