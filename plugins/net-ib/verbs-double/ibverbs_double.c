@@ -976,7 +976,8 @@ static void qp_to_err(struct dbl_qp *q, const char *why)
 }
 
 /* Send WRs that were doomed when posted (bad lkey, injected fault, unreachable peer) complete in
- * order once they reach the head of the send queue; the first moves the QP to ERR. */
+ * order once they reach the head of the send queue; the first moves the QP to ERR. The error is
+ * local, so the peer is told goodbye (its QP stays as it is, as on hardware). */
 static void sq_complete_preset(struct dbl_qp *q)
 {
 	struct dbl_swr *w = q->sq_head;
@@ -989,7 +990,7 @@ static void sq_complete_preset(struct dbl_qp *q)
 	complete(q, q->qp.send_cq, w->wr_id, w->preset, w->opcode, 0, 0, false);
 	enum ibv_wc_status st = w->preset;
 	free(w);
-	qp_to_err(q, ibv_wc_status_str(st));
+	qp_to_err_how(q, ibv_wc_status_str(st), true);
 }
 
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
