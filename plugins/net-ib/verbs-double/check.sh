@@ -44,7 +44,7 @@ wait_listen() {
     local hex; hex=$(printf ':%04X' "$1")
     local in=(); [ -n "${2:-}" ] && in=(ip netns exec "$2")
     for _ in $(seq 100); do
-        "${in[@]}" cat /proc/net/tcp 2>/dev/null | grep -q "$hex [0-9A-F]*:0000 0A" && return 0
+        "${in[@]}" cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | grep -q "$hex [0-9A-F]*:0000 0A" && return 0
         sleep 0.1
     done
     return 1
