@@ -1355,6 +1355,10 @@ static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 		return EINVAL;
 	if (q->sq_count >= (int)q->cap.max_send_wr)
 		return ENOMEM;
+	/* Room for the request first, so that an ENOMEM leaves nothing half posted. */
+	size_t payload = is_read ? 0 : total;
+	if (q->link && dbuf_reserve(&q->link->out, sizeof(struct dbl_msg) + payload))
+		return ENOMEM;
 
 	struct dbl_swr *w = calloc(1, sizeof(*w));
 	if (!w)
@@ -1406,9 +1410,6 @@ static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 		m.rkey = wr->wr.rdma.rkey;
 	}
 	struct dbl_link *l = q->link;
-	size_t payload = is_read ? 0 : total;
-	if (dbuf_reserve(&l->out, sizeof(m) + payload))
-		return ENOMEM;
 	memcpy(l->out.p + l->out.len, &m, sizeof(m));
 	l->out.len += sizeof(m);
 	for (int i = 0; !is_read && i < wr->num_sge; i++) {
@@ -1618,6 +1619,10 @@ static bool handle_hello(struct dbl_link *l, const struct dbl_msg *m)
 	struct dbl_qp *q = m->type == M_HELLO ? qp_by_num(m->dst_qpn) : NULL;
 	if (!q) {
 		dbl_log("HELLO for unknown QP 0x%x: closing", m->dst_qpn);
+		link_kill(l);
+		return false;
+	}
+	if (q->qp.state == IBV_QPS_ERR) {
 		link_kill(l);
 		return false;
 	}
