@@ -13,6 +13,9 @@
  *              and its next send fails with IBV_WC_RETRY_EXC_ERR.
  *   fail-after IBV_DOUBLE_FAIL_AFTER=1: the second WR fails, the third is flushed.
  *   delay      IBV_DOUBLE_DELAY_US=200000 on the responder: a write completes no sooner.
+ *   reorder    IBV_DOUBLE_REORDER=1 on the responder: of two plain writes to the same bytes,
+ *              posted together, the later lands first (so the earlier one's bytes stay), and
+ *              a write-with-imm still finds every earlier write placed at its completion.
  *   rnr        rnr_retry 1 and no receive posted at the peer: IBV_WC_RNR_RETRY_EXC_ERR after
  *              the retries (2 x min_rnr_timer 20 = 20 ms); with rnr_retry 7 the send waits
  *              until a receive is posted, then completes.
@@ -243,9 +246,13 @@ static void server(const char *mode, int rd, int wr)
 {
 	if (!strcmp(mode, "delay"))
 		setenv("IBV_DOUBLE_DELAY_US", "200000", 1);
+	if (!strcmp(mode, "reorder"))
+		setenv("IBV_DOUBLE_REORDER", "1", 1);
 	struct side s = { 0 };
 	setup(&s);
 	fill(s.buf + 16384, 1024, 'R');
+	if (!strcmp(mode, "reorder"))
+		post_recv(&s, QA, 401, 32768, 64);
 	if (!strcmp(mode, "basic")) {
 		post_recv(&s, QA, 101, 32768, 4096); /* write-with-imm consumes it; no bytes here */
 		post_recv(&s, QA, 102, 32768, 4096); /* send-with-imm lands here */
@@ -276,6 +283,21 @@ static void server(const char *mode, int rd, int wr)
 		check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 201 && wc.qp_num == s.me.qpn[QB],
 		      "responder: peer QP in error flushes the posted receive",
 		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		char done = failures ? 'F' : 'P';
+		xwrite(wr, &done, 1);
+	}
+	if (!strcmp(mode, "reorder")) {
+		/* The requester wrote 'x' then 'y' over bytes 0..63, then 'z' to 128..191, then a
+		 * zero-byte write-with-imm: at that completion every write has landed, in reverse. */
+		struct ibv_wc wc = wait_wc(&s);
+		int xs = 0, zs = 0;
+		for (int i = 0; i < 64; i++) {
+			xs += s.buf[i] == 'x';
+			zs += s.buf[128 + i] == 'z';
+		}
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && xs == 64 &&
+		      zs == 64, "IBV_DOUBLE_REORDER=1: later write placed first, all placed at the imm",
+		      "status %d, %d bytes 'x' (64 expected), %d bytes 'z'", wc.status, xs, zs);
 		char done = failures ? 'F' : 'P';
 		xwrite(wr, &done, 1);
 	}
@@ -434,6 +456,34 @@ static int run(const char *mode)
 		      w[2].status == IBV_WC_WR_FLUSH_ERR && w[1].wr_id == 2 && w[2].wr_id == 3,
 		      "IBV_DOUBLE_FAIL_AFTER=1: second WR fails, third is flushed",
 		      "statuses %d %d %d", w[0].status, w[1].status, w[2].status);
+	} else if (!strcmp(mode, "reorder")) {
+		memset(s.buf, 'x', 64);
+		memset(s.buf + 64, 'y', 64);
+		memset(s.buf + 128, 'z', 64);
+		struct ibv_sge sg[4] = {
+			{ (uintptr_t)s.buf, 64, s.mr->lkey }, { (uintptr_t)s.buf + 64, 64, s.mr->lkey },
+			{ (uintptr_t)s.buf + 128, 64, s.mr->lkey }, { 0, 0, 0 },
+		};
+		struct ibv_send_wr w[4], *bad;
+		memset(w, 0, sizeof(w));
+		for (int i = 0; i < 4; i++) {
+			w[i].wr_id = 20 + i;
+			w[i].sg_list = &sg[i];
+			w[i].num_sge = i < 3 ? 1 : 0;
+			w[i].opcode = i < 3 ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_WRITE_WITH_IMM;
+			w[i].wr.rdma.remote_addr = ra + (i == 2 ? 128 : 0);
+			w[i].wr.rdma.rkey = rk;
+			w[i].next = i < 3 ? &w[i + 1] : NULL;
+		}
+		w[3].send_flags = IBV_SEND_SIGNALED;
+		w[3].imm_data = htonl(1);
+		if (ibv_post_send(s.qp[QA], w, &bad))
+			die("post the writes");
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 23, "reorder: the writes complete",
+		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		if (xread(c2p[0], &c, 1) || c != 'P')
+			check(0, "responder checks", "the peer reported failures (see its lines above)");
 	} else if (!strcmp(mode, "rnr")) {
 		double t0 = now_s();
 		post(&s, QA, 1, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
@@ -473,8 +523,8 @@ int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "basic";
 	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay") &&
-	    strcmp(mode, "rnr")) {
-		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr]\n", argv[0]);
+	    strcmp(mode, "rnr") && strcmp(mode, "reorder")) {
+		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder]\n", argv[0]);
 		return 2;
 	}
 	alarm(30); /* a hang fails the test */

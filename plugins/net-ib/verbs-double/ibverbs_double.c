@@ -107,6 +107,15 @@ struct dbuf {
 	size_t off, len, cap;   /* live bytes are p[off .. len) */
 };
 
+/* IBV_DOUBLE_REORDER: a plain RDMA write acknowledged but not yet placed. The target is looked up
+ * again when it is placed, so a region deregistered meanwhile is not written. */
+struct dbl_deferred {
+	struct ibv_pd *pd;
+	uint32_t rkey, len;
+	uint64_t addr;
+	char *bytes;
+};
+
 /* A TCP link. A QP pair shares one link; a QP connected to itself uses a socketpair (two links,
  * both owned by it). Requests go out on qp->link; answers go back on the link a request came in. */
 struct dbl_link {
@@ -115,6 +124,9 @@ struct dbl_link {
 	struct dbuf out, in;
 	bool stalled;           /* head message needs a receive WR and none is posted (RNR) */
 	struct timespec stall_since;
+	struct dbl_deferred *deferred; /* IBV_DOUBLE_REORDER: acknowledged writes not placed yet */
+	int ndeferred;
+	struct timespec deferred_since;
 	bool dead;              /* to be closed and freed by the progress thread */
 	struct dbl_link *next;
 };
@@ -172,6 +184,7 @@ static struct {
 	long posted;            /* send WRs posted so far in this process */
 	enum ibv_wc_status fail_status;
 	unsigned delay_us;      /* IBV_DOUBLE_DELAY_US: responder sleeps this long per request */
+	bool reorder;           /* IBV_DOUBLE_REORDER: plain writes placed late, in reverse order */
 	int connect_timeout_ms; /* IBV_DOUBLE_CONNECT_TIMEOUT_MS */
 	bool verbose;
 } G = { .once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1 };
@@ -283,6 +296,7 @@ static void global_init(void)
 	G.fail_after = env_long("IBV_DOUBLE_FAIL_AFTER", -1);
 	G.fail_status = (enum ibv_wc_status)env_long("IBV_DOUBLE_FAIL_STATUS", IBV_WC_RETRY_EXC_ERR);
 	G.delay_us = (unsigned)env_long("IBV_DOUBLE_DELAY_US", 0);
+	G.reorder = env_long("IBV_DOUBLE_REORDER", 0) != 0;
 	G.connect_timeout_ms = (int)env_long("IBV_DOUBLE_CONNECT_TIMEOUT_MS", 10000);
 	/* A locally administered GUID made from the address: stable, distinct per IP. */
 	G.guid = 0x0200dbff00000000ULL | ntohl(G.ip);
@@ -1521,6 +1535,44 @@ static bool scatter(struct dbl_qp *q, const struct ibv_sge *sge, int num_sge, co
 	return true;
 }
 
+#define DBL_REORDER_MAX 64        /* deferred writes a link holds at most */
+#define DBL_REORDER_WINDOW_MS 2.0 /* and for at most this long */
+
+/* Places the deferred writes of l, the last received first: what adaptive routing may do to
+ * the data of writes that no completion has ordered yet. */
+static void place_deferred(struct dbl_link *l)
+{
+	for (int i = l->ndeferred - 1; i >= 0; i--) {
+		struct dbl_deferred *d = &l->deferred[i];
+		char *t = remote_target(d->pd, d->rkey, d->addr, d->len, IBV_ACCESS_REMOTE_WRITE);
+		if (t)
+			memcpy(t, d->bytes, d->len);
+		free(d->bytes);
+	}
+	free(l->deferred);
+	l->deferred = NULL;
+	l->ndeferred = 0;
+}
+
+static bool defer_write(struct dbl_link *l, struct dbl_qp *q, const struct dbl_msg *m,
+			const char *payload)
+{
+	if (l->ndeferred == DBL_REORDER_MAX)
+		place_deferred(l);
+	if (!l->deferred && !(l->deferred = calloc(DBL_REORDER_MAX, sizeof(*l->deferred))))
+		return false;
+	char *copy = malloc(m->len);
+	if (!copy)
+		return false;
+	memcpy(copy, payload, m->len);
+	if (l->ndeferred == 0)
+		clock_gettime(CLOCK_MONOTONIC, &l->deferred_since);
+	l->deferred[l->ndeferred++] = (struct dbl_deferred){ .pd = q->qp.pd, .rkey = m->rkey,
+							     .len = m->len, .addr = m->addr,
+							     .bytes = copy };
+	return true;
+}
+
 /* A request from the peer (responder side). Returns false if it must wait for a receive WR. */
 static bool handle_request(struct dbl_link *l, struct dbl_qp *q, const struct dbl_msg *m,
 			   const char *payload)
@@ -1532,7 +1584,10 @@ static bool handle_request(struct dbl_link *l, struct dbl_qp *q, const struct db
 		return true;
 	}
 	if (needs_recv && !q->rq_head)
-		return false; /* RNR: the double waits (as rnr_retry=7 retries forever) */
+		return false; /* RNR: link_process decides how long it waits */
+	/* Writes, sends and reads are ordered after every earlier write: deferred ones land now. */
+	if (l->ndeferred && m->type != M_WRITE)
+		place_deferred(l);
 	enum ibv_wc_status st = IBV_WC_SUCCESS;
 	int need = 0;
 	if (m->type == M_WRITE || m->type == M_WRITE_IMM)
@@ -1556,7 +1611,9 @@ static bool handle_request(struct dbl_link *l, struct dbl_qp *q, const struct db
 	switch (m->type) {
 	case M_WRITE:
 	case M_WRITE_IMM:
-		if (m->len)
+		if (G.reorder && m->type == M_WRITE && m->len && defer_write(l, q, m, payload))
+			;
+		else if (m->len)
 			memcpy(target, payload, m->len);
 		if (m->type == M_WRITE_IMM) {
 			struct dbl_rwr *r = rq_pop(q);
@@ -1752,6 +1809,7 @@ static void link_read(struct dbl_link *l)
 			break;
 		/* EOF or reset: the peer process or its QP is gone. */
 		link_process(l); /* what arrived before the EOF still counts */
+		place_deferred(l);
 		if (l->qp)
 			qp_to_err(l->qp, r == 0 ? "peer closed the link (EOF)" : "link error");
 		link_kill(l);
@@ -1782,6 +1840,7 @@ static void *progress_main(void *arg)
 				*pp = l->next;
 				if (l->fd >= 0)
 					close(l->fd);
+				place_deferred(l);
 				dbuf_free(&l->in);
 				dbuf_free(&l->out);
 				free(l);
@@ -1805,7 +1864,9 @@ static void *progress_main(void *arg)
 		pfd[0] = (struct pollfd){ .fd = G.wake[0], .events = POLLIN };
 		pfd[1] = (struct pollfd){ .fd = G.listen_fd, .events = POLLIN };
 		n = 2;
+		bool any_deferred = false;
 		for (struct dbl_link *l = G.links; l; l = l->next) {
+			any_deferred |= l->ndeferred > 0;
 			if (l->fd < 0)
 				continue;
 			/* A stalled link is not read (flow control) but its EOF is still seen. */
@@ -1816,7 +1877,7 @@ static void *progress_main(void *arg)
 			who[n++] = l;
 		}
 		pthread_mutex_unlock(&G.lock);
-		poll(pfd, n, 100);
+		poll(pfd, n, any_deferred ? 1 : 100);
 		pthread_mutex_lock(&G.lock);
 		if (pfd[0].revents) {
 			char buf[256];
@@ -1839,6 +1900,10 @@ static void *progress_main(void *arg)
 			if (!l->dead && (pfd[i].revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)))
 				link_read(l);
 		}
+		/* Deferred writes land at the latest DBL_REORDER_WINDOW_MS after the first. */
+		for (struct dbl_link *l = G.links; l; l = l->next)
+			if (l->ndeferred && elapsed_ms(&l->deferred_since) >= DBL_REORDER_WINDOW_MS)
+				place_deferred(l);
 		/* Retry what waited: stalled links (a receive may have been posted) and HELLOs whose
 		 * QP has reached RTR since. */
 		for (struct dbl_link *l = G.links; l; l = l->next)
