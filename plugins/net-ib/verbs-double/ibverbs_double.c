@@ -59,7 +59,7 @@ int ibv_query_gid_type(struct ibv_context *ctx, uint8_t port_num, unsigned int i
 /* ------------------------------------------------------------------------------------------ */
 
 #define DBL_GID_COUNT 4        /* fe80 v1, fe80 v2, ::ffff:ip v1, ::ffff:ip v2 (mlx5's order) */
-#define DBL_MAX_QPS 65536      /* QPN low 16 bits: a slot; high 8 bits: the listener's port offset */
+#define DBL_MAX_QPS 65536      /* QPN: listener port offset << 16 | slot */
 #define DBL_PORT_TRIES 256     /* listeners take base .. base+255 */
 #define DBL_MAX_INLINE 512
 #define DBL_MAX_SGE 16
@@ -1503,7 +1503,8 @@ static struct dbl_rwr *rq_pop(struct dbl_qp *q)
 	return r;
 }
 
-static void answer(struct dbl_link *l, uint8_t type, enum ibv_wc_status st, const void *p, uint32_t n)
+static void answer(struct dbl_link *l, uint8_t type, enum ibv_wc_status st, const void *p,
+		   uint32_t n)
 {
 	struct dbl_msg a = { .type = type, .status = (uint8_t)st, .len = n };
 	if (link_queue(l, &a, p, n) == 0)

@@ -216,7 +216,10 @@ bool verbs_allow_disassociate_destroy;
 
 /* Provider constructors call these two at load time: accept and ignore. */
 void verbs_register_driver_34(const void *ops) { (void)ops; }
-void __verbs_log(void *ctx, unsigned int level, const char *fmt, ...) { (void)ctx; (void)level; (void)fmt; }
+void __verbs_log(void *ctx, unsigned int level, const char *fmt, ...)
+{
+	(void)ctx; (void)level; (void)fmt;
+}
 
 #define PROVIDER_ONLY(name)                                                                        \
 	void name(void);                                                                           \
