@@ -1,0 +1,534 @@
+/*
+ * double_test.c - checks the verbs double with a program written for real verbs.
+ *
+ * Built against the system's <infiniband/verbs.h> and libibverbs; run with
+ * LD_LIBRARY_PATH=<dir of the double>. Two processes (this one and a forked child) each open the
+ * device, connect RC QPs to each other (QPN/GID/rkey exchanged over pipes, as a real program does
+ * over its own socket) and check:
+ *   basic      write-with-imm (receiver's opcode, imm, byte_len, data), RDMA read, send-with-imm
+ *              inline, an unsignaled write (no completion), a bad rkey -> IBV_WC_REM_ACCESS_ERR
+ *              then flush, out-of-bounds -> IBV_WC_REM_ACCESS_ERR, the peer killed with work
+ *              outstanding -> IBV_WC_WR_FLUSH_ERR for every WR, within a bound; the peer
+ *              destroying its QP -> ours stays RTS with its receive posted (as on hardware)
+ *              and its next send fails with IBV_WC_RETRY_EXC_ERR.
+ *   fail-after IBV_DOUBLE_FAIL_AFTER=1: the second WR fails, the third is flushed.
+ *   delay      IBV_DOUBLE_DELAY_US=200000 on the responder: a write completes no sooner.
+ *   reorder    IBV_DOUBLE_REORDER=1 on the responder: of two plain writes to the same bytes,
+ *              posted together, the later lands first (so the earlier one's bytes stay), and
+ *              a write-with-imm still finds every earlier write placed at its completion.
+ *   rnr        rnr_retry 1 and no receive posted at the peer: IBV_WC_RNR_RETRY_EXC_ERR after
+ *              the retries (2 x min_rnr_timer 20 = 20 ms); with rnr_retry 7 the send waits
+ *              until a receive is posted, then completes.
+ * Prints PASS/FAIL per check; exits 0 only if all pass. Every wait is bounded (5 s).
+ */
+#define _GNU_SOURCE
+#include <infiniband/verbs.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BUF_SIZE (64 * 1024)
+#define NQP 5 /* A: data, B: bad rkey, C: out of bounds, D: peer killed, E: peer destroys its QP */
+enum { QA, QB, QC, QD, QE };
+#define WAIT_MS 5000
+
+struct info {
+	uint32_t qpn[NQP];
+	uint32_t rkey;
+	uint64_t addr;
+	union ibv_gid gid;
+};
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	char *buf;
+	struct ibv_qp *qp[NQP];
+	int gid_index;
+	struct info me, peer;
+};
+
+static int failures;
+static uint8_t rnr_retry = 7; /* QA's, on the requester; "rnr" mode lowers it */
+
+static void check(int ok, const char *name, const char *fmt, ...)
+{
+	if (ok) {
+		printf("PASS %s\n", name);
+	} else {
+		va_list ap;
+		va_start(ap, fmt);
+		printf("FAIL %s: ", name);
+		vprintf(fmt, ap);
+		printf("\n");
+		va_end(ap);
+		failures++;
+	}
+	fflush(stdout);
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "double_test[%d]: %s: %s\n", (int)getpid(), what, strerror(errno));
+	exit(2);
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* One completion, or status -1 after WAIT_MS. */
+static struct ibv_wc wait_wc(struct side *s)
+{
+	struct ibv_wc wc;
+	double end = now_s() + WAIT_MS / 1e3;
+	while (now_s() < end) {
+		int n = ibv_poll_cq(s->cq, 1, &wc);
+		if (n < 0)
+			die("ibv_poll_cq");
+		if (n == 1)
+			return wc;
+		usleep(100);
+	}
+	memset(&wc, 0, sizeof(wc));
+	wc.status = (enum ibv_wc_status) - 1;
+	return wc;
+}
+
+static void xwrite(int fd, const void *p, size_t n)
+{
+	if (write(fd, p, n) != (ssize_t)n)
+		die("pipe write");
+}
+
+static int xread(int fd, void *p, size_t n)
+{
+	struct pollfd pf = { .fd = fd, .events = POLLIN };
+	if (poll(&pf, 1, WAIT_MS) != 1)
+		return -1;
+	return read(fd, p, n) == (ssize_t)n ? 0 : -1;
+}
+
+/* GID choice as NCCL makes it: RoCE v2, IPv4-mapped, link-local entries skipped. */
+static int choose_gid(struct ibv_context *ctx)
+{
+	struct ibv_port_attr pa;
+	if (ibv_query_port(ctx, 1, &pa))
+		die("ibv_query_port");
+	for (int i = 0; i < pa.gid_tbl_len; i++) {
+		struct ibv_gid_entry e;
+		if (ibv_query_gid_ex(ctx, 1, (uint32_t)i, &e, 0))
+			continue;
+		int v4 = e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff;
+		int link_local = e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80;
+		if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && v4 && !link_local)
+			return i;
+	}
+	return -1;
+}
+
+static void setup(struct side *s)
+{
+	int n;
+	struct ibv_device **devs = ibv_get_device_list(&n);
+	if (!devs || n < 1)
+		die("no verbs device (is LD_LIBRARY_PATH set to the double?)");
+	s->ctx = ibv_open_device(devs[0]);
+	ibv_free_device_list(devs);
+	if (!s->ctx)
+		die("ibv_open_device");
+	s->gid_index = choose_gid(s->ctx);
+	if (s->gid_index < 0 || ibv_query_gid(s->ctx, 1, s->gid_index, &s->me.gid))
+		die("no RoCE v2 IPv4 GID");
+	s->pd = ibv_alloc_pd(s->ctx);
+	s->cq = ibv_create_cq(s->ctx, 256, NULL, NULL, 0);
+	if (posix_memalign((void **)&s->buf, 4096, BUF_SIZE))
+		die("posix_memalign");
+	memset(s->buf, 0, BUF_SIZE);
+	s->mr = ibv_reg_mr(s->pd, s->buf, BUF_SIZE,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	if (!s->pd || !s->cq || !s->mr)
+		die("pd/cq/mr");
+	s->me.rkey = s->mr->rkey;
+	s->me.addr = (uintptr_t)s->buf;
+	for (int i = 0; i < NQP; i++) {
+		struct ibv_qp_init_attr ia = {
+			.send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+				 .max_recv_sge = 1, .max_inline_data = 128 },
+		};
+		s->qp[i] = ibv_create_qp(s->pd, &ia);
+		if (!s->qp[i])
+			die("ibv_create_qp");
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+					 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+		if (ibv_modify_qp(s->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						    IBV_QP_ACCESS_FLAGS))
+			die("modify INIT");
+		s->me.qpn[i] = s->qp[i]->qp_num;
+	}
+}
+
+static void connect_qps(struct side *s)
+{
+	for (int i = 0; i < NQP; i++) {
+		struct ibv_qp_attr a = {
+			.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn[i],
+			.rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 20, /* 10.24 ms */
+			.ah_attr = { .is_global = 1, .port_num = 1,
+				     .grh = { .dgid = s->peer.gid, .sgid_index = (uint8_t)s->gid_index,
+					      .hop_limit = 1 } },
+		};
+		if (ibv_modify_qp(s->qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+						    IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+			die("modify RTR");
+		struct ibv_qp_attr r = { .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+					 .rnr_retry = i == QA ? rnr_retry : 7, .sq_psn = 0,
+					 .max_rd_atomic = 1 };
+		if (ibv_modify_qp(s->qp[i], &r, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+						    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+						    IBV_QP_MAX_QP_RD_ATOMIC))
+			die("modify RTS");
+	}
+}
+
+static int post_recv(struct side *s, int q, uint64_t id, uint32_t off, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)s->buf + off, .length = len, .lkey = s->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	return ibv_post_recv(s->qp[q], &wr, &bad);
+}
+
+static int post(struct side *s, int q, uint64_t id, enum ibv_wr_opcode op, uint32_t off,
+		uint32_t len, uint64_t raddr, uint32_t rkey, uint32_t imm, unsigned flags)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)s->buf + off, .length = len, .lkey = s->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				  .send_flags = flags, .imm_data = imm }, *bad;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(s->qp[q], &wr, &bad);
+}
+
+static void fill(char *p, size_t n, int seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (char)(seed + i * 7);
+}
+
+static int same(const char *p, size_t n, int seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (char)(seed + i * 7))
+			return 0;
+	return 1;
+}
+
+/* ---- the peer (child): posts receives, reports what it saw, then waits to be killed ---- */
+
+static void server(const char *mode, int rd, int wr)
+{
+	if (!strcmp(mode, "delay"))
+		setenv("IBV_DOUBLE_DELAY_US", "200000", 1);
+	if (!strcmp(mode, "reorder"))
+		setenv("IBV_DOUBLE_REORDER", "1", 1);
+	struct side s = { 0 };
+	setup(&s);
+	fill(s.buf + 16384, 1024, 'R');
+	if (!strcmp(mode, "reorder"))
+		post_recv(&s, QA, 401, 32768, 64);
+	if (!strcmp(mode, "basic")) {
+		post_recv(&s, QA, 101, 32768, 4096); /* write-with-imm consumes it; no bytes here */
+		post_recv(&s, QA, 102, 32768, 4096); /* send-with-imm lands here */
+		post_recv(&s, QB, 201, 32768, 64);   /* flushed when B fails */
+	}
+	xwrite(wr, &s.me, sizeof(s.me));
+	if (xread(rd, &s.peer, sizeof(s.peer)))
+		die("no peer info");
+	connect_qps(&s);
+	char ready = 'r';
+	xwrite(wr, &ready, 1);
+	if (!strcmp(mode, "basic")) {
+		struct ibv_wc wc = wait_wc(&s);
+		int ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+			 wc.wr_id == 101 && wc.byte_len == 4096 && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+			 ntohl(wc.imm_data) == 0x1234 && wc.qp_num == s.me.qpn[QA] && same(s.buf, 4096, 'W');
+		check(ok, "responder: write-with-imm completion and data", "status %d opcode %d wr_id %llu "
+		      "byte_len %u imm 0x%x", wc.status, wc.opcode, (unsigned long long)wc.wr_id,
+		      wc.byte_len, ntohl(wc.imm_data));
+		wc = wait_wc(&s);
+		ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.wr_id == 102 &&
+		     wc.byte_len == 100 && (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 7 &&
+		     same(s.buf + 32768, 100, 'S');
+		check(ok, "responder: send-with-imm inline lands in the receive buffer",
+		      "status %d opcode %d wr_id %llu byte_len %u", wc.status, wc.opcode,
+		      (unsigned long long)wc.wr_id, wc.byte_len);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 201 && wc.qp_num == s.me.qpn[QB],
+		      "responder: peer QP in error flushes the posted receive",
+		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		char done = failures ? 'F' : 'P';
+		xwrite(wr, &done, 1);
+	}
+	if (!strcmp(mode, "reorder")) {
+		/* The requester wrote 'x' then 'y' over bytes 0..63, then 'z' to 128..191, then a
+		 * zero-byte write-with-imm: at that completion every write has landed, in reverse. */
+		struct ibv_wc wc = wait_wc(&s);
+		int xs = 0, zs = 0;
+		for (int i = 0; i < 64; i++) {
+			xs += s.buf[i] == 'x';
+			zs += s.buf[128 + i] == 'z';
+		}
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && xs == 64 &&
+		      zs == 64, "IBV_DOUBLE_REORDER=1: later write placed first, all placed at the imm",
+		      "status %d, %d bytes 'x' (64 expected), %d bytes 'z'", wc.status, xs, zs);
+		char done = failures ? 'F' : 'P';
+		xwrite(wr, &done, 1);
+	}
+	char cmd;
+	while (xread(rd, &cmd, 1) == 0) {
+		if (cmd == 'd')
+			ibv_destroy_qp(s.qp[QE]);
+		if (cmd == 'r')
+			post_recv(&s, QB, 301, 32768, 4096);
+		xwrite(wr, &cmd, 1);
+	}
+	pause(); /* killed by the parent */
+	exit(0);
+}
+
+/* ---- the requester (parent) ---- */
+
+static int run(const char *mode)
+{
+	int p2c[2], c2p[2];
+	if (pipe(p2c) || pipe(c2p))
+		die("pipe");
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+		alarm(30);
+		close(p2c[1]);
+		close(c2p[0]);
+		server(mode, p2c[0], c2p[1]);
+	}
+	close(p2c[0]);
+	close(c2p[1]);
+	if (!strcmp(mode, "fail-after"))
+		setenv("IBV_DOUBLE_FAIL_AFTER", "1", 1);
+	if (!strcmp(mode, "rnr"))
+		rnr_retry = 1;
+	struct side s = { 0 };
+	setup(&s);
+	check(s.gid_index == 3, "GID choice: RoCE v2 IPv4 entry, link-local skipped",
+	      "chose index %d", s.gid_index);
+	if (xread(c2p[0], &s.peer, sizeof(s.peer)))
+		die("no peer info");
+	xwrite(p2c[1], &s.me, sizeof(s.me));
+	connect_qps(&s);
+	char c;
+	if (xread(c2p[0], &c, 1))
+		die("peer not ready");
+	struct ibv_wc wc;
+	uint64_t ra = s.peer.addr;
+	uint32_t rk = s.peer.rkey;
+
+	if (!strcmp(mode, "basic")) {
+		fill(s.buf, 4096, 'W');
+		post(&s, QA, 1, IBV_WR_RDMA_WRITE_WITH_IMM, 0, 4096, ra, rk, htonl(0x1234), IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE && wc.wr_id == 1,
+		      "requester: write-with-imm completes", "status %d opcode %d", wc.status, wc.opcode);
+
+		post(&s, QA, 2, IBV_WR_RDMA_READ, 8192, 1024, ra + 16384, rk, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.wr_id == 2 &&
+		      wc.byte_len == 1024 && same(s.buf + 8192, 1024, 'R'),
+		      "requester: RDMA read brings the peer's bytes", "status %d opcode %d byte_len %u",
+		      wc.status, wc.opcode, wc.byte_len);
+
+		fill(s.buf + 12288, 100, 'S');
+		post(&s, QA, 3, IBV_WR_SEND_WITH_IMM, 12288, 100, 0, 0, htonl(7),
+		     IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND && wc.wr_id == 3,
+		      "requester: send-with-imm inline completes", "status %d opcode %d", wc.status, wc.opcode);
+
+		/* Unsignaled then signaled: one completion, and the unsignaled write landed. */
+		fill(s.buf + 20480, 512, 'U');
+		post(&s, QA, 4, IBV_WR_RDMA_WRITE, 20480, 512, ra + 40960, rk, 0, 0);
+		post(&s, QA, 5, IBV_WR_RDMA_READ, 24576, 512, ra + 40960, rk, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		struct ibv_wc extra;
+		int more = ibv_poll_cq(s.cq, 1, &extra);
+		check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 5 && more == 0 &&
+		      same(s.buf + 24576, 512, 'U'), "requester: unsignaled write gives no completion",
+		      "first wr_id %llu status %d, %d more", (unsigned long long)wc.wr_id, wc.status, more);
+
+		post(&s, QB, 6, IBV_WR_RDMA_WRITE, 0, 64, ra, rk ^ 0x5a5a00, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 6 && wc.qp_num == s.me.qpn[QB],
+		      "requester: bad rkey gives IBV_WC_REM_ACCESS_ERR", "status %d (%s)", wc.status,
+		      ibv_wc_status_str(wc.status));
+		post(&s, QB, 7, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 7,
+		      "requester: QP in ERR after the access error flushes new work", "status %d", wc.status);
+
+		post(&s, QC, 8, IBV_WR_RDMA_WRITE, 0, 4096, ra + BUF_SIZE - 1024, rk, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 8,
+		      "requester: write past the region's end gives IBV_WC_REM_ACCESS_ERR", "status %d",
+		      wc.status);
+
+		if (xread(c2p[0], &c, 1) || c != 'P')
+			check(0, "responder checks", "the peer reported failures (see its lines above)");
+
+		/* The peer destroys QP E: hardware tells nothing, so E stays RTS with its receive still
+		 * posted, and its next send fails after the (here immediate) retries. */
+		post_recv(&s, QE, 11, 49152, 64);
+		c = 'd';
+		xwrite(p2c[1], &c, 1);
+		if (xread(c2p[0], &c, 1))
+			die("peer did not destroy its QP");
+		usleep(100000);
+		struct ibv_qp_attr qa;
+		struct ibv_qp_init_attr qia;
+		ibv_query_qp(s.qp[QE], &qa, IBV_QP_STATE, &qia);
+		int none = ibv_poll_cq(s.cq, 1, &wc) == 0;
+		check(none && qa.qp_state == IBV_QPS_RTS,
+		      "peer destroyed its QP: ours stays RTS, its receive stays posted",
+		      "state %d, completion pending %d", qa.qp_state, !none);
+		post(&s, QE, 12, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_RETRY_EXC_ERR && wc.wr_id == 12,
+		      "peer destroyed its QP: the next send fails with IBV_WC_RETRY_EXC_ERR",
+		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 11,
+		      "peer destroyed its QP: after the send error the receive flushes",
+		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+
+		/* Outstanding work on D: a receive, and a send the peer has no receive for (it waits,
+		 * as RNR retry does). Kill the peer: both flush. */
+		post_recv(&s, QD, 9, 49152, 64);
+		post(&s, QD, 10, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		usleep(100000);
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		double t0 = now_s();
+		struct ibv_wc a = wait_wc(&s), b = wait_wc(&s);
+		double dt = now_s() - t0;
+		check(a.status == IBV_WC_WR_FLUSH_ERR && b.status == IBV_WC_WR_FLUSH_ERR &&
+		      a.wr_id + b.wr_id == 19 && dt < 2.0,
+		      "peer killed: outstanding send and receive flush with IBV_WC_WR_FLUSH_ERR",
+		      "statuses %d/%d wr_ids %llu/%llu after %.2f s", a.status, b.status,
+		      (unsigned long long)a.wr_id, (unsigned long long)b.wr_id, dt);
+		ibv_query_qp(s.qp[QD], &qa, IBV_QP_STATE, &qia);
+		check(qa.qp_state == IBV_QPS_ERR, "peer killed: the QP is in ERR", "state %d", qa.qp_state);
+		return failures;
+	}
+	if (!strcmp(mode, "fail-after")) {
+		for (uint64_t id = 1; id <= 3; id++)
+			post(&s, QA, id, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
+		struct ibv_wc w[3];
+		for (int i = 0; i < 3; i++)
+			w[i] = wait_wc(&s);
+		check(w[0].status == IBV_WC_SUCCESS && w[1].status == IBV_WC_RETRY_EXC_ERR &&
+		      w[2].status == IBV_WC_WR_FLUSH_ERR && w[1].wr_id == 2 && w[2].wr_id == 3,
+		      "IBV_DOUBLE_FAIL_AFTER=1: second WR fails, third is flushed",
+		      "statuses %d %d %d", w[0].status, w[1].status, w[2].status);
+	} else if (!strcmp(mode, "reorder")) {
+		memset(s.buf, 'x', 64);
+		memset(s.buf + 64, 'y', 64);
+		memset(s.buf + 128, 'z', 64);
+		struct ibv_sge sg[4] = {
+			{ (uintptr_t)s.buf, 64, s.mr->lkey }, { (uintptr_t)s.buf + 64, 64, s.mr->lkey },
+			{ (uintptr_t)s.buf + 128, 64, s.mr->lkey }, { 0, 0, 0 },
+		};
+		struct ibv_send_wr w[4], *bad;
+		memset(w, 0, sizeof(w));
+		for (int i = 0; i < 4; i++) {
+			w[i].wr_id = 20 + i;
+			w[i].sg_list = &sg[i];
+			w[i].num_sge = i < 3 ? 1 : 0;
+			w[i].opcode = i < 3 ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_WRITE_WITH_IMM;
+			w[i].wr.rdma.remote_addr = ra + (i == 2 ? 128 : 0);
+			w[i].wr.rdma.rkey = rk;
+			w[i].next = i < 3 ? &w[i + 1] : NULL;
+		}
+		w[3].send_flags = IBV_SEND_SIGNALED;
+		w[3].imm_data = htonl(1);
+		if (ibv_post_send(s.qp[QA], w, &bad))
+			die("post the writes");
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 23, "reorder: the writes complete",
+		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		if (xread(c2p[0], &c, 1) || c != 'P')
+			check(0, "responder checks", "the peer reported failures (see its lines above)");
+	} else if (!strcmp(mode, "rnr")) {
+		double t0 = now_s();
+		post(&s, QA, 1, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		double dt = now_s() - t0;
+		check(wc.status == IBV_WC_RNR_RETRY_EXC_ERR && wc.wr_id == 1 && dt >= 0.02,
+		      "rnr_retry 1, no receive posted: IBV_WC_RNR_RETRY_EXC_ERR after the retries",
+		      "status %d after %.3f s", wc.status, dt);
+		/* rnr_retry 7 (QB): the send waits for the receive posted 300 ms later. */
+		post(&s, QB, 2, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		usleep(300000);
+		int early = ibv_poll_cq(s.cq, 1, &wc);
+		c = 'r';
+		xwrite(p2c[1], &c, 1);
+		if (xread(c2p[0], &c, 1))
+			die("peer did not post its receive");
+		if (!early)
+			wc = wait_wc(&s);
+		check(early == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 2,
+		      "rnr_retry 7: the send waits for the receive, then completes",
+		      "early %d (wr_id %llu status %d)", early, (unsigned long long)wc.wr_id, wc.status);
+	} else if (!strcmp(mode, "delay")) {
+		double t0 = now_s();
+		post(&s, QA, 1, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		double dt = now_s() - t0;
+		check(wc.status == IBV_WC_SUCCESS && dt >= 0.19,
+		      "IBV_DOUBLE_DELAY_US=200000 on the responder delays the completion",
+		      "status %d after %.3f s", wc.status, dt);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	return failures;
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "basic";
+	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay") &&
+	    strcmp(mode, "rnr") && strcmp(mode, "reorder")) {
+		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder]\n", argv[0]);
+		return 2;
+	}
+	alarm(30); /* a hang fails the test */
+	int f = run(mode);
+	printf("%s: %s\n", mode, f ? "FAILED" : "ok");
+	return f ? 1 : 0;
+}
