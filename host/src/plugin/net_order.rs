@@ -8,6 +8,9 @@
 //!    its users need no RDMA library).
 //! 3. The built-in Socket transport.
 //!
+//! `NCCL_NET_PLUGIN=none` leaves out the external plugins only: IB and Socket stay, as NCCL's
+//! internal ones do.
+//!
 //! A candidate is usable when its `init` succeeds and its `devices` reports at least one
 //! device: an IB transport without an active port (or disabled by `NCCL_IB_DISABLE`) reports
 //! 0 and is passed over, so with `NCCL_NET` unset IB comes before Socket exactly when it has a
