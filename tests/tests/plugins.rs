@@ -198,11 +198,14 @@ fn ib_comes_before_socket_when_it_has_a_device_and_nccl_net_chooses() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// External plugins (`NCCL_NET_PLUGIN`) still come before the IB transport, as in NCCL.
+/// External plugins (`NCCL_NET_PLUGIN`) still come before the IB transport, and `none` leaves
+/// out only them, as in NCCL.
 #[test]
 fn external_plugins_come_before_the_ib_transport() {
     let (dir, ld) = ib_transport_dir("external");
     let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET_PLUGIN", &built_lib("librustccl_test_net_named.so"))]);
     assert!(r[0].starts_with("net Loopback v1 "), "{r:?}\n{log}");
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET_PLUGIN", "none")]);
+    assert!(r[0].starts_with("net IB v2 "), "none leaves out external plugins only: {r:?}\n{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
