@@ -6,8 +6,9 @@
 //! `rustccl_<kind>_v<N>` (see [`export`]), and a client per version that implements the
 //! trait by calling a loaded table (adapting older versions to the current trait):
 //!
-//! * [`net`]: trait [`net::Net`], table `NetV1` (`rustccl_net_v1`), `export_net_v1!`,
-//!   `NetV1Client`;
+//! * [`net`]: trait [`net::Net`], tables `NetV1` (`rustccl_net_v1`) and `NetV2`
+//!   (`rustccl_net_v2`: v1 plus `make_vdevice`, NCCL's merged NICs), `export_net!(v1 | v2, ...)`
+//!   (or `export_net_v1!`), `NetV1Client` / `NetV2Client`;
 //! * [`tuner`]: trait [`tuner::Tuner`], tables `TunerV1` (`rustccl_tuner_v1`) and `TunerV2`
 //!   (`rustccl_tuner_v2`), `export_tuner!(v1 | v2, ...)` (or `export_tuner_v1!` /
 //!   `export_tuner_v2!`), `TunerV1Client` / `TunerV2Client`;

@@ -1,8 +1,8 @@
 //! Plugin discovery with real shared libraries, each rule in a process of its own (the rules
 //! read the environment): defaults, `none`, a path, a name expanded to both file-name patterns,
 //! a list, a missing plugin, a plugin whose init fails, a library that is not a plugin, one
-//! whose table layout is wrong, `NCCL_NET` choosing by name, a tuner of the older ABI, and a
-//! profiler. Each run's log must say what was chosen and why, in one line.
+//! whose table layout is wrong, `NCCL_NET` choosing by name, NCCL's order (the IB transport
+//! before Socket when it has a device), a tuner of the older ABI, and a profiler. Each run's log must say what was chosen and why, in one line.
 
 use std::time::Duration;
 
@@ -29,12 +29,12 @@ fn ok_run(env: &[(&str, &str)]) -> (Vec<String>, String) {
 #[test]
 fn default_is_the_built_in_socket_with_one_line_saying_why() {
     let (r, log) = ok_run(&[]);
-    assert_eq!(r[0], "net Socket v1 built in");
+    assert_eq!(r[0], "net Socket v2 built in");
     assert_eq!(r[1], "tuner none");
     assert!(log.contains("NET/Plugin: could not find: librustccl-net.so, libnccl-net.so"), "{log}");
     let using: Vec<&str> = log.lines().filter(|l| l.contains("NET/Plugin: using")).collect();
     assert_eq!(using.len(), 1, "{log}");
-    assert!(using[0].contains("Socket (rustccl net ABI v1) from built in"), "{log}");
+    assert!(using[0].contains("Socket (rustccl net ABI v2) from built in"), "{log}");
     assert!(!log.contains("WARN"), "nothing worth a warning happened:\n{log}");
     assert!(!log.to_lowercase().contains("failed to find symbol"));
 }
@@ -42,7 +42,7 @@ fn default_is_the_built_in_socket_with_one_line_saying_why() {
 #[test]
 fn none_disables_external_plugins() {
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", "none"), ("NCCL_TUNER_PLUGIN", "none")]);
-    assert_eq!(r[0], "net Socket v1 built in");
+    assert_eq!(r[0], "net Socket v2 built in");
     assert!(log.contains("external plugins disabled (NCCL_NET_PLUGIN=none)"), "{log}");
 }
 
@@ -75,7 +75,7 @@ fn a_name_is_found_under_both_file_name_patterns() {
 #[test]
 fn a_missing_plugin_warns_once_and_falls_back() {
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", "nosuchplugin")]);
-    assert_eq!(r[0], "net Socket v1 built in");
+    assert_eq!(r[0], "net Socket v2 built in");
     let warn: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
     assert_eq!(warn.len(), 1, "{log}");
     assert!(warn[0].contains("skipped nosuchplugin: no such library (tried nosuchplugin, librustccl-net-nosuchplugin.so, libnccl-net-nosuchplugin.so)"), "{log}");
@@ -88,16 +88,16 @@ fn a_plugin_whose_init_fails_is_skipped_for_the_next() {
     assert!(r[0].starts_with("net Loopback"), "{r:?}");
     assert!(log.contains("init failed: test plugin: init fails on purpose"), "{log}");
     let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_net_init_fails.so"))]);
-    assert_eq!(r[0], "net Socket v1 built in", "falls back to the built-in");
+    assert_eq!(r[0], "net Socket v2 built in", "falls back to the built-in");
 }
 
 #[test]
 fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_not_a_plugin.so"))]);
-    assert_eq!(r[0], "net Socket v1 built in");
+    assert_eq!(r[0], "net Socket v2 built in");
     assert!(log.contains("exports no rustccl net plugin"), "{log}");
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_bad_layout.so"))]);
-    assert_eq!(r[0], "net Socket v1 built in");
+    assert_eq!(r[0], "net Socket v2 built in");
     assert!(log.contains("does not match this rustccl's net v1 ABI"), "{log}");
     let (_, log) = ok_run(&[("NCCL_NET_PLUGIN", "/etc/hostname")]);
     assert!(log.contains("skipped /etc/hostname"), "{log}");
@@ -107,7 +107,7 @@ fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
 fn nccl_net_picks_by_name_and_an_unknown_name_fails_init_clearly() {
     let named = built_lib("librustccl_test_net_named.so");
     let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &named), ("NCCL_NET", "socket")]);
-    assert_eq!(r[0], "net Socket v1 built in", "case-insensitive name match skips Loopback");
+    assert_eq!(r[0], "net Socket v2 built in", "case-insensitive name match skips Loopback");
     let (_, _, out) = run(&[("NCCL_NET", "IB")]);
     let (code, msg) = out.error().expect("init must fail");
     assert_eq!(code, "InvalidUsage");
@@ -149,3 +149,63 @@ fn a_profiler_plugin_is_initialised_with_its_event_mask() {
     let _ = std::fs::remove_file(trace);
 }
 
+
+/// A directory on `LD_LIBRARY_PATH` where the IB stub (a plugin named "IB",
+/// `RUSTCCL_TEST_IB_DEVICES` devices) is the IB transport's library, `librustccl-net-ib.so`.
+fn ib_transport_dir(test: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("rustccl-ib-order-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("librustccl-net-ib.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(built_lib("librustccl_test_net_ib_stub.so"), &link).unwrap();
+    let ld = dir.to_string_lossy().into_owned();
+    (dir, ld)
+}
+
+/// NCCL's order: with `NCCL_NET` unset, an IB transport with a usable device comes before
+/// Socket; with no device it is passed over for Socket; `NCCL_NET` picks IB or Socket (any
+/// case) whatever the devices; a name that is not there is an error listing what is.
+#[test]
+fn ib_comes_before_socket_when_it_has_a_device_and_nccl_net_chooses() {
+    let (dir, ld) = ib_transport_dir("nccl-net");
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld)]);
+    assert!(r[0].starts_with("net IB v2 ") && r[0].ends_with("librustccl-net-ib.so"), "IB before Socket: {r:?}\n{log}");
+    assert!(log.contains("NET/Plugin: using IB (rustccl net ABI v2)"), "{log}");
+    assert!(log.contains("2 device(s): the IB transport (librustccl-net-ib.so), tried after external plugins and before Socket"), "{log}");
+    assert!(!log.contains("WARN"), "{log}");
+
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("RUSTCCL_TEST_IB_DEVICES", "0")]);
+    assert_eq!(r[0], "net Socket v2 built in", "IB without a device is passed over: {log}");
+    assert!(log.contains("it has no usable device (devices() = 0)"), "the log says why: {log}");
+    assert!(!log.contains("WARN"), "an IB transport without a port is no warning: {log}");
+
+    for name in ["Socket", "socket"] {
+        let (r, _) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET", name)]);
+        assert_eq!(r[0], "net Socket v2 built in", "NCCL_NET={name} even though IB has devices");
+    }
+    let (r, _) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET", "ib")]);
+    assert!(r[0].starts_with("net IB v2 "), "NCCL_NET=ib: {r:?}");
+
+    let (_, _, out) = run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET", "Libfabric")]);
+    let (code, msg) = out.error().expect("init must fail");
+    assert_eq!(code, "InvalidUsage");
+    assert!(msg.contains("no network plugin named \"Libfabric\" is available"), "{msg}");
+    assert!(msg.contains("the networks here are: IB (") && msg.contains("librustccl-net-ib.so), Socket (built in)"), "{msg}");
+
+    let (_, _, out) = run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET", "IB"), ("RUSTCCL_TEST_IB_DEVICES", "0")]);
+    let (_, msg) = out.error().expect("IB asked for but without a device: init must fail");
+    assert!(msg.contains("no network plugin named \"IB\" could be used") && msg.contains("it has no usable device"), "{msg}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// External plugins (`NCCL_NET_PLUGIN`) still come before the IB transport, and `none` leaves
+/// out only them, as in NCCL.
+#[test]
+fn external_plugins_come_before_the_ib_transport() {
+    let (dir, ld) = ib_transport_dir("external");
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET_PLUGIN", &built_lib("librustccl_test_net_named.so"))]);
+    assert!(r[0].starts_with("net Loopback v1 "), "{r:?}\n{log}");
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET_PLUGIN", "none")]);
+    assert!(r[0].starts_with("net IB v2 "), "none leaves out external plugins only: {r:?}\n{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

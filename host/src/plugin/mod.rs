@@ -1,6 +1,6 @@
 //! Plugins: discovery of plugin libraries ([`discovery`]), a check of each file before the
 //! dynamic loader gets it ([`elf_check`]), opening them once per process ([`library`]),
-//! choosing each communicator's network ([`net`]), tuner and profiler, and the process's env
+//! choosing each communicator's network ([`net`], in NCCL's order: [`net_order`]), tuner and profiler, and the process's env
 //! plugin ([`mod@env`]), through which every parameter is resolved.
 //!
 //! The core sees one interface per kind — the `Net`, `Tuner`, `Profiler` and `Env` traits of
@@ -18,6 +18,7 @@ pub mod elf_check;
 pub mod env;
 pub mod library;
 pub mod net;
+pub mod net_order;
 pub mod profiler;
 pub mod profiler_events;
 pub mod tuner;

@@ -1,26 +1,28 @@
 //! Choosing a communicator's network plugin.
 //!
-//! Candidates come from `NCCL_NET_PLUGIN` ([`discovery`](super::discovery)); the built-in
-//! Socket plugin is always the last one. For each, in order: open the library, find its
-//! newest supported table (rustccl's own first, then NCCL's C tables `ncclNetPlugin_v12` down
-//! to `_v6`, adapted by [`super::c_net`]), `init` it for this communicator, check it has
-//! devices, and check its name against `NCCL_NET` / `config.netName` when one is asked for. The
-//! first that passes is used; one INFO line says which, which ABI, from where, and why; each
-//! candidate that failed gets one line saying why.
+//! Candidates, in NCCL's order ([`net_order`](super::net_order)): the libraries of
+//! `NCCL_NET_PLUGIN` ([`discovery`](super::discovery)), then the IB transport's library when
+//! present, then the built-in Socket plugin. For each library: open it and find its newest
+//! supported table (rustccl's own, v2 then v1, then NCCL's C tables `ncclNetPlugin_v12` down
+//! to `_v6`, adapted by [`super::c_net`]). Then, in order, each candidate whose name matches
+//! `NCCL_NET` / `config.netName` (when one is asked for) gets `init` for this communicator and
+//! must report a device. The first that passes is used; one INFO line says which, which ABI,
+//! from where, and why; each candidate that failed gets one line saying why.
 
 use std::sync::Arc;
 
 use rustccl_plugin_api::export::{self, PluginKind};
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client, NetV2, NetV2Client};
 use rustccl_plugin_api::PluginHandle;
 
 use super::c_net::{self, CNet};
-use super::library::{self, PluginLibrary};
+use super::library::{self, OpenError, PluginLibrary};
+use super::net_order::{self, Candidate, IB_LIBRARY};
 use super::{Plugin, Skipped};
 use crate::error::{Error, Result};
 
 /// Net ABI versions this host understands, newest first.
-pub const NET_ABI_VERSIONS: &[u32] = &[1];
+pub const NET_ABI_VERSIONS: &[u32] = &[2, 1];
 
 /// A net plugin, built in or loaded.
 pub type NetPlugin = Plugin<dyn Net>;
@@ -75,6 +77,10 @@ pub fn builtin_socket() -> NetPlugin {
 
 /// Finds the newest net table a library exports: rustccl's, else NCCL's C tables newest first.
 pub fn from_library(lib: &Arc<PluginLibrary>) -> std::result::Result<LoadedNet, String> {
+    if let Some(t) = export::find::<NetV2>(&lib.lib, PluginKind::Net, 2)? {
+        let plugin: NetPlugin = Plugin::loaded(Arc::new(NetV2Client { table: t }), t.base.name.as_str(), 2, lib);
+        return Ok(LoadedNet { plugin, abi: NetAbi::Rustccl(2) });
+    }
     if let Some(t) = export::find::<NetV1>(&lib.lib, PluginKind::Net, 1)? {
         let plugin: NetPlugin = Plugin::loaded(Arc::new(NetV1Client { table: t }), t.name.as_str(), 1, lib);
         return Ok(LoadedNet { plugin, abi: NetAbi::Rustccl(1) });
@@ -123,11 +129,39 @@ fn note_collnet(lib: &PluginLibrary) {
     }
 }
 
+/// What the look for the IB transport's library found.
+enum IbLookup {
+    /// Not on the loader's path (the usual case without the IB plugin installed).
+    NotFound,
+    /// The library is already a candidate (`NCCL_NET_PLUGIN` named it).
+    AlreadyListed,
+    Found(LoadedNet),
+    /// There, but not loadable: the reason.
+    Refused(Skipped),
+}
+
+/// Looks for the IB transport ([`IB_LIBRARY`]), which NCCL tries after the external plugins.
+fn find_ib_transport(listed: &[(NetPlugin, NetAbi, bool, String)]) -> IbLookup {
+    let lib = match library::open(IB_LIBRARY) {
+        Ok(lib) => lib,
+        Err(OpenError::NotFound) => return IbLookup::NotFound,
+        Err(OpenError::Failed(why)) => return IbLookup::Refused(Skipped { what: IB_LIBRARY.into(), why, explicit: false }),
+    };
+    if listed.iter().any(|(p, ..)| p.library.as_ref().is_some_and(|l| l.path == lib.path)) {
+        return IbLookup::AlreadyListed;
+    }
+    match from_library(&lib) {
+        Ok(loaded) => IbLookup::Found(loaded),
+        Err(why) => IbLookup::Refused(Skipped { what: lib.path.clone(), why, explicit: false }),
+    }
+}
+
 /// Chooses and initialises the network for a communicator. `want` is `config.netName` or
 /// `NCCL_NET` (already merged by the config).
 pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> Result<NetInstance> {
     let search = super::search(PluginKind::Net, None, from_library);
     let mut skipped = search.skipped;
+    let mut not_found = search.not_found;
     let builtin_why = if search.disabled {
         "external plugins disabled (NCCL_NET_PLUGIN=none)"
     } else {
@@ -135,51 +169,49 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
     };
     let mut plugins: Vec<(NetPlugin, NetAbi, bool, String)> =
         search.found.into_iter().map(|f| (f.plugin.plugin, f.plugin.abi, f.explicit, f.why)).collect();
+    match find_ib_transport(&plugins) {
+        IbLookup::Found(ib) => {
+            let why = format!("the IB transport ({IB_LIBRARY}), tried after external plugins and before Socket");
+            plugins.push((ib.plugin, ib.abi, false, why));
+        }
+        IbLookup::NotFound => not_found.push(IB_LIBRARY.to_string()),
+        IbLookup::AlreadyListed => {}
+        IbLookup::Refused(s) => skipped.push(s),
+    }
     plugins.push((builtin_socket(), NetAbi::Rustccl(NET_ABI_VERSIONS[0]), false, builtin_why.to_string()));
 
     let config = NetCommConfig { traffic_class: traffic_class.unwrap_or(-1) };
-    let mut chosen = None;
-    for (plugin, abi, explicit, why) in plugins {
-        let what = format!("{} ({})", plugin.name, plugin.origin);
-        if let Some(w) = want {
-            if !plugin.name.eq_ignore_ascii_case(w) {
-                skipped.push(Skipped { what, why: format!("its name is not \"{w}\" (NCCL_NET / netName)"), explicit: false });
-                continue;
-            }
-        }
-        let ctx = match plugin.api.init(comm_id, &config, super::logger()) {
-            Ok(ctx) => ctx,
-            Err(e) => {
-                skipped.push(Skipped { what, why: format!("init failed: {}", e.message), explicit });
-                continue;
-            }
-        };
-        match plugin.api.devices(ctx) {
+    let candidates: Vec<Candidate> =
+        plugins.iter().map(|(p, ..)| Candidate { name: p.name.clone(), origin: p.origin.clone() }).collect();
+    let mut ctx = None;
+    let choice = net_order::choose(&candidates, want, |i| {
+        let api = &plugins[i].0.api;
+        let c = api.init(comm_id, &config, super::logger()).map_err(|e| format!("init failed: {}", e.message))?;
+        match api.devices(c) {
             Ok(n) if n > 0 => {
-                chosen = Some((NetInstance { plugin: Arc::new(plugin), abi, ctx, devices: n }, why));
-                break;
+                ctx = Some(c);
+                Ok(n)
             }
-            Ok(_) => skipped.push(Skipped { what, why: "it has no devices".into(), explicit }),
-            Err(e) => skipped.push(Skipped { what, why: format!("listing devices failed: {}", e.message), explicit }),
+            other => {
+                let _ = api.finalize(c);
+                other.map_err(|e| format!("listing devices failed: {}", e.message))
+            }
         }
-        let _ = plugin.api.finalize(ctx);
+    });
+    for (i, why) in &choice.skipped {
+        let named_otherwise = want.is_some_and(|w| !candidates[*i].name.eq_ignore_ascii_case(w));
+        skipped.push(Skipped { what: candidates[*i].describe(), why: why.clone(), explicit: plugins[*i].2 && !named_otherwise });
     }
-    super::log_skipped(PluginKind::Net, &search.not_found, &skipped);
-    match chosen {
-        Some((inst, why)) => {
-            tracing::info!(
-                target: "NET",
-                "NET/Plugin: using {} ({}) from {}, {} device(s): {why}",
-                inst.plugin.name, inst.abi, inst.plugin.origin, inst.devices
-            );
-            Ok(inst)
-        }
-        None => {
-            let reasons: Vec<String> = skipped.iter().map(|s| format!("{}: {}", s.what, s.why)).collect();
-            Err(Error::invalid_usage(match want {
-                Some(w) => format!("no network plugin named \"{w}\" could be used ({})", reasons.join("; ")),
-                None => format!("no network plugin could be used ({})", reasons.join("; ")),
-            }))
-        }
-    }
+    super::log_skipped(PluginKind::Net, &not_found, &skipped);
+    let (Some((index, devices)), Some(ctx)) = (choice.chosen, ctx) else {
+        return Err(Error::invalid_usage(net_order::failure_message(&candidates, want, &choice)));
+    };
+    let (plugin, abi, _, why) = plugins.swap_remove(index);
+    let inst = NetInstance { plugin: Arc::new(plugin), abi, ctx, devices };
+    tracing::info!(
+        target: "NET",
+        "NET/Plugin: using {} ({}) from {}, {} device(s): {why}",
+        inst.plugin.name, inst.abi, inst.plugin.origin, inst.devices
+    );
+    Ok(inst)
 }

@@ -3,8 +3,10 @@
 //! through the host's C adapter), sees it through the `Net` trait, and checks the
 //! rules every network must keep: messages of every size from 0 B to 1 GiB arrive intact and
 //! in order, tags, a receive larger than the message, 32 outstanding requests per connection,
-//! closing with requests in flight, stale handles refused, and a peer killed mid-transfer
-//! turning into an error instead of a hang.
+//! closing with requests in flight, stale handles refused, a peer killed mid-transfer
+//! turning into an error instead of a hang, and, when the plugin offers `make_vdevice` (rustccl
+//! net ABI v2), a virtual device fusing devices 0 and 1 described as NCCL describes one (names
+//! joined with `+`, speeds summed) and carrying data.
 //!
 //! Run it as `rustccl-net-conformance <plugin.so> [--max-size BYTES]`.
 
@@ -14,7 +16,7 @@ use abi_stable::std_types::RStr;
 use std::sync::Arc;
 
 use rustccl::plugin::{library, net as host_net};
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, RecvBuffer, PTR_HOST};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, PTR_HOST};
 use rustccl_plugin_api::{LogFn, PluginHandle};
 
 /// How long any single step may take before the suite calls it a hang.
@@ -312,6 +314,76 @@ pub fn check_stale_handles(env: &Env) -> Result<(), String> {
     Ok(())
 }
 
+/// What [`try_make_vdevice`] found.
+#[derive(Debug, PartialEq)]
+pub enum VDeviceOutcome {
+    /// `make_vdevice` of devices 0 and 1 failed: the plugin does not fuse devices (the error).
+    NotOffered(String),
+    /// Fewer than two devices: nothing to fuse.
+    TooFewDevices(i32),
+    /// The virtual device made, with its properties.
+    Merged { index: i32, props: NetProperties },
+}
+
+/// Asks for a virtual device of devices 0 and 1. Requests no plugin may grant (no device, a
+/// device that does not exist, a device twice) must be errors whether or not the plugin fuses
+/// devices. When the plugin makes the device: `devices` counts one more, the new index is one
+/// of them, its name is the members' joined with `+` and its speed their sum, the physical
+/// devices are unchanged, and a message crosses a connection on it.
+pub fn try_make_vdevice(env: &Env) -> Result<VDeviceOutcome, String> {
+    let (net, ctx) = (env.net, env.ctx);
+    let n = net.devices(ctx).map_err(|e| format!("devices: {e}"))?;
+    for bad in [vec![], vec![n], vec![0, 0]] {
+        match net.make_vdevice(ctx, &bad) {
+            Ok(v) => return Err(format!("make_vdevice({bad:?}) with {n} devices made device {v} instead of failing")),
+            Err(e) if e.message.contains("panicked") => return Err(format!("make_vdevice({bad:?}): {e}")),
+            Err(_) => {}
+        }
+    }
+    if n < 2 {
+        return Ok(VDeviceOutcome::TooFewDevices(n));
+    }
+    let props = |d: i32| net.properties(ctx, d).map_err(|e| format!("properties of device {d}: {e}"));
+    let (p0, p1) = (props(0)?, props(1)?);
+    let index = match net.make_vdevice(ctx, &[0, 1]) {
+        Ok(v) => v,
+        Err(e) => return Ok(VDeviceOutcome::NotOffered(e.to_string())),
+    };
+    let after = net.devices(ctx).map_err(|e| format!("devices: {e}"))?;
+    if after != n + 1 || !(0..after).contains(&index) {
+        return Err(format!("make_vdevice([0, 1]) returned device {index}; devices() went from {n} to {after} (expected one more)"));
+    }
+    let pv = props(index)?;
+    let name = format!("{}+{}", p0.name, p1.name);
+    if pv.name.as_str() != name {
+        return Err(format!("the virtual device is named \"{}\", expected \"{name}\" (the members' names joined with '+')", pv.name));
+    }
+    let speed = p0.speed_mbps.saturating_add(p1.speed_mbps);
+    if pv.speed_mbps != speed {
+        return Err(format!("the virtual device's speed is {} Mbit/s, expected {speed} (the members' sum)", pv.speed_mbps));
+    }
+    if props(0)? != p0 || props(1)? != p1 {
+        return Err("making a virtual device changed the properties of its physical devices".into());
+    }
+    let venv = Env { net, ctx, dev: index, max_size: env.max_size };
+    let pair = connect_pair(&venv)?;
+    round_trip(&venv, &pair, 65537.min(env.max_size), 0, 21)?;
+    pair.close(&venv)?;
+    Ok(VDeviceOutcome::Merged { index, props: pv })
+}
+
+/// [`try_make_vdevice`] as a check; what it found is one `#` line.
+pub fn check_make_vdevice(env: &Env) -> Result<(), String> {
+    match try_make_vdevice(env)? {
+        VDeviceOutcome::NotOffered(why) => println!("# make_vdevice not offered: {why}"),
+        VDeviceOutcome::TooFewDevices(n) => println!("# make_vdevice not tried: {n} device(s)"),
+        VDeviceOutcome::Merged { index, props } => {
+            println!("# make_vdevice: device {index} '{}' at {} Mbit/s", props.name, props.speed_mbps)
+        }
+    }
+    Ok(())
+}
+
 /// A check: name and function.
 pub type Check = (&'static str, fn(&Env) -> Result<(), String>);
 
@@ -323,6 +395,7 @@ pub const CHECKS: &[Check] = &[
     ("32 outstanding requests", check_outstanding),
     ("close with requests in flight", check_close_in_flight),
     ("stale handles", check_stale_handles),
+    ("make_vdevice (merged devices)", check_make_vdevice),
 ];
 
 /// Encodes a handle for the command line.

@@ -32,4 +32,8 @@ pub use striping::{
     StripeError, DEFAULT_MIN_CHUNK, MAX_SOCKETS, MAX_THREADS,
 };
 
-rustccl_plugin_api::export_net_v1!("Socket", SocketNet, SocketNet::new());
+// v2 for today's hosts (make_vdevice: the trait's "not supported", sockets are not fused),
+// v1 for hosts that predate v2. Each export builds its instance on first use, so a process
+// has one.
+rustccl_plugin_api::export_net!(v2, "Socket", SocketNet, SocketNet::new());
+rustccl_plugin_api::export_net!(v1, "Socket", SocketNet, SocketNet::new());

@@ -1,5 +1,6 @@
 //! Loads this package's own `cdylib` as the host would (libloading + the plugin-api export
-//! lookup) and runs a round trip through the C ABI table ([`NetV1Client`]).
+//! lookup) and runs a round trip through the C ABI table ([`NetV1Client`]); its v2 table
+//! answers `make_vdevice` with a clean "not supported".
 //!
 //! Cargo builds the library's crate types (the `cdylib` included) before the integration
 //! tests, into `target/<profile>/deps/`, next to this test's executable (`cargo build` also
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 
 use common::*;
 use rustccl_plugin_api::export::{find, PluginKind};
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client, PTR_DEVICE};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client, NetV2, NetV2Client, PTR_DEVICE, VDEVICE_NOT_SUPPORTED};
 use rustccl_plugin_api::PluginError;
 
 fn cdylib_path() -> PathBuf {
@@ -64,4 +65,11 @@ fn round_trip_through_the_loaded_library() {
         .unwrap_err();
     assert_eq!(err.code, PluginError::INVALID_ARGUMENT);
     close_pair(&net, p);
+
+    let v2 = NetV2Client { table: find::<NetV2>(lib, PluginKind::Net, 2).unwrap().expect("rustccl_net_v2 exported") };
+    assert_eq!(v2.name(), "Socket");
+    let ctx = v2.init(12, &NetCommConfig::default(), QUIET).unwrap();
+    let err = v2.make_vdevice(ctx, &[0]).unwrap_err();
+    assert_eq!((err.code, err.message.as_str()), (PluginError::INVALID_USAGE, VDEVICE_NOT_SUPPORTED));
+    v2.finalize(ctx).unwrap();
 }

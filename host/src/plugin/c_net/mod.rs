@@ -726,6 +726,16 @@ impl Net for CNet {
             }
         }
     }
+
+    /// Not through the trait: the adapter fuses a C plugin's devices itself, once, at its first
+    /// `init` (`NCCL_NET_FORCE_MERGE`, merge.rs), and renumbers the devices it presents.
+    fn make_vdevice(&self, _ctx: PluginHandle, _devs: &[i32]) -> Result<i32, PluginError> {
+        Err(PluginError::invalid_usage(format!(
+            "NET/{}: an NCCL C net plugin's devices are fused by the host at its first init, as {FORCE_MERGE} names them, \
+             not through make_vdevice",
+            self.name
+        )))
+    }
 }
 
 impl CNet {
