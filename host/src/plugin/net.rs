@@ -1,6 +1,6 @@
 //! Choosing a communicator's network plugin.
 //!
-//! Candidates, in NCCL's order ([`net_order`](super::net_order)): the libraries of
+//! Candidates, in NCCL's order ([`net_order`]): the libraries of
 //! `NCCL_NET_PLUGIN` ([`discovery`](super::discovery)), then the IB transport's library when
 //! present, then the built-in Socket plugin. For each library: open it and find its newest
 //! supported table (rustccl's own, v2 then v1, then NCCL's C tables `ncclNetPlugin_v12` down
