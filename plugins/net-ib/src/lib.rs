@@ -23,18 +23,29 @@
 //! crate, so it is a default workspace member; at run time a machine without libibverbs gets
 //! an error saying what to install, and a userspace stand-in can be chosen by path.
 
+pub mod comm;
 pub mod device;
+pub mod fifo;
 pub mod gid;
+pub mod mr_cache;
+pub mod oob;
+pub mod plugin;
+pub mod qp;
 pub mod settings;
 pub mod speed;
+pub mod split;
 pub mod verbs;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 
 use rustccl_plugin_api::PluginError;
 
 pub use device::{discover, Discovery, HcaFilter, IbDevice, LinkLayer};
-pub use settings::IbSettings;
+pub use plugin::IbNet;
+pub use settings::{IbSettings, QpSettings};
+
+rustccl_plugin_api::export_net_v1!("IB", IbNet, IbNet::new());
 
 /// Where the kernel describes RDMA devices.
 pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";

@@ -19,6 +19,42 @@ pub struct IbSettings {
     pub gid: GidConfig,
     /// `NCCL_IBVERBS_LIB`: the libibverbs to load (unset: `libibverbs.so.1`).
     pub library: Option<String>,
+    /// How connections set up their queue pairs.
+    pub qp: QpSettings,
+}
+
+/// The queue-pair variables (`NCCL_IB_QPS_PER_CONNECTION`, `_TIMEOUT`, `_RETRY_CNT`, `_TC`,
+/// `_SL`, `_PKEY`), with NCCL's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpSettings {
+    /// RC queue pairs per connection; a message is split over them.
+    pub qps_per_connection: usize,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Retransmissions before a send fails.
+    pub retry_cnt: u8,
+    /// Traffic class of the GRH (RoCE).
+    pub traffic_class: u8,
+    /// Service level.
+    pub service_level: u8,
+    /// Partition key index.
+    pub pkey_index: u16,
+}
+
+/// Most queue pairs per connection (NCCL's `NCCL_IB_MAX_QPS`).
+pub const MAX_QPS: usize = 128;
+
+impl Default for QpSettings {
+    fn default() -> Self {
+        QpSettings {
+            qps_per_connection: 1,
+            timeout: 20,
+            retry_cnt: 7,
+            traffic_class: 0,
+            service_level: 0,
+            pkey_index: 0,
+        }
+    }
 }
 
 impl IbSettings {
@@ -86,6 +122,29 @@ impl IbSettings {
                 roce_version,
             },
             library: var("NCCL_IBVERBS_LIB"),
+            qp: {
+                let d = QpSettings::default();
+                let ranged = |name: &str, default: i64, max: i64| -> Result<i64, PluginError> {
+                    match int(name)? {
+                        None => Ok(default),
+                        Some(v) if (0..=max).contains(&v) => Ok(v),
+                        Some(v) => Err(PluginError::invalid_argument(format!(
+                            "{name}={v} is outside 0..={max}; set a value in range or unset it ({default})"
+                        ))),
+                    }
+                };
+                QpSettings {
+                    qps_per_connection: match ranged("NCCL_IB_QPS_PER_CONNECTION", 1, MAX_QPS as i64)? {
+                        0 => 1,
+                        n => n as usize,
+                    },
+                    timeout: ranged("NCCL_IB_TIMEOUT", d.timeout.into(), 31)? as u8,
+                    retry_cnt: ranged("NCCL_IB_RETRY_CNT", d.retry_cnt.into(), 7)? as u8,
+                    traffic_class: ranged("NCCL_IB_TC", 0, 255)? as u8,
+                    service_level: ranged("NCCL_IB_SL", 0, 15)? as u8,
+                    pkey_index: ranged("NCCL_IB_PKEY", 0, 0xffff)? as u16,
+                }
+            },
         })
     }
 }
@@ -101,6 +160,34 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         IbSettings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn qp_variables_parse_with_bounds() {
+        let s = settings(&[
+            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+            ("NCCL_IB_TIMEOUT", "14"),
+            ("NCCL_IB_RETRY_CNT", "3"),
+            ("NCCL_IB_TC", "106"),
+            ("NCCL_IB_SL", "1"),
+            ("NCCL_IB_PKEY", "2"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.qp,
+            QpSettings {
+                qps_per_connection: 4,
+                timeout: 14,
+                retry_cnt: 3,
+                traffic_class: 106,
+                service_level: 1,
+                pkey_index: 2
+            }
+        );
+        assert_eq!(settings(&[("NCCL_IB_QPS_PER_CONNECTION", "0")]).unwrap().qp.qps_per_connection, 1);
+        let e = settings(&[("NCCL_IB_RETRY_CNT", "9")]).unwrap_err();
+        assert!(e.message.contains("NCCL_IB_RETRY_CNT=9 is outside 0..=7"), "{e}");
+        assert!(settings(&[("NCCL_IB_QPS_PER_CONNECTION", "1000")]).is_err());
     }
 
     #[test]
