@@ -362,8 +362,13 @@ impl Comm {
         }
     }
 
-    /// Records the connection's first error and returns it.
+    /// Records the connection's first error and returns it. The out-of-band socket is shut
+    /// down, so the peer's side fails too (it sees EOF) instead of waiting for a CTS or
+    /// data that will never come.
     fn fail(&self, st: &mut State, e: PluginError) -> PluginError {
+        if st.failed.is_none() {
+            let _ = st.oob.sock.shutdown(std::net::Shutdown::Both);
+        }
         st.failed.get_or_insert(e).clone()
     }
 

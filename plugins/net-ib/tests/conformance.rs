@@ -11,82 +11,25 @@
 //! environment is its own and a hang is killed at [`LIMIT`]; the "peer killed" check's peer
 //! is a third process (`peer_child`).
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
 
 use rustccl_net_conformance::{check_peer_killed, handle_from_hex, load, run_sending_peer, Env, CHECKS};
 
 /// The whole suite's time limit (it takes about 15 s on a busy 2-core machine).
 const LIMIT: Duration = Duration::from_secs(240);
-const ROLE: &str = "RUSTCCL_IB_CONFORMANCE_ROLE";
 const PLUGIN: &str = "RUSTCCL_IB_CONFORMANCE_PLUGIN";
 const HANDLE: &str = "RUSTCCL_IB_CONFORMANCE_HANDLE";
 
-/// The stand-in's sources, if present.
-fn double_sources() -> Option<PathBuf> {
-    let dir = std::env::var_os("RUSTCCL_VERBS_DOUBLE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("verbs-double"));
-    (dir.join("Makefile").is_file() && dir.join("ibverbs_double.c").is_file()).then_some(dir)
-}
-
-fn tool_runs(tool: &str) -> bool {
-    Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
-}
-
-/// Builds the stand-in; `Err(reason)` to skip.
-fn build_double() -> Result<PathBuf, String> {
-    let src = double_sources().ok_or("the verbs stand-in's sources (plugins/net-ib/verbs-double) are not in this checkout")?;
-    for tool in ["cc", "make"] {
-        if !tool_runs(tool) {
-            return Err(format!("`{tool}` is not installed (the verbs stand-in is C, built with make)"));
-        }
-    }
-    let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verbs-double");
-    let lib = build.join("libibverbs.so.1");
-    let out = Command::new("make")
-        .arg("-C")
-        .arg(&src)
-        .arg(format!("BUILD={}", build.display()))
-        .arg(&lib)
-        .output()
-        .expect("run make");
-    assert!(
-        out.status.success(),
-        "building the verbs stand-in failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(lib)
-}
-
-/// This package's cdylib, which Cargo builds before the integration tests.
-fn plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps directory");
-    let file = format!("{}rustccl_net_ib{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
-    [Some(deps.join(&file)), deps.parent().map(|p| p.join(&file))]
-        .into_iter()
-        .flatten()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{file} not found next to {}", exe.display()))
-}
-
-/// This test binary running only `test` (a child role), with `env`.
-fn child(test: &str, env: &[(&str, String)]) -> Command {
-    let mut c = Command::new(std::env::current_exe().expect("test executable path"));
-    c.args(["--exact", test, "--nocapture", "--test-threads=1"]);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
-}
-
 /// Runs the suite in a child with `qps` QPs per connection; returns its output.
 fn run_suite(lib: &Path, qps: u32) -> String {
-    let mut c = child(
+    let c = child(
         "suite_child",
         &[
             (ROLE, "suite".into()),
@@ -100,31 +43,7 @@ fn run_suite(lib: &Path, qps: u32) -> String {
     .stderr(Stdio::piped())
     .spawn()
     .expect("start the suite");
-    let mut stdout = c.stdout.take().unwrap();
-    let mut stderr = c.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = c.try_wait().expect("wait for the suite") {
-            break Some(s);
-        }
-        if start.elapsed() > LIMIT {
-            let _ = c.kill();
-            let _ = c.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let text = format!("{}\n{}", out.join().unwrap(), err.join().unwrap());
+    let (status, text) = wait_with_limit(c, LIMIT);
     assert!(status.is_some(), "the suite ({qps} QPs) ran past {LIMIT:?} (hang):\n{text}");
     text
 }
@@ -149,7 +68,7 @@ fn ib_plugin_passes_the_conformance_suite_on_the_verbs_stand_in() {
 /// Child role: the suite, as `rustccl-net-conformance` runs it.
 #[test]
 fn suite_child() {
-    if std::env::var(ROLE).as_deref() != Ok("suite") {
+    if !is_role("suite") {
         return;
     }
     let plugin = std::env::var(PLUGIN).expect("plugin path");
@@ -202,7 +121,7 @@ fn suite_child() {
 /// Child role: the sending peer of the "peer killed" check (runs until killed).
 #[test]
 fn peer_child() {
-    if std::env::var(ROLE).as_deref() != Ok("peer") {
+    if !is_role("peer") {
         return;
     }
     let loaded = load(&std::env::var(PLUGIN).expect("plugin path")).expect("load the plugin");
