@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustccl_plugin_api::PluginError;
 
+use crate::device::IbDevice;
 use crate::fifo::{slot_offset, CtsEntry, Fifo, CTS_BYTES};
 use crate::mr_cache::MrCache;
-use crate::device::IbDevice;
 use crate::oob::{conn_info, peer_gone, Pipe};
 use crate::qp::{Endpoint, MAX_INFLIGHT};
 use crate::settings::QpSettings;
@@ -68,7 +68,10 @@ pub fn wc_status_name(status: u32) -> &'static str {
         "response timeout error",
         "general error",
     ];
-    NAMES.get(status as usize).copied().unwrap_or("unknown status")
+    NAMES
+        .get(status as usize)
+        .copied()
+        .unwrap_or("unknown status")
 }
 
 /// A request's progress.
@@ -183,7 +186,13 @@ pub fn register_fifo(ep: &Endpoint, fifo: &Fifo) -> Result<Mr, PluginError> {
 impl Comm {
     /// A connection; `remote_fifo` is the sender's FIFO (address, rkey) on the receiving
     /// side, unused on the sending side.
-    pub fn new(direction: Direction, ctx: u64, device: String, parts: Parts, remote_fifo: (u64, u32)) -> Comm {
+    pub fn new(
+        direction: Direction,
+        ctx: u64,
+        device: String,
+        parts: Parts,
+        remote_fifo: (u64, u32),
+    ) -> Comm {
         let nqps = parts.ep.qps.len();
         Comm {
             direction,
@@ -227,7 +236,11 @@ impl Comm {
                     }
                     st.oob.sock.as_raw_fd()
                 };
-                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 // SAFETY: one valid pollfd; `fd` stays open while `c` (which owns the
                 // socket) is held here.
                 unsafe { libc::poll(&mut pfd, 1, 10) };
@@ -241,12 +254,20 @@ impl Comm {
 
     /// Registers `data..data + size` (through the cache); returns the cache entry id and
     /// the keys.
-    pub fn reg_mr(&self, data: usize, size: usize) -> Result<(u64, Arc<Registration>), PluginError> {
+    pub fn reg_mr(
+        &self,
+        data: usize,
+        size: usize,
+    ) -> Result<(u64, Arc<Registration>), PluginError> {
         let mut st = self.lock();
         let pd = Arc::clone(&st.ep.pd);
         st.cache.acquire(data, size, |start, len| {
             if start == 0 {
-                return Ok(Registration { mr: None, start: 0, len: 0 });
+                return Ok(Registration {
+                    mr: None,
+                    start: 0,
+                    len: 0,
+                });
             }
             // SAFETY: the caller registered memory of this process, which must stay mapped
             // until deregistration (the net ABI's contract for regMr).
@@ -257,7 +278,11 @@ impl Comm {
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
                 )
             }?;
-            Ok(Registration { mr: Some(mr), start, len })
+            Ok(Registration {
+                mr: Some(mr),
+                start,
+                len,
+            })
         })
     }
 
@@ -279,7 +304,14 @@ impl Comm {
     }
 
     /// Queues a send; `Ok(false)`: too many requests in flight, call again.
-    pub fn isend(&self, req: u64, data: usize, size: usize, tag: i32, lkey: u32) -> Result<bool, PluginError> {
+    pub fn isend(
+        &self,
+        req: u64,
+        data: usize,
+        size: usize,
+        tag: i32,
+        lkey: u32,
+    ) -> Result<bool, PluginError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
         if st.requests.len() >= MAX_INFLIGHT {
@@ -288,15 +320,35 @@ impl Comm {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        st.queued.push_back(QueuedSend { req, seq, data, size, tag, lkey });
-        st.requests.insert(req, Request { remaining: self.nqps, size });
+        st.queued.push_back(QueuedSend {
+            req,
+            seq,
+            data,
+            size,
+            tag,
+            lkey,
+        });
+        st.requests.insert(
+            req,
+            Request {
+                remaining: self.nqps,
+                size,
+            },
+        );
         self.progress(&mut st);
         Ok(true)
     }
 
     /// Posts a receive into `data..data + size` (registered with `rkey`); `Ok(false)`: too
     /// many requests in flight, call again.
-    pub fn irecv(&self, req: u64, data: usize, size: usize, tag: i32, rkey: u32) -> Result<bool, PluginError> {
+    pub fn irecv(
+        &self,
+        req: u64,
+        data: usize,
+        size: usize,
+        tag: i32,
+        rkey: u32,
+    ) -> Result<bool, PluginError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
         if st.requests.len() >= MAX_INFLIGHT {
@@ -316,7 +368,13 @@ impl Comm {
                 return Err(self.fail(&mut st, e));
             }
         }
-        let entry = CtsEntry { addr: data as u64, size: size as u64, rkey, tag, idx: 0 };
+        let entry = CtsEntry {
+            addr: data as u64,
+            size: size as u64,
+            rkey,
+            tag,
+            idx: 0,
+        };
         st.fifo.fill(seq, entry);
         if st.setup.is_some() {
             st.deferred_cts.push_back(seq);
@@ -324,7 +382,13 @@ impl Comm {
             return Err(self.fail(&mut st, e));
         }
         st.next_seq += 1;
-        st.requests.insert(req, Request { remaining: self.nqps, size: 0 });
+        st.requests.insert(
+            req,
+            Request {
+                remaining: self.nqps,
+                size: 0,
+            },
+        );
         Ok(true)
     }
 
@@ -332,8 +396,19 @@ impl Comm {
     fn post_cts(st: &mut State, seq: u64) -> Result<(), PluginError> {
         let src = st.fifo.addr().wrapping_add(crate::fifo::slot_of(seq));
         let (remote, remote_rkey) = st.remote_fifo;
-        let mut sge = ibv_sge { addr: src as u64, length: CTS_BYTES as u32, lkey: st.fifo_mr.lkey() };
-        let mut wr = send_wr(CTS_WR_ID, IBV_WR_RDMA_WRITE, &mut sge, remote + slot_offset(seq), remote_rkey, 0);
+        let mut sge = ibv_sge {
+            addr: src as u64,
+            length: CTS_BYTES as u32,
+            lkey: st.fifo_mr.lkey(),
+        };
+        let mut wr = send_wr(
+            CTS_WR_ID,
+            IBV_WR_RDMA_WRITE,
+            &mut sge,
+            remote + slot_offset(seq),
+            remote_rkey,
+            0,
+        );
         // SAFETY: the SGE names the staging FIFO's slot, registered for the connection's
         // life and not refilled before the sender has read it (fewer than FIFO_SLOTS
         // receives in flight); the remote address is the sender's FIFO slot.
@@ -346,7 +421,9 @@ impl Comm {
         let mut st = self.lock();
         self.progress(&mut st);
         match st.requests.get(&req) {
-            None => Err(PluginError::invalid_argument(format!("unknown request {req:#x}"))),
+            None => Err(PluginError::invalid_argument(format!(
+                "unknown request {req:#x}"
+            ))),
             Some(r) if r.remaining == 0 => {
                 let size = r.size;
                 st.requests.remove(&req);
@@ -375,7 +452,10 @@ impl Comm {
     /// Advances the sender's setup (see [`Setup`]).
     fn advance_setup(&self, st: &mut State) -> Result<(), PluginError> {
         let lost = |e: std::io::Error| {
-            PluginError::remote(format!("NET/IB : connection setup on {} failed: {e}", self.device))
+            PluginError::remote(format!(
+                "NET/IB : connection setup on {} failed: {e}",
+                self.device
+            ))
         };
         loop {
             match st.setup.take() {
@@ -386,7 +466,10 @@ impl Comm {
                         return Ok(());
                     };
                     let peer = conn_info(bytes).map_err(|e| {
-                        PluginError::remote(format!("NET/IB : bad connection info from the peer of {}: {e}", self.device))
+                        PluginError::remote(format!(
+                            "NET/IB : bad connection info from the peer of {}: {e}",
+                            self.device
+                        ))
                     })?;
                     if peer.magic != PROTO_MAGIC {
                         return Err(PluginError::remote(format!(
@@ -438,7 +521,11 @@ impl Comm {
             };
             for c in &wc[..n] {
                 if c.status != IBV_WC_SUCCESS {
-                    let what = if c.wr_id == CTS_WR_ID { "clear-to-send write" } else { "transfer" };
+                    let what = if c.wr_id == CTS_WR_ID {
+                        "clear-to-send write"
+                    } else {
+                        "transfer"
+                    };
                     let e = PluginError::remote(format!(
                         "NET/IB : {} {what} failed on {}: {} (status {}, vendor error {:#x}); the peer may have died or the fabric lost the connection",
                         match self.direction { Direction::Send => "send", Direction::Recv => "receive" },
@@ -530,7 +617,14 @@ impl Comm {
 }
 
 /// A signaled send WR of one SGE.
-fn send_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge, remote_addr: u64, rkey: u32, imm_be: u32) -> ibv_send_wr {
+fn send_wr(
+    wr_id: u64,
+    opcode: u32,
+    sge: &mut ibv_sge,
+    remote_addr: u64,
+    rkey: u32,
+    imm_be: u32,
+) -> ibv_send_wr {
     ibv_send_wr {
         wr_id,
         next: std::ptr::null_mut(),
@@ -551,7 +645,10 @@ fn send_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge, remote_addr: u64, rkey: u
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+    usize::try_from(p)
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
 }
 
 #[cfg(test)]

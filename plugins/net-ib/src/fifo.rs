@@ -124,12 +124,22 @@ mod tests {
         let mut staging = Fifo::default();
         let fifo = Fifo::default();
         assert_eq!(fifo.posted(0), None, "a zeroed FIFO holds nothing");
-        let entry = CtsEntry { addr: 0x1000, size: 64, rkey: 7, tag: 3, idx: 0 };
+        let entry = CtsEntry {
+            addr: 0x1000,
+            size: 64,
+            rkey: 7,
+            tag: 3,
+            idx: 0,
+        };
         // The receiver's 257th receive lands in slot 0 (as an RDMA write would copy it).
         let src = staging.fill(256, entry);
         // SAFETY: both point at one CtsEntry of live FIFOs.
         unsafe { std::ptr::copy_nonoverlapping(src, fifo.addr(), 1) };
-        assert_eq!(fifo.posted(0), None, "receive 0's slot now holds receive 256");
+        assert_eq!(
+            fifo.posted(0),
+            None,
+            "receive 0's slot now holds receive 256"
+        );
         assert_eq!(fifo.posted(256), Some(CtsEntry { idx: 257, ..entry }));
         assert_eq!(fifo.posted(1), None);
     }

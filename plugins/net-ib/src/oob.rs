@@ -137,9 +137,15 @@ pub fn conn_info(bytes: &[u8]) -> Result<ConnInfo, String> {
 pub fn peer_gone(sock: &TcpStream) -> Option<String> {
     let mut b = [0u8; 1];
     match sock.peek(&mut b) {
-        Ok(0) => Some("the peer closed its connection (process exited or connection closed)".into()),
+        Ok(0) => {
+            Some("the peer closed its connection (process exited or connection closed)".into())
+        }
         Ok(_) => Some("the peer sent unexpected bytes on the out-of-band socket".into()),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => None,
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            None
+        }
         Err(e) => Some(format!("the out-of-band socket failed: {e}")),
     }
 }

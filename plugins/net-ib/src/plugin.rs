@@ -2,13 +2,16 @@
 //! handle tables ([`rustccl_plugin_api::registry`]), sets connections up without blocking
 //! ([`crate::oob`], [`crate::qp`]) and hands the data path to [`Comm`].
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use abi_stable::std_types::RString;
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_HOST};
+use rustccl_plugin_api::net::{
+    Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_HOST,
+};
 use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use socket2::Socket;
@@ -68,7 +71,13 @@ impl Local {
     }
 
     fn into_parts(self, oob: Pipe) -> Parts {
-        Parts { ep: self.ep, fifo: self.fifo, fifo_mr: self.fifo_mr, oob, setup: None }
+        Parts {
+            ep: self.ep,
+            fifo: self.fifo,
+            fifo_mr: self.fifo_mr,
+            oob,
+            setup: None,
+        }
     }
 }
 
@@ -77,7 +86,8 @@ struct Dialing {
     /// Taken when the connection is handed over.
     local: Option<Local>,
     magic: u64,
-    sock: Socket,
+    /// Taken with `local`.
+    sock: Option<Socket>,
 }
 
 /// An incoming connection whose info is being read.
@@ -182,7 +192,8 @@ impl IbNet {
             return Ok(Arc::clone(f));
         }
         let settings = self.settings()?;
-        let discovery = discover(settings).inspect_err(|e| log.warn(subsys::INIT | subsys::NET, &format!("NET/IB : {e}")))?;
+        let discovery = discover(settings)
+            .inspect_err(|e| log.warn(subsys::INIT | subsys::NET, &format!("NET/IB : {e}")))?;
         for note in &discovery.notes {
             log.warn(subsys::INIT | subsys::NET, &format!("NET/IB : {note}"));
         }
@@ -195,7 +206,18 @@ impl IbNet {
             .devices
             .iter()
             .enumerate()
-            .map(|(i, d)| format!("[{i}]{}:{}/{}", d.name, d.port, if d.link_layer == crate::LinkLayer::Ethernet { "RoCE" } else { "IB" }))
+            .map(|(i, d)| {
+                format!(
+                    "[{i}]{}:{}/{}",
+                    d.name,
+                    d.port,
+                    if d.link_layer == crate::LinkLayer::Ethernet {
+                        "RoCE"
+                    } else {
+                        "IB"
+                    }
+                )
+            })
             .collect();
         log.info(
             subsys::INIT | subsys::NET,
@@ -207,20 +229,30 @@ impl IbNet {
                 settings.qp.qps_per_connection
             ),
         );
-        let found = Arc::new(Found { devices: discovery.devices, oob_addr: iface.addr });
+        let found = Arc::new(Found {
+            devices: discovery.devices,
+            oob_addr: iface.addr,
+        });
         *slot = Some(Arc::clone(&found));
         Ok(found)
     }
 
     fn context(&self, ctx: PluginHandle) -> Result<Context, PluginError> {
-        self.contexts.get(ctx).ok_or_else(|| no_such("net context", ctx))
+        self.contexts
+            .get(ctx)
+            .ok_or_else(|| no_such("net context", ctx))
     }
 
     fn device(found: &Found, dev: i32) -> Result<&IbDevice, PluginError> {
         usize::try_from(dev)
             .ok()
             .and_then(|d| found.devices.get(d))
-            .ok_or_else(|| PluginError::invalid_argument(format!("no IB device {dev} ({} devices)", found.devices.len())))
+            .ok_or_else(|| {
+                PluginError::invalid_argument(format!(
+                    "no IB device {dev} ({} devices)",
+                    found.devices.len()
+                ))
+            })
     }
 
     fn comm(&self, comm: PluginHandle) -> Result<Arc<Comm>, PluginError> {
@@ -231,15 +263,27 @@ impl IbNet {
     }
 
     /// The registration `mr` of connection `comm`, checked to cover `data..data + size`.
-    fn check_mr(&self, comm: PluginHandle, mr: PluginHandle, data: usize, size: usize) -> Result<MrHandle, PluginError> {
-        let m = self.mrs.get(mr).ok_or_else(|| no_such("memory registration", mr))?;
+    fn check_mr(
+        &self,
+        comm: PluginHandle,
+        mr: PluginHandle,
+        data: usize,
+        size: usize,
+    ) -> Result<MrHandle, PluginError> {
+        let m = self
+            .mrs
+            .get(mr)
+            .ok_or_else(|| no_such("memory registration", mr))?;
         if m.comm != comm.id {
             return Err(PluginError::invalid_argument(format!(
                 "memory registration {:#x} belongs to another connection",
                 mr.id
             )));
         }
-        let inside = data >= m.reg.start && data.checked_add(size).is_some_and(|end| end <= m.reg.start + m.reg.len);
+        let inside = data >= m.reg.start
+            && data
+                .checked_add(size)
+                .is_some_and(|end| end <= m.reg.start + m.reg.len);
         if size > 0 && !inside {
             return Err(PluginError::invalid_argument(format!(
                 "buffer {data:#x}+{size} is outside its registration {:#x}+{}",
@@ -267,24 +311,33 @@ impl IbNet {
     /// Advances one `connect`; `Some` once the TCP connection is up: the connection then
     /// finishes its setup itself ([`Setup`]).
     fn dial(&self, d: &mut Dialing, dev: &IbDevice) -> Result<Option<Parts>, String> {
-        if !oob::connected(&d.sock).map_err(|e| e.to_string())? {
+        let sock = d.sock.as_ref().expect("until handed over");
+        if !oob::connected(sock).map_err(|e| e.to_string())? {
             return Ok(None);
         }
         let local = d.local.take().expect("handed over once");
+        let sock = d.sock.take().expect("handed over once");
         let info = local.info(dev, d.magic, true).encode().to_vec();
-        let sock = d.sock.try_clone().map_err(|e| e.to_string())?;
         let mut pipe = Pipe::new(sock.into(), info, CONN_INFO_BYTES);
         pipe.progress().map_err(|e| e.to_string())?;
         let qp = self.settings().map_err(|e| e.message)?.qp;
         let mut parts = local.into_parts(pipe);
-        parts.setup = Some(Setup::Exchange { dev: dev.clone(), qp });
+        parts.setup = Some(Setup::Exchange {
+            dev: dev.clone(),
+            qp,
+        });
         Ok(Some(parts))
     }
 
     /// Advances one incoming connection; `Some` once the connector's info is read and this
     /// side's QPs are at RTS (the connection then writes its info and waits for "ready"
     /// itself: [`Setup::AwaitReady`]).
-    fn accept_step(&self, a: &mut Accepting, l: &Listen, dev: &IbDevice) -> Result<Option<(Local, ConnInfo)>, String> {
+    fn accept_step(
+        &self,
+        a: &mut Accepting,
+        l: &Listen,
+        dev: &IbDevice,
+    ) -> Result<Option<(Local, ConnInfo)>, String> {
         let Some(bytes) = a.pipe.progress().map_err(|e| e.to_string())? else {
             return Ok(None);
         };
@@ -294,7 +347,10 @@ impl IbNet {
         }
         let settings = self.settings().map_err(|e| e.message)?;
         let local = Local::create(dev, peer.qpns.len(), settings).map_err(|e| e.message)?;
-        local.ep.connect(dev, &peer, &settings.qp).map_err(|e| e.message)?;
+        local
+            .ep
+            .connect(dev, &peer, &settings.qp)
+            .map_err(|e| e.message)?;
         let info = local.info(dev, PROTO_MAGIC, false).encode().to_vec();
         a.pipe.next(info, 1);
         a.pipe.progress().map_err(|e| e.to_string())?;
@@ -303,7 +359,12 @@ impl IbNet {
 }
 
 impl Net for IbNet {
-    fn init(&self, _comm_id: u64, _config: &NetCommConfig, log: LogFn) -> Result<PluginHandle, PluginError> {
+    fn init(
+        &self,
+        _comm_id: u64,
+        _config: &NetCommConfig,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
         let found = self.found(&log)?;
         Ok(self.contexts.insert(Context { log, found }))
     }
@@ -335,42 +396,91 @@ impl Net for IbNet {
         })
     }
 
-    fn listen(&self, ctx: PluginHandle, dev: i32) -> Result<(NetHandle, PluginHandle), PluginError> {
+    fn listen(
+        &self,
+        ctx: PluginHandle,
+        dev: i32,
+    ) -> Result<(NetHandle, PluginHandle), PluginError> {
         let c = self.context(ctx)?;
         let d = Self::device(&c.found, dev)?;
         let listener = oob::listen(c.found.oob_addr).map_err(|e| {
-            let e = format!("NET/IB : cannot listen on {} for dev {dev} ({}): {e}", c.found.oob_addr, d.name);
+            let e = format!(
+                "NET/IB : cannot listen on {} for dev {dev} ({}): {e}",
+                c.found.oob_addr, d.name
+            );
             c.log.warn(subsys::NET, &e);
             PluginError::system(e)
         })?;
-        let addr = listener.local_addr().map_err(|e| PluginError::system(format!("NET/IB : listener address: {e}")))?;
-        let handle = ListenHandle { addr, magic: random_magic()? };
-        c.log.info(subsys::NET, &format!("NET/IB : listening on dev {dev} ({}:{}) at {addr}", d.name, d.port));
-        let l = Listen { ctx: ctx.id, dev, log: c.log, listener, magic: handle.magic, pending: Vec::new() };
-        Ok((handle.encode(), self.listens.insert(Arc::new(Mutex::new(l)))))
+        let addr = listener
+            .local_addr()
+            .map_err(|e| PluginError::system(format!("NET/IB : listener address: {e}")))?;
+        let handle = ListenHandle {
+            addr,
+            magic: random_magic()?,
+        };
+        c.log.info(
+            subsys::NET,
+            &format!(
+                "NET/IB : listening on dev {dev} ({}:{}) at {addr}",
+                d.name, d.port
+            ),
+        );
+        let l = Listen {
+            ctx: ctx.id,
+            dev,
+            log: c.log,
+            listener,
+            magic: handle.magic,
+            pending: Vec::new(),
+        };
+        Ok((
+            handle.encode(),
+            self.listens.insert(Arc::new(Mutex::new(l))),
+        ))
     }
 
-    fn connect(&self, ctx: PluginHandle, dev: i32, handle: &NetHandle) -> Result<Option<PluginHandle>, PluginError> {
+    fn connect(
+        &self,
+        ctx: PluginHandle,
+        dev: i32,
+        handle: &NetHandle,
+    ) -> Result<Option<PluginHandle>, PluginError> {
         let c = self.context(ctx)?;
         let d = Self::device(&c.found, dev)?;
         let key: DialKey = (ctx.id, dev, handle.bytes);
         let mut dialing = lock(&self.dialing);
-        if !dialing.contains_key(&key) {
-            let peer = ListenHandle::decode(handle).map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
-            let settings = self.settings()?;
-            let local = Local::create(d, settings.qp.qps_per_connection, settings)?;
-            let sock = oob::start_connect(peer.addr).map_err(|e| {
-                PluginError::system(format!("NET/IB : cannot connect to {} from dev {dev} ({}): {e}", peer.addr, d.name))
-            })?;
-            dialing.insert(key, Dialing { local: Some(local), magic: peer.magic, sock });
-        }
-        let dialer = dialing.get_mut(&key).expect("present");
+        let dialer = match dialing.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(slot) => {
+                let peer = ListenHandle::decode(handle)
+                    .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
+                let settings = self.settings()?;
+                let local = Local::create(d, settings.qp.qps_per_connection, settings)?;
+                let sock = oob::start_connect(peer.addr).map_err(|e| {
+                    PluginError::system(format!(
+                        "NET/IB : cannot connect to {} from dev {dev} ({}): {e}",
+                        peer.addr, d.name
+                    ))
+                })?;
+                slot.insert(Dialing {
+                    local: Some(local),
+                    magic: peer.magic,
+                    sock: Some(sock),
+                })
+            }
+        };
         match self.dial(dialer, d) {
             Ok(None) => Ok(None),
             Ok(Some(parts)) => {
                 dialing.remove(&key);
                 drop(dialing);
-                let comm = Comm::new(Direction::Send, ctx.id, format!("{}:{}", d.name, d.port), parts, (0, 0));
+                let comm = Comm::new(
+                    Direction::Send,
+                    ctx.id,
+                    format!("{}:{}", d.name, d.port),
+                    parts,
+                    (0, 0),
+                );
                 Ok(Some(self.sends.insert(comm.start())))
             }
             Err(e) => {
@@ -383,14 +493,19 @@ impl Net for IbNet {
     }
 
     fn accept(&self, listen: PluginHandle) -> Result<Option<PluginHandle>, PluginError> {
-        let l = self.listens.get(listen).ok_or_else(|| no_such("listen", listen))?;
+        let l = self
+            .listens
+            .get(listen)
+            .ok_or_else(|| no_such("listen", listen))?;
         let mut l = lock(&l);
         let c = self.context(PluginHandle { id: l.ctx })?;
         let d = Self::device(&c.found, l.dev)?;
-        while let Some(sock) = oob::accept_one(&l.listener)
-            .map_err(|e| PluginError::system(format!("NET/IB : accept on dev {} failed: {e}", l.dev)))?
-        {
-            l.pending.push(Accepting { pipe: Pipe::new(sock, Vec::new(), CONN_INFO_BYTES) });
+        while let Some(sock) = oob::accept_one(&l.listener).map_err(|e| {
+            PluginError::system(format!("NET/IB : accept on dev {} failed: {e}", l.dev))
+        })? {
+            l.pending.push(Accepting {
+                pipe: Pipe::new(sock, Vec::new(), CONN_INFO_BYTES),
+            });
         }
         let mut pending = std::mem::take(&mut l.pending);
         let mut done = None;
@@ -410,7 +525,10 @@ impl Net for IbNet {
                 }
                 Err(e) => {
                     // A failed incoming connection is dropped; the rightful one may still come.
-                    l.log.warn(subsys::NET, &format!("NET/IB : incoming connection on dev {} dropped: {e}", l.dev));
+                    l.log.warn(
+                        subsys::NET,
+                        &format!("NET/IB : incoming connection on dev {} dropped: {e}", l.dev),
+                    );
                     pending.remove(i);
                 }
             }
@@ -419,13 +537,25 @@ impl Net for IbNet {
         match done {
             None => Ok(None),
             Some((parts, peer)) => {
-                let comm = Comm::new(Direction::Recv, l.ctx, format!("{}:{}", d.name, d.port), parts, (peer.fifo_addr, peer.fifo_rkey));
+                let comm = Comm::new(
+                    Direction::Recv,
+                    l.ctx,
+                    format!("{}:{}", d.name, d.port),
+                    parts,
+                    (peer.fifo_addr, peer.fifo_rkey),
+                );
                 Ok(Some(self.recvs.insert(comm.start())))
             }
         }
     }
 
-    fn reg_mr(&self, comm: PluginHandle, data: usize, size: usize, ptr_type: u32) -> Result<PluginHandle, PluginError> {
+    fn reg_mr(
+        &self,
+        comm: PluginHandle,
+        data: usize,
+        size: usize,
+        ptr_type: u32,
+    ) -> Result<PluginHandle, PluginError> {
         let c = self.comm(comm)?;
         if ptr_type != PTR_HOST {
             return Err(PluginError::invalid_usage(format!(
@@ -436,7 +566,11 @@ impl Net for IbNet {
             return Err(PluginError::invalid_argument("reg_mr of a null address"));
         }
         let (entry, reg) = c.reg_mr(data, size)?;
-        Ok(self.mrs.insert(MrHandle { comm: comm.id, entry, reg }))
+        Ok(self.mrs.insert(MrHandle {
+            comm: comm.id,
+            entry,
+            reg,
+        }))
     }
 
     fn dereg_mr(&self, comm: PluginHandle, mr: PluginHandle) -> Result<(), PluginError> {
@@ -455,8 +589,18 @@ impl Net for IbNet {
         }
     }
 
-    unsafe fn isend(&self, comm: PluginHandle, data: usize, size: usize, tag: i32, mr: PluginHandle) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self.sends.get(comm).ok_or_else(|| no_such("send connection", comm))?;
+    unsafe fn isend(
+        &self,
+        comm: PluginHandle,
+        data: usize,
+        size: usize,
+        tag: i32,
+        mr: PluginHandle,
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self
+            .sends
+            .get(comm)
+            .ok_or_else(|| no_such("send connection", comm))?;
         let m = self.check_mr(comm, mr, data, size)?;
         let req = self.requests.reserve();
         if !c.isend(req.id, data, size, tag, m.reg.lkey())? {
@@ -466,8 +610,15 @@ impl Net for IbNet {
         Ok(Some(req))
     }
 
-    unsafe fn irecv(&self, comm: PluginHandle, bufs: &[RecvBuffer]) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self.recvs.get(comm).ok_or_else(|| no_such("receive connection", comm))?;
+    unsafe fn irecv(
+        &self,
+        comm: PluginHandle,
+        bufs: &[RecvBuffer],
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self
+            .recvs
+            .get(comm)
+            .ok_or_else(|| no_such("receive connection", comm))?;
         let [buf] = bufs else {
             return Err(PluginError::invalid_argument(format!(
                 "the IB plugin receives into exactly one buffer at a time for now (max_recvs = 1), not {}",
@@ -484,7 +635,10 @@ impl Net for IbNet {
     }
 
     fn test(&self, request: PluginHandle, sizes: &mut [usize]) -> Result<bool, PluginError> {
-        let c = self.requests.get(request).ok_or_else(|| no_such("request", request))?;
+        let c = self
+            .requests
+            .get(request)
+            .ok_or_else(|| no_such("request", request))?;
         match c.test(request.id) {
             Ok(None) => Ok(false),
             Ok(Some(size)) => {
@@ -502,24 +656,35 @@ impl Net for IbNet {
     }
 
     fn close_send(&self, comm: PluginHandle) -> Result<(), PluginError> {
-        let c = self.sends.remove(comm).ok_or_else(|| no_such("send connection", comm))?;
+        let c = self
+            .sends
+            .remove(comm)
+            .ok_or_else(|| no_such("send connection", comm))?;
         self.close_comm(comm.id, c);
         Ok(())
     }
 
     fn close_recv(&self, comm: PluginHandle) -> Result<(), PluginError> {
-        let c = self.recvs.remove(comm).ok_or_else(|| no_such("receive connection", comm))?;
+        let c = self
+            .recvs
+            .remove(comm)
+            .ok_or_else(|| no_such("receive connection", comm))?;
         self.close_comm(comm.id, c);
         Ok(())
     }
 
     fn close_listen(&self, listen: PluginHandle) -> Result<(), PluginError> {
-        self.listens.remove(listen).map(drop).ok_or_else(|| no_such("listen", listen))
+        self.listens
+            .remove(listen)
+            .map(drop)
+            .ok_or_else(|| no_such("listen", listen))
     }
 
     /// Ends a context, closing whatever it still has open.
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
-        self.contexts.remove(ctx).ok_or_else(|| no_such("net context", ctx))?;
+        self.contexts
+            .remove(ctx)
+            .ok_or_else(|| no_such("net context", ctx))?;
         self.listens.remove_where(|l| lock(l).ctx == ctx.id);
         lock(&self.dialing).retain(|k, _| k.0 != ctx.id);
         for registry in [&self.sends, &self.recvs] {

@@ -34,7 +34,11 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// A PD, a CQ and `nqps` RC QPs in INIT on `dev`'s port.
-    pub fn create(dev: &IbDevice, nqps: usize, settings: &QpSettings) -> Result<Endpoint, PluginError> {
+    pub fn create(
+        dev: &IbDevice,
+        nqps: usize,
+        settings: &QpSettings,
+    ) -> Result<Endpoint, PluginError> {
         let pd = dev.context.alloc_pd()?;
         let depth = QUEUE_DEPTH.min(dev.max_qp_wr.max(1));
         let cq = dev
@@ -73,7 +77,12 @@ impl Endpoint {
     }
 
     /// Takes every QP to RTR then RTS towards the peer's QPs.
-    pub fn connect(&self, dev: &IbDevice, peer: &ConnInfo, settings: &QpSettings) -> Result<(), PluginError> {
+    pub fn connect(
+        &self,
+        dev: &IbDevice,
+        peer: &ConnInfo,
+        settings: &QpSettings,
+    ) -> Result<(), PluginError> {
         if peer.qpns.len() != self.qps.len() {
             return Err(PluginError::remote(format!(
                 "NET/IB : the peer opened {} queue pairs, this side {}; set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
@@ -101,7 +110,10 @@ pub fn init_attr(port: u8, settings: &QpSettings) -> (ibv_qp_attr, c_int) {
         qp_access_flags: (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as u32,
         ..Default::default()
     };
-    (attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)
+    (
+        attr,
+        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+    )
 }
 
 /// What RTR needs of this side's port.
@@ -126,7 +138,12 @@ impl LocalPort {
 }
 
 /// INIT → RTR towards the peer's QP `dest_qpn`.
-pub fn rtr_attr(dev: &LocalPort, peer: &ConnInfo, dest_qpn: u32, settings: &QpSettings) -> (ibv_qp_attr, c_int) {
+pub fn rtr_attr(
+    dev: &LocalPort,
+    peer: &ConnInfo,
+    dest_qpn: u32,
+    settings: &QpSettings,
+) -> (ibv_qp_attr, c_int) {
     let mut ah = ibv_ah_attr {
         dlid: peer.lid,
         sl: settings.service_level,
@@ -202,8 +219,17 @@ mod tests {
 
     #[test]
     fn rtr_routes_roce_by_gid_and_ib_by_lid() {
-        let s = QpSettings { traffic_class: 106, service_level: 3, ..Default::default() };
-        let roce = LocalPort { port: 1, roce: true, gid_index: 3, mtu: 5 };
+        let s = QpSettings {
+            traffic_class: 106,
+            service_level: 3,
+            ..Default::default()
+        };
+        let roce = LocalPort {
+            port: 1,
+            roce: true,
+            gid_index: 3,
+            mtu: 5,
+        };
         let (a, mask) = rtr_attr(&roce, &peer(true), 77, &s);
         assert_eq!(a.qp_state, IBV_QPS_RTR);
         assert_eq!(a.dest_qp_num, 77);
@@ -215,7 +241,12 @@ mod tests {
         assert_eq!(a.ah_attr.sl, 3);
         assert_ne!(mask & IBV_QP_AV, 0);
         assert_ne!(mask & IBV_QP_DEST_QPN, 0);
-        let ib = LocalPort { port: 2, roce: false, gid_index: 0, mtu: 5 };
+        let ib = LocalPort {
+            port: 2,
+            roce: false,
+            gid_index: 0,
+            mtu: 5,
+        };
         let (a, _) = rtr_attr(&ib, &peer(false), 77, &s);
         assert_eq!(a.ah_attr.is_global, 0);
         assert_eq!(a.ah_attr.dlid, 9);
@@ -224,12 +255,23 @@ mod tests {
 
     #[test]
     fn init_and_rts_carry_the_variables() {
-        let s = QpSettings { timeout: 14, retry_cnt: 3, pkey_index: 2, ..Default::default() };
+        let s = QpSettings {
+            timeout: 14,
+            retry_cnt: 3,
+            pkey_index: 2,
+            ..Default::default()
+        };
         let (a, mask) = init_attr(1, &s);
         assert_eq!((a.qp_state, a.port_num, a.pkey_index), (IBV_QPS_INIT, 1, 2));
-        assert_eq!(mask, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        assert_eq!(
+            mask,
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+        );
         let (a, mask) = rts_attr(&s);
-        assert_eq!((a.qp_state, a.timeout, a.retry_cnt, a.rnr_retry), (IBV_QPS_RTS, 14, 3, 7));
+        assert_eq!(
+            (a.qp_state, a.timeout, a.retry_cnt, a.rnr_retry),
+            (IBV_QPS_RTS, 14, 3, 7)
+        );
         assert_ne!(mask & IBV_QP_RETRY_CNT, 0);
     }
 }

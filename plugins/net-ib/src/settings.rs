@@ -108,9 +108,11 @@ impl IbSettings {
         let roce_version = match int("NCCL_IB_ROCE_VERSION_NUM")? {
             None => 2,
             Some(v @ (1 | 2)) => v as u32,
-            Some(v) => return Err(PluginError::invalid_argument(format!(
+            Some(v) => {
+                return Err(PluginError::invalid_argument(format!(
                 "NCCL_IB_ROCE_VERSION_NUM={v}: RoCE versions are 1 and 2; set one or unset it (2)"
-            ))),
+            )))
+            }
         };
         Ok(IbSettings {
             disable: int("NCCL_IB_DISABLE")?.is_some_and(|v| v != 0),
@@ -134,7 +136,11 @@ impl IbSettings {
                     }
                 };
                 QpSettings {
-                    qps_per_connection: match ranged("NCCL_IB_QPS_PER_CONNECTION", 1, MAX_QPS as i64)? {
+                    qps_per_connection: match ranged(
+                        "NCCL_IB_QPS_PER_CONNECTION",
+                        1,
+                        MAX_QPS as i64,
+                    )? {
                         0 => 1,
                         n => n as usize,
                     },
@@ -184,9 +190,18 @@ mod tests {
                 pkey_index: 2
             }
         );
-        assert_eq!(settings(&[("NCCL_IB_QPS_PER_CONNECTION", "0")]).unwrap().qp.qps_per_connection, 1);
+        assert_eq!(
+            settings(&[("NCCL_IB_QPS_PER_CONNECTION", "0")])
+                .unwrap()
+                .qp
+                .qps_per_connection,
+            1
+        );
         let e = settings(&[("NCCL_IB_RETRY_CNT", "9")]).unwrap_err();
-        assert!(e.message.contains("NCCL_IB_RETRY_CNT=9 is outside 0..=7"), "{e}");
+        assert!(
+            e.message.contains("NCCL_IB_RETRY_CNT=9 is outside 0..=7"),
+            "{e}"
+        );
         assert!(settings(&[("NCCL_IB_QPS_PER_CONNECTION", "1000")]).is_err());
     }
 

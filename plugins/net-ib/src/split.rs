@@ -49,24 +49,54 @@ mod tests {
 
     #[test]
     fn parts_are_aligned_and_cover_the_message() {
-        assert_eq!(split(1000, 1), vec![Part { offset: 0, len: 1000 }]);
+        assert_eq!(
+            split(1000, 1),
+            vec![Part {
+                offset: 0,
+                len: 1000
+            }]
+        );
         assert_eq!(
             split(1000, 4),
             vec![
-                Part { offset: 0, len: 256 },
-                Part { offset: 256, len: 256 },
-                Part { offset: 512, len: 256 },
-                Part { offset: 768, len: 232 },
+                Part {
+                    offset: 0,
+                    len: 256
+                },
+                Part {
+                    offset: 256,
+                    len: 256
+                },
+                Part {
+                    offset: 512,
+                    len: 256
+                },
+                Part {
+                    offset: 768,
+                    len: 232
+                },
             ]
         );
         // Small messages leave the last QPs an empty part.
         assert_eq!(
             split(130, 4),
             vec![
-                Part { offset: 0, len: 128 },
-                Part { offset: 128, len: 2 },
-                Part { offset: 130, len: 0 },
-                Part { offset: 130, len: 0 },
+                Part {
+                    offset: 0,
+                    len: 128
+                },
+                Part {
+                    offset: 128,
+                    len: 2
+                },
+                Part {
+                    offset: 130,
+                    len: 0
+                },
+                Part {
+                    offset: 130,
+                    len: 0
+                },
             ]
         );
         assert_eq!(split(0, 2), vec![Part { offset: 0, len: 0 }; 2]);

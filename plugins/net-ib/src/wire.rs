@@ -131,7 +131,9 @@ impl ConnInfo {
     pub fn decode(b: &[u8; CONN_INFO_BYTES]) -> Result<ConnInfo, String> {
         let nqps = u16_at(b, 40) as usize;
         if nqps == 0 || nqps > MAX_QPS {
-            return Err(format!("the peer announced {nqps} queue pairs (1..={MAX_QPS})"));
+            return Err(format!(
+                "the peer announced {nqps} queue pairs (1..={MAX_QPS})"
+            ));
         }
         Ok(ConnInfo {
             magic: u64_at(b, 0),
@@ -154,12 +156,19 @@ mod tests {
     fn listen_handle_round_trips_and_refuses_others() {
         for addr in ["10.1.2.3:4567", "[fe80::1%3]:99", "[::1]:1"] {
             let addr: SocketAddr = addr.parse().unwrap();
-            let h = ListenHandle { addr, magic: 0x1234_5678_9abc_def0 };
+            let h = ListenHandle {
+                addr,
+                magic: 0x1234_5678_9abc_def0,
+            };
             assert_eq!(ListenHandle::decode(&h.encode()), Ok(h));
         }
         let e = ListenHandle::decode(&NetHandle::default()).unwrap_err();
         assert!(e.contains("not made by the IB plugin"), "{e}");
-        let mut bad = ListenHandle { addr: "1.2.3.4:5".parse().unwrap(), magic: 1 }.encode();
+        let mut bad = ListenHandle {
+            addr: "1.2.3.4:5".parse().unwrap(),
+            magic: 1,
+        }
+        .encode();
         bad.bytes[8] = 9;
         assert!(ListenHandle::decode(&bad).unwrap_err().contains("family 9"));
     }
@@ -181,6 +190,8 @@ mod tests {
         assert_eq!(ConnInfo::decode(&b), Ok(info));
         let mut none = b;
         none[40..42].copy_from_slice(&0u16.to_le_bytes());
-        assert!(ConnInfo::decode(&none).unwrap_err().contains("0 queue pairs"));
+        assert!(ConnInfo::decode(&none)
+            .unwrap_err()
+            .contains("0 queue pairs"));
     }
 }

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use common::*;
 
-use rustccl_net_conformance::{check_peer_killed, handle_from_hex, load, run_sending_peer, Env, CHECKS};
+use rustccl_net_conformance::{
+    check_peer_killed, handle_from_hex, load, run_sending_peer, Env, CHECKS,
+};
 
 /// The whole suite's time limit (it takes about 15 s on a busy 2-core machine).
 const LIMIT: Duration = Duration::from_secs(240);
@@ -44,7 +46,10 @@ fn run_suite(lib: &Path, qps: u32) -> String {
     .spawn()
     .expect("start the suite");
     let (status, text) = wait_with_limit(c, LIMIT);
-    assert!(status.is_some(), "the suite ({qps} QPs) ran past {LIMIT:?} (hang):\n{text}");
+    assert!(
+        status.is_some(),
+        "the suite ({qps} QPs) ran past {LIMIT:?} (hang):\n{text}"
+    );
     text
 }
 
@@ -61,7 +66,10 @@ fn ib_plugin_passes_the_conformance_suite_on_the_verbs_stand_in() {
         let out = run_suite(&lib, qps);
         println!("--- {qps} QP(s) per connection ---\n{out}");
         assert!(out.contains("# net plugin IB"), "{out}");
-        assert!(out.contains("7 passed, 0 failed"), "conformance failures with {qps} QP(s):\n{out}");
+        assert!(
+            out.contains("7 passed, 0 failed"),
+            "conformance failures with {qps} QP(s):\n{out}"
+        );
     }
 }
 
@@ -73,7 +81,10 @@ fn suite_child() {
     }
     let plugin = std::env::var(PLUGIN).expect("plugin path");
     let loaded = load(&plugin).expect("load the plugin");
-    println!("# net plugin {} ({}) from {plugin}", loaded.name, loaded.abi);
+    println!(
+        "# net plugin {} ({}) from {plugin}",
+        loaded.name, loaded.abi
+    );
     let env = Env::new(&*loaded.net, 1 << 30).expect("init");
     let (mut passed, mut failed) = (0, 0);
     let mut report = |name: &str, r: Result<(), String>| match r {
@@ -93,15 +104,26 @@ fn suite_child() {
     let r = check_peer_killed(
         &env,
         &mut |handle| {
-            let mut c = child("peer_child", &[(ROLE, "peer".into()), (PLUGIN, plugin.clone()), (HANDLE, handle.to_string())])
-                .stdout(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("starting the peer: {e}"))?;
+            let mut c = child(
+                "peer_child",
+                &[
+                    (ROLE, "peer".into()),
+                    (PLUGIN, plugin.clone()),
+                    (HANDLE, handle.to_string()),
+                ],
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the peer: {e}"))?;
             let lines = BufReader::new(c.stdout.take().unwrap()).lines();
             *peer.borrow_mut() = Some(c);
             for line in lines {
                 // libtest may print "test peer_child ... " before it on the same line.
-                if line.map_err(|e| e.to_string())?.trim_end().ends_with("CONNECTED") {
+                if line
+                    .map_err(|e| e.to_string())?
+                    .trim_end()
+                    .ends_with("CONNECTED")
+                {
                     return Ok(());
                 }
             }

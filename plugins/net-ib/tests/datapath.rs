@@ -39,12 +39,19 @@ fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
         ("NCCL_SOCKET_IFNAME", "lo".to_string()),
     ];
     vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
-    let c = child(role, &vars).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the child");
+    let c = child(role, &vars)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the child");
     let (status, out) = wait_with_limit(c, LIMIT);
     println!("{out}");
     assert!(status.is_some(), "{role} ran past {LIMIT:?} (hang):\n{out}");
     assert!(status.unwrap().success(), "{role} failed:\n{out}");
-    assert!(out.contains("test result: ok. 1 passed"), "{role} did not run:\n{out}");
+    assert!(
+        out.contains("test result: ok. 1 passed"),
+        "{role} did not run:\n{out}"
+    );
     Some(out)
 }
 
@@ -56,7 +63,9 @@ struct Pair {
 
 fn connect() -> Pair {
     let net = IbNet::new();
-    let ctx = net.init(1, &NetCommConfig::default(), LogFn { log }).expect("init");
+    let ctx = net
+        .init(1, &NetCommConfig::default(), LogFn { log })
+        .expect("init");
     assert!(net.devices(ctx).unwrap() >= 1, "the stand-in's device");
     let (handle, listen) = net.listen(ctx, 0).expect("listen");
     let (mut send, mut recv) = (None, None);
@@ -68,9 +77,16 @@ fn connect() -> Pair {
         if recv.is_none() {
             recv = net.accept(listen).expect("accept");
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "connect/accept hang");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "connect/accept hang"
+        );
     }
-    Pair { net, send: send.unwrap(), recv: recv.unwrap() }
+    Pair {
+        net,
+        send: send.unwrap(),
+        recv: recv.unwrap(),
+    }
 }
 
 /// Polls until done; the result of the last `test`.
@@ -93,8 +109,14 @@ fn stream(p: &Pair, count: usize, window: usize, size: impl Fn(usize) -> usize) 
     let max = (0..count).map(&size).max().unwrap_or(0);
     let mut src = vec![0u8; max * window];
     let mut dst = vec![0u8; max * window];
-    let smr = p.net.reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST).unwrap();
-    let rmr = p.net.reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST).unwrap();
+    let smr = p
+        .net
+        .reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST)
+        .unwrap();
+    let rmr = p
+        .net
+        .reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST)
+        .unwrap();
     let mut msg = 0;
     while msg < count {
         let batch: Vec<usize> = (msg..count.min(msg + window)).collect();
@@ -105,11 +127,20 @@ fn stream(p: &Pair, count: usize, window: usize, size: impl Fn(usize) -> usize) 
             for (i, b) in s.iter_mut().enumerate() {
                 *b = byte(m, i);
             }
-            let rb = [RecvBuffer { data: dst[slot * max..].as_mut_ptr() as usize, size: max, tag: m as i32, mr: rmr }];
+            let rb = [RecvBuffer {
+                data: dst[slot * max..].as_mut_ptr() as usize,
+                size: max,
+                tag: m as i32,
+                mr: rmr,
+            }];
             // SAFETY: the buffers outlive the requests (waited for below).
-            let r = unsafe { p.net.irecv(p.recv, &rb) }.unwrap().expect("a receive slot");
+            let r = unsafe { p.net.irecv(p.recv, &rb) }
+                .unwrap()
+                .expect("a receive slot");
             // SAFETY: as above.
-            let s = unsafe { p.net.isend(p.send, s.as_ptr() as usize, len, m as i32, smr) }.unwrap().expect("a send slot");
+            let s = unsafe { p.net.isend(p.send, s.as_ptr() as usize, len, m as i32, smr) }
+                .unwrap()
+                .expect("a send slot");
             reqs.push((m, len, s, r));
         }
         for (slot, (m, len, s, r)) in reqs.into_iter().enumerate() {
@@ -162,16 +193,35 @@ fn mr_child() {
     // the first leaves the second usable. (The counts themselves are checked by
     // mr_cache's unit tests; each handle also holds its MR, so this is about the plugin's
     // handle bookkeeping: the right handle goes, the other stays.)
-    let a = p.net.reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST).unwrap();
-    let b = p.net.reg_mr(p.send, src.as_ptr() as usize + 100, 500, PTR_HOST).unwrap();
-    let rmr = p.net.reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST).unwrap();
+    let a = p
+        .net
+        .reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST)
+        .unwrap();
+    let b = p
+        .net
+        .reg_mr(p.send, src.as_ptr() as usize + 100, 500, PTR_HOST)
+        .unwrap();
+    let rmr = p
+        .net
+        .reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST)
+        .unwrap();
     p.net.dereg_mr(p.send, a).unwrap();
-    assert!(p.net.dereg_mr(p.send, a).is_err(), "a handle deregisters once");
-    let rb = [RecvBuffer { data: dst.as_mut_ptr() as usize, size: dst.len(), tag: 1, mr: rmr }];
+    assert!(
+        p.net.dereg_mr(p.send, a).is_err(),
+        "a handle deregisters once"
+    );
+    let rb = [RecvBuffer {
+        data: dst.as_mut_ptr() as usize,
+        size: dst.len(),
+        tag: 1,
+        mr: rmr,
+    }];
     // SAFETY: buffers outlive the requests.
     let r = unsafe { p.net.irecv(p.recv, &rb) }.unwrap().unwrap();
     // SAFETY: as above.
-    let s = unsafe { p.net.isend(p.send, src.as_ptr() as usize + 100, 500, 1, b) }.unwrap().unwrap();
+    let s = unsafe { p.net.isend(p.send, src.as_ptr() as usize + 100, 500, 1, b) }
+        .unwrap()
+        .unwrap();
     wait(&p.net, s).expect("send through the shared registration");
     assert_eq!(wait(&p.net, r).unwrap(), 500);
     assert!(dst[..500].iter().all(|&x| x == 5));
@@ -199,11 +249,22 @@ fn error_child() {
     let p = connect();
     let src = vec![1u8; 4096];
     let mut dst = vec![0u8; 4096];
-    let smr = p.net.reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST).unwrap();
-    let rmr = p.net.reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST).unwrap();
+    let smr = p
+        .net
+        .reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST)
+        .unwrap();
+    let rmr = p
+        .net
+        .reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST)
+        .unwrap();
     let mut errors = Vec::new();
     for m in 0..10 {
-        let rb = [RecvBuffer { data: dst.as_mut_ptr() as usize, size: dst.len(), tag: 0, mr: rmr }];
+        let rb = [RecvBuffer {
+            data: dst.as_mut_ptr() as usize,
+            size: dst.len(),
+            tag: 0,
+            mr: rmr,
+        }];
         // SAFETY: buffers outlive the requests (or the connections are closed first).
         let r = unsafe { p.net.irecv(p.recv, &rb) };
         // SAFETY: as above.
@@ -218,7 +279,10 @@ fn error_child() {
         }
         let start = Instant::now();
         while !pending.is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(30), "message {m}: {pending:?} neither completed nor failed (hang)");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "message {m}: {pending:?} neither completed nor failed (hang)"
+            );
             pending.retain(|&(what, h)| match p.net.test(h, &mut [0]) {
                 Ok(done) => !done,
                 Err(e) => {
@@ -232,11 +296,23 @@ fn error_child() {
         }
     }
     println!("errors: {errors:#?}");
-    assert!(!errors.is_empty(), "an injected error completion must fail a request");
+    assert!(
+        !errors.is_empty(),
+        "an injected error completion must fail a request"
+    );
     // The side whose work request failed names the completion status; the other side,
     // waiting on it, fails too (through the out-of-band socket) instead of hanging.
-    assert!(errors.iter().any(|e| e.contains("transport retry counter exceeded")), "{errors:?}");
-    assert_eq!(errors.len(), 2, "both the receive and the send fail: {errors:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("transport retry counter exceeded")),
+        "{errors:?}"
+    );
+    assert_eq!(
+        errors.len(),
+        2,
+        "both the receive and the send fail: {errors:?}"
+    );
     p.net.close_send(p.send).unwrap();
     p.net.close_recv(p.recv).unwrap();
 }

@@ -20,15 +20,24 @@ pub fn double_sources() -> Option<PathBuf> {
 }
 
 pub fn tool_runs(tool: &str) -> bool {
-    Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Builds the stand-in; `Err(reason)` to skip.
 pub fn build_double() -> Result<PathBuf, String> {
-    let src = double_sources().ok_or("the verbs stand-in's sources (plugins/net-ib/verbs-double) are not in this checkout")?;
+    let src = double_sources().ok_or(
+        "the verbs stand-in's sources (plugins/net-ib/verbs-double) are not in this checkout",
+    )?;
     for tool in ["cc", "make"] {
         if !tool_runs(tool) {
-            return Err(format!("`{tool}` is not installed (the verbs stand-in is C, built with make)"));
+            return Err(format!(
+                "`{tool}` is not installed (the verbs stand-in is C, built with make)"
+            ));
         }
     }
     let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verbs-double");
@@ -53,7 +62,11 @@ pub fn build_double() -> Result<PathBuf, String> {
 pub fn plugin_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps directory");
-    let file = format!("{}rustccl_net_ib{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let file = format!(
+        "{}rustccl_net_ib{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
     [Some(deps.join(&file)), deps.parent().map(|p| p.join(&file))]
         .into_iter()
         .flatten()
@@ -98,7 +111,10 @@ pub fn wait_with_limit(mut c: Child, limit: Duration) -> (Option<ExitStatus>, St
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    (status, format!("{}\n{}", out.join().unwrap(), err.join().unwrap()))
+    (
+        status,
+        format!("{}\n{}", out.join().unwrap(), err.join().unwrap()),
+    )
 }
 
 /// Whether this process plays `role`.
