@@ -27,7 +27,7 @@ use crate::mr_cache::MrCache;
 use crate::oob::{conn_info, peer_gone, Pipe};
 use crate::qp::{Endpoint, MAX_INFLIGHT};
 use crate::settings::QpSettings;
-use crate::split::split;
+use crate::split::{split, uses_adaptive_routing};
 use crate::verbs::types::*;
 use crate::verbs::Mr;
 use crate::wire::PROTO_MAGIC;
@@ -157,6 +157,8 @@ pub struct Comm {
     /// Device name, for messages.
     pub device: String,
     nqps: usize,
+    /// Sender: messages above this size post the adaptive-routing way (`None`: never).
+    ar_threshold: Option<usize>,
     state: Mutex<State>,
 }
 
@@ -199,6 +201,7 @@ impl Comm {
             ctx,
             device,
             nqps,
+            ar_threshold: None,
             state: Mutex::new(State {
                 ep: parts.ep,
                 fifo_mr: parts.fifo_mr,
@@ -214,6 +217,13 @@ impl Comm {
                 oob: parts.oob,
             }),
         }
+    }
+
+    /// Sets the adaptive-routing threshold of a sender (see
+    /// [`crate::split::adaptive_routing_threshold`]).
+    pub fn with_adaptive_routing(mut self, threshold: Option<usize>) -> Comm {
+        self.ar_threshold = threshold;
+        self
     }
 
     /// Wraps the connection and starts its setup helper: a thread that advances the setup
@@ -587,28 +597,45 @@ impl Comm {
                     q.size, cts.size, self.device
                 )));
             }
+            let ar = uses_adaptive_routing(self.ar_threshold, q.size);
+            let imm = (q.size as u32).to_be();
             for (qp, part) in st.ep.qps.iter().zip(split(q.size, self.nqps)) {
+                let remote = cts.addr + part.offset as u64;
                 let mut sge = ibv_sge {
                     addr: (q.data + part.offset) as u64,
                     length: part.len as u32,
                     lkey: q.lkey,
                 };
-                let mut wr = send_wr(
+                // The write-with-immediate that completes this QP's part: carrying the part
+                // itself, or (adaptive routing, or an empty part) no bytes.
+                let carries_data = part.len > 0 && !ar;
+                let mut last = send_wr(
                     q.req,
                     IBV_WR_RDMA_WRITE_WITH_IMM,
                     &mut sge,
-                    cts.addr + part.offset as u64,
+                    remote,
                     cts.rkey,
-                    (q.size as u32).to_be(),
+                    imm,
                 );
-                if part.len == 0 {
-                    wr.num_sge = 0;
-                    wr.sg_list = std::ptr::null_mut();
+                if !carries_data {
+                    last.num_sge = 0;
+                    last.sg_list = std::ptr::null_mut();
                 }
-                // SAFETY: the SGE names the caller's registered buffer (isend's contract
+                let mut sge_data = sge;
+                let mut data =
+                    send_wr(q.req, IBV_WR_RDMA_WRITE, &mut sge_data, remote, cts.rkey, 0);
+                data.send_flags = 0; // unsignaled: `last` completes the part
+                data.next = &mut last;
+                let first = if ar && part.len > 0 {
+                    &mut data
+                } else {
+                    &mut last
+                };
+                // SAFETY: the SGEs name the caller's registered buffer (isend's contract
                 // keeps it valid until completion); the remote range is inside the receive
-                // buffer the CTS announced (size checked above).
-                unsafe { qp.post_send(&mut wr) }?;
+                // buffer the CTS announced (size checked above); the chain lives on this
+                // stack frame during the call.
+                unsafe { qp.post_send(first) }?;
             }
             st.queued.pop_front();
         }

@@ -22,6 +22,7 @@ use crate::fifo::Fifo;
 use crate::oob::{self, Pipe};
 use crate::qp::Endpoint;
 use crate::settings::IbSettings;
+use crate::split::adaptive_routing_threshold;
 use crate::verbs::Mr;
 use crate::wire::{ConnInfo, ListenHandle, CONN_INFO_BYTES, PROTO_MAGIC};
 use crate::SYSFS_INFINIBAND;
@@ -474,13 +475,19 @@ impl Net for IbNet {
             Ok(Some(parts)) => {
                 dialing.remove(&key);
                 drop(dialing);
+                let settings_qp = self.settings()?.qp;
                 let comm = Comm::new(
                     Direction::Send,
                     ctx.id,
                     format!("{}:{}", d.name, d.port),
                     parts,
                     (0, 0),
-                );
+                )
+                .with_adaptive_routing(adaptive_routing_threshold(
+                    settings_qp.adaptive_routing,
+                    d.link_layer,
+                    settings_qp.ar_threshold,
+                ));
                 Ok(Some(self.sends.insert(comm.start())))
             }
             Err(e) => {

@@ -23,8 +23,9 @@ pub struct IbSettings {
     pub qp: QpSettings,
 }
 
-/// The queue-pair variables (`NCCL_IB_QPS_PER_CONNECTION`, `_TIMEOUT`, `_RETRY_CNT`, `_TC`,
-/// `_SL`, `_PKEY`), with NCCL's defaults.
+/// The queue-pair and data-path variables (`NCCL_IB_QPS_PER_CONNECTION`, `_TIMEOUT`,
+/// `_RETRY_CNT`, `_TC`, `_SL`, `_PKEY`, `_ADAPTIVE_ROUTING`, `_AR_THRESHOLD`), with NCCL's
+/// defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpSettings {
     /// RC queue pairs per connection; a message is split over them.
@@ -39,6 +40,11 @@ pub struct QpSettings {
     pub service_level: u8,
     /// Partition key index.
     pub pkey_index: u16,
+    /// `NCCL_IB_ADAPTIVE_ROUTING`: `None` = NCCL's default (on for InfiniBand, off for
+    /// RoCE; see [`crate::split::adaptive_routing_threshold`]).
+    pub adaptive_routing: Option<bool>,
+    /// `NCCL_IB_AR_THRESHOLD`: messages larger than this use the adaptive-routing posting.
+    pub ar_threshold: usize,
 }
 
 /// Most queue pairs per connection (NCCL's `NCCL_IB_MAX_QPS`).
@@ -53,6 +59,8 @@ impl Default for QpSettings {
             traffic_class: 0,
             service_level: 0,
             pkey_index: 0,
+            adaptive_routing: None,
+            ar_threshold: 8192,
         }
     }
 }
@@ -149,6 +157,9 @@ impl IbSettings {
                     traffic_class: ranged("NCCL_IB_TC", 0, 255)? as u8,
                     service_level: ranged("NCCL_IB_SL", 0, 15)? as u8,
                     pkey_index: ranged("NCCL_IB_PKEY", 0, 0xffff)? as u16,
+                    adaptive_routing: int("NCCL_IB_ADAPTIVE_ROUTING")?.map(|v| v != 0),
+                    ar_threshold: ranged("NCCL_IB_AR_THRESHOLD", d.ar_threshold as i64, i64::MAX)?
+                        as usize,
                 }
             },
         })
@@ -177,6 +188,8 @@ mod tests {
             ("NCCL_IB_TC", "106"),
             ("NCCL_IB_SL", "1"),
             ("NCCL_IB_PKEY", "2"),
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+            ("NCCL_IB_AR_THRESHOLD", "65536"),
         ])
         .unwrap();
         assert_eq!(
@@ -187,7 +200,9 @@ mod tests {
                 retry_cnt: 3,
                 traffic_class: 106,
                 service_level: 1,
-                pkey_index: 2
+                pkey_index: 2,
+                adaptive_routing: Some(true),
+                ar_threshold: 65536,
             }
         );
         assert_eq!(

@@ -4,6 +4,30 @@
 //! QP carries a write-with-immediate even when its part is empty, because the receiver
 //! posted one receive per QP and counts their completions.
 
+use crate::device::LinkLayer;
+
+/// The size above which a connection posts the adaptive-routing way, or `None` when it
+/// never does. With adaptive routing (AR) the fabric may deliver a QP's packets out of
+/// order, so a write-with-immediate's completion would not prove that the bytes before it
+/// landed: NCCL then posts the data as plain RDMA writes followed, on each QP, by a 0-byte
+/// write-with-immediate, which the fabric orders after them. `NCCL_IB_ADAPTIVE_ROUTING`
+/// (unset: on for InfiniBand, off for RoCE) and `NCCL_IB_AR_THRESHOLD` decide.
+pub fn adaptive_routing_threshold(
+    setting: Option<bool>,
+    link: LinkLayer,
+    threshold: usize,
+) -> Option<usize> {
+    setting
+        .unwrap_or(link == LinkLayer::InfiniBand)
+        .then_some(threshold)
+}
+
+/// Whether a `size`-byte message posts the adaptive-routing way (see
+/// [`adaptive_routing_threshold`]).
+pub fn uses_adaptive_routing(threshold: Option<usize>, size: usize) -> bool {
+    threshold.is_some_and(|t| size > t)
+}
+
 /// Alignment of each part's start.
 pub const PART_ALIGN: usize = 128;
 
@@ -45,6 +69,29 @@ mod tests {
             next = p.offset + p.len;
         }
         assert_eq!(next, size, "{size}/{nqps}: parts cover the message");
+    }
+
+    #[test]
+    fn adaptive_routing_defaults_and_threshold() {
+        assert_eq!(
+            adaptive_routing_threshold(None, LinkLayer::InfiniBand, 8192),
+            Some(8192)
+        );
+        assert_eq!(
+            adaptive_routing_threshold(None, LinkLayer::Ethernet, 8192),
+            None
+        );
+        assert_eq!(
+            adaptive_routing_threshold(Some(true), LinkLayer::Ethernet, 100),
+            Some(100)
+        );
+        assert_eq!(
+            adaptive_routing_threshold(Some(false), LinkLayer::InfiniBand, 8192),
+            None
+        );
+        assert!(!uses_adaptive_routing(Some(8192), 8192));
+        assert!(uses_adaptive_routing(Some(8192), 8193));
+        assert!(!uses_adaptive_routing(None, 1 << 30));
     }
 
     #[test]

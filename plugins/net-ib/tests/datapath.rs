@@ -1,7 +1,8 @@
 //! The data path on the verbs stand-in, beyond the conformance suite: the 256-slot CTS FIFO
 //! wrapping around (600 messages on one connection, 32 in flight), sizes that are not
-//! multiples of 128 split over 3 QPs, registrations sharing cached pages, and an injected
-//! error completion turning into an error from `test` on both sides (no hang).
+//! multiples of 128 split over 3 QPs, the adaptive-routing posting, registrations sharing
+//! cached pages, and an injected error completion turning into an error from `test` on both
+//! sides (no hang).
 //! Each case runs in a child process with its own environment and a time limit; all are
 //! skipped, with the reason printed, when the stand-in cannot be built (see `common`).
 
@@ -172,6 +173,33 @@ fn fifo_child() {
     // 600 messages (the FIFO's 256 slots wrap twice), sizes 0..~70 KB, most not multiples
     // of 128, so the 3 QPs get uneven parts and some get none.
     stream(&p, 600, 32, |m| (m * 997) % 70_001);
+    p.net.close_send(p.send).unwrap();
+    p.net.close_recv(p.recv).unwrap();
+}
+
+#[test]
+fn adaptive_routing_posts_writes_then_a_zero_byte_immediate() {
+    // Forced on (RoCE's default is off) with a low threshold: messages above 1000 bytes go
+    // as plain writes plus a 0-byte write-with-immediate per QP, smaller ones as before.
+    run(
+        "ar_child",
+        &[
+            ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+            ("NCCL_IB_AR_THRESHOLD", "1000"),
+        ],
+    );
+}
+
+#[test]
+fn ar_child() {
+    if !is_role("ar_child") {
+        return;
+    }
+    let p = connect();
+    stream(&p, 300, 16, |m| {
+        [0, 1, 999, 1000, 1001, 4097, 65_537, 300_001][m % 8]
+    });
     p.net.close_send(p.send).unwrap();
     p.net.close_recv(p.recv).unwrap();
 }
