@@ -18,12 +18,13 @@
 //! * registrations through a page-range cache with reference counts ([`mr_cache`]);
 //! * the receiver's clear-to-send entries RDMA-written into the sender's 256-slot FIFO
 //!   ([`fifo`]), the data RDMA_WRITE_WITH_IMM straight into the receive buffer, split over
-//!   the QPs in 128-byte-aligned parts ([`split`]); `test` polls the CQ; an error completion
-//!   or EOF on the out-of-band socket (a dead peer) fails the connection ([`comm`]).
+//!   the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD` with
+//!   adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test` polls
+//!   the CQ; an error completion or EOF on the out-of-band socket (a dead peer) fails the
+//!   connection ([`comm`]).
 //!
-//! **Not yet:** multi-receive (`max_recvs` is 1), the adaptive-routing split, the flush
-//! read, dma-buf / GPU memory (`ptr_support` is host), the async-event thread, merged
-//! devices.
+//! **Not yet:** multi-receive (`max_recvs` is 1), the flush read, dma-buf / GPU memory
+//! (`ptr_support` is host), the async-event thread, merged devices.
 //!
 //! # Why a binding of its own
 //!
