@@ -40,6 +40,7 @@ pub mod export;
 pub mod net;
 pub mod profiler;
 pub mod profiler_v1;
+pub mod registry;
 pub mod tuner;
 
 /// An error crossing the plugin boundary: an `ncclResult_t` code and a message.

@@ -1,16 +1,30 @@
 //! rustccl's InfiniBand / RoCE network transport, over RDMA verbs.
 //!
-//! **What it does now:** it loads libibverbs at run time through its own thin binding
-//! ([`verbs`]: `NCCL_IBVERBS_LIB`, else `libibverbs.so.1`) and finds the devices NCCL would
-//! use ([`device::discover`]): every ACTIVE InfiniBand or RoCE port, filtered by
-//! `NCCL_IB_HCA`, off with `NCCL_IB_DISABLE`, each with its speed ([`speed`]) and, on RoCE,
-//! the GID NCCL's rules pick ([`gid`]: `NCCL_IB_GID_INDEX`, `NCCL_IB_ADDR_FAMILY`,
-//! `NCCL_IB_ADDR_RANGE`, `NCCL_IB_ROCE_VERSION_NUM`). [`list_devices`] is the plain
-//! listing (names, GUIDs, sysfs port details). On a machine without RDMA devices or without
-//! the library, these return an empty list or a clear error; they never panic.
+//! **Devices.** It loads libibverbs at run time through its own thin binding ([`verbs`]:
+//! `NCCL_IBVERBS_LIB`, else `libibverbs.so.1`) and finds the devices NCCL would use
+//! ([`device::discover`]): every ACTIVE InfiniBand or RoCE port, filtered by `NCCL_IB_HCA`,
+//! off with `NCCL_IB_DISABLE`, each with its speed ([`speed`]) and, on RoCE, the GID NCCL's
+//! rules pick ([`gid`]). [`list_devices`] is the plain listing. On a machine without RDMA
+//! devices or without the library, these return an empty list or a clear error.
 //!
-//! **What a later step adds:** queue pairs and connection setup, memory registration, the
-//! send/receive data path, and the net plugin ABI around it (issue 33).
+//! **The net plugin "IB"** ([`IbNet`], exported by the cdylib `librustccl_net_ib.so` as
+//! `rustccl_net_v1`), with NCCL's design:
+//! * connection setup over an out-of-band TCP socket ([`oob`], [`wire`]) without blocking:
+//!   `connect` returns once the TCP connection is up and its info sent, `accept` once the
+//!   peer's info is read and its QPs are ready; a helper thread per connection finishes the
+//!   exchange ([`comm::Setup`]);
+//! * `NCCL_IB_QPS_PER_CONNECTION` RC queue pairs per connection taken to RTS with
+//!   `NCCL_IB_TIMEOUT`, `_RETRY_CNT`, `_TC`, `_SL`, `_PKEY` ([`qp`], [`settings`]);
+//! * registrations through a page-range cache with reference counts ([`mr_cache`]);
+//! * the receiver's clear-to-send entries RDMA-written into the sender's 256-slot FIFO
+//!   ([`fifo`]), the data RDMA_WRITE_WITH_IMM straight into the receive buffer, split over
+//!   the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD` with
+//!   adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test` polls
+//!   the CQ; an error completion or EOF on the out-of-band socket (a dead peer) fails the
+//!   connection ([`comm`]).
+//!
+//! **Not yet:** multi-receive (`max_recvs` is 1), the flush read, dma-buf / GPU memory
+//! (`ptr_support` is host), the async-event thread, merged devices.
 //!
 //! # Why a binding of its own
 //!
@@ -23,18 +37,30 @@
 //! crate, so it is a default workspace member; at run time a machine without libibverbs gets
 //! an error saying what to install, and a userspace stand-in can be chosen by path.
 
+pub mod comm;
 pub mod device;
+pub mod fifo;
 pub mod gid;
+pub mod mr_cache;
+pub mod oob;
+pub mod plugin;
+pub mod qp;
 pub mod settings;
 pub mod speed;
+pub mod split;
 pub mod verbs;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 
 use rustccl_plugin_api::PluginError;
 
 pub use device::{discover, Discovery, HcaFilter, IbDevice, LinkLayer};
-pub use settings::IbSettings;
+pub use plugin::IbNet;
+pub use settings::{IbSettings, QpSettings};
+
+rustccl_plugin_api::export_net!(v2, "IB", IbNet, IbNet::new());
+rustccl_plugin_api::export_net!(v1, "IB", IbNet, IbNet::new());
 
 /// Where the kernel describes RDMA devices.
 pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";

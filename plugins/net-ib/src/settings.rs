@@ -19,6 +19,50 @@ pub struct IbSettings {
     pub gid: GidConfig,
     /// `NCCL_IBVERBS_LIB`: the libibverbs to load (unset: `libibverbs.so.1`).
     pub library: Option<String>,
+    /// How connections set up their queue pairs.
+    pub qp: QpSettings,
+}
+
+/// The queue-pair and data-path variables (`NCCL_IB_QPS_PER_CONNECTION`, `_TIMEOUT`,
+/// `_RETRY_CNT`, `_TC`, `_SL`, `_PKEY`, `_ADAPTIVE_ROUTING`, `_AR_THRESHOLD`), with NCCL's
+/// defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpSettings {
+    /// RC queue pairs per connection; a message is split over them.
+    pub qps_per_connection: usize,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Retransmissions before a send fails.
+    pub retry_cnt: u8,
+    /// Traffic class of the GRH (RoCE).
+    pub traffic_class: u8,
+    /// Service level.
+    pub service_level: u8,
+    /// Partition key index.
+    pub pkey_index: u16,
+    /// `NCCL_IB_ADAPTIVE_ROUTING`: `None` = NCCL's default (on for InfiniBand, off for
+    /// RoCE; see [`crate::split::adaptive_routing_threshold`]).
+    pub adaptive_routing: Option<bool>,
+    /// `NCCL_IB_AR_THRESHOLD`: messages larger than this use the adaptive-routing posting.
+    pub ar_threshold: usize,
+}
+
+/// Most queue pairs per connection (NCCL's `NCCL_IB_MAX_QPS`).
+pub const MAX_QPS: usize = 128;
+
+impl Default for QpSettings {
+    fn default() -> Self {
+        QpSettings {
+            qps_per_connection: 1,
+            timeout: 20,
+            retry_cnt: 7,
+            traffic_class: 0,
+            service_level: 0,
+            pkey_index: 0,
+            adaptive_routing: None,
+            ar_threshold: 8192,
+        }
+    }
 }
 
 impl IbSettings {
@@ -72,9 +116,11 @@ impl IbSettings {
         let roce_version = match int("NCCL_IB_ROCE_VERSION_NUM")? {
             None => 2,
             Some(v @ (1 | 2)) => v as u32,
-            Some(v) => return Err(PluginError::invalid_argument(format!(
+            Some(v) => {
+                return Err(PluginError::invalid_argument(format!(
                 "NCCL_IB_ROCE_VERSION_NUM={v}: RoCE versions are 1 and 2; set one or unset it (2)"
-            ))),
+            )))
+            }
         };
         Ok(IbSettings {
             disable: int("NCCL_IB_DISABLE")?.is_some_and(|v| v != 0),
@@ -86,6 +132,36 @@ impl IbSettings {
                 roce_version,
             },
             library: var("NCCL_IBVERBS_LIB"),
+            qp: {
+                let d = QpSettings::default();
+                let ranged = |name: &str, default: i64, max: i64| -> Result<i64, PluginError> {
+                    match int(name)? {
+                        None => Ok(default),
+                        Some(v) if (0..=max).contains(&v) => Ok(v),
+                        Some(v) => Err(PluginError::invalid_argument(format!(
+                            "{name}={v} is outside 0..={max}; set a value in range or unset it ({default})"
+                        ))),
+                    }
+                };
+                QpSettings {
+                    qps_per_connection: match ranged(
+                        "NCCL_IB_QPS_PER_CONNECTION",
+                        1,
+                        MAX_QPS as i64,
+                    )? {
+                        0 => 1,
+                        n => n as usize,
+                    },
+                    timeout: ranged("NCCL_IB_TIMEOUT", d.timeout.into(), 31)? as u8,
+                    retry_cnt: ranged("NCCL_IB_RETRY_CNT", d.retry_cnt.into(), 7)? as u8,
+                    traffic_class: ranged("NCCL_IB_TC", 0, 255)? as u8,
+                    service_level: ranged("NCCL_IB_SL", 0, 15)? as u8,
+                    pkey_index: ranged("NCCL_IB_PKEY", 0, 0xffff)? as u16,
+                    adaptive_routing: int("NCCL_IB_ADAPTIVE_ROUTING")?.map(|v| v != 0),
+                    ar_threshold: ranged("NCCL_IB_AR_THRESHOLD", d.ar_threshold as i64, i64::MAX)?
+                        as usize,
+                }
+            },
         })
     }
 }
@@ -101,6 +177,47 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         IbSettings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn qp_variables_parse_with_bounds() {
+        let s = settings(&[
+            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+            ("NCCL_IB_TIMEOUT", "14"),
+            ("NCCL_IB_RETRY_CNT", "3"),
+            ("NCCL_IB_TC", "106"),
+            ("NCCL_IB_SL", "1"),
+            ("NCCL_IB_PKEY", "2"),
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+            ("NCCL_IB_AR_THRESHOLD", "65536"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.qp,
+            QpSettings {
+                qps_per_connection: 4,
+                timeout: 14,
+                retry_cnt: 3,
+                traffic_class: 106,
+                service_level: 1,
+                pkey_index: 2,
+                adaptive_routing: Some(true),
+                ar_threshold: 65536,
+            }
+        );
+        assert_eq!(
+            settings(&[("NCCL_IB_QPS_PER_CONNECTION", "0")])
+                .unwrap()
+                .qp
+                .qps_per_connection,
+            1
+        );
+        let e = settings(&[("NCCL_IB_RETRY_CNT", "9")]).unwrap_err();
+        assert!(
+            e.message.contains("NCCL_IB_RETRY_CNT=9 is outside 0..=7"),
+            "{e}"
+        );
+        assert!(settings(&[("NCCL_IB_QPS_PER_CONNECTION", "1000")]).is_err());
     }
 
     #[test]

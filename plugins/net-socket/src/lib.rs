@@ -21,7 +21,7 @@ pub mod comm;
 pub mod connect;
 pub mod device;
 pub mod plugin;
-pub mod registry;
+pub use rustccl_plugin_api::registry;
 pub mod striping;
 pub mod wire;
 pub mod worker;

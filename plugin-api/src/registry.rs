@@ -1,4 +1,4 @@
-//! Handle tables. Every object the plugin hands out (context, listener, send and receive
+//! Handle tables for net plugins. Every object a plugin hands out (context, listener, send and receive
 //! connection, registration, request) is a number in one of these tables; the number's top
 //! byte says which table, so a handle of the wrong kind (a listener passed as a connection)
 //! is unknown rather than confused with another object.
@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use rustccl_plugin_api::PluginHandle;
+use crate::PluginHandle;
 
 /// The kinds of handle, as the top byte of their number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,704 @@
+//! [`IbNet`]: the [`Net`] implementation, named "IB". It keeps the plugin's objects in
+//! handle tables ([`rustccl_plugin_api::registry`]), sets connections up without blocking
+//! ([`crate::oob`], [`crate::qp`]) and hands the data path to [`Comm`].
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use abi_stable::std_types::RString;
+use rustccl_plugin_api::net::{
+    Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_HOST,
+};
+use rustccl_plugin_api::registry::{Kind, Registry};
+use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
+use socket2::Socket;
+
+use crate::comm::{register_fifo, Comm, Direction, Parts, Registration, Setup};
+use crate::device::{discover, IbDevice};
+use crate::fifo::Fifo;
+use crate::oob::{self, Pipe};
+use crate::qp::Endpoint;
+use crate::settings::IbSettings;
+use crate::split::adaptive_routing_threshold;
+use crate::verbs::Mr;
+use crate::wire::{ConnInfo, ListenHandle, CONN_INFO_BYTES, PROTO_MAGIC};
+use crate::SYSFS_INFINIBAND;
+
+/// How the plugin reads a variable (name → value).
+pub type Lookup = fn(&str) -> Option<String>;
+
+/// Largest message: the immediate carries the size in 32 bits.
+pub const MAX_MESSAGE: usize = u32::MAX as usize;
+
+/// What `init` found, shared by every context.
+struct Found {
+    devices: Vec<IbDevice>,
+    /// Where listeners accept the out-of-band connections (the bootstrap interface, as
+    /// NCCL's IB transport uses `NCCL_SOCKET_IFNAME`'s choice).
+    oob_addr: IpAddr,
+}
+
+#[derive(Clone)]
+struct Context {
+    log: LogFn,
+    found: Arc<Found>,
+}
+
+/// A connection's verbs objects before its peer is known.
+struct Local {
+    ep: Endpoint,
+    fifo: Fifo,
+    fifo_mr: Mr,
+}
+
+impl Local {
+    fn create(dev: &IbDevice, nqps: usize, settings: &IbSettings) -> Result<Local, PluginError> {
+        let ep = Endpoint::create(dev, nqps, &settings.qp)?;
+        let fifo = Fifo::default();
+        let fifo_mr = register_fifo(&ep, &fifo)?;
+        Ok(Local { ep, fifo, fifo_mr })
+    }
+
+    fn info(&self, dev: &IbDevice, magic: u64, with_fifo: bool) -> ConnInfo {
+        let (addr, rkey) = if with_fifo {
+            (self.fifo.addr() as u64, self.fifo_mr.rkey())
+        } else {
+            (0, 0)
+        };
+        self.ep.info(dev, magic, addr, rkey)
+    }
+
+    fn into_parts(self, oob: Pipe) -> Parts {
+        Parts {
+            ep: self.ep,
+            fifo: self.fifo,
+            fifo_mr: self.fifo_mr,
+            oob,
+            setup: None,
+        }
+    }
+}
+
+/// A `connect` in progress: the TCP connection to the listener.
+struct Dialing {
+    /// Taken when the connection is handed over.
+    local: Option<Local>,
+    magic: u64,
+    /// Taken with `local`.
+    sock: Option<Socket>,
+}
+
+/// An incoming connection whose info is being read.
+struct Accepting {
+    pipe: Pipe,
+}
+
+struct Listen {
+    ctx: u64,
+    dev: i32,
+    log: LogFn,
+    listener: std::net::TcpListener,
+    magic: u64,
+    pending: Vec<Accepting>,
+}
+
+/// A registration handle: the connection's cache entry and its keys.
+#[derive(Clone)]
+struct MrHandle {
+    comm: u64,
+    entry: u64,
+    reg: Arc<Registration>,
+}
+
+/// A `connect` in progress, keyed by (context, device, handle bytes): the caller repeats
+/// the same call until it completes.
+type DialKey = (u64, i32, [u8; NET_HANDLE_BYTES]);
+
+/// The InfiniBand / RoCE net plugin.
+pub struct IbNet {
+    settings: OnceLock<IbSettings>,
+    lookup: Lookup,
+    found: Mutex<Option<Arc<Found>>>,
+    contexts: Registry<Context>,
+    listens: Registry<Arc<Mutex<Listen>>>,
+    dialing: Mutex<HashMap<DialKey, Dialing>>,
+    sends: Registry<Arc<Comm>>,
+    recvs: Registry<Arc<Comm>>,
+    mrs: Registry<MrHandle>,
+    requests: Registry<Arc<Comm>>,
+}
+
+impl Default for IbNet {
+    fn default() -> Self {
+        IbNet::new()
+    }
+}
+
+fn no_such(what: &str, h: PluginHandle) -> PluginError {
+    PluginError::invalid_argument(format!("unknown {what} handle {:#x}", h.id))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn random_magic() -> Result<u64, PluginError> {
+    getrandom::u64().map_err(|e| PluginError::system(format!("NET/IB : getrandom failed: {e}")))
+}
+
+/// The device's PCI path in sysfs, or empty.
+fn pci_path(name: &str) -> String {
+    std::fs::canonicalize(Path::new(SYSFS_INFINIBAND).join(name).join("device"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+impl IbNet {
+    /// A plugin that reads its settings from the environment at the first `init`.
+    pub fn new() -> IbNet {
+        IbNet::with_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// A plugin that reads its settings through `lookup` at the first `init`.
+    pub fn with_lookup(lookup: Lookup) -> IbNet {
+        IbNet {
+            settings: OnceLock::new(),
+            lookup,
+            found: Mutex::new(None),
+            contexts: Registry::new(Kind::Context),
+            listens: Registry::new(Kind::Listen),
+            dialing: Mutex::new(HashMap::new()),
+            sends: Registry::new(Kind::Send),
+            recvs: Registry::new(Kind::Recv),
+            mrs: Registry::new(Kind::Mr),
+            requests: Registry::new(Kind::Request),
+        }
+    }
+
+    fn settings(&self) -> Result<&IbSettings, PluginError> {
+        if let Some(s) = self.settings.get() {
+            return Ok(s);
+        }
+        let read = IbSettings::from_lookup(self.lookup)?;
+        Ok(self.settings.get_or_init(|| read))
+    }
+
+    /// The devices, found at the first successful `init` (and logged then).
+    fn found(&self, log: &LogFn) -> Result<Arc<Found>, PluginError> {
+        let mut slot = lock(&self.found);
+        if let Some(f) = slot.as_ref() {
+            return Ok(Arc::clone(f));
+        }
+        let settings = self.settings()?;
+        let discovery = discover(settings)
+            .inspect_err(|e| log.warn(subsys::INIT | subsys::NET, &format!("NET/IB : {e}")))?;
+        for note in &discovery.notes {
+            log.warn(subsys::INIT | subsys::NET, &format!("NET/IB : {note}"));
+        }
+        let iface = rustccl_netif::bootstrap_interface_from(self.lookup).map_err(|e| {
+            PluginError::system(format!(
+                "NET/IB : no interface for the out-of-band connections ({e}); set NCCL_SOCKET_IFNAME"
+            ))
+        })?;
+        let list: Vec<String> = discovery
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                format!(
+                    "[{i}]{}:{}/{}",
+                    d.name,
+                    d.port,
+                    if d.link_layer == crate::LinkLayer::Ethernet {
+                        "RoCE"
+                    } else {
+                        "IB"
+                    }
+                )
+            })
+            .collect();
+        log.info(
+            subsys::INIT | subsys::NET,
+            &format!(
+                "NET/IB : Using {} ; OOB {}:{} ; {} QP(s) per connection",
+                list.join(" "),
+                iface.name,
+                iface.addr,
+                settings.qp.qps_per_connection
+            ),
+        );
+        let found = Arc::new(Found {
+            devices: discovery.devices,
+            oob_addr: iface.addr,
+        });
+        *slot = Some(Arc::clone(&found));
+        Ok(found)
+    }
+
+    fn context(&self, ctx: PluginHandle) -> Result<Context, PluginError> {
+        self.contexts
+            .get(ctx)
+            .ok_or_else(|| no_such("net context", ctx))
+    }
+
+    fn device(found: &Found, dev: i32) -> Result<&IbDevice, PluginError> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| found.devices.get(d))
+            .ok_or_else(|| {
+                PluginError::invalid_argument(format!(
+                    "no IB device {dev} ({} devices)",
+                    found.devices.len()
+                ))
+            })
+    }
+
+    fn comm(&self, comm: PluginHandle) -> Result<Arc<Comm>, PluginError> {
+        self.sends
+            .get(comm)
+            .or_else(|| self.recvs.get(comm))
+            .ok_or_else(|| no_such("connection", comm))
+    }
+
+    /// The registration `mr` of connection `comm`, checked to cover `data..data + size`.
+    fn check_mr(
+        &self,
+        comm: PluginHandle,
+        mr: PluginHandle,
+        data: usize,
+        size: usize,
+    ) -> Result<MrHandle, PluginError> {
+        let m = self
+            .mrs
+            .get(mr)
+            .ok_or_else(|| no_such("memory registration", mr))?;
+        if m.comm != comm.id {
+            return Err(PluginError::invalid_argument(format!(
+                "memory registration {:#x} belongs to another connection",
+                mr.id
+            )));
+        }
+        let inside = data >= m.reg.start
+            && data
+                .checked_add(size)
+                .is_some_and(|end| end <= m.reg.start + m.reg.len);
+        if size > 0 && !inside {
+            return Err(PluginError::invalid_argument(format!(
+                "buffer {data:#x}+{size} is outside its registration {:#x}+{}",
+                m.reg.start, m.reg.len
+            )));
+        }
+        if size > 0 && data == 0 {
+            return Err(PluginError::invalid_argument("a null buffer"));
+        }
+        if size > MAX_MESSAGE {
+            return Err(PluginError::invalid_argument(format!(
+                "a message of {size} bytes is larger than the IB transport's {MAX_MESSAGE}"
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Closes a connection: forgets its requests and registrations (the verbs objects go
+    /// with the last reference).
+    fn close_comm(&self, id: u64, comm: Arc<Comm>) {
+        self.requests.remove_where(|c| Arc::ptr_eq(c, &comm));
+        self.mrs.remove_where(|m| m.comm == id);
+    }
+
+    /// Advances one `connect`; `Some` once the TCP connection is up: the connection then
+    /// finishes its setup itself ([`Setup`]).
+    fn dial(&self, d: &mut Dialing, dev: &IbDevice) -> Result<Option<Parts>, String> {
+        let sock = d.sock.as_ref().expect("until handed over");
+        if !oob::connected(sock).map_err(|e| e.to_string())? {
+            return Ok(None);
+        }
+        let local = d.local.take().expect("handed over once");
+        let sock = d.sock.take().expect("handed over once");
+        let info = local.info(dev, d.magic, true).encode().to_vec();
+        let mut pipe = Pipe::new(sock.into(), info, CONN_INFO_BYTES);
+        pipe.progress().map_err(|e| e.to_string())?;
+        let qp = self.settings().map_err(|e| e.message)?.qp;
+        let mut parts = local.into_parts(pipe);
+        parts.setup = Some(Setup::Exchange {
+            dev: dev.clone(),
+            qp,
+        });
+        Ok(Some(parts))
+    }
+
+    /// Advances one incoming connection; `Some` once the connector's info is read and this
+    /// side's QPs are at RTS (the connection then writes its info and waits for "ready"
+    /// itself: [`Setup::AwaitReady`]).
+    fn accept_step(
+        &self,
+        a: &mut Accepting,
+        l: &Listen,
+        dev: &IbDevice,
+    ) -> Result<Option<(Local, ConnInfo)>, String> {
+        let Some(bytes) = a.pipe.progress().map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let peer = oob::conn_info(bytes)?;
+        if peer.magic != l.magic {
+            return Err("a connection for another (or an earlier) listen arrived; closed".into());
+        }
+        let settings = self.settings().map_err(|e| e.message)?;
+        let local = Local::create(dev, peer.qpns.len(), settings).map_err(|e| e.message)?;
+        local
+            .ep
+            .connect(dev, &peer, &settings.qp)
+            .map_err(|e| e.message)?;
+        let info = local.info(dev, PROTO_MAGIC, false).encode().to_vec();
+        a.pipe.next(info, 1);
+        a.pipe.progress().map_err(|e| e.to_string())?;
+        Ok(Some((local, peer)))
+    }
+}
+
+impl Net for IbNet {
+    fn init(
+        &self,
+        _comm_id: u64,
+        _config: &NetCommConfig,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
+        let found = self.found(&log)?;
+        Ok(self.contexts.insert(Context { log, found }))
+    }
+
+    fn devices(&self, ctx: PluginHandle) -> Result<i32, PluginError> {
+        Ok(self.context(ctx)?.found.devices.len() as i32)
+    }
+
+    fn properties(&self, ctx: PluginHandle, dev: i32) -> Result<NetProperties, PluginError> {
+        let c = self.context(ctx)?;
+        let d = Self::device(&c.found, dev)?;
+        Ok(NetProperties {
+            name: RString::from(d.name.as_str()),
+            pci_path: RString::from(pci_path(&d.name)),
+            guid: d.guid,
+            // GPU memory needs dma-buf or peer-memory registration: a later step.
+            ptr_support: PTR_HOST,
+            reg_is_global: false,
+            force_flush: false,
+            speed_mbps: d.speed_mbps,
+            port: d.port.into(),
+            latency_us: 0.0,
+            max_comms: 65536,
+            // NCCL's IB offers 8; this transport receives one buffer per request until its
+            // multi-receive (completion records) lands.
+            max_recvs: 1,
+            max_p2p_bytes: MAX_MESSAGE as u64,
+            max_coll_bytes: MAX_MESSAGE as u64,
+        })
+    }
+
+    fn listen(
+        &self,
+        ctx: PluginHandle,
+        dev: i32,
+    ) -> Result<(NetHandle, PluginHandle), PluginError> {
+        let c = self.context(ctx)?;
+        let d = Self::device(&c.found, dev)?;
+        let listener = oob::listen(c.found.oob_addr).map_err(|e| {
+            let e = format!(
+                "NET/IB : cannot listen on {} for dev {dev} ({}): {e}",
+                c.found.oob_addr, d.name
+            );
+            c.log.warn(subsys::NET, &e);
+            PluginError::system(e)
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| PluginError::system(format!("NET/IB : listener address: {e}")))?;
+        let handle = ListenHandle {
+            addr,
+            magic: random_magic()?,
+        };
+        c.log.info(
+            subsys::NET,
+            &format!(
+                "NET/IB : listening on dev {dev} ({}:{}) at {addr}",
+                d.name, d.port
+            ),
+        );
+        let l = Listen {
+            ctx: ctx.id,
+            dev,
+            log: c.log,
+            listener,
+            magic: handle.magic,
+            pending: Vec::new(),
+        };
+        Ok((
+            handle.encode(),
+            self.listens.insert(Arc::new(Mutex::new(l))),
+        ))
+    }
+
+    fn connect(
+        &self,
+        ctx: PluginHandle,
+        dev: i32,
+        handle: &NetHandle,
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self.context(ctx)?;
+        let d = Self::device(&c.found, dev)?;
+        let key: DialKey = (ctx.id, dev, handle.bytes);
+        let mut dialing = lock(&self.dialing);
+        let dialer = match dialing.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(slot) => {
+                let peer = ListenHandle::decode(handle)
+                    .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
+                let settings = self.settings()?;
+                let local = Local::create(d, settings.qp.qps_per_connection, settings)?;
+                let sock = oob::start_connect(peer.addr).map_err(|e| {
+                    PluginError::system(format!(
+                        "NET/IB : cannot connect to {} from dev {dev} ({}): {e}",
+                        peer.addr, d.name
+                    ))
+                })?;
+                slot.insert(Dialing {
+                    local: Some(local),
+                    magic: peer.magic,
+                    sock: Some(sock),
+                })
+            }
+        };
+        match self.dial(dialer, d) {
+            Ok(None) => Ok(None),
+            Ok(Some(parts)) => {
+                dialing.remove(&key);
+                drop(dialing);
+                let settings_qp = self.settings()?.qp;
+                let comm = Comm::new(
+                    Direction::Send,
+                    ctx.id,
+                    format!("{}:{}", d.name, d.port),
+                    parts,
+                    (0, 0),
+                )
+                .with_adaptive_routing(adaptive_routing_threshold(
+                    settings_qp.adaptive_routing,
+                    d.link_layer,
+                    settings_qp.ar_threshold,
+                ));
+                Ok(Some(self.sends.insert(comm.start())))
+            }
+            Err(e) => {
+                dialing.remove(&key);
+                let e = format!("NET/IB : connect from dev {dev} ({}) failed: {e}", d.name);
+                c.log.warn(subsys::NET, &e);
+                Err(PluginError::remote(e))
+            }
+        }
+    }
+
+    fn accept(&self, listen: PluginHandle) -> Result<Option<PluginHandle>, PluginError> {
+        let l = self
+            .listens
+            .get(listen)
+            .ok_or_else(|| no_such("listen", listen))?;
+        let mut l = lock(&l);
+        let c = self.context(PluginHandle { id: l.ctx })?;
+        let d = Self::device(&c.found, l.dev)?;
+        while let Some(sock) = oob::accept_one(&l.listener).map_err(|e| {
+            PluginError::system(format!("NET/IB : accept on dev {} failed: {e}", l.dev))
+        })? {
+            l.pending.push(Accepting {
+                pipe: Pipe::new(sock, Vec::new(), CONN_INFO_BYTES),
+            });
+        }
+        let mut pending = std::mem::take(&mut l.pending);
+        let mut done = None;
+        let mut i = 0;
+        while i < pending.len() {
+            if done.is_some() {
+                i += 1;
+                continue;
+            }
+            match self.accept_step(&mut pending[i], &l, d) {
+                Ok(None) => i += 1,
+                Ok(Some((local, peer))) => {
+                    let a = pending.remove(i);
+                    let mut parts = local.into_parts(a.pipe);
+                    parts.setup = Some(Setup::AwaitReady);
+                    done = Some((parts, peer));
+                }
+                Err(e) => {
+                    // A failed incoming connection is dropped; the rightful one may still come.
+                    l.log.warn(
+                        subsys::NET,
+                        &format!("NET/IB : incoming connection on dev {} dropped: {e}", l.dev),
+                    );
+                    pending.remove(i);
+                }
+            }
+        }
+        l.pending = pending;
+        match done {
+            None => Ok(None),
+            Some((parts, peer)) => {
+                let comm = Comm::new(
+                    Direction::Recv,
+                    l.ctx,
+                    format!("{}:{}", d.name, d.port),
+                    parts,
+                    (peer.fifo_addr, peer.fifo_rkey),
+                );
+                Ok(Some(self.recvs.insert(comm.start())))
+            }
+        }
+    }
+
+    fn reg_mr(
+        &self,
+        comm: PluginHandle,
+        data: usize,
+        size: usize,
+        ptr_type: u32,
+    ) -> Result<PluginHandle, PluginError> {
+        let c = self.comm(comm)?;
+        if ptr_type != PTR_HOST {
+            return Err(PluginError::invalid_usage(format!(
+                "the IB plugin registers host memory only for now (pointer type {ptr_type}); GPU memory needs dma-buf support"
+            )));
+        }
+        if data == 0 {
+            return Err(PluginError::invalid_argument("reg_mr of a null address"));
+        }
+        let (entry, reg) = c.reg_mr(data, size)?;
+        Ok(self.mrs.insert(MrHandle {
+            comm: comm.id,
+            entry,
+            reg,
+        }))
+    }
+
+    fn dereg_mr(&self, comm: PluginHandle, mr: PluginHandle) -> Result<(), PluginError> {
+        let c = self.comm(comm)?;
+        match self.mrs.get(mr) {
+            Some(m) if m.comm == comm.id => {
+                self.mrs.remove(mr);
+                c.dereg_mr(m.entry);
+                Ok(())
+            }
+            Some(_) => Err(PluginError::invalid_argument(format!(
+                "memory registration {:#x} belongs to another connection",
+                mr.id
+            ))),
+            None => Err(no_such("memory registration", mr)),
+        }
+    }
+
+    unsafe fn isend(
+        &self,
+        comm: PluginHandle,
+        data: usize,
+        size: usize,
+        tag: i32,
+        mr: PluginHandle,
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self
+            .sends
+            .get(comm)
+            .ok_or_else(|| no_such("send connection", comm))?;
+        let m = self.check_mr(comm, mr, data, size)?;
+        let req = self.requests.reserve();
+        if !c.isend(req.id, data, size, tag, m.reg.lkey())? {
+            return Ok(None);
+        }
+        self.requests.insert_at(req, c);
+        Ok(Some(req))
+    }
+
+    unsafe fn irecv(
+        &self,
+        comm: PluginHandle,
+        bufs: &[RecvBuffer],
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self
+            .recvs
+            .get(comm)
+            .ok_or_else(|| no_such("receive connection", comm))?;
+        let [buf] = bufs else {
+            return Err(PluginError::invalid_argument(format!(
+                "the IB plugin receives into exactly one buffer at a time for now (max_recvs = 1), not {}",
+                bufs.len()
+            )));
+        };
+        let m = self.check_mr(comm, buf.mr, buf.data, buf.size)?;
+        let req = self.requests.reserve();
+        if !c.irecv(req.id, buf.data, buf.size, buf.tag, m.reg.rkey())? {
+            return Ok(None);
+        }
+        self.requests.insert_at(req, c);
+        Ok(Some(req))
+    }
+
+    fn test(&self, request: PluginHandle, sizes: &mut [usize]) -> Result<bool, PluginError> {
+        let c = self
+            .requests
+            .get(request)
+            .ok_or_else(|| no_such("request", request))?;
+        match c.test(request.id) {
+            Ok(None) => Ok(false),
+            Ok(Some(size)) => {
+                self.requests.remove(request);
+                if let Some(s) = sizes.first_mut() {
+                    *s = size;
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                self.requests.remove(request);
+                Err(e)
+            }
+        }
+    }
+
+    fn close_send(&self, comm: PluginHandle) -> Result<(), PluginError> {
+        let c = self
+            .sends
+            .remove(comm)
+            .ok_or_else(|| no_such("send connection", comm))?;
+        self.close_comm(comm.id, c);
+        Ok(())
+    }
+
+    fn close_recv(&self, comm: PluginHandle) -> Result<(), PluginError> {
+        let c = self
+            .recvs
+            .remove(comm)
+            .ok_or_else(|| no_such("receive connection", comm))?;
+        self.close_comm(comm.id, c);
+        Ok(())
+    }
+
+    fn close_listen(&self, listen: PluginHandle) -> Result<(), PluginError> {
+        self.listens
+            .remove(listen)
+            .map(drop)
+            .ok_or_else(|| no_such("listen", listen))
+    }
+
+    /// Ends a context, closing whatever it still has open.
+    fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
+        self.contexts
+            .remove(ctx)
+            .ok_or_else(|| no_such("net context", ctx))?;
+        self.listens.remove_where(|l| lock(l).ctx == ctx.id);
+        lock(&self.dialing).retain(|k, _| k.0 != ctx.id);
+        for registry in [&self.sends, &self.recvs] {
+            for (id, c) in registry.remove_where(|c| c.ctx == ctx.id) {
+                self.close_comm(id, c);
+            }
+        }
+        Ok(())
+    }
+}
