@@ -51,20 +51,39 @@ wait_listen() {
     return 1
 }
 
-# pair NAME PORT SERVER-CMD... -- CLIENT-CMD...: the two sides of a tool, both must exit 0.
+# A TCP port for a tool's own handshake: below the kernel's ephemeral range (so no outgoing
+# connection holds it) and not in use now (listening, connected or in TIME_WAIT).
+free_port() {
+    local p hex
+    for _ in $(seq 50); do
+        p=$((12000 + RANDOM % 8000)); hex=$(printf ':%04X ' "$p")
+        cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | grep -q "$hex" || { echo "$p"; return; }
+    done
+    echo $((12000 + RANDOM % 8000))
+}
+
+# pair NAME SERVER-CMD... -- CLIENT-CMD...: the two sides of a tool, both must exit 0; `@PORT@`
+# in either command is the tool's handshake port, a free one each attempt (a server that
+# cannot listen on it is tried again on another, up to 3 times).
 # SERVER_NS: the namespace the server runs in (for wait_listen), if any.
 pair() {
-    local name=$1 port=$2; shift 2
+    local name=$1; shift
     local server=() client=()
     while [ "$1" != "--" ]; do server+=("$1"); shift; done
     shift; client=("$@")
-    timeout "$T" "${server[@]}" >"$log/$name.server" 2>&1 &
-    local spid=$!
-    if ! wait_listen "$port" "${SERVER_NS:-}"; then
-        fail "$name: the server side never listened on $port"; kill "$spid" 2>/dev/null; wait "$spid"
-        cat "$log/$name.server"; return
-    fi
-    timeout "$T" "${client[@]}" >"$log/$name.client" 2>&1
+    local attempt port spid
+    for attempt in 1 2 3; do
+        port=$(free_port)
+        timeout "$T" "${server[@]//@PORT@/$port}" >"$log/$name.server" 2>&1 &
+        spid=$!
+        wait_listen "$port" "${SERVER_NS:-}" && break
+        kill "$spid" 2>/dev/null; wait "$spid"
+        if [ $attempt = 3 ]; then
+            fail "$name: the server side never listened (3 ports tried, the last $port)"
+            cat "$log/$name.server"; return
+        fi
+    done
+    timeout "$T" "${client[@]//@PORT@/$port}" >"$log/$name.client" 2>&1
     local crc=$?
     wait "$spid"
     local src=$?
@@ -76,7 +95,6 @@ pair() {
     fi
 }
 
-tcp=$((IBV_DOUBLE_PORT - 1000))
 
 if timeout "$T" ibv_devinfo -v >"$log/devinfo" 2>&1 &&
    grep -q "hca_id:.*dbl_0" "$log/devinfo" && grep -q "state:.*PORT_ACTIVE" "$log/devinfo" &&
@@ -87,13 +105,13 @@ else
     fail "ibv_devinfo"; cat "$log/devinfo"
 fi
 
-pair rc_pingpong $tcp ibv_rc_pingpong -g 3 -n 500 -p $tcp -- ibv_rc_pingpong -g 3 -n 500 -p $tcp 127.0.0.1
-pair rc_pingpong_events $((tcp + 1)) ibv_rc_pingpong -e -g 3 -n 500 -p $((tcp + 1)) -- \
-    ibv_rc_pingpong -e -g 3 -n 500 -p $((tcp + 1)) 127.0.0.1
-pair ib_write_bw $((tcp + 2)) ib_write_bw -d dbl_0 -x 3 -n 1000 -p $((tcp + 2)) -- \
-    ib_write_bw -d dbl_0 -x 3 -n 1000 -p $((tcp + 2)) 127.0.0.1
-pair ib_read_bw $((tcp + 3)) ib_read_bw -d dbl_0 -x 3 -n 1000 -p $((tcp + 3)) -- \
-    ib_read_bw -d dbl_0 -x 3 -n 1000 -p $((tcp + 3)) 127.0.0.1
+pair rc_pingpong ibv_rc_pingpong -g 3 -n 500 -p @PORT@ -- ibv_rc_pingpong -g 3 -n 500 -p @PORT@ 127.0.0.1
+pair rc_pingpong_events ibv_rc_pingpong -e -g 3 -n 500 -p @PORT@ -- \
+    ibv_rc_pingpong -e -g 3 -n 500 -p @PORT@ 127.0.0.1
+pair ib_write_bw ib_write_bw -d dbl_0 -x 3 -n 1000 -p @PORT@ -- \
+    ib_write_bw -d dbl_0 -x 3 -n 1000 -p @PORT@ 127.0.0.1
+pair ib_read_bw ib_read_bw -d dbl_0 -x 3 -n 1000 -p @PORT@ -- \
+    ib_read_bw -d dbl_0 -x 3 -n 1000 -p @PORT@ 127.0.0.1
 
 # Two "hosts": namespaces joined by a veth pair, as tests/src/lib.rs's Nodes makes them.
 if [ "${RUSTCCL_SKIP_NETNS:-0}" = 1 ]; then
@@ -112,12 +130,12 @@ else
                 ip -n "$b" link show dev "$b" | grep -q "state UP" && break
             sleep 0.02
         done
-        SERVER_NS=$a pair rc_pingpong_netns $((tcp + 4)) \
-            ip netns exec "$a" env IBV_DOUBLE_IP=$ipa ibv_rc_pingpong -g 3 -n 200 -p $((tcp + 4)) -- \
-            ip netns exec "$b" env IBV_DOUBLE_IP=$ipb ibv_rc_pingpong -g 3 -n 200 -p $((tcp + 4)) $ipa
-        SERVER_NS=$a pair ib_write_bw_netns $((tcp + 5)) \
-            ip netns exec "$a" env IBV_DOUBLE_IP=$ipa ib_write_bw -d dbl_0 -x 3 -n 500 -p $((tcp + 5)) -- \
-            ip netns exec "$b" env IBV_DOUBLE_IP=$ipb ib_write_bw -d dbl_0 -x 3 -n 500 -p $((tcp + 5)) $ipa
+        SERVER_NS=$a pair rc_pingpong_netns \
+            ip netns exec "$a" env IBV_DOUBLE_IP=$ipa ibv_rc_pingpong -g 3 -n 200 -p @PORT@ -- \
+            ip netns exec "$b" env IBV_DOUBLE_IP=$ipb ibv_rc_pingpong -g 3 -n 200 -p @PORT@ $ipa
+        SERVER_NS=$a pair ib_write_bw_netns \
+            ip netns exec "$a" env IBV_DOUBLE_IP=$ipa ib_write_bw -d dbl_0 -x 3 -n 500 -p @PORT@ -- \
+            ip netns exec "$b" env IBV_DOUBLE_IP=$ipb ib_write_bw -d dbl_0 -x 3 -n 500 -p @PORT@ $ipa
         if grep -q "GID ::ffff:$ipa" "$log/rc_pingpong_netns.client"; then
             pass "namespaces: the client connected to the GID ::ffff:$ipa"
         else
