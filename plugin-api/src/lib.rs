@@ -42,6 +42,7 @@ pub mod profiler;
 pub mod profiler_v1;
 pub mod registry;
 pub mod tuner;
+pub mod wire;
 
 /// An error crossing the plugin boundary: an `ncclResult_t` code and a message.
 #[repr(C)]

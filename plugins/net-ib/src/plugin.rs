@@ -24,7 +24,7 @@ use crate::qp::Endpoint;
 use crate::settings::IbSettings;
 use crate::split::adaptive_routing_threshold;
 use crate::verbs::Mr;
-use crate::wire::{ConnInfo, ListenHandle, CONN_INFO_BYTES, PROTO_MAGIC};
+use crate::wire::{ConnInfo, ListenHandle, CONN_INFO_BYTES, MAKER, PROTO_MAGIC};
 use crate::SYSFS_INFINIBAND;
 
 /// How the plugin reads a variable (name → value).
@@ -435,7 +435,7 @@ impl Net for IbNet {
             pending: Vec::new(),
         };
         Ok((
-            handle.encode(),
+            handle.encode(PROTO_MAGIC),
             self.listens.insert(Arc::new(Mutex::new(l))),
         ))
     }
@@ -453,7 +453,7 @@ impl Net for IbNet {
         let dialer = match dialing.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(slot) => {
-                let peer = ListenHandle::decode(handle)
+                let peer = ListenHandle::decode(handle, PROTO_MAGIC, MAKER)
                     .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
                 let settings = self.settings()?;
                 let local = Local::create(d, settings.qp.qps_per_connection, settings)?;

@@ -7,83 +7,19 @@
 //!   is. The connecting side's info starts with the listen magic, so a stray or stale
 //!   connection is refused.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-
-use rustccl_plugin_api::net::NetHandle;
+use rustccl_plugin_api::wire::{u16_at, u32_at, u64_at, TcpListenHandle};
 
 use crate::settings::MAX_QPS;
 
 /// `b"RCCLIBV1"`: the first bytes of a listen handle and of the connector's info.
 pub const PROTO_MAGIC: u64 = u64::from_le_bytes(*b"RCCLIBV1");
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+/// What a listen handle carries (rustccl_plugin_api's TCP listen handle, marked
+/// [`PROTO_MAGIC`]).
+pub type ListenHandle = TcpListenHandle;
 
-/// What a listen handle carries. Layout (of the 128 handle bytes): `0..8` [`PROTO_MAGIC`],
-/// `8` address family (4 or 6), `10..12` port, `12..28` IP (IPv4 in the first 4 bytes),
-/// `28..36` listen magic, `36..40` IPv6 scope id; the rest zero.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenHandle {
-    pub addr: SocketAddr,
-    pub magic: u64,
-}
-
-impl ListenHandle {
-    pub fn encode(&self) -> NetHandle {
-        let mut h = NetHandle::default();
-        let b = &mut h.bytes;
-        b[0..8].copy_from_slice(&PROTO_MAGIC.to_le_bytes());
-        b[10..12].copy_from_slice(&self.addr.port().to_le_bytes());
-        match self.addr {
-            SocketAddr::V4(a) => {
-                b[8] = 4;
-                b[12..16].copy_from_slice(&a.ip().octets());
-            }
-            SocketAddr::V6(a) => {
-                b[8] = 6;
-                b[12..28].copy_from_slice(&a.ip().octets());
-                b[36..40].copy_from_slice(&a.scope_id().to_le_bytes());
-            }
-        }
-        b[28..36].copy_from_slice(&self.magic.to_le_bytes());
-        h
-    }
-
-    pub fn decode(h: &NetHandle) -> Result<ListenHandle, String> {
-        let b = &h.bytes;
-        if u64_at(b, 0) != PROTO_MAGIC {
-            return Err("the handle was not made by the IB plugin's listen".into());
-        }
-        let port = u16_at(b, 10);
-        let addr = match b[8] {
-            4 => SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&b[12..16]).expect("4"))),
-                port,
-            ),
-            6 => SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(<[u8; 16]>::try_from(&b[12..28]).expect("16")),
-                port,
-                0,
-                u32_at(b, 36),
-            )),
-            other => return Err(format!("the handle has an unknown address family {other}")),
-        };
-        if port == 0 {
-            return Err("the handle has port 0".into());
-        }
-        Ok(ListenHandle {
-            addr,
-            magic: u64_at(b, 28),
-        })
-    }
-}
+/// The IB plugin's name in a handle error.
+pub const MAKER: &str = "the IB plugin";
 
 /// One side's connection info. Both sides open the same number of QPs (the connector's
 /// `NCCL_IB_QPS_PER_CONNECTION`; the acceptor follows it), and QP `i` talks to the peer's
@@ -150,6 +86,10 @@ impl ConnInfo {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
+    use rustccl_plugin_api::net::NetHandle;
+
     use super::*;
 
     #[test]
@@ -160,17 +100,17 @@ mod tests {
                 addr,
                 magic: 0x1234_5678_9abc_def0,
             };
-            assert_eq!(ListenHandle::decode(&h.encode()), Ok(h));
+            assert_eq!(ListenHandle::decode(&h.encode(PROTO_MAGIC), PROTO_MAGIC, MAKER), Ok(h));
         }
-        let e = ListenHandle::decode(&NetHandle::default()).unwrap_err();
+        let e = ListenHandle::decode(&NetHandle::default(), PROTO_MAGIC, MAKER).unwrap_err();
         assert!(e.contains("not made by the IB plugin"), "{e}");
         let mut bad = ListenHandle {
             addr: "1.2.3.4:5".parse().unwrap(),
             magic: 1,
         }
-        .encode();
+        .encode(PROTO_MAGIC);
         bad.bytes[8] = 9;
-        assert!(ListenHandle::decode(&bad).unwrap_err().contains("family 9"));
+        assert!(ListenHandle::decode(&bad, PROTO_MAGIC, MAKER).unwrap_err().contains("family 9"));
     }
 
     #[test]

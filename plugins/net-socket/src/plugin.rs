@@ -17,7 +17,7 @@ use crate::connect::{Acceptor, Dialer};
 use crate::device::{self, Device};
 use crate::registry::{Kind, Registry};
 use crate::striping::SocketConfig;
-use crate::wire::ListenInfo;
+use crate::wire::{ListenInfo, MAKER, PROTO_MAGIC};
 
 /// Everything the plugin reads from the environment, fixed for its lifetime.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,7 +339,7 @@ impl Net for SocketNet {
             acceptor,
         };
         Ok((
-            info.encode(),
+            info.encode(PROTO_MAGIC),
             self.listens.insert(Arc::new(Mutex::new(listen))),
         ))
     }
@@ -357,7 +357,7 @@ impl Net for SocketNet {
         let dialer = match dialing.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(slot) => {
-                let info = ListenInfo::decode(handle)
+                let info = ListenInfo::decode(handle, PROTO_MAGIC, MAKER)
                     .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
                 let config = self.settings()?.config;
                 let dialer = Dialer::start(info.addr, info.magic, config, c.traffic_class)

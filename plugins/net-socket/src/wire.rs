@@ -8,84 +8,19 @@
 //! * the **message header** ([`Header`]) the sender writes on the control socket for each
 //!   message: sequence number, size, tag and the socket of its first chunk.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
-use rustccl_plugin_api::net::{NetHandle, NET_HANDLE_BYTES};
+use rustccl_plugin_api::net::NetHandle;
+use rustccl_plugin_api::wire::{u16_at, u32_at, u64_at, TcpListenHandle};
 
 /// `b"RCCLSOCK"`: the first bytes of a listen handle and of every hello.
 pub const PROTO_MAGIC: u64 = u64::from_le_bytes(*b"RCCLSOCK");
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+/// What a listen handle carries (rustccl_plugin_api's TCP listen handle, marked
+/// [`PROTO_MAGIC`]).
+pub type ListenInfo = TcpListenHandle;
 
-/// What a listen handle carries.
-///
-/// Layout (of the 128 handle bytes): `0..8` [`PROTO_MAGIC`], `8` address family (4 or 6),
-/// `10..12` port, `12..28` IP address (IPv4 in the first 4 bytes), `28..36` listen magic,
-/// `36..40` IPv6 scope id; the rest is zero.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenInfo {
-    pub addr: SocketAddr,
-    pub magic: u64,
-}
+/// The socket plugin's name in a handle error.
+pub const MAKER: &str = "the socket plugin";
 
-impl ListenInfo {
-    pub fn encode(&self) -> NetHandle {
-        let mut h = NetHandle::default();
-        let b = &mut h.bytes;
-        b[0..8].copy_from_slice(&PROTO_MAGIC.to_le_bytes());
-        b[10..12].copy_from_slice(&self.addr.port().to_le_bytes());
-        match self.addr {
-            SocketAddr::V4(a) => {
-                b[8] = 4;
-                b[12..16].copy_from_slice(&a.ip().octets());
-            }
-            SocketAddr::V6(a) => {
-                b[8] = 6;
-                b[12..28].copy_from_slice(&a.ip().octets());
-                b[36..40].copy_from_slice(&a.scope_id().to_le_bytes());
-            }
-        }
-        b[28..36].copy_from_slice(&self.magic.to_le_bytes());
-        h
-    }
-
-    pub fn decode(h: &NetHandle) -> Result<ListenInfo, String> {
-        let b = &h.bytes;
-        if u64_at(b, 0) != PROTO_MAGIC {
-            return Err("the handle was not made by the socket plugin's listen".into());
-        }
-        let port = u16_at(b, 10);
-        let addr = match b[8] {
-            4 => {
-                let octets: [u8; 4] = b[12..16].try_into().expect("4 bytes");
-                SocketAddr::new(IpAddr::V4(Ipv4Addr::from(octets)), port)
-            }
-            6 => {
-                let octets: [u8; 16] = b[12..28].try_into().expect("16 bytes");
-                let ip = Ipv6Addr::from(octets);
-                SocketAddr::V6(std::net::SocketAddrV6::new(ip, port, 0, u32_at(b, 36)))
-            }
-            other => return Err(format!("the handle has an unknown address family {other}")),
-        };
-        if port == 0 {
-            return Err("the handle has port 0".into());
-        }
-        Ok(ListenInfo {
-            addr,
-            magic: u64_at(b, 28),
-        })
-    }
-}
-
-const _: () = assert!(NET_HANDLE_BYTES >= 40);
 
 /// Size of a [`Hello`] on the wire.
 pub const HELLO_BYTES: usize = 32;
@@ -172,6 +107,8 @@ impl Header {
 /// Not a stable API.
 #[doc(hidden)]
 pub mod fuzzing {
+    use rustccl_plugin_api::net::NET_HANDLE_BYTES;
+
     use super::*;
 
     /// The first 128 bytes as a listen handle, the next 32 as a hello, the rest as message
@@ -180,9 +117,9 @@ pub mod fuzzing {
         let (handle_bytes, rest) = data.split_at(data.len().min(NET_HANDLE_BYTES));
         let mut handle = NetHandle::default();
         handle.bytes[..handle_bytes.len()].copy_from_slice(handle_bytes);
-        if let Ok(info) = ListenInfo::decode(&handle) {
+        if let Ok(info) = ListenInfo::decode(&handle, PROTO_MAGIC, MAKER) {
             assert_ne!(info.addr.port(), 0);
-            assert_eq!(ListenInfo::decode(&info.encode()), Ok(info));
+            assert_eq!(ListenInfo::decode(&info.encode(PROTO_MAGIC), PROTO_MAGIC, MAKER), Ok(info));
         }
         let (hello_bytes, rest) = rest.split_at(rest.len().min(HELLO_BYTES));
         if let Ok(bytes) = <&[u8; HELLO_BYTES]>::try_from(hello_bytes) {
@@ -213,19 +150,19 @@ mod tests {
                 addr: addr.parse().unwrap(),
                 magic: 0xdead_beef_0123_4567,
             };
-            let h = info.encode();
-            assert_eq!(ListenInfo::decode(&h), Ok(info), "{addr}");
+            let h = info.encode(PROTO_MAGIC);
+            assert_eq!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER), Ok(info), "{addr}");
             assert!(h.bytes[40..].iter().all(|&b| b == 0));
         }
         let mut h = ListenInfo {
             addr: "1.2.3.4:5".parse().unwrap(),
             magic: 1,
         }
-        .encode();
+        .encode(PROTO_MAGIC);
         assert_eq!(&h.bytes[12..16], &[1, 2, 3, 4]);
         h.bytes[8] = 5;
-        assert!(ListenInfo::decode(&h).unwrap_err().contains("family 5"));
-        let err = ListenInfo::decode(&NetHandle::default()).unwrap_err();
+        assert!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER).unwrap_err().contains("family 5"));
+        let err = ListenInfo::decode(&NetHandle::default(), PROTO_MAGIC, MAKER).unwrap_err();
         assert!(err.contains("not made by the socket plugin"), "{err}");
     }
 

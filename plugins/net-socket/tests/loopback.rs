@@ -440,13 +440,13 @@ fn one_gib_message() {
 #[test]
 fn a_bad_header_fails_the_connection() {
     use rustccl_net_socket::connect::Dialer;
-    use rustccl_net_socket::wire::{Header, ListenInfo};
+    use rustccl_net_socket::wire::{Header, ListenInfo, MAKER, PROTO_MAGIC};
     use std::io::Write;
 
     let net = loopback_net(1, 1);
     let ctx = net.init(1, &NetCommConfig::default(), QUIET).unwrap();
     let (handle, listen) = net.listen(ctx, 0).unwrap();
-    let info = ListenInfo::decode(&handle).unwrap();
+    let info = ListenInfo::decode(&handle, PROTO_MAGIC, MAKER).unwrap();
     let mut dialer = Dialer::start(info.addr, info.magic, SocketConfig::default(), -1).unwrap();
     let deadline = Instant::now() + DEADLINE;
     let recv = loop {
