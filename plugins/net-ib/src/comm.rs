@@ -381,9 +381,10 @@ impl Comm {
         let entry = CtsEntry {
             addr: data as u64,
             size: size as u64,
-            rkey,
+            rkeys: [rkey, 0, 0, 0],
             tag,
-            idx: 0,
+            nreqs: 1,
+            ..CtsEntry::default()
         };
         st.fifo.fill(seq, entry);
         if st.setup.is_some() {
@@ -614,7 +615,7 @@ impl Comm {
                     IBV_WR_RDMA_WRITE_WITH_IMM,
                     &mut sge,
                     remote,
-                    cts.rkey,
+                    cts.rkeys[0],
                     imm,
                 );
                 if !carries_data {
@@ -623,7 +624,7 @@ impl Comm {
                 }
                 let mut sge_data = sge;
                 let mut data =
-                    send_wr(q.req, IBV_WR_RDMA_WRITE, &mut sge_data, remote, cts.rkey, 0);
+                    send_wr(q.req, IBV_WR_RDMA_WRITE, &mut sge_data, remote, cts.rkeys[0], 0);
                 data.send_flags = 0; // unsignaled: `last` completes the part
                 data.next = &mut last;
                 let first = if ar && part.len > 0 {

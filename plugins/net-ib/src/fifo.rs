@@ -15,7 +15,11 @@
 /// Slots of a FIFO (NCCL's `MAX_REQUESTS` × `NCCL_NET_IB_MAX_RECVS` is 256 as well).
 pub const FIFO_SLOTS: usize = 256;
 
-/// One CTS entry, as written into the sender's memory (fixed layout: both ends read it).
+/// Physical devices a merged (virtual) device may have (NCCL's `NCCL_IB_MAX_DEVS_PER_NIC`).
+pub const MAX_DEVS_PER_NIC: usize = 4;
+
+/// One CTS entry, as written into the sender's memory (fixed layout, 64 bytes: both ends
+/// read it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtsEntry {
@@ -23,12 +27,16 @@ pub struct CtsEntry {
     pub addr: u64,
     /// Receive buffer size: the most the sender may write.
     pub size: u64,
-    /// rkey of the receive buffer's registration.
-    pub rkey: u32,
+    /// rkeys of the receive buffer's registration, one per physical device of the
+    /// connection (a merged device registers the buffer on each); entry 0 otherwise.
+    pub rkeys: [u32; MAX_DEVS_PER_NIC],
     /// The receive's tag.
     pub tag: i32,
+    /// Buffers of the receive this entry belongs to (1 to the plugin's `max_recvs`).
+    pub nreqs: u32,
     /// [`idx_of`] the receive's sequence number; 0 = never written.
     pub idx: u64,
+    pub _pad: [u64; 2],
 }
 
 /// Bytes of one entry.
@@ -109,13 +117,13 @@ mod tests {
 
     #[test]
     fn slots_wrap_and_idx_tells_rounds_apart() {
-        assert_eq!(CTS_BYTES, 32);
+        assert_eq!(CTS_BYTES, 64);
         assert_eq!(slot_of(0), 0);
         assert_eq!(slot_of(255), 255);
         assert_eq!(slot_of(256), 0);
         assert_eq!(slot_of(257 + 256), 1);
-        assert_eq!(slot_offset(3), 96);
-        assert_eq!(slot_offset(256 + 3), 96);
+        assert_eq!(slot_offset(3), 192);
+        assert_eq!(slot_offset(256 + 3), 192);
         assert_ne!(idx_of(5), idx_of(5 + 256));
     }
 
@@ -127,9 +135,10 @@ mod tests {
         let entry = CtsEntry {
             addr: 0x1000,
             size: 64,
-            rkey: 7,
+            rkeys: [7, 0, 0, 0],
             tag: 3,
-            idx: 0,
+            nreqs: 1,
+            ..CtsEntry::default()
         };
         // The receiver's 257th receive lands in slot 0 (as an RDMA write would copy it).
         let src = staging.fill(256, entry);
