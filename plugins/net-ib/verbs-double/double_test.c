@@ -19,6 +19,11 @@
  *   rnr        rnr_retry 1 and no receive posted at the peer: IBV_WC_RNR_RETRY_EXC_ERR after
  *              the retries (2 x min_rnr_timer 20 = 20 ms); with rnr_retry 7 the send waits
  *              until a receive is posted, then completes.
+ *   devices    IBV_DOUBLE_DEVICES=2 IBV_DOUBLE_PORTS=2: two devices dbl_0, dbl_1 (index, distinct
+ *              node GUIDs, two ACTIVE ports each with its GID table, no port 3); a QP whose CQ
+ *              is another device's is refused; a write-with-imm from a QP on dbl_0 port 2 to
+ *              one on dbl_1 port 2 lands, and the same write with the rkey of a region of
+ *              another device's PD (at the peer) gives IBV_WC_REM_ACCESS_ERR.
  * Prints PASS/FAIL per check; exits 0 only if all pass. Every wait is bounded (5 s).
  */
 #define _GNU_SOURCE
@@ -45,11 +50,14 @@ enum { QA, QB, QC, QD, QE };
 struct info {
 	uint32_t qpn[NQP];
 	uint32_t rkey;
+	uint32_t rkey_other;    /* "devices": a region on a PD of the other device */
 	uint64_t addr;
 	union ibv_gid gid;
 };
 
 struct side {
+	int dev;                /* which device of the list, and which port ("devices" mode) */
+	uint8_t port;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
@@ -125,14 +133,14 @@ static int xread(int fd, void *p, size_t n)
 }
 
 /* GID choice as NCCL makes it: RoCE v2, IPv4-mapped, link-local entries skipped. */
-static int choose_gid(struct ibv_context *ctx)
+static int choose_gid(struct ibv_context *ctx, uint8_t port)
 {
 	struct ibv_port_attr pa;
-	if (ibv_query_port(ctx, 1, &pa))
+	if (ibv_query_port(ctx, port, &pa))
 		die("ibv_query_port");
 	for (int i = 0; i < pa.gid_tbl_len; i++) {
 		struct ibv_gid_entry e;
-		if (ibv_query_gid_ex(ctx, 1, (uint32_t)i, &e, 0))
+		if (ibv_query_gid_ex(ctx, port, (uint32_t)i, &e, 0))
 			continue;
 		int v4 = e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff;
 		int link_local = e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80;
@@ -146,14 +154,16 @@ static void setup(struct side *s)
 {
 	int n;
 	struct ibv_device **devs = ibv_get_device_list(&n);
-	if (!devs || n < 1)
-		die("no verbs device (is LD_LIBRARY_PATH set to the double?)");
-	s->ctx = ibv_open_device(devs[0]);
+	if (!devs || n <= s->dev)
+		die("no such verbs device (is LD_LIBRARY_PATH set to the double?)");
+	if (!s->port)
+		s->port = 1;
+	s->ctx = ibv_open_device(devs[s->dev]);
 	ibv_free_device_list(devs);
 	if (!s->ctx)
 		die("ibv_open_device");
-	s->gid_index = choose_gid(s->ctx);
-	if (s->gid_index < 0 || ibv_query_gid(s->ctx, 1, s->gid_index, &s->me.gid))
+	s->gid_index = choose_gid(s->ctx, s->port);
+	if (s->gid_index < 0 || ibv_query_gid(s->ctx, s->port, s->gid_index, &s->me.gid))
 		die("no RoCE v2 IPv4 GID");
 	s->pd = ibv_alloc_pd(s->ctx);
 	s->cq = ibv_create_cq(s->ctx, 256, NULL, NULL, 0);
@@ -175,7 +185,7 @@ static void setup(struct side *s)
 		s->qp[i] = ibv_create_qp(s->pd, &ia);
 		if (!s->qp[i])
 			die("ibv_create_qp");
-		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = s->port,
 					 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
 		if (ibv_modify_qp(s->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 						    IBV_QP_ACCESS_FLAGS))
@@ -190,7 +200,7 @@ static void connect_qps(struct side *s)
 		struct ibv_qp_attr a = {
 			.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = s->peer.qpn[i],
 			.rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 20, /* 10.24 ms */
-			.ah_attr = { .is_global = 1, .port_num = 1,
+			.ah_attr = { .is_global = 1, .port_num = s->port,
 				     .grh = { .dgid = s->peer.gid, .sgid_index = (uint8_t)s->gid_index,
 					      .hop_limit = 1 } },
 		};
@@ -240,6 +250,58 @@ static int same(const char *p, size_t n, int seed)
 	return 1;
 }
 
+/* "devices": what a program sees of two dual-port devices, before any QP is connected. */
+static void devices_checks(void)
+{
+	int n = 0;
+	struct ibv_device **devs = ibv_get_device_list(&n);
+	check(devs && n == 2 && !strcmp(ibv_get_device_name(devs[0]), "dbl_0") &&
+	      !strcmp(ibv_get_device_name(devs[1]), "dbl_1") && ibv_get_device_index(devs[1]) == 1,
+	      "devices: IBV_DOUBLE_DEVICES=2 lists dbl_0 and dbl_1", "%d devices", n);
+	if (!devs || n != 2)
+		die("two devices");
+	struct ibv_context *ctx[2];
+	struct ibv_device_attr da[2];
+	for (int d = 0; d < 2; d++) {
+		ctx[d] = ibv_open_device(devs[d]);
+		if (!ctx[d] || ibv_query_device(ctx[d], &da[d]))
+			die("open / query device");
+	}
+	check(da[0].node_guid != da[1].node_guid && da[0].node_guid == ibv_get_device_guid(devs[0]) &&
+	      da[1].node_guid == ibv_get_device_guid(devs[1]) &&
+	      da[0].sys_image_guid == da[0].node_guid,
+	      "devices: a node GUID per device, as ibv_get_device_guid says", "GUIDs %llx %llx",
+	      (unsigned long long)da[0].node_guid, (unsigned long long)da[1].node_guid);
+	int ports_ok = da[0].phys_port_cnt == 2 && da[1].phys_port_cnt == 2;
+	for (int d = 0; d < 2; d++) {
+		for (uint8_t p = 1; p <= 2; p++) {
+			struct ibv_port_attr pa;
+			union ibv_gid g;
+			ports_ok &= !ibv_query_port(ctx[d], p, &pa) && pa.state == IBV_PORT_ACTIVE &&
+				    pa.link_layer == IBV_LINK_LAYER_ETHERNET && pa.gid_tbl_len == 4 &&
+				    choose_gid(ctx[d], p) == 3 && !ibv_query_gid(ctx[d], p, 3, &g) &&
+				    g.raw[10] == 0xff && g.raw[12] == 127;
+		}
+		struct ibv_port_attr pa;
+		ports_ok &= ibv_query_port(ctx[d], 3, &pa) != 0;
+	}
+	check(ports_ok, "devices: two ACTIVE Ethernet ports each, GID 3 = ::ffff:127.0.0.1 RoCE v2, "
+	      "no port 3", "a port check failed");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx[0]);
+	struct ibv_cq *cq = ibv_create_cq(ctx[1], 16, NULL, NULL, 0);
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+						.max_recv_sge = 1 } };
+	struct ibv_qp *qp = pd && cq ? ibv_create_qp(pd, &ia) : NULL;
+	check(pd && cq && !qp && errno == EINVAL,
+	      "devices: a QP with a PD of dbl_0 and a CQ of dbl_1 is refused (EINVAL)", "qp %p", qp);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	for (int d = 0; d < 2; d++)
+		ibv_close_device(ctx[d]);
+	ibv_free_device_list(devs);
+}
+
 /* ---- the peer (child): posts receives, reports what it saw, then waits to be killed ---- */
 
 static void server(const char *mode, int rd, int wr)
@@ -249,8 +311,27 @@ static void server(const char *mode, int rd, int wr)
 	if (!strcmp(mode, "reorder"))
 		setenv("IBV_DOUBLE_REORDER", "1", 1);
 	struct side s = { 0 };
+	if (!strcmp(mode, "devices")) {
+		s.dev = 1;
+		s.port = 2;
+	}
 	setup(&s);
 	fill(s.buf + 16384, 1024, 'R');
+	struct ibv_context *other = NULL;
+	if (!strcmp(mode, "devices")) {
+		/* A region of the same bytes on a PD of the other device: its rkey is no key of the
+		 * QPs of this device. */
+		struct ibv_device **devs = ibv_get_device_list(NULL);
+		other = devs ? ibv_open_device(devs[0]) : NULL;
+		ibv_free_device_list(devs);
+		struct ibv_pd *opd = other ? ibv_alloc_pd(other) : NULL;
+		struct ibv_mr *omr = opd ? ibv_reg_mr(opd, s.buf, BUF_SIZE, IBV_ACCESS_LOCAL_WRITE |
+						      IBV_ACCESS_REMOTE_WRITE) : NULL;
+		if (!omr)
+			die("a region on the other device");
+		s.me.rkey_other = omr->rkey;
+		post_recv(&s, QA, 501, 32768, 64);
+	}
 	if (!strcmp(mode, "reorder"))
 		post_recv(&s, QA, 401, 32768, 64);
 	if (!strcmp(mode, "basic")) {
@@ -283,6 +364,15 @@ static void server(const char *mode, int rd, int wr)
 		check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 201 && wc.qp_num == s.me.qpn[QB],
 		      "responder: peer QP in error flushes the posted receive",
 		      "status %d wr_id %llu", wc.status, (unsigned long long)wc.wr_id);
+		char done = failures ? 'F' : 'P';
+		xwrite(wr, &done, 1);
+	}
+	if (!strcmp(mode, "devices")) {
+		struct ibv_wc wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+		      wc.wr_id == 501 && wc.qp_num == s.me.qpn[QA] && same(s.buf + 4096, 2048, 'M'),
+		      "devices: write-with-imm from dbl_0 port 2 lands on dbl_1 port 2",
+		      "status %d opcode %d wr_id %llu", wc.status, wc.opcode, (unsigned long long)wc.wr_id);
 		char done = failures ? 'F' : 'P';
 		xwrite(wr, &done, 1);
 	}
@@ -337,6 +427,10 @@ static int run(const char *mode)
 	if (!strcmp(mode, "rnr"))
 		rnr_retry = 1;
 	struct side s = { 0 };
+	if (!strcmp(mode, "devices")) {
+		devices_checks();
+		s.port = 2;
+	}
 	setup(&s);
 	check(s.gid_index == 3, "GID choice: RoCE v2 IPv4 entry, link-local skipped",
 	      "chose index %d", s.gid_index);
@@ -505,6 +599,20 @@ static int run(const char *mode)
 		check(early == 0 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 2,
 		      "rnr_retry 7: the send waits for the receive, then completes",
 		      "early %d (wr_id %llu status %d)", early, (unsigned long long)wc.wr_id, wc.status);
+	} else if (!strcmp(mode, "devices")) {
+		fill(s.buf, 2048, 'M');
+		post(&s, QA, 1, IBV_WR_RDMA_WRITE_WITH_IMM, 0, 2048, ra + 4096, rk, htonl(5),
+		     IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1,
+		      "devices: the write across devices completes", "status %d", wc.status);
+		post(&s, QB, 2, IBV_WR_RDMA_WRITE, 0, 64, ra, s.peer.rkey_other, 0, IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 2,
+		      "devices: the rkey of another device's region gives IBV_WC_REM_ACCESS_ERR",
+		      "status %d (%s)", wc.status, ibv_wc_status_str(wc.status));
+		if (xread(c2p[0], &c, 1) || c != 'P')
+			check(0, "responder checks", "the peer reported failures (see its lines above)");
 	} else if (!strcmp(mode, "delay")) {
 		double t0 = now_s();
 		post(&s, QA, 1, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
@@ -523,9 +631,13 @@ int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "basic";
 	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay") &&
-	    strcmp(mode, "rnr") && strcmp(mode, "reorder")) {
-		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder]\n", argv[0]);
+	    strcmp(mode, "rnr") && strcmp(mode, "reorder") && strcmp(mode, "devices")) {
+		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder|devices]\n", argv[0]);
 		return 2;
+	}
+	if (!strcmp(mode, "devices")) { /* read at the first listing, by both processes */
+		setenv("IBV_DOUBLE_DEVICES", "2", 1);
+		setenv("IBV_DOUBLE_PORTS", "2", 1);
 	}
 	alarm(30); /* a hang fails the test */
 	int f = run(mode);

@@ -59,6 +59,8 @@ int ibv_query_gid_type(struct ibv_context *ctx, uint8_t port_num, unsigned int i
 /* ------------------------------------------------------------------------------------------ */
 
 #define DBL_GID_COUNT 4        /* fe80 v1, fe80 v2, ::ffff:ip v1, ::ffff:ip v2 (mlx5's order) */
+#define DBL_MAX_DEVICES 16     /* IBV_DOUBLE_DEVICES: dbl_0 .. dbl_15 */
+#define DBL_MAX_PORTS 4        /* IBV_DOUBLE_PORTS: ports of each device */
 #define DBL_MAX_QPS 65536      /* QPN: listener port offset << 16 | slot */
 #define DBL_PORT_TRIES 256     /* listeners take base .. base+255 */
 #define DBL_MAX_INLINE 512
@@ -165,10 +167,10 @@ struct dbl_msg {
 static struct {
 	pthread_once_t once;
 	pthread_mutex_t lock;
-	struct ibv_device dev;
-	struct ibv_device *list[2];
-	uint32_t ip;            /* network order */
-	uint64_t guid;          /* host order */
+	struct ibv_device devs[DBL_MAX_DEVICES];
+	int ndevs;              /* IBV_DOUBLE_DEVICES, default 1 */
+	int nports;             /* IBV_DOUBLE_PORTS: ports of each device, default 1 */
+	uint32_t ip;            /* network order; every port of every device answers on it */
 	int port_base;
 	int port_index;         /* listener port = port_base + port_index */
 	int listen_fd;
@@ -281,8 +283,6 @@ static void global_init(void)
 {
 	const char *name = getenv("IBV_DOUBLE_NAME");
 	const char *ip = getenv("IBV_DOUBLE_IP");
-	if (!name || !*name)
-		name = "dbl_0";
 	if (!ip || !*ip)
 		ip = "127.0.0.1";
 	struct in_addr a;
@@ -298,33 +298,71 @@ static void global_init(void)
 	G.delay_us = (unsigned)env_long("IBV_DOUBLE_DELAY_US", 0);
 	G.reorder = env_long("IBV_DOUBLE_REORDER", 0) != 0;
 	G.connect_timeout_ms = (int)env_long("IBV_DOUBLE_CONNECT_TIMEOUT_MS", 10000);
-	/* A locally administered GUID made from the address: stable, distinct per IP. */
-	G.guid = 0x0200dbff00000000ULL | ntohl(G.ip);
+	G.ndevs = (int)env_long("IBV_DOUBLE_DEVICES", 1);
+	if (G.ndevs < 1 || G.ndevs > DBL_MAX_DEVICES) {
+		dbl_warn("IBV_DOUBLE_DEVICES=%d is outside 1..%d; using 1", G.ndevs, DBL_MAX_DEVICES);
+		G.ndevs = 1;
+	}
+	G.nports = (int)env_long("IBV_DOUBLE_PORTS", 1);
+	if (G.nports < 1 || G.nports > DBL_MAX_PORTS) {
+		dbl_warn("IBV_DOUBLE_PORTS=%d is outside 1..%d; using 1", G.nports, DBL_MAX_PORTS);
+		G.nports = 1;
+	}
 	G.next_key = 0x1000;
 	G.next_qp_slot = 2; /* QPN 0 and 1 are special in IB */
 	G.wake[0] = G.wake[1] = -1;
 
-	G.dev.node_type = IBV_NODE_CA;
-	G.dev.transport_type = IBV_TRANSPORT_IB;
-	snprintf(G.dev.name, sizeof(G.dev.name), "%s", name);
-	snprintf(G.dev.dev_name, sizeof(G.dev.dev_name), "uverbs_dbl");
-	snprintf(G.dev.dev_path, sizeof(G.dev.dev_path), "/nonexistent/ibverbs-double/uverbs_dbl");
-	snprintf(G.dev.ibdev_path, sizeof(G.dev.ibdev_path), "/nonexistent/ibverbs-double/%s", name);
-	G.list[0] = &G.dev;
-	G.list[1] = NULL;
+	for (int i = 0; i < G.ndevs; i++) {
+		struct ibv_device *d = &G.devs[i];
+		d->node_type = IBV_NODE_CA;
+		d->transport_type = IBV_TRANSPORT_IB;
+		if (i == 0 && name && *name)
+			snprintf(d->name, sizeof(d->name), "%s", name);
+		else
+			snprintf(d->name, sizeof(d->name), "dbl_%d", i);
+		snprintf(d->dev_name, sizeof(d->dev_name), "uverbs_dbl%d", i);
+		snprintf(d->dev_path, sizeof(d->dev_path), "/nonexistent/ibverbs-double/uverbs_dbl%d", i);
+		snprintf(d->ibdev_path, sizeof(d->ibdev_path), "/nonexistent/ibverbs-double/%s", d->name);
+	}
 }
+
+/* The index of one of the double's devices, or -1. */
+static int dev_index(const struct ibv_device *device)
+{
+	for (int i = 0; i < G.ndevs; i++)
+		if (device == &G.devs[i])
+			return i;
+	return -1;
+}
+
+/* A device's node GUID (host order): locally administered, made from the address and the device
+ * index, so stable, distinct per IP and per device, and shared by the ports of one device (as
+ * the ports of one HCA share its node GUID). Device 0's is the one a single-device double had. */
+static uint64_t dev_guid(int index)
+{
+	return ((0x0200dbffULL - (uint64_t)index) << 32) | ntohl(G.ip);
+}
+
+static uint64_t ctx_guid(const struct ibv_context *ctx)
+{
+	int i = ctx ? dev_index(ctx->device) : -1;
+	return dev_guid(i < 0 ? 0 : i);
+}
+
+static bool port_ok(unsigned port_num) { return port_num >= 1 && port_num <= (unsigned)G.nports; }
 
 struct ibv_device **ibv_get_device_list(int *num_devices)
 {
 	pthread_once(&G.once, global_init);
-	struct ibv_device **l = calloc(2, sizeof(*l));
+	struct ibv_device **l = calloc((size_t)G.ndevs + 1, sizeof(*l));
 	if (!l) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	l[0] = &G.dev;
+	for (int i = 0; i < G.ndevs; i++)
+		l[i] = &G.devs[i];
 	if (num_devices)
-		*num_devices = 1;
+		*num_devices = G.ndevs;
 	return l;
 }
 
@@ -334,14 +372,13 @@ const char *ibv_get_device_name(struct ibv_device *device) { return device->name
 
 __be64 ibv_get_device_guid(struct ibv_device *device)
 {
-	(void)device;
-	return htobe64(G.guid);
+	int i = dev_index(device);
+	return htobe64(dev_guid(i < 0 ? 0 : i));
 }
 
 int ibv_get_device_index(struct ibv_device *device)
 {
-	(void)device;
-	return 0;
+	return dev_index(device);
 }
 
 static void *progress_main(void *arg);
@@ -379,7 +416,8 @@ static int start_progress_locked(void)
 		return rc;
 	pthread_detach(G.thread);
 	G.started = true;
-	dbl_log("device %s listening on port %d", G.dev.name, G.port_base + G.port_index);
+	dbl_log("%d device(s) of %d port(s) listening on port %d", G.ndevs, G.nports,
+		G.port_base + G.port_index);
 	return 0;
 }
 
@@ -420,7 +458,7 @@ static int dbl_dealloc_mw(struct ibv_mw *mw)
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
 	pthread_once(&G.once, global_init);
-	if (device != &G.dev) {
+	if (dev_index(device) < 0) {
 		errno = ENODEV;
 		return NULL;
 	}
@@ -482,11 +520,10 @@ void ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }
 
 int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 {
-	(void)ctx;
 	memset(a, 0, sizeof(*a));
 	snprintf(a->fw_ver, sizeof(a->fw_ver), "ibverbs-double-1");
-	a->node_guid = htobe64(G.guid);
-	a->sys_image_guid = htobe64(G.guid);
+	a->node_guid = htobe64(ctx_guid(ctx));
+	a->sys_image_guid = htobe64(ctx_guid(ctx));
 	a->max_mr_size = UINT64_MAX;
 	a->page_size_cap = 0xfffff000;
 	a->vendor_id = 0;  /* not a real vendor: tools must not pick vendor-specific paths */
@@ -507,7 +544,7 @@ int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 	a->atomic_cap = IBV_ATOMIC_NONE;
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 16;
-	a->phys_port_cnt = 1;
+	a->phys_port_cnt = (uint8_t)G.nports;
 	return 0;
 }
 
@@ -535,7 +572,7 @@ static void fill_port(struct ibv_port_attr *p)
 int ibv_query_port(struct ibv_context *ctx, uint8_t port_num, struct _compat_ibv_port_attr *out)
 {
 	(void)ctx;
-	if (port_num != 1)
+	if (!port_ok(port_num))
 		return EINVAL;
 	struct ibv_port_attr p;
 	fill_port(&p);
@@ -543,16 +580,19 @@ int ibv_query_port(struct ibv_context *ctx, uint8_t port_num, struct _compat_ibv
 	return 0;
 }
 
-/* The GID table, in the order mlx5 shows for one IPv4 address. */
-static bool gid_entry(unsigned index, union ibv_gid *gid, enum ibv_gid_type *type)
+/* A port's GID table, in the order mlx5 shows for one IPv4 address: every port of every device
+ * has one, on the same IPv4 (IBV_DOUBLE_IP); the link-local entries carry the port's GUID (the
+ * device's, plus the port number less one). */
+static bool gid_entry(const struct ibv_context *ctx, unsigned port_num, unsigned index,
+		      union ibv_gid *gid, enum ibv_gid_type *type)
 {
-	if (index >= DBL_GID_COUNT)
+	if (!port_ok(port_num) || index >= DBL_GID_COUNT)
 		return false;
 	memset(gid, 0, sizeof(*gid));
-	if (index < 2) { /* fe80::<guid> */
+	if (index < 2) { /* fe80::<port guid> */
 		gid->raw[0] = 0xfe;
 		gid->raw[1] = 0x80;
-		uint64_t g = htobe64(G.guid);
+		uint64_t g = htobe64(ctx_guid(ctx) + port_num - 1);
 		memcpy(&gid->raw[8], &g, 8);
 	} else {         /* ::ffff:a.b.c.d */
 		gid->raw[10] = 0xff;
@@ -565,9 +605,8 @@ static bool gid_entry(unsigned index, union ibv_gid *gid, enum ibv_gid_type *typ
 
 int ibv_query_gid(struct ibv_context *ctx, uint8_t port_num, int index, union ibv_gid *gid)
 {
-	(void)ctx;
 	enum ibv_gid_type t;
-	if (port_num != 1 || index < 0 || !gid_entry((unsigned)index, gid, &t))
+	if (index < 0 || !gid_entry(ctx, port_num, (unsigned)index, gid, &t))
 		return -1;
 	return 0;
 }
@@ -575,11 +614,10 @@ int ibv_query_gid(struct ibv_context *ctx, uint8_t port_num, int index, union ib
 int _ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port_num, uint32_t gid_index,
 		      struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
 {
-	(void)ctx;
 	if (flags || entry_size < sizeof(*entry))
 		return EINVAL;
 	enum ibv_gid_type t;
-	if (port_num != 1 || !gid_entry(gid_index, &entry->gid, &t))
+	if (!gid_entry(ctx, port_num, gid_index, &entry->gid, &t))
 		return ENODATA;
 	entry->gid_index = gid_index;
 	entry->port_num = port_num;
@@ -593,21 +631,23 @@ ssize_t _ibv_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entr
 {
 	if (flags || entry_size < sizeof(*entries))
 		return -EINVAL;
-	if (max_entries < DBL_GID_COUNT)
+	size_t total = (size_t)G.nports * DBL_GID_COUNT; /* every port's table, port by port */
+	if (max_entries < total)
 		return -EINVAL;
-	for (uint32_t i = 0; i < DBL_GID_COUNT; i++)
-		_ibv_query_gid_ex(ctx, 1, i, &entries[i], 0, sizeof(*entries));
-	return DBL_GID_COUNT;
+	for (uint32_t p = 1; p <= (uint32_t)G.nports; p++)
+		for (uint32_t i = 0; i < DBL_GID_COUNT; i++)
+			_ibv_query_gid_ex(ctx, p, i, &entries[(p - 1) * DBL_GID_COUNT + i], 0,
+					  sizeof(*entries));
+	return (ssize_t)total;
 }
 
 /* Private in Debian's library (IBVERBS_PRIVATE_34); type 0 = IB/RoCE v1, 1 = RoCE v2. */
 int ibv_query_gid_type(struct ibv_context *ctx, uint8_t port_num, unsigned int index,
 		       enum ibv_gid_type_sysfs *type)
 {
-	(void)ctx;
 	union ibv_gid gid;
 	enum ibv_gid_type t;
-	if (port_num != 1 || !gid_entry(index, &gid, &t))
+	if (!gid_entry(ctx, port_num, index, &gid, &t))
 		return -1;
 	*type = t == IBV_GID_TYPE_ROCE_V2 ? IBV_GID_TYPE_SYSFS_ROCE_V2 : IBV_GID_TYPE_SYSFS_IB_ROCE_V1;
 	return 0;
@@ -616,7 +656,7 @@ int ibv_query_gid_type(struct ibv_context *ctx, uint8_t port_num, unsigned int i
 int ibv_query_pkey(struct ibv_context *ctx, uint8_t port_num, int index, __be16 *pkey)
 {
 	(void)ctx;
-	if (port_num != 1 || index != 0)
+	if (!port_ok(port_num) || index != 0)
 		return -1;
 	*pkey = htobe16(0xffff);
 	return 0;
@@ -625,7 +665,7 @@ int ibv_query_pkey(struct ibv_context *ctx, uint8_t port_num, int index, __be16 
 int ibv_get_pkey_index(struct ibv_context *ctx, uint8_t port_num, __be16 pkey)
 {
 	(void)ctx;
-	return (port_num == 1 && be16toh(pkey) == 0xffff) ? 0 : -1;
+	return (port_ok(port_num) && be16toh(pkey) == 0xffff) ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1023,6 +1063,12 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 		errno = EINVAL;
 		return NULL;
 	}
+	/* The PD and the CQs of a QP belong to one device (one context). */
+	if (ia->send_cq->context != pd->context || ia->recv_cq->context != pd->context) {
+		dbl_warn("create_qp: the CQs and the PD belong to different device contexts");
+		errno = EINVAL;
+		return NULL;
+	}
 	struct dbl_qp *q = calloc(1, sizeof(*q));
 	if (!q) {
 		errno = ENOMEM;
@@ -1064,7 +1110,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 	G.qps[slot] = q;
 	pthread_mutex_unlock(&G.lock);
 	ia->cap = q->cap;
-	dbl_log("create_qp 0x%x", q->qp.qp_num);
+	dbl_log("create_qp 0x%x on %s", q->qp.qp_num, pd->context->device->name);
 	return &q->qp;
 }
 
@@ -1270,7 +1316,9 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 		rc = EINVAL;
 		goto out;
 	}
-	if ((mask & IBV_QP_PORT) && a->port_num != 1) {
+	if ((mask & IBV_QP_PORT) && !port_ok(a->port_num)) {
+		dbl_warn("modify_qp 0x%x: port %d does not exist (the device has %d)", qp->qp_num,
+			 a->port_num, G.nports);
 		rc = EINVAL;
 		goto out;
 	}
@@ -1340,6 +1388,18 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 /* ------------------------------------------------------------------------------------------ */
 /* 5. Posting                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
+
+static const char *wr_opcode_name(enum ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE: return "RDMA_WRITE";
+	case IBV_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
+	case IBV_WR_SEND: return "SEND";
+	case IBV_WR_SEND_WITH_IMM: return "SEND_WITH_IMM";
+	case IBV_WR_RDMA_READ: return "RDMA_READ";
+	default: return "?";
+	}
+}
 
 static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 {
@@ -1431,6 +1491,9 @@ static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 		l->out.len += wr->sg_list[i].length;
 	}
 	link_flush(l);
+	dbl_log("QP 0x%x (%s:%d) posts %s of %u bytes rkey 0x%x to QP 0x%x", q->qp.qp_num,
+		q->qp.context->device->name, q->attr.port_num, wr_opcode_name(wr->opcode),
+		(unsigned)total, m.rkey, m.dst_qpn);
 	return 0;
 }
 
