@@ -333,7 +333,9 @@ pub enum VDeviceOutcome {
 pub fn try_make_vdevice(env: &Env) -> Result<VDeviceOutcome, String> {
     let (net, ctx) = (env.net, env.ctx);
     let n = net.devices(ctx).map_err(|e| format!("devices: {e}"))?;
-    for bad in [vec![], vec![n], vec![0, 0]] {
+    // `make_vdevice` names physical devices, which may be more than `devices()` counts (a
+    // plugin that merged its NICs at init): only an index past any device is surely absent.
+    for bad in [vec![], vec![i32::MAX], vec![-1], vec![0, 0]] {
         match net.make_vdevice(ctx, &bad) {
             Ok(v) => return Err(format!("make_vdevice({bad:?}) with {n} devices made device {v} instead of failing")),
             Err(e) if e.message.contains("panicked") => return Err(format!("make_vdevice({bad:?}): {e}")),

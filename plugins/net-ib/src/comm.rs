@@ -7,7 +7,10 @@
 //!   queued send **in local memory** (no verbs call) and, once the receiver's entry is there
 //!   and the tag matches, RDMA_WRITE_WITH_IMM the message straight into the receive buffer,
 //!   split over the QPs ([`crate::split`]), the immediate carrying the message size;
-//! * **test** polls the CQ: a request is done when each QP has completed its part; the
+//! * on a merged device ([`crate::merge`]) a registration has an MR on each physical device's
+//!   PD: the CTS carries the receive buffer's rkey for each of the receiver's devices, and
+//!   each QP's part goes with the lkey of its local device and the rkey of its peer's device;
+//! * **test** polls the CQs (one per physical device): a request is done when each QP has completed its part; the
 //!   receiver reads the size from the immediate. An error completion fails the connection
 //!   (every request on it then fails), and so does EOF on the out-of-band socket: a dead peer
 //!   is an error, never a wait without end.
@@ -21,8 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustccl_plugin_api::PluginError;
 
-use crate::device::IbDevice;
-use crate::fifo::{slot_offset, CtsEntry, Fifo, CTS_BYTES};
+use crate::fifo::{slot_offset, CtsEntry, Fifo, CTS_BYTES, MAX_DEVS_PER_NIC};
 use crate::mr_cache::MrCache;
 use crate::oob::{conn_info, peer_gone, Pipe};
 use crate::qp::{Endpoint, MAX_INFLIGHT};
@@ -89,25 +91,48 @@ struct QueuedSend {
     data: usize,
     size: usize,
     tag: i32,
-    lkey: u32,
+    /// The send buffer's lkey on each local physical device.
+    lkeys: [u32; MAX_DEVS_PER_NIC],
 }
 
-/// A registration of the connection's cache. Memory in the first page of the address
-/// space is never mapped (an empty buffer's dangling pointer lands there): it gets no MR
-/// and covers nothing, so it serves 0-byte transfers only (which name no memory).
+/// A registration of the connection's cache: one MR per physical device of the connection
+/// (a merged device registers the memory on each member's PD). Memory in the first page of
+/// the address space is never mapped (an empty buffer's dangling pointer lands there): it
+/// gets no MR and covers nothing, so it serves 0-byte transfers only (which name no memory).
 pub struct Registration {
-    pub mr: Option<Mr>,
+    /// By member; empty for the first page.
+    pub mrs: Vec<Mr>,
     pub start: usize,
     pub len: usize,
 }
 
 impl Registration {
+    /// The first member's lkey (the only one of a plain device).
     pub fn lkey(&self) -> u32 {
-        self.mr.as_ref().map_or(0, Mr::lkey)
+        self.lkeys()[0]
     }
 
+    /// The first member's rkey.
     pub fn rkey(&self) -> u32 {
-        self.mr.as_ref().map_or(0, Mr::rkey)
+        self.rkeys()[0]
+    }
+
+    /// The lkey on each member (0 past the last).
+    pub fn lkeys(&self) -> [u32; MAX_DEVS_PER_NIC] {
+        let mut keys = [0; MAX_DEVS_PER_NIC];
+        for (k, mr) in keys.iter_mut().zip(&self.mrs) {
+            *k = mr.lkey();
+        }
+        keys
+    }
+
+    /// The rkey on each member (0 past the last), as the CTS carries them.
+    pub fn rkeys(&self) -> [u32; MAX_DEVS_PER_NIC] {
+        let mut keys = [0; MAX_DEVS_PER_NIC];
+        for (k, mr) in keys.iter_mut().zip(&self.mrs) {
+            *k = mr.rkey();
+        }
+        keys
     }
 }
 
@@ -117,7 +142,7 @@ impl Registration {
 /// `isend`/`irecv`/`test`.
 pub enum Setup {
     /// Sender: reading the acceptor's info; then the QPs go to RTS.
-    Exchange { dev: IbDevice, qp: QpSettings },
+    Exchange { qp: QpSettings },
     /// Sender: writing the "ready" byte.
     Ready,
     /// Receiver: writing its info, then reading the sender's "ready" byte. Until it comes,
@@ -172,12 +197,13 @@ pub struct Parts {
     pub setup: Option<Setup>,
 }
 
-/// Registers `fifo` on `ep`'s PD for remote writes (sender) or as a local source (receiver).
+/// Registers `fifo` on the PD of `ep`'s first physical device (that of QP 0, which carries
+/// the CTS writes) for remote writes (sender) or as a local source (receiver).
 pub fn register_fifo(ep: &Endpoint, fifo: &Fifo) -> Result<Mr, PluginError> {
     // SAFETY: the FIFO's heap block outlives the registration (both live in the same
     // connection state, the registration dropped first), and the device may write it.
     unsafe {
-        ep.pd.reg_mr(
+        ep.pds[0].reg_mr(
             fifo.addr() as *mut c_void,
             fifo.bytes(),
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
@@ -262,37 +288,40 @@ impl Comm {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `data..data + size` (through the cache); returns the cache entry id and
-    /// the keys.
+    /// Registers `data..data + size` (through the cache) on every physical device's PD;
+    /// returns the cache entry id and the keys.
     pub fn reg_mr(
         &self,
         data: usize,
         size: usize,
     ) -> Result<(u64, Arc<Registration>), PluginError> {
         let mut st = self.lock();
-        let pd = Arc::clone(&st.ep.pd);
+        let pds = st.ep.pds.clone();
         st.cache.acquire(data, size, |start, len| {
             if start == 0 {
                 return Ok(Registration {
-                    mr: None,
+                    mrs: Vec::new(),
                     start: 0,
                     len: 0,
                 });
             }
-            // SAFETY: the caller registered memory of this process, which must stay mapped
-            // until deregistration (the net ABI's contract for regMr).
-            let mr = unsafe {
-                pd.reg_mr(
-                    start as *mut c_void,
-                    len,
-                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-                )
-            }?;
-            Ok(Registration {
-                mr: Some(mr),
-                start,
-                len,
-            })
+            let mrs = pds
+                .iter()
+                .map(|pd| {
+                    // SAFETY: the caller registered memory of this process, which must stay
+                    // mapped until deregistration (the net ABI's contract for regMr).
+                    unsafe {
+                        pd.reg_mr(
+                            start as *mut c_void,
+                            len,
+                            IBV_ACCESS_LOCAL_WRITE
+                                | IBV_ACCESS_REMOTE_WRITE
+                                | IBV_ACCESS_REMOTE_READ,
+                        )
+                    }
+                })
+                .collect::<Result<Vec<Mr>, PluginError>>()?;
+            Ok(Registration { mrs, start, len })
         })
     }
 
@@ -313,14 +342,15 @@ impl Comm {
         }
     }
 
-    /// Queues a send; `Ok(false)`: too many requests in flight, call again.
+    /// Queues a send of `data..data + size` (registered with `lkeys`, one per physical
+    /// device); `Ok(false)`: too many requests in flight, call again.
     pub fn isend(
         &self,
         req: u64,
         data: usize,
         size: usize,
         tag: i32,
-        lkey: u32,
+        lkeys: [u32; MAX_DEVS_PER_NIC],
     ) -> Result<bool, PluginError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
@@ -336,7 +366,7 @@ impl Comm {
             data,
             size,
             tag,
-            lkey,
+            lkeys,
         });
         st.requests.insert(
             req,
@@ -349,15 +379,15 @@ impl Comm {
         Ok(true)
     }
 
-    /// Posts a receive into `data..data + size` (registered with `rkey`); `Ok(false)`: too
-    /// many requests in flight, call again.
+    /// Posts a receive into `data..data + size` (registered with `rkeys`, one per physical
+    /// device); `Ok(false)`: too many requests in flight, call again.
     pub fn irecv(
         &self,
         req: u64,
         data: usize,
         size: usize,
         tag: i32,
-        rkey: u32,
+        rkeys: [u32; MAX_DEVS_PER_NIC],
     ) -> Result<bool, PluginError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
@@ -381,7 +411,7 @@ impl Comm {
         let entry = CtsEntry {
             addr: data as u64,
             size: size as u64,
-            rkeys: [rkey, 0, 0, 0],
+            rkeys,
             tag,
             nreqs: 1,
             ..CtsEntry::default()
@@ -471,9 +501,9 @@ impl Comm {
         loop {
             match st.setup.take() {
                 None => return Ok(()),
-                Some(Setup::Exchange { dev, qp }) => {
+                Some(Setup::Exchange { qp }) => {
                     let Some(bytes) = st.oob.progress().map_err(lost)? else {
-                        st.setup = Some(Setup::Exchange { dev, qp });
+                        st.setup = Some(Setup::Exchange { qp });
                         return Ok(());
                     };
                     let peer = conn_info(bytes).map_err(|e| {
@@ -488,7 +518,7 @@ impl Comm {
                             self.device
                         )));
                     }
-                    st.ep.connect(&dev, &peer, &qp)?;
+                    st.ep.connect(&peer, &qp)?;
                     st.oob.next(vec![1], 0);
                     st.setup = Some(Setup::Ready);
                 }
@@ -512,7 +542,7 @@ impl Comm {
         }
     }
 
-    /// Polls the CQ, starts sends whose CTS arrived, and checks the peer.
+    /// Polls the CQs, starts sends whose CTS arrived, and checks the peer.
     fn progress(&self, st: &mut State) {
         if st.failed.is_some() {
             return;
@@ -522,8 +552,9 @@ impl Comm {
             return;
         }
         let mut wc = [ibv_wc::default(); 16];
-        loop {
-            let n = match st.ep.cq.poll(&mut wc) {
+        let mut member = 0;
+        while member < st.ep.cqs.len() {
+            let n = match st.ep.cqs[member].poll(&mut wc) {
                 Ok(n) => n,
                 Err(e) => {
                     self.fail(st, e);
@@ -559,7 +590,7 @@ impl Comm {
                 }
             }
             if n < wc.len() {
-                break;
+                member += 1;
             }
         }
         if self.direction == Direction::Send {
@@ -600,12 +631,14 @@ impl Comm {
             }
             let ar = uses_adaptive_routing(self.ar_threshold, q.size);
             let imm = (q.size as u32).to_be();
-            for (qp, part) in st.ep.qps.iter().zip(split(q.size, self.nqps)) {
+            let ep = &st.ep;
+            for (i, part) in split(q.size, self.nqps).into_iter().enumerate() {
+                let (qp, rkey) = (&ep.qps[i], cts.rkeys[ep.remote_members[i]]);
                 let remote = cts.addr + part.offset as u64;
                 let mut sge = ibv_sge {
                     addr: (q.data + part.offset) as u64,
                     length: part.len as u32,
-                    lkey: q.lkey,
+                    lkey: q.lkeys[ep.qp_members[i]],
                 };
                 // The write-with-immediate that completes this QP's part: carrying the part
                 // itself, or (adaptive routing, or an empty part) no bytes.
@@ -615,7 +648,7 @@ impl Comm {
                     IBV_WR_RDMA_WRITE_WITH_IMM,
                     &mut sge,
                     remote,
-                    cts.rkeys[0],
+                    rkey,
                     imm,
                 );
                 if !carries_data {
@@ -624,7 +657,7 @@ impl Comm {
                 }
                 let mut sge_data = sge;
                 let mut data =
-                    send_wr(q.req, IBV_WR_RDMA_WRITE, &mut sge_data, remote, cts.rkeys[0], 0);
+                    send_wr(q.req, IBV_WR_RDMA_WRITE, &mut sge_data, remote, rkey, 0);
                 data.send_flags = 0; // unsignaled: `last` completes the part
                 data.next = &mut last;
                 let first = if ar && part.len > 0 {

@@ -14,6 +14,7 @@ use rustccl_netif::IfnameSpec;
 use rustccl_plugin_api::PluginError;
 
 use crate::gid::{choose_roce_gid_index, GidEntry, GidType};
+use crate::merge::PortIdentity;
 use crate::settings::IbSettings;
 use crate::speed::port_speed_mbps;
 use crate::verbs::types::*;
@@ -69,6 +70,10 @@ pub struct IbDevice {
     pub link_layer: LinkLayer,
     /// Node GUID (host value).
     pub guid: u64,
+    /// System image GUID (host value): one per adapter, what NCCL compares to merge ports.
+    pub sys_image_guid: u64,
+    /// The device's PCI path in sysfs, or empty ([`pci_path`]).
+    pub pci_path: String,
     /// Mbit/s, from the port's width and lane speed.
     pub speed_mbps: u32,
     pub lid: u16,
@@ -93,6 +98,24 @@ impl std::fmt::Debug for IbDevice {
             .field("gid_index", &self.gid_index)
             .finish_non_exhaustive()
     }
+}
+
+impl IbDevice {
+    /// What decides whether this port and another are one NIC ([`crate::merge`]).
+    pub fn identity(&self) -> PortIdentity {
+        PortIdentity {
+            pci_path: self.pci_path.clone(),
+            sys_image_guid: self.sys_image_guid,
+            link_layer: self.link_layer,
+        }
+    }
+}
+
+/// The PCI path of device `name` in sysfs (the real path of its `device` link), or empty.
+pub fn pci_path(name: &str) -> String {
+    std::fs::canonicalize(Path::new(SYSFS_INFINIBAND).join(name).join("device"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
 }
 
 /// The devices and what was skipped on the way.
@@ -184,6 +207,8 @@ pub fn discover_with(
                 port,
                 link_layer,
                 guid: crate::guid_from_verbs(attr.node_guid),
+                sys_image_guid: crate::guid_from_verbs(attr.sys_image_guid),
+                pci_path: pci_path(&name),
                 speed_mbps: port_speed_mbps(port_attr.active_speed.into(), port_attr.active_width),
                 lid: port_attr.lid,
                 active_mtu: port_attr.active_mtu,

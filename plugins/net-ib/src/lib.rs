@@ -7,24 +7,32 @@
 //! rules pick ([`gid`]). [`list_devices`] is the plain listing. On a machine without RDMA
 //! devices or without the library, these return an empty list or a clear error.
 //!
+//! **Merged NICs** ([`merge`]): the plugin's devices are virtual devices of 1 to 4 ports. At
+//! the first `init` the ports of one NIC (same PCI device, system image GUID and link layer)
+//! become one device `a+b` whose speed is the sum (`NCCL_IB_MERGE_NICS`, default 1);
+//! `make_vdevice` (net ABI v2) appends a device of any physical devices. A connection on a
+//! merged device has a PD and a CQ per member and max(local, remote members) ×
+//! `NCCL_IB_QPS_PER_CONNECTION` QPs striped over them ([`qp`]).
+//!
 //! **The net plugin "IB"** ([`IbNet`], exported by the cdylib `librustccl_net_ib.so` as
-//! `rustccl_net_v1`), with NCCL's design:
+//! `rustccl_net_v2`, with `make_vdevice`, and `rustccl_net_v1`), with NCCL's design:
 //! * connection setup over an out-of-band TCP socket ([`oob`], [`wire`]) without blocking:
 //!   `connect` returns once the TCP connection is up and its info sent, `accept` once the
 //!   peer's info is read and its QPs are ready; a helper thread per connection finishes the
 //!   exchange ([`comm::Setup`]);
-//! * `NCCL_IB_QPS_PER_CONNECTION` RC queue pairs per connection taken to RTS with
+//! * `NCCL_IB_QPS_PER_CONNECTION` RC queue pairs per physical device taken to RTS with
 //!   `NCCL_IB_TIMEOUT`, `_RETRY_CNT`, `_TC`, `_SL`, `_PKEY` ([`qp`], [`settings`]);
-//! * registrations through a page-range cache with reference counts ([`mr_cache`]);
+//! * registrations through a page-range cache with reference counts ([`mr_cache`]), one MR
+//!   per physical device;
 //! * the receiver's clear-to-send entries RDMA-written into the sender's 256-slot FIFO
 //!   ([`fifo`]), the data RDMA_WRITE_WITH_IMM straight into the receive buffer, split over
 //!   the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD` with
 //!   adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test` polls
-//!   the CQ; an error completion or EOF on the out-of-band socket (a dead peer) fails the
+//!   the CQs; an error completion or EOF on the out-of-band socket (a dead peer) fails the
 //!   connection ([`comm`]).
 //!
 //! **Not yet:** multi-receive (`max_recvs` is 1), the flush read, dma-buf / GPU memory
-//! (`ptr_support` is host), the async-event thread, merged devices.
+//! (`ptr_support` is host), the async-event thread.
 //!
 //! # Why a binding of its own
 //!
@@ -41,6 +49,7 @@ pub mod comm;
 pub mod device;
 pub mod fifo;
 pub mod gid;
+pub mod merge;
 pub mod mr_cache;
 pub mod oob;
 pub mod plugin;

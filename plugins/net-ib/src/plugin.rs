@@ -1,16 +1,21 @@
 //! [`IbNet`]: the [`Net`] implementation, named "IB". It keeps the plugin's objects in
 //! handle tables ([`rustccl_plugin_api::registry`]), sets connections up without blocking
 //! ([`crate::oob`], [`crate::qp`]) and hands the data path to [`Comm`].
+//!
+//! The devices it offers are virtual devices, each one or more physical devices (ports):
+//! at the first `init` the ports of one NIC are merged ([`crate::merge`],
+//! `NCCL_IB_MERGE_NICS`), and `make_vdevice` appends more. Properties of a merged device are
+//! [`merge_properties`] of its members'.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use abi_stable::std_types::RString;
 use rustccl_plugin_api::net::{
-    Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_HOST,
+    merge_properties, Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer,
+    NET_HANDLE_BYTES, PTR_HOST,
 };
 use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
@@ -19,13 +24,15 @@ use socket2::Socket;
 use crate::comm::{register_fifo, Comm, Direction, Parts, Registration, Setup};
 use crate::device::{discover, IbDevice};
 use crate::fifo::Fifo;
+use crate::merge::{check_members, group_ports};
 use crate::oob::{self, Pipe};
-use crate::qp::Endpoint;
+use crate::qp::{qp_count, Endpoint};
 use crate::settings::IbSettings;
 use crate::split::adaptive_routing_threshold;
 use crate::verbs::Mr;
-use crate::wire::{ConnInfo, ListenHandle, CONN_INFO_BYTES, MAKER, PROTO_MAGIC};
-use crate::SYSFS_INFINIBAND;
+use crate::wire::{
+    decode_handle, encode_handle, ConnInfo, ListenHandle, CONN_INFO_BYTES, PROTO_MAGIC,
+};
 
 /// How the plugin reads a variable (name → value).
 pub type Lookup = fn(&str) -> Option<String>;
@@ -35,7 +42,11 @@ pub const MAX_MESSAGE: usize = u32::MAX as usize;
 
 /// What `init` found, shared by every context.
 struct Found {
+    /// The physical devices (ports).
     devices: Vec<IbDevice>,
+    /// The devices offered: each the indices of its physical devices (merged at discovery,
+    /// then those `make_vdevice` made). They live as long as the plugin, as in NCCL.
+    vdevices: Mutex<Vec<Vec<usize>>>,
     /// Where listeners accept the out-of-band connections (the bootstrap interface, as
     /// NCCL's IB transport uses `NCCL_SOCKET_IFNAME`'s choice).
     oob_addr: IpAddr,
@@ -55,20 +66,24 @@ struct Local {
 }
 
 impl Local {
-    fn create(dev: &IbDevice, nqps: usize, settings: &IbSettings) -> Result<Local, PluginError> {
-        let ep = Endpoint::create(dev, nqps, &settings.qp)?;
+    fn create(
+        members: &[IbDevice],
+        nqps: usize,
+        settings: &IbSettings,
+    ) -> Result<Local, PluginError> {
+        let ep = Endpoint::create(members, nqps, &settings.qp)?;
         let fifo = Fifo::default();
         let fifo_mr = register_fifo(&ep, &fifo)?;
         Ok(Local { ep, fifo, fifo_mr })
     }
 
-    fn info(&self, dev: &IbDevice, magic: u64, with_fifo: bool) -> ConnInfo {
+    fn info(&self, magic: u64, with_fifo: bool) -> ConnInfo {
         let (addr, rkey) = if with_fifo {
             (self.fifo.addr() as u64, self.fifo_mr.rkey())
         } else {
             (0, 0)
         };
-        self.ep.info(dev, magic, addr, rkey)
+        self.ep.info(magic, addr, rkey)
     }
 
     fn into_parts(self, oob: Pipe) -> Parts {
@@ -149,11 +164,22 @@ fn random_magic() -> Result<u64, PluginError> {
     getrandom::u64().map_err(|e| PluginError::system(format!("NET/IB : getrandom failed: {e}")))
 }
 
-/// The device's PCI path in sysfs, or empty.
-fn pci_path(name: &str) -> String {
-    std::fs::canonicalize(Path::new(SYSFS_INFINIBAND).join(name).join("device"))
-        .map(|p| p.display().to_string())
-        .unwrap_or_default()
+/// A device's name in messages and logs: `mlx5_0:1`, or its members' joined with `+`.
+fn label(members: &[IbDevice]) -> String {
+    members
+        .iter()
+        .map(|d| format!("{}:{}", d.name, d.port))
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// The `[i]name:port/IB` entry of the INFO line (`[0]mlx5_0:1+mlx5_0:2/RoCE` when merged).
+fn describe(index: usize, members: &[IbDevice]) -> String {
+    let link = match members[0].link_layer {
+        crate::LinkLayer::Ethernet => "RoCE",
+        crate::LinkLayer::InfiniBand => "IB",
+    };
+    format!("[{index}]{}/{link}", label(members))
 }
 
 impl IbNet {
@@ -203,21 +229,15 @@ impl IbNet {
                 "NET/IB : no interface for the out-of-band connections ({e}); set NCCL_SOCKET_IFNAME"
             ))
         })?;
-        let list: Vec<String> = discovery
-            .devices
+        let identities: Vec<_> = discovery.devices.iter().map(IbDevice::identity).collect();
+        let vdevices = group_ports(&identities, settings.merge);
+        let list: Vec<String> = vdevices
             .iter()
             .enumerate()
-            .map(|(i, d)| {
-                format!(
-                    "[{i}]{}:{}/{}",
-                    d.name,
-                    d.port,
-                    if d.link_layer == crate::LinkLayer::Ethernet {
-                        "RoCE"
-                    } else {
-                        "IB"
-                    }
-                )
+            .map(|(i, members)| {
+                let members: Vec<IbDevice> =
+                    members.iter().map(|&m| discovery.devices[m].clone()).collect();
+                describe(i, &members)
             })
             .collect();
         log.info(
@@ -232,6 +252,7 @@ impl IbNet {
         );
         let found = Arc::new(Found {
             devices: discovery.devices,
+            vdevices: Mutex::new(vdevices),
             oob_addr: iface.addr,
         });
         *slot = Some(Arc::clone(&found));
@@ -244,16 +265,46 @@ impl IbNet {
             .ok_or_else(|| no_such("net context", ctx))
     }
 
-    fn device(found: &Found, dev: i32) -> Result<&IbDevice, PluginError> {
+    /// The physical devices of device `dev` (one, or the members of a merged device).
+    fn device(found: &Found, dev: i32) -> Result<Vec<IbDevice>, PluginError> {
+        let vdevices = lock(&found.vdevices);
         usize::try_from(dev)
             .ok()
-            .and_then(|d| found.devices.get(d))
+            .and_then(|d| vdevices.get(d))
+            .map(|members| {
+                members
+                    .iter()
+                    .map(|&m| found.devices[m].clone())
+                    .collect()
+            })
             .ok_or_else(|| {
                 PluginError::invalid_argument(format!(
                     "no IB device {dev} ({} devices)",
-                    found.devices.len()
+                    vdevices.len()
                 ))
             })
+    }
+
+    /// The properties of one physical device (port).
+    fn physical_properties(d: &IbDevice) -> NetProperties {
+        NetProperties {
+            name: RString::from(d.name.as_str()),
+            pci_path: RString::from(d.pci_path.as_str()),
+            guid: d.guid,
+            // GPU memory needs dma-buf or peer-memory registration: a later step.
+            ptr_support: PTR_HOST,
+            reg_is_global: false,
+            force_flush: false,
+            speed_mbps: d.speed_mbps,
+            port: d.port.into(),
+            latency_us: 0.0,
+            max_comms: 65536,
+            // NCCL's IB offers 8; this transport receives one buffer per request until its
+            // multi-receive (completion records) lands.
+            max_recvs: 1,
+            max_p2p_bytes: MAX_MESSAGE as u64,
+            max_coll_bytes: MAX_MESSAGE as u64,
+        }
     }
 
     fn comm(&self, comm: PluginHandle) -> Result<Arc<Comm>, PluginError> {
@@ -311,22 +362,19 @@ impl IbNet {
 
     /// Advances one `connect`; `Some` once the TCP connection is up: the connection then
     /// finishes its setup itself ([`Setup`]).
-    fn dial(&self, d: &mut Dialing, dev: &IbDevice) -> Result<Option<Parts>, String> {
+    fn dial(&self, d: &mut Dialing) -> Result<Option<Parts>, String> {
         let sock = d.sock.as_ref().expect("until handed over");
         if !oob::connected(sock).map_err(|e| e.to_string())? {
             return Ok(None);
         }
         let local = d.local.take().expect("handed over once");
         let sock = d.sock.take().expect("handed over once");
-        let info = local.info(dev, d.magic, true).encode().to_vec();
+        let info = local.info(d.magic, true).encode().to_vec();
         let mut pipe = Pipe::new(sock.into(), info, CONN_INFO_BYTES);
         pipe.progress().map_err(|e| e.to_string())?;
         let qp = self.settings().map_err(|e| e.message)?.qp;
         let mut parts = local.into_parts(pipe);
-        parts.setup = Some(Setup::Exchange {
-            dev: dev.clone(),
-            qp,
-        });
+        parts.setup = Some(Setup::Exchange { qp });
         Ok(Some(parts))
     }
 
@@ -337,7 +385,7 @@ impl IbNet {
         &self,
         a: &mut Accepting,
         l: &Listen,
-        dev: &IbDevice,
+        members: &[IbDevice],
     ) -> Result<Option<(Local, ConnInfo)>, String> {
         let Some(bytes) = a.pipe.progress().map_err(|e| e.to_string())? else {
             return Ok(None);
@@ -347,12 +395,13 @@ impl IbNet {
             return Err("a connection for another (or an earlier) listen arrived; closed".into());
         }
         let settings = self.settings().map_err(|e| e.message)?;
-        let local = Local::create(dev, peer.qpns.len(), settings).map_err(|e| e.message)?;
+        let mut local =
+            Local::create(members, peer.qps.len(), settings).map_err(|e| e.message)?;
         local
             .ep
-            .connect(dev, &peer, &settings.qp)
+            .connect(&peer, &settings.qp)
             .map_err(|e| e.message)?;
-        let info = local.info(dev, PROTO_MAGIC, false).encode().to_vec();
+        let info = local.info(PROTO_MAGIC, false).encode().to_vec();
         a.pipe.next(info, 1);
         a.pipe.progress().map_err(|e| e.to_string())?;
         Ok(Some((local, peer)))
@@ -371,30 +420,37 @@ impl Net for IbNet {
     }
 
     fn devices(&self, ctx: PluginHandle) -> Result<i32, PluginError> {
-        Ok(self.context(ctx)?.found.devices.len() as i32)
+        Ok(lock(&self.context(ctx)?.found.vdevices).len() as i32)
     }
 
     fn properties(&self, ctx: PluginHandle, dev: i32) -> Result<NetProperties, PluginError> {
         let c = self.context(ctx)?;
-        let d = Self::device(&c.found, dev)?;
-        Ok(NetProperties {
-            name: RString::from(d.name.as_str()),
-            pci_path: RString::from(pci_path(&d.name)),
-            guid: d.guid,
-            // GPU memory needs dma-buf or peer-memory registration: a later step.
-            ptr_support: PTR_HOST,
-            reg_is_global: false,
-            force_flush: false,
-            speed_mbps: d.speed_mbps,
-            port: d.port.into(),
-            latency_us: 0.0,
-            max_comms: 65536,
-            // NCCL's IB offers 8; this transport receives one buffer per request until its
-            // multi-receive (completion records) lands.
-            max_recvs: 1,
-            max_p2p_bytes: MAX_MESSAGE as u64,
-            max_coll_bytes: MAX_MESSAGE as u64,
-        })
+        let members = Self::device(&c.found, dev)?;
+        let props: Vec<NetProperties> = members.iter().map(Self::physical_properties).collect();
+        Ok(merge_properties(&props).expect("a device has members"))
+    }
+
+    /// Appends a device made of the physical devices `devs` (see [`check_members`]).
+    fn make_vdevice(&self, ctx: PluginHandle, devs: &[i32]) -> Result<i32, PluginError> {
+        let c = self.context(ctx)?;
+        let links: Vec<_> = c.found.devices.iter().map(|d| d.link_layer).collect();
+        let members = check_members(devs, &links, self.settings()?.merge)
+            .inspect_err(|e| c.log.warn(subsys::NET, &format!("NET/IB : make_vdevice: {e}")))?;
+        let mut vdevices = lock(&c.found.vdevices);
+        vdevices.push(members);
+        let index = vdevices.len() - 1;
+        drop(vdevices);
+        let members = Self::device(&c.found, index as i32)?;
+        c.log.info(
+            subsys::NET,
+            &format!(
+                "NET/IB : made virtual device {} speed={} ndevs={}",
+                describe(index, &members),
+                members.iter().map(|d| d.speed_mbps).sum::<u32>(),
+                members.len()
+            ),
+        );
+        Ok(index as i32)
     }
 
     fn listen(
@@ -403,11 +459,12 @@ impl Net for IbNet {
         dev: i32,
     ) -> Result<(NetHandle, PluginHandle), PluginError> {
         let c = self.context(ctx)?;
-        let d = Self::device(&c.found, dev)?;
+        let members = Self::device(&c.found, dev)?;
+        let name = label(&members);
         let listener = oob::listen(c.found.oob_addr).map_err(|e| {
             let e = format!(
-                "NET/IB : cannot listen on {} for dev {dev} ({}): {e}",
-                c.found.oob_addr, d.name
+                "NET/IB : cannot listen on {} for dev {dev} ({name}): {e}",
+                c.found.oob_addr
             );
             c.log.warn(subsys::NET, &e);
             PluginError::system(e)
@@ -421,10 +478,7 @@ impl Net for IbNet {
         };
         c.log.info(
             subsys::NET,
-            &format!(
-                "NET/IB : listening on dev {dev} ({}:{}) at {addr}",
-                d.name, d.port
-            ),
+            &format!("NET/IB : listening on dev {dev} ({name}) at {addr}"),
         );
         let l = Listen {
             ctx: ctx.id,
@@ -435,7 +489,7 @@ impl Net for IbNet {
             pending: Vec::new(),
         };
         Ok((
-            handle.encode(PROTO_MAGIC),
+            encode_handle(&handle, members.len()),
             self.listens.insert(Arc::new(Mutex::new(l))),
         ))
     }
@@ -447,20 +501,26 @@ impl Net for IbNet {
         handle: &NetHandle,
     ) -> Result<Option<PluginHandle>, PluginError> {
         let c = self.context(ctx)?;
-        let d = Self::device(&c.found, dev)?;
+        let members = Self::device(&c.found, dev)?;
+        let name = label(&members);
         let key: DialKey = (ctx.id, dev, handle.bytes);
         let mut dialing = lock(&self.dialing);
         let dialer = match dialing.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(slot) => {
-                let peer = ListenHandle::decode(handle, PROTO_MAGIC, MAKER)
+                let (peer, peer_devices) = decode_handle(handle)
                     .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
                 let settings = self.settings()?;
-                let local = Local::create(d, settings.qp.qps_per_connection, settings)?;
+                let nqps = qp_count(
+                    members.len(),
+                    peer_devices,
+                    settings.qp.qps_per_connection,
+                )?;
+                let local = Local::create(&members, nqps, settings)?;
                 let sock = oob::start_connect(peer.addr).map_err(|e| {
                     PluginError::system(format!(
-                        "NET/IB : cannot connect to {} from dev {dev} ({}): {e}",
-                        peer.addr, d.name
+                        "NET/IB : cannot connect to {} from dev {dev} ({name}): {e}",
+                        peer.addr
                     ))
                 })?;
                 slot.insert(Dialing {
@@ -470,29 +530,23 @@ impl Net for IbNet {
                 })
             }
         };
-        match self.dial(dialer, d) {
+        match self.dial(dialer) {
             Ok(None) => Ok(None),
             Ok(Some(parts)) => {
                 dialing.remove(&key);
                 drop(dialing);
                 let settings_qp = self.settings()?.qp;
-                let comm = Comm::new(
-                    Direction::Send,
-                    ctx.id,
-                    format!("{}:{}", d.name, d.port),
-                    parts,
-                    (0, 0),
-                )
-                .with_adaptive_routing(adaptive_routing_threshold(
-                    settings_qp.adaptive_routing,
-                    d.link_layer,
-                    settings_qp.ar_threshold,
-                ));
+                let comm = Comm::new(Direction::Send, ctx.id, name, parts, (0, 0))
+                    .with_adaptive_routing(adaptive_routing_threshold(
+                        settings_qp.adaptive_routing,
+                        members[0].link_layer,
+                        settings_qp.ar_threshold,
+                    ));
                 Ok(Some(self.sends.insert(comm.start())))
             }
             Err(e) => {
                 dialing.remove(&key);
-                let e = format!("NET/IB : connect from dev {dev} ({}) failed: {e}", d.name);
+                let e = format!("NET/IB : connect from dev {dev} ({name}) failed: {e}");
                 c.log.warn(subsys::NET, &e);
                 Err(PluginError::remote(e))
             }
@@ -506,7 +560,7 @@ impl Net for IbNet {
             .ok_or_else(|| no_such("listen", listen))?;
         let mut l = lock(&l);
         let c = self.context(PluginHandle { id: l.ctx })?;
-        let d = Self::device(&c.found, l.dev)?;
+        let members = Self::device(&c.found, l.dev)?;
         while let Some(sock) = oob::accept_one(&l.listener).map_err(|e| {
             PluginError::system(format!("NET/IB : accept on dev {} failed: {e}", l.dev))
         })? {
@@ -522,7 +576,7 @@ impl Net for IbNet {
                 i += 1;
                 continue;
             }
-            match self.accept_step(&mut pending[i], &l, d) {
+            match self.accept_step(&mut pending[i], &l, &members) {
                 Ok(None) => i += 1,
                 Ok(Some((local, peer))) => {
                     let a = pending.remove(i);
@@ -547,7 +601,7 @@ impl Net for IbNet {
                 let comm = Comm::new(
                     Direction::Recv,
                     l.ctx,
-                    format!("{}:{}", d.name, d.port),
+                    label(&members),
                     parts,
                     (peer.fifo_addr, peer.fifo_rkey),
                 );
@@ -610,7 +664,7 @@ impl Net for IbNet {
             .ok_or_else(|| no_such("send connection", comm))?;
         let m = self.check_mr(comm, mr, data, size)?;
         let req = self.requests.reserve();
-        if !c.isend(req.id, data, size, tag, m.reg.lkey())? {
+        if !c.isend(req.id, data, size, tag, m.reg.lkeys())? {
             return Ok(None);
         }
         self.requests.insert_at(req, c);
@@ -634,7 +688,7 @@ impl Net for IbNet {
         };
         let m = self.check_mr(comm, buf.mr, buf.data, buf.size)?;
         let req = self.requests.reserve();
-        if !c.irecv(req.id, buf.data, buf.size, buf.tag, m.reg.rkey())? {
+        if !c.irecv(req.id, buf.data, buf.size, buf.tag, m.reg.rkeys())? {
             return Ok(None);
         }
         self.requests.insert_at(req, c);

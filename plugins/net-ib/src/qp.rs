@@ -1,6 +1,9 @@
-//! A connection's verbs objects and their bring-up, as NCCL does it: one protection domain
-//! and one completion queue per connection, `NCCL_IB_QPS_PER_CONNECTION` RC queue pairs
-//! taken RESET → INIT (remote write and read allowed) → RTR (the peer's QP number, the
+//! A connection's verbs objects and their bring-up, as NCCL does it. A connection runs on a
+//! device that may be several physical devices (ports) merged ([`crate::merge`]): it has one
+//! protection domain and one completion queue per physical device ("member"), and
+//! max(local members, remote members) × `NCCL_IB_QPS_PER_CONNECTION` RC queue pairs
+//! ([`qp_count`]), QP `i` on local member `i % local members` talking to the peer's QP `i`,
+//! on remote member `i % remote members`. Each QP is taken RESET → INIT (remote write and read allowed) → RTR (the peer's QP number, the
 //! smaller MTU, PSN 0; a GRH with the peer's GID on RoCE, the peer's LID on InfiniBand) →
 //! RTS (`NCCL_IB_TIMEOUT`, `NCCL_IB_RETRY_CNT`, RNR retry 7 = wait for the receiver).
 
@@ -11,10 +14,10 @@ use rustccl_plugin_api::PluginError;
 
 use crate::device::{IbDevice, LinkLayer};
 use crate::fifo::FIFO_SLOTS;
-use crate::settings::QpSettings;
+use crate::settings::{QpSettings, MAX_QPS};
 use crate::verbs::types::*;
 use crate::verbs::{Cq, Pd, Qp};
-use crate::wire::ConnInfo;
+use crate::wire::{ConnInfo, MemberInfo, QpInfo};
 
 /// Work requests each QP queue must hold: a request posts at most one WR per QP (and the
 /// receiver one CTS write), and a connection keeps at most [`MAX_INFLIGHT`] requests.
@@ -24,79 +27,129 @@ pub const QUEUE_DEPTH: u32 = 2 * FIFO_SLOTS as u32;
 /// than the FIFO's slots, so a receiver never overwrites a slot the sender has not read.
 pub const MAX_INFLIGHT: usize = FIFO_SLOTS / 2;
 
-/// The verbs objects of one connection. Field order is drop order: QPs before the CQ
-/// (they also hold `Arc`s to the CQ and PD, so any order is safe).
+/// The QPs of a connection between a device of `local` physical devices and one of `remote`
+/// (NCCL's rule: at least `per_connection` QPs on every device of either side). An error
+/// above [`MAX_QPS`].
+pub fn qp_count(local: usize, remote: usize, per_connection: usize) -> Result<usize, PluginError> {
+    let n = local.max(remote).max(1) * per_connection.max(1);
+    if n > MAX_QPS {
+        return Err(PluginError::invalid_argument(format!(
+            "NCCL_IB_QPS_PER_CONNECTION={per_connection} on a device of {} physical devices makes {n} queue pairs, more than {MAX_QPS}; lower it",
+            local.max(remote)
+        )));
+    }
+    Ok(n)
+}
+
+/// The verbs objects of one connection. Field order is drop order: QPs before the CQs and
+/// PDs (they also hold `Arc`s to their CQ and PD, so any order is safe).
 pub struct Endpoint {
     pub qps: Vec<Qp>,
-    pub cq: Arc<Cq>,
-    pub pd: Arc<Pd>,
+    /// The local member each QP is on (QP `i`: `i % members`).
+    pub qp_members: Vec<usize>,
+    /// The peer's member each QP talks to, from its info ([`Endpoint::connect`]).
+    pub remote_members: Vec<usize>,
+    /// One CQ and one PD per member, in member order.
+    pub cqs: Vec<Arc<Cq>>,
+    pub pds: Vec<Arc<Pd>>,
+    /// The physical devices (ports), in order.
+    pub members: Vec<IbDevice>,
 }
 
 impl Endpoint {
-    /// A PD, a CQ and `nqps` RC QPs in INIT on `dev`'s port.
+    /// A PD and a CQ per member of `members`, and `nqps` RC QPs in INIT striped over them.
     pub fn create(
-        dev: &IbDevice,
+        members: &[IbDevice],
         nqps: usize,
         settings: &QpSettings,
     ) -> Result<Endpoint, PluginError> {
-        let pd = dev.context.alloc_pd()?;
-        let depth = QUEUE_DEPTH.min(dev.max_qp_wr.max(1));
-        let cq = dev
-            .context
-            .create_cq((2 * depth).saturating_mul(nqps as u32).min(1 << 17))?;
-        let cap = ibv_qp_cap {
-            max_send_wr: depth,
-            max_recv_wr: depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qps = (0..nqps)
-            .map(|_| {
-                let qp = pd.create_rc_qp(&cq, &cq, cap)?;
-                let (mut attr, mask) = init_attr(dev.port, settings);
+        assert!(!members.is_empty(), "a device has at least one member");
+        let per_member = nqps.div_ceil(members.len()) as u32;
+        let mut pds = Vec::with_capacity(members.len());
+        let mut cqs = Vec::with_capacity(members.len());
+        for dev in members {
+            pds.push(dev.context.alloc_pd()?);
+            let depth = QUEUE_DEPTH.min(dev.max_qp_wr.max(1));
+            cqs.push(
+                dev.context
+                    .create_cq((2 * depth).saturating_mul(per_member).min(1 << 17))?,
+            );
+        }
+        let qp_members: Vec<usize> = (0..nqps).map(|i| i % members.len()).collect();
+        let qps = qp_members
+            .iter()
+            .map(|&m| {
+                let depth = QUEUE_DEPTH.min(members[m].max_qp_wr.max(1));
+                let cap = ibv_qp_cap {
+                    max_send_wr: depth,
+                    max_recv_wr: depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                };
+                let qp = pds[m].create_rc_qp(&cqs[m], &cqs[m], cap)?;
+                let (mut attr, mask) = init_attr(members[m].port, settings);
                 qp.modify(&mut attr, mask)?;
                 Ok(qp)
             })
             .collect::<Result<Vec<_>, PluginError>>()?;
-        Ok(Endpoint { qps, cq, pd })
+        Ok(Endpoint {
+            qps,
+            qp_members,
+            remote_members: Vec::new(),
+            cqs,
+            pds,
+            members: members.to_vec(),
+        })
     }
 
     /// This side's info for the peer (the FIFO fields are the caller's).
-    pub fn info(&self, dev: &IbDevice, magic: u64, fifo_addr: u64, fifo_rkey: u32) -> ConnInfo {
+    pub fn info(&self, magic: u64, fifo_addr: u64, fifo_rkey: u32) -> ConnInfo {
         ConnInfo {
             magic,
-            lid: dev.lid,
-            mtu: dev.active_mtu as u8,
-            roce: dev.link_layer == LinkLayer::Ethernet,
-            gid: dev.gid,
             fifo_addr,
             fifo_rkey,
-            qpns: self.qps.iter().map(Qp::qp_num).collect(),
+            members: self
+                .members
+                .iter()
+                .map(|dev| MemberInfo {
+                    lid: dev.lid,
+                    mtu: dev.active_mtu as u8,
+                    roce: dev.link_layer == LinkLayer::Ethernet,
+                    gid: dev.gid,
+                })
+                .collect(),
+            qps: self
+                .qps
+                .iter()
+                .zip(&self.qp_members)
+                .map(|(qp, &m)| QpInfo {
+                    qpn: qp.qp_num(),
+                    member: m as u8,
+                })
+                .collect(),
         }
     }
 
-    /// Takes every QP to RTR then RTS towards the peer's QPs.
-    pub fn connect(
-        &self,
-        dev: &IbDevice,
-        peer: &ConnInfo,
-        settings: &QpSettings,
-    ) -> Result<(), PluginError> {
-        if peer.qpns.len() != self.qps.len() {
+    /// Takes every QP to RTR then RTS towards the peer's QP of the same index, on the
+    /// peer's member that QP is on.
+    pub fn connect(&mut self, peer: &ConnInfo, settings: &QpSettings) -> Result<(), PluginError> {
+        if peer.qps.len() != self.qps.len() {
             return Err(PluginError::remote(format!(
                 "NET/IB : the peer opened {} queue pairs, this side {}; set the same NCCL_IB_QPS_PER_CONNECTION on every rank",
-                peer.qpns.len(),
+                peer.qps.len(),
                 self.qps.len()
             )));
         }
-        for (qp, &qpn) in self.qps.iter().zip(&peer.qpns) {
-            let local = LocalPort::of(dev);
-            let (mut attr, mask) = rtr_attr(&local, peer, qpn, settings);
+        for ((qp, &m), remote) in self.qps.iter().zip(&self.qp_members).zip(&peer.qps) {
+            let local = LocalPort::of(&self.members[m]);
+            let member = &peer.members[remote.member as usize];
+            let (mut attr, mask) = rtr_attr(&local, member, remote.qpn, settings);
             qp.modify(&mut attr, mask)?;
             let (mut attr, mask) = rts_attr(settings);
             qp.modify(&mut attr, mask)?;
         }
+        self.remote_members = peer.qps.iter().map(|q| q.member as usize).collect();
         Ok(())
     }
 }
@@ -137,10 +190,10 @@ impl LocalPort {
     }
 }
 
-/// INIT → RTR towards the peer's QP `dest_qpn`.
+/// INIT → RTR towards the peer's QP `dest_qpn` on its device `peer`.
 pub fn rtr_attr(
     dev: &LocalPort,
-    peer: &ConnInfo,
+    peer: &MemberInfo,
     dest_qpn: u32,
     settings: &QpSettings,
 ) -> (ibv_qp_attr, c_int) {
@@ -204,17 +257,23 @@ pub fn rts_attr(settings: &QpSettings) -> (ibv_qp_attr, c_int) {
 mod tests {
     use super::*;
 
-    fn peer(roce: bool) -> ConnInfo {
-        ConnInfo {
-            magic: 0,
+    fn peer(roce: bool) -> MemberInfo {
+        MemberInfo {
             lid: 9,
             mtu: 3,
             roce,
             gid: [0xaa; 16],
-            fifo_addr: 0,
-            fifo_rkey: 0,
-            qpns: vec![77],
         }
+    }
+
+    #[test]
+    fn qps_cover_every_device_of_either_side() {
+        assert_eq!(qp_count(1, 1, 1).unwrap(), 1);
+        assert_eq!(qp_count(2, 1, 2).unwrap(), 4, "2-device sender, 1-device receiver");
+        assert_eq!(qp_count(1, 2, 2).unwrap(), 4);
+        assert_eq!(qp_count(4, 3, 32).unwrap(), 128);
+        let e = qp_count(4, 1, 64).unwrap_err();
+        assert!(e.message.contains("256 queue pairs, more than 128"), "{e}");
     }
 
     #[test]

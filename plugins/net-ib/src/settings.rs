@@ -6,6 +6,7 @@ use rustccl_netif::Family;
 use rustccl_plugin_api::PluginError;
 
 use crate::gid::{AddrRange, GidConfig};
+use crate::merge::MergeSettings;
 
 /// What the device choice depends on.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -21,6 +22,8 @@ pub struct IbSettings {
     pub library: Option<String>,
     /// How connections set up their queue pairs.
     pub qp: QpSettings,
+    /// `NCCL_IB_MERGE_NICS`, `NCCL_IB_MERGE_VFS`: which ports become one device.
+    pub merge: MergeSettings,
 }
 
 /// The queue-pair and data-path variables (`NCCL_IB_QPS_PER_CONNECTION`, `_TIMEOUT`,
@@ -132,6 +135,10 @@ impl IbSettings {
                 roce_version,
             },
             library: var("NCCL_IBVERBS_LIB"),
+            merge: MergeSettings {
+                nics: int("NCCL_IB_MERGE_NICS")?.is_none_or(|v| v != 0),
+                vfs: int("NCCL_IB_MERGE_VFS")?.is_none_or(|v| v != 0),
+            },
             qp: {
                 let d = QpSettings::default();
                 let ranged = |name: &str, default: i64, max: i64| -> Result<i64, PluginError> {
@@ -255,6 +262,9 @@ mod tests {
         assert_eq!(s.gid.roce_version, 1);
         assert_eq!(s.library.as_deref(), Some("/opt/double/libibverbs.so.1"));
         assert!(!settings(&[("NCCL_IB_DISABLE", "0")]).unwrap().disable);
+        assert_eq!(s.merge, MergeSettings { nics: true, vfs: true }, "NCCL's defaults");
+        let m = settings(&[("NCCL_IB_MERGE_NICS", "0"), ("NCCL_IB_MERGE_VFS", "0")]).unwrap();
+        assert_eq!(m.merge, MergeSettings { nics: false, vfs: false });
         assert_eq!(
             settings(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().gid.index,
             None

@@ -1,7 +1,9 @@
 //! The IB plugin, loaded as a library, passes the net conformance suite (every check,
 //! 0 B to 1 GiB, the peer killed mid-transfer included) on the userspace verbs stand-in
 //! (`verbs-double/`, a replacement libibverbs.so.1 chosen with `NCCL_IBVERBS_LIB`), with one
-//! and with four QPs per connection (messages split over QPs at 128-byte boundaries).
+//! and with four QPs per connection (messages split over QPs at 128-byte boundaries), and on
+//! a merged device: the stand-in's dual-port device (`IBV_DOUBLE_PORTS=2`), whose two ports
+//! are one device, with two QPs per port.
 //!
 //! The stand-in is built here with `make` into Cargo's temporary directory. The test is
 //! skipped, with the reason printed, only when a C compiler or `make` is missing or the
@@ -29,8 +31,9 @@ const LIMIT: Duration = Duration::from_secs(240);
 const PLUGIN: &str = "RUSTCCL_IB_CONFORMANCE_PLUGIN";
 const HANDLE: &str = "RUSTCCL_IB_CONFORMANCE_HANDLE";
 
-/// Runs the suite in a child with `qps` QPs per connection; returns its output.
-fn run_suite(lib: &Path, qps: u32) -> String {
+/// Runs the suite in a child with `qps` QPs per connection and the stand-in's `ports` ports
+/// per device; returns its output.
+fn run_suite(lib: &Path, qps: u32, ports: u32) -> String {
     let c = child(
         "suite_child",
         &[
@@ -39,6 +42,7 @@ fn run_suite(lib: &Path, qps: u32) -> String {
             ("NCCL_IBVERBS_LIB", lib.display().to_string()),
             ("NCCL_SOCKET_IFNAME", "lo".into()),
             ("NCCL_IB_QPS_PER_CONNECTION", qps.to_string()),
+            ("IBV_DOUBLE_PORTS", ports.to_string()),
         ],
     )
     .stdout(Stdio::piped())
@@ -62,10 +66,16 @@ fn ib_plugin_passes_the_conformance_suite_on_the_verbs_stand_in() {
             return;
         }
     };
-    for qps in [1, 4] {
-        let out = run_suite(&lib, qps);
-        println!("--- {qps} QP(s) per connection ---\n{out}");
+    for (qps, ports) in [(1, 1), (4, 1), (2, 2)] {
+        let out = run_suite(&lib, qps, ports);
+        println!("--- {qps} QP(s) per connection, {ports} port(s) ---\n{out}");
         assert!(out.contains("# net plugin IB"), "{out}");
+        if ports == 2 {
+            assert!(
+                out.contains("# device 0: dbl_0+dbl_0 at 200000 Mbit/s"),
+                "the suite runs on the merged device:\n{out}"
+            );
+        }
         // Every check of the suite passes (8 since net ABI v2 added make_vdevice's).
         assert!(
             out.contains(" passed, 0 failed") && out.contains("PASS peer killed mid-transfer"),
@@ -87,6 +97,11 @@ fn suite_child() {
         loaded.name, loaded.abi
     );
     let env = Env::new(&*loaded.net, 1 << 30).expect("init");
+    let props = loaded.net.properties(env.ctx, env.dev).expect("properties");
+    println!(
+        "# device {}: {} at {} Mbit/s",
+        env.dev, props.name, props.speed_mbps
+    );
     let (mut passed, mut failed) = (0, 0);
     let mut report = |name: &str, r: Result<(), String>| match r {
         Ok(()) => {

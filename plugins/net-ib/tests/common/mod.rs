@@ -1,12 +1,18 @@
-//! Helpers of the tests that run on the verbs stand-in: building it, and running this test
+//! Helpers of the tests that run on the verbs stand-in: building it, running this test
 //! binary again as a child process in a given role with its own environment and a time
-//! limit.
+//! limit, and (in the child) a connected pair of the plugin's own connections with a checked
+//! stream of messages over it.
 #![allow(dead_code)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use rustccl_net_ib::IbNet;
+use rustccl_plugin_api::net::{Net, NetCommConfig, RecvBuffer, PTR_HOST};
+use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
 
 /// The variable that tells a child which role (test) it plays.
 pub const ROLE: &str = "RUSTCCL_IB_TEST_ROLE";
@@ -42,6 +48,10 @@ pub fn build_double() -> Result<PathBuf, String> {
     }
     let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verbs-double");
     let lib = build.join("libibverbs.so.1");
+    // One make at a time: the tests of a binary run in parallel, and a make that relinks the
+    // library while another test's child loads it makes that dlopen fail.
+    static MAKE: Mutex<()> = Mutex::new(());
+    let _one = MAKE.lock().unwrap_or_else(|p| p.into_inner());
     let out = Command::new("make")
         .arg("-C")
         .arg(&src)
@@ -120,4 +130,164 @@ pub fn wait_with_limit(mut c: Child, limit: Duration) -> (Option<ExitStatus>, St
 /// Whether this process plays `role`.
 pub fn is_role(role: &str) -> bool {
     std::env::var(ROLE).as_deref() == Ok(role)
+}
+
+/// How long a child role may take.
+pub const LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `role` in a child with the stand-in and `env`; returns its output (stdout, then
+/// stderr), asserting it passed within [`LIMIT`]. `None`: skipped.
+pub fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
+    let lib = match build_double() {
+        Ok(lib) => lib,
+        Err(why) => {
+            println!("SKIPPED: {why}");
+            return None;
+        }
+    };
+    let mut vars = vec![
+        (ROLE, role.to_string()),
+        ("NCCL_IBVERBS_LIB", lib.display().to_string()),
+        ("NCCL_SOCKET_IFNAME", "lo".to_string()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    let c = child(role, &vars)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the child");
+    let (status, out) = wait_with_limit(c, LIMIT);
+    println!("{out}");
+    assert!(status.is_some(), "{role} ran past {LIMIT:?} (hang):\n{out}");
+    assert!(status.unwrap().success(), "{role} failed:\n{out}");
+    assert!(
+        out.contains("test result: ok. 1 passed"),
+        "{role} did not run:\n{out}"
+    );
+    Some(out)
+}
+
+/// The plugin's log: warnings always; INFO lines too with `RUSTCCL_IB_TEST_INFO` set.
+extern "C" fn log(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
+    let info = std::env::var_os("RUSTCCL_IB_TEST_INFO").is_some();
+    if level <= rustccl_plugin_api::log_level::WARN
+        || (info && level <= rustccl_plugin_api::log_level::INFO)
+    {
+        eprintln!("plugin: {}", message.as_str());
+    }
+}
+
+/// A context of `net`.
+pub fn init(net: &IbNet) -> PluginHandle {
+    net.init(1, &NetCommConfig::default(), LogFn { log })
+        .expect("init")
+}
+
+pub struct Pair {
+    pub net: IbNet,
+    pub ctx: PluginHandle,
+    pub send: PluginHandle,
+    pub recv: PluginHandle,
+}
+
+/// A connection on device 0 of a new plugin, both ends in this process.
+pub fn connect() -> Pair {
+    let net = IbNet::new();
+    let ctx = init(&net);
+    assert!(net.devices(ctx).unwrap() >= 1, "the stand-in's device");
+    connect_devices(net, ctx, 0, 0)
+}
+
+/// A connection from device `send_dev` to a listener on device `recv_dev`.
+pub fn connect_devices(net: IbNet, ctx: PluginHandle, send_dev: i32, recv_dev: i32) -> Pair {
+    let (handle, listen) = net.listen(ctx, recv_dev).expect("listen");
+    let (mut send, mut recv) = (None, None);
+    let start = Instant::now();
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = net.connect(ctx, send_dev, &handle).expect("connect");
+        }
+        if recv.is_none() {
+            recv = net.accept(listen).expect("accept");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "connect/accept hang"
+        );
+    }
+    Pair {
+        net,
+        ctx,
+        send: send.unwrap(),
+        recv: recv.unwrap(),
+    }
+}
+
+/// Polls until done; the result of the last `test`.
+pub fn wait(net: &IbNet, req: PluginHandle) -> Result<usize, PluginError> {
+    let mut sizes = [usize::MAX];
+    let start = Instant::now();
+    while !net.test(req, &mut sizes)? {
+        assert!(start.elapsed() < Duration::from_secs(30), "test hang");
+        std::thread::yield_now();
+    }
+    Ok(sizes[0])
+}
+
+pub fn byte(msg: usize, i: usize) -> u8 {
+    (msg * 31 + i * 7) as u8
+}
+
+/// Sends `count` messages of `size(i)` bytes, `window` in flight, each checked.
+pub fn stream(p: &Pair, count: usize, window: usize, size: impl Fn(usize) -> usize) {
+    let max = (0..count).map(&size).max().unwrap_or(0);
+    let mut src = vec![0u8; max * window];
+    let mut dst = vec![0u8; max * window];
+    let smr = p
+        .net
+        .reg_mr(p.send, src.as_ptr() as usize, src.len(), PTR_HOST)
+        .unwrap();
+    let rmr = p
+        .net
+        .reg_mr(p.recv, dst.as_ptr() as usize, dst.len(), PTR_HOST)
+        .unwrap();
+    let mut msg = 0;
+    while msg < count {
+        let batch: Vec<usize> = (msg..count.min(msg + window)).collect();
+        let mut reqs = Vec::new();
+        for (slot, &m) in batch.iter().enumerate() {
+            let len = size(m);
+            let s = &mut src[slot * max..slot * max + len];
+            for (i, b) in s.iter_mut().enumerate() {
+                *b = byte(m, i);
+            }
+            let rb = [RecvBuffer {
+                data: dst[slot * max..].as_mut_ptr() as usize,
+                size: max,
+                tag: m as i32,
+                mr: rmr,
+            }];
+            // SAFETY: the buffers outlive the requests (waited for below).
+            let r = unsafe { p.net.irecv(p.recv, &rb) }
+                .unwrap()
+                .expect("a receive slot");
+            // SAFETY: as above.
+            let s = unsafe { p.net.isend(p.send, s.as_ptr() as usize, len, m as i32, smr) }
+                .unwrap()
+                .expect("a send slot");
+            reqs.push((m, len, s, r));
+        }
+        for (slot, (m, len, s, r)) in reqs.into_iter().enumerate() {
+            wait(&p.net, s).unwrap_or_else(|e| panic!("send {m}: {e}"));
+            let got = wait(&p.net, r).unwrap_or_else(|e| panic!("receive {m}: {e}"));
+            assert_eq!(got, len, "message {m}: received size");
+            let d = &dst[slot * max..slot * max + len];
+            if let Some(at) = (0..len).find(|&i| d[i] != byte(m, i)) {
+                panic!("message {m} ({len} bytes) corrupted at byte {at}");
+            }
+        }
+        msg += batch.len();
+    }
+    p.net.dereg_mr(p.send, smr).unwrap();
+    p.net.dereg_mr(p.recv, rmr).unwrap();
 }
