@@ -3,8 +3,9 @@
 //! * the **listen handle** ([`ListenHandle`]): the out-of-band (OOB) TCP address of the
 //!   listener and a random magic naming this listen;
 //! * the **connection info** ([`ConnInfo`]) each side writes once on the OOB socket: what
-//!   the peer needs to bring its queue pairs to RTR and, from the sender, where its CTS FIFO
-//!   is. The connecting side's info starts with the listen magic, so a stray or stale
+//!   the peer needs to bring its queue pairs to RTR and where its "inbox" is, the
+//!   registered region the peer RDMA-writes into (the sender's CTS FIFO, the receiver's
+//!   multi-receive size records). The connecting side's info starts with the listen magic, so a stray or stale
 //!   connection is refused.
 
 use rustccl_plugin_api::wire::{u16_at, u32_at, u64_at, TcpListenHandle};
@@ -34,9 +35,11 @@ pub struct ConnInfo {
     /// 1: the port is Ethernet (RoCE): address by GID with a GRH.
     pub roce: bool,
     pub gid: [u8; 16],
-    /// The sender's CTS FIFO (zero from the receiver).
-    pub fifo_addr: u64,
-    pub fifo_rkey: u32,
+    /// The inbox: the region the peer RDMA-writes into. From the sender, its CTS FIFO
+    /// (the receiver writes clear-to-send rows there); from the receiver, its size records
+    /// (the sender writes the sizes of a multi-receive there). See [`crate::fifo`].
+    pub inbox_addr: u64,
+    pub inbox_rkey: u32,
     /// QP numbers, in order.
     pub qpns: Vec<u32>,
 }
@@ -45,8 +48,8 @@ pub struct ConnInfo {
 pub const CONN_INFO_BYTES: usize = 48 + 4 * MAX_QPS;
 
 impl ConnInfo {
-    /// Layout: `0..8` magic, `8..10` lid, `10` mtu, `11` roce, `12..28` gid, `28..36` FIFO
-    /// address, `36..40` FIFO rkey, `40..42` QP count, `48..` QP numbers.
+    /// Layout: `0..8` magic, `8..10` lid, `10` mtu, `11` roce, `12..28` gid, `28..36` inbox
+    /// address, `36..40` inbox rkey, `40..42` QP count, `48..` QP numbers.
     pub fn encode(&self) -> [u8; CONN_INFO_BYTES] {
         assert!(self.qpns.len() <= MAX_QPS && !self.qpns.is_empty());
         let mut b = [0u8; CONN_INFO_BYTES];
@@ -55,8 +58,8 @@ impl ConnInfo {
         b[10] = self.mtu;
         b[11] = self.roce as u8;
         b[12..28].copy_from_slice(&self.gid);
-        b[28..36].copy_from_slice(&self.fifo_addr.to_le_bytes());
-        b[36..40].copy_from_slice(&self.fifo_rkey.to_le_bytes());
+        b[28..36].copy_from_slice(&self.inbox_addr.to_le_bytes());
+        b[36..40].copy_from_slice(&self.inbox_rkey.to_le_bytes());
         b[40..42].copy_from_slice(&(self.qpns.len() as u16).to_le_bytes());
         for (i, qpn) in self.qpns.iter().enumerate() {
             b[48 + 4 * i..52 + 4 * i].copy_from_slice(&qpn.to_le_bytes());
@@ -77,8 +80,8 @@ impl ConnInfo {
             mtu: b[10],
             roce: b[11] != 0,
             gid: b[12..28].try_into().expect("16 bytes"),
-            fifo_addr: u64_at(b, 28),
-            fifo_rkey: u32_at(b, 36),
+            inbox_addr: u64_at(b, 28),
+            inbox_rkey: u32_at(b, 36),
             qpns: (0..nqps).map(|i| u32_at(b, 48 + 4 * i)).collect(),
         })
     }
@@ -121,8 +124,8 @@ mod tests {
             mtu: 5,
             roce: true,
             gid: [7; 16],
-            fifo_addr: 0xdead_beef_0000,
-            fifo_rkey: 0xabcd,
+            inbox_addr: 0xdead_beef_0000,
+            inbox_rkey: 0xabcd,
             qpns: vec![0x10001, 0x10002, 0x10003],
         };
         let b = info.encode();
