@@ -4,9 +4,11 @@
 //! rules every network must keep: messages of every size from 0 B to 1 GiB arrive intact and
 //! in order, tags, a receive larger than the message, 32 outstanding requests per connection,
 //! closing with requests in flight, stale handles refused, a peer killed mid-transfer
-//! turning into an error instead of a hang, and, when the plugin offers `make_vdevice` (rustccl
-//! net ABI v2), a virtual device fusing devices 0 and 1 described as NCCL describes one (names
-//! joined with `+`, speeds summed) and carrying data.
+//! turning into an error instead of a hang, when the plugin's `max_recvs` is above 1 a
+//! multi-receive (tagged buffers filled by sends posted in another order, each buffer's size
+//! reported), and, when the plugin offers `make_vdevice` (rustccl net ABI v2), a virtual device
+//! fusing devices 0 and 1 described as NCCL describes one (names joined with `+`, speeds
+//! summed) and carrying data.
 //!
 //! Run it as `rustccl-net-conformance <plugin.so> [--max-size BYTES]`.
 
@@ -314,6 +316,61 @@ pub fn check_stale_handles(env: &Env) -> Result<(), String> {
     Ok(())
 }
 
+/// When the device's `max_recvs` is above 1: receives of `max_recvs` (at most 8) buffers, then
+/// of 2, each buffer with its own tag, filled by sends posted in the reverse order of the
+/// buffers (a multi-receive matches sends to buffers by tag); sizes of 0 B and not multiples of
+/// 128 among them; every buffer's reported size and bytes checked, and the bytes past each
+/// message untouched. With `max_recvs` 1 the check is skipped with a `#` line.
+pub fn check_multi_receive(env: &Env) -> Result<(), String> {
+    let max = env.net.properties(env.ctx, env.dev).map_err(|e| format!("properties: {e}"))?.max_recvs as usize;
+    if max <= 1 {
+        println!("# multi-receive not tried: max_recvs is {max}");
+        return Ok(());
+    }
+    const CAP: usize = 70_000;
+    const UNTOUCHED: u8 = 0xee;
+    let pair = connect_pair(env)?;
+    let mut round = 0u64;
+    for n in [max.min(8), 2] {
+        for _ in 0..3 {
+            round += 1;
+            let sizes: Vec<usize> = (0..n).map(|b| [0, 1, 129, 4097, 65_537, 1000, 7, 70_000][(b + round as usize) % 8]).collect();
+            let srcs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(b, &len)| pattern(len, round * 100 + b as u64)).collect();
+            let mut dsts: Vec<Vec<u8>> = (0..n).map(|_| vec![UNTOUCHED; CAP]).collect();
+            let smrs: Vec<_> = srcs.iter().map(|b| reg(env, pair.send, b)).collect::<Result<_, _>>()?;
+            let rmrs: Vec<_> = dsts.iter().map(|b| reg(env, pair.recv, b)).collect::<Result<_, _>>()?;
+            let tag = |b: usize| 1000 + b as i32;
+            let bufs: Vec<RecvBuffer> =
+                dsts.iter_mut().zip(&rmrs).enumerate().map(|(b, (d, &mr))| RecvBuffer { data: d.as_mut_ptr() as usize, size: CAP, tag: tag(b), mr }).collect();
+            // SAFETY: the buffers outlive the request (waited for below).
+            let r = post(|| unsafe { env.net.irecv(pair.recv, &bufs) }.map_err(|e| format!("irecv of {n} buffers: {e}")))?;
+            let sends: Vec<_> = (0..n).rev().map(|b| isend(env, &pair, &srcs[b], tag(b), smrs[b])).collect::<Result<_, _>>()?;
+            for s in sends {
+                wait(env, s, 1)?;
+            }
+            let got = wait(env, r, n)?;
+            if got != sizes {
+                return Err(format!("a receive of {n} buffers reported sizes {got:?}, sent {sizes:?}"));
+            }
+            for (b, (d, s)) in dsts.iter().zip(&srcs).enumerate() {
+                if d[..s.len()] != s[..] {
+                    let at = d.iter().zip(s).position(|(x, y)| x != y).unwrap_or(0);
+                    return Err(format!("buffer {b} of a {n}-buffer receive ({} bytes) arrived corrupted (first difference at byte {at})", s.len()));
+                }
+                if let Some(at) = d[s.len()..].iter().position(|&x| x != UNTOUCHED) {
+                    return Err(format!("buffer {b} of a {n}-buffer receive was written past its {}-byte message (at byte {})", s.len(), s.len() + at));
+                }
+            }
+            for (comm, mrs) in [(pair.send, smrs), (pair.recv, rmrs)] {
+                for mr in mrs {
+                    env.net.dereg_mr(comm, mr).map_err(|e| format!("dereg_mr: {e}"))?;
+                }
+            }
+        }
+    }
+    pair.close(env)
+}
+
 /// What [`try_make_vdevice`] found.
 #[derive(Debug, PartialEq)]
 pub enum VDeviceOutcome {
@@ -397,6 +454,7 @@ pub const CHECKS: &[Check] = &[
     ("32 outstanding requests", check_outstanding),
     ("close with requests in flight", check_close_in_flight),
     ("stale handles", check_stale_handles),
+    ("multi-receive", check_multi_receive),
     ("make_vdevice (merged devices)", check_make_vdevice),
 ];
 

@@ -28,7 +28,7 @@ fn run_suite_with(variant: &str, abi: &str, max_size: usize, env: &[(&str, &str)
     println!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(&format!("# net plugin CTcp ({abi})")), "{stdout}");
     assert!(out.status.success(), "conformance failures:\n{stdout}");
-    assert!(stdout.contains("8 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("9 passed, 0 failed"), "{stdout}");
     stdout
 }
 

@@ -1,19 +1,25 @@
 //! One established connection and its data path (NCCL's CTS protocol):
 //!
-//! * **receive** (`irecv`): post one zero-length receive per QP (each will take the
-//!   completion of a write-with-immediate), then RDMA-write a [`CtsEntry`] (buffer address,
-//!   size, rkey, tag) into the sender's FIFO slot for this receive;
-//! * **send** (`isend`): queue the message; on each call, look at the FIFO slot of the oldest
-//!   queued send **in local memory** (no verbs call) and, once the receiver's entry is there
-//!   and the tag matches, RDMA_WRITE_WITH_IMM the message straight into the receive buffer,
-//!   split over the QPs ([`crate::split`]), the immediate carrying the message size;
+//! * **receive** (`irecv`, 1 to [`MAX_RECVS`] tagged buffers): post one zero-length receive
+//!   per QP (each will take the completion of a write-with-immediate), then RDMA-write one
+//!   [`CtsEntry`] per buffer (address, size, rkey, tag) into the sender's FIFO row for this
+//!   receive, in one write ([`crate::fifo`]);
+//! * **send** (`isend`): queue the message; on each call, look at the next FIFO row **in
+//!   local memory** (no verbs call). Once the receiver's whole row is there, a row of `n`
+//!   entries takes the next `n` queued sends (it waits until `n` are queued), each matched
+//!   by tag to a distinct entry, and posts them as one bundle, per QP: the data writes of
+//!   every send's part on that QP ([`crate::split`]), for `n > 1` the write of the `n` sizes
+//!   into the receiver's size records (QP 0), and one write-with-immediate that completes
+//!   the bundle on that QP. For `n = 1` the immediate carries the size and, without adaptive
+//!   routing, the data itself, as before multi-receive;
 //! * on a merged device ([`crate::merge`]) a registration has an MR on each physical device's
-//!   PD: the CTS carries the receive buffer's rkey for each of the receiver's devices, and
-//!   each QP's part goes with the lkey of its local device and the rkey of its peer's device;
-//! * **test** polls the CQs (one per physical device): a request is done when each QP has completed its part; the
-//!   receiver reads the size from the immediate. An error completion fails the connection
-//!   (every request on it then fails), and so does EOF on the out-of-band socket: a dead peer
-//!   is an error, never a wait without end.
+//!   PD: a CTS entry carries the receive buffer's rkey for each of the receiver's devices,
+//!   and each QP's writes go with the lkey of its local device and the rkey of its peer's;
+//! * **test** polls the CQs (one per physical device): a request is done when each QP has completed its part (the sends
+//!   of a bundle all complete with its completions); the receiver reads the size from the
+//!   immediate, or for `n > 1` the sizes from its size records. An error completion fails
+//!   the connection (every request on it then fails), and so does EOF on the out-of-band
+//!   socket: a dead peer is an error, never a wait without end.
 //!
 //! A connection is used by one thread at a time in practice; a mutex makes it safe anyway.
 
@@ -24,14 +30,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustccl_plugin_api::PluginError;
 
-use crate::fifo::{slot_offset, CtsEntry, Fifo, CTS_BYTES, MAX_DEVS_PER_NIC};
+use crate::fifo::{
+    row_offset, sizes_offset, CtsEntry, Fifo, CTS_BYTES, MAX_DEVS_PER_NIC, MAX_RECVS,
+};
 use crate::mr_cache::MrCache;
 use crate::oob::{conn_info, peer_gone, Pipe};
 use crate::qp::{Endpoint, MAX_INFLIGHT};
 use crate::settings::QpSettings;
-use crate::split::{split, uses_adaptive_routing};
+use crate::split::{split, uses_adaptive_routing, Part};
 use crate::verbs::types::*;
-use crate::verbs::Mr;
+use crate::verbs::{Mr, Qp};
 use crate::wire::PROTO_MAGIC;
 
 /// `wr_id` of the receiver's CTS writes (request ids are never 0).
@@ -80,19 +88,34 @@ pub fn wc_status_name(status: u32) -> &'static str {
 struct Request {
     /// Completions still expected (one per QP).
     remaining: usize,
-    /// Sent size, or received size once known.
-    size: usize,
+    /// What `test` reports: the sent size, or the size received into each buffer once
+    /// known.
+    sizes: Vec<usize>,
+    /// Receiver: the receive's sequence number, whose row of size records holds the sizes
+    /// of a multi-receive.
+    seq: u64,
+    /// Sender: the other sends of the bundle this request leads (its work requests carry
+    /// this request's id); they complete with it.
+    followers: Vec<u64>,
 }
 
 /// A send waiting for its CTS.
 struct QueuedSend {
     req: u64,
-    seq: u64,
     data: usize,
     size: usize,
     tag: i32,
     /// The send buffer's lkey on each local physical device.
     lkeys: [u32; MAX_DEVS_PER_NIC],
+}
+
+/// One buffer of a receive, with the rkeys of its registration (one per physical device).
+#[derive(Clone, Copy, Debug)]
+pub struct RecvBuf {
+    pub addr: usize,
+    pub size: usize,
+    pub tag: i32,
+    pub rkeys: [u32; MAX_DEVS_PER_NIC],
 }
 
 /// A registration of the connection's cache: one MR per physical device of the connection
@@ -126,7 +149,7 @@ impl Registration {
         keys
     }
 
-    /// The rkey on each member (0 past the last), as the CTS carries them.
+    /// The rkey on each member (0 past the last), as a CTS entry carries them.
     pub fn rkeys(&self) -> [u32; MAX_DEVS_PER_NIC] {
         let mut keys = [0; MAX_DEVS_PER_NIC];
         for (k, mr) in keys.iter_mut().zip(&self.mrs) {
@@ -161,12 +184,15 @@ struct State {
     requests: HashMap<u64, Request>,
     /// Sender: sends whose CTS has not come yet, oldest first.
     queued: VecDeque<QueuedSend>,
-    /// Receiver: receives (by sequence number) whose CTS waits for the end of setup.
-    deferred_cts: VecDeque<u64>,
-    /// Sequence numbers of the next send / receive.
+    /// Receiver: receives (sequence number, buffers) whose CTS waits for the end of setup.
+    deferred_cts: VecDeque<(u64, usize)>,
+    /// Sequence number of the next receive (receiver) / of the next FIFO row to consume
+    /// (sender).
     next_seq: u64,
-    /// Receiver: the sender's FIFO.
-    remote_fifo: (u64, u32),
+    /// The peer's inbox (address, rkey), the region this side RDMA-writes into: the
+    /// sender's FIFO (receiver side), the receiver's size records (sender side, learned
+    /// during setup).
+    remote_inbox: (u64, u32),
     /// The first error; every later call reports it.
     failed: Option<PluginError>,
     /// Setup still to finish (sender only).
@@ -190,7 +216,8 @@ pub struct Comm {
 /// What setup hands over to make a [`Comm`].
 pub struct Parts {
     pub ep: Endpoint,
-    /// Sender: the FIFO the receiver writes; receiver: the staging copy it writes from.
+    /// Sender: the FIFO the receiver writes and the staging of the sizes it writes;
+    /// receiver: the staging of its CTS writes and the size records the sender writes.
     pub fifo: Fifo,
     pub fifo_mr: Mr,
     pub oob: Pipe,
@@ -198,7 +225,8 @@ pub struct Parts {
 }
 
 /// Registers `fifo` on the PD of `ep`'s first physical device (that of QP 0, which carries
-/// the CTS writes) for remote writes (sender) or as a local source (receiver).
+/// the CTS and size-record writes) for remote writes (into the inbox) and as a local source
+/// (of CTS rows or size records).
 pub fn register_fifo(ep: &Endpoint, fifo: &Fifo) -> Result<Mr, PluginError> {
     // SAFETY: the FIFO's heap block outlives the registration (both live in the same
     // connection state, the registration dropped first), and the device may write it.
@@ -212,14 +240,14 @@ pub fn register_fifo(ep: &Endpoint, fifo: &Fifo) -> Result<Mr, PluginError> {
 }
 
 impl Comm {
-    /// A connection; `remote_fifo` is the sender's FIFO (address, rkey) on the receiving
-    /// side, unused on the sending side.
+    /// A connection; `remote_inbox` is the sender's FIFO (address, rkey) on the receiving
+    /// side, unknown yet (learned during setup) on the sending side.
     pub fn new(
         direction: Direction,
         ctx: u64,
         device: String,
         parts: Parts,
-        remote_fifo: (u64, u32),
+        remote_inbox: (u64, u32),
     ) -> Comm {
         let nqps = parts.ep.qps.len();
         Comm {
@@ -237,7 +265,7 @@ impl Comm {
                 queued: VecDeque::new(),
                 deferred_cts: VecDeque::new(),
                 next_seq: 0,
-                remote_fifo,
+                remote_inbox,
                 failed: None,
                 setup: parts.setup,
                 oob: parts.oob,
@@ -358,11 +386,8 @@ impl Comm {
             self.progress(&mut st);
             return Ok(false);
         }
-        let seq = st.next_seq;
-        st.next_seq += 1;
         st.queued.push_back(QueuedSend {
             req,
-            seq,
             data,
             size,
             tag,
@@ -372,23 +397,18 @@ impl Comm {
             req,
             Request {
                 remaining: self.nqps,
-                size,
+                sizes: vec![size],
+                seq: 0,
+                followers: Vec::new(),
             },
         );
         self.progress(&mut st);
         Ok(true)
     }
 
-    /// Posts a receive into `data..data + size` (registered with `rkeys`, one per physical
-    /// device); `Ok(false)`: too many requests in flight, call again.
-    pub fn irecv(
-        &self,
-        req: u64,
-        data: usize,
-        size: usize,
-        tag: i32,
-        rkeys: [u32; MAX_DEVS_PER_NIC],
-    ) -> Result<bool, PluginError> {
+    /// Posts a receive into `bufs` (1 to [`MAX_RECVS`], checked by the caller, each
+    /// registered with its rkey); `Ok(false)`: too many requests in flight, call again.
+    pub fn irecv(&self, req: u64, bufs: &[RecvBuf]) -> Result<bool, PluginError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
         if st.requests.len() >= MAX_INFLIGHT {
@@ -408,18 +428,20 @@ impl Comm {
                 return Err(self.fail(&mut st, e));
             }
         }
-        let entry = CtsEntry {
-            addr: data as u64,
-            size: size as u64,
-            rkeys,
-            tag,
-            nreqs: 1,
-            ..CtsEntry::default()
-        };
-        st.fifo.fill(seq, entry);
+        let entries: Vec<CtsEntry> = bufs
+            .iter()
+            .map(|b| CtsEntry {
+                addr: b.addr as u64,
+                size: b.size as u64,
+                rkeys: b.rkeys,
+                tag: b.tag,
+                ..CtsEntry::default()
+            })
+            .collect();
+        st.fifo.fill(seq, &entries);
         if st.setup.is_some() {
-            st.deferred_cts.push_back(seq);
-        } else if let Err(e) = Self::post_cts(&mut st, seq) {
+            st.deferred_cts.push_back((seq, bufs.len()));
+        } else if let Err(e) = Self::post_cts(&mut st, seq, bufs.len()) {
             return Err(self.fail(&mut st, e));
         }
         st.next_seq += 1;
@@ -427,38 +449,41 @@ impl Comm {
             req,
             Request {
                 remaining: self.nqps,
-                size: 0,
+                sizes: vec![0; bufs.len()],
+                seq,
+                followers: Vec::new(),
             },
         );
         Ok(true)
     }
 
-    /// RDMA-writes the staged CTS of receive `seq` into the sender's FIFO.
-    fn post_cts(st: &mut State, seq: u64) -> Result<(), PluginError> {
-        let src = st.fifo.addr().wrapping_add(crate::fifo::slot_of(seq));
-        let (remote, remote_rkey) = st.remote_fifo;
+    /// RDMA-writes the `n` staged CTS entries of receive `seq` into the sender's FIFO row.
+    fn post_cts(st: &mut State, seq: u64, n: usize) -> Result<(), PluginError> {
+        let (remote, remote_rkey) = st.remote_inbox;
         let mut sge = ibv_sge {
-            addr: src as u64,
-            length: CTS_BYTES as u32,
+            addr: st.fifo.entries_addr() + row_offset(seq),
+            length: (n * CTS_BYTES) as u32,
             lkey: st.fifo_mr.lkey(),
         };
         let mut wr = send_wr(
             CTS_WR_ID,
             IBV_WR_RDMA_WRITE,
             &mut sge,
-            remote + slot_offset(seq),
+            remote + row_offset(seq),
             remote_rkey,
             0,
         );
-        // SAFETY: the SGE names the staging FIFO's slot, registered for the connection's
-        // life and not refilled before the sender has read it (fewer than FIFO_SLOTS
-        // receives in flight); the remote address is the sender's FIFO slot.
+        // SAFETY: the SGE names the staging FIFO's row, registered for the connection's
+        // life and not refilled before the sender has read it (rows are consumed in order,
+        // at most FIFO_ROWS receives in flight: see crate::fifo); the remote address is the
+        // sender's FIFO row.
         unsafe { st.ep.qps[0].post_send(&mut wr) }
     }
 
-    /// Whether request `req` is done (`Some(size)`); an error if the connection failed
-    /// before it completed. A finished or failed request is forgotten.
-    pub fn test(&self, req: u64) -> Result<Option<usize>, PluginError> {
+    /// Whether request `req` is done (`Some(sizes)`: the sent size, or the size received
+    /// into each buffer); an error if the connection failed before it completed. A finished
+    /// or failed request is forgotten.
+    pub fn test(&self, req: u64) -> Result<Option<Vec<usize>>, PluginError> {
         let mut st = self.lock();
         self.progress(&mut st);
         match st.requests.get(&req) {
@@ -466,9 +491,13 @@ impl Comm {
                 "unknown request {req:#x}"
             ))),
             Some(r) if r.remaining == 0 => {
-                let size = r.size;
-                st.requests.remove(&req);
-                Ok(Some(size))
+                let r = st.requests.remove(&req).expect("just seen");
+                if self.direction == Direction::Recv && r.sizes.len() > 1 {
+                    // The sender wrote them before the write-with-immediate of QP 0, whose
+                    // completion is in.
+                    return Ok(Some(st.fifo.sizes(r.seq, r.sizes.len())));
+                }
+                Ok(Some(r.sizes))
             }
             Some(_) => match st.failed.clone() {
                 Some(e) => {
@@ -519,6 +548,7 @@ impl Comm {
                         )));
                     }
                     st.ep.connect(&peer, &qp)?;
+                    st.remote_inbox = (peer.inbox_addr, peer.inbox_rkey);
                     st.oob.next(vec![1], 0);
                     st.setup = Some(Setup::Ready);
                 }
@@ -533,8 +563,8 @@ impl Comm {
                         st.setup = Some(Setup::AwaitReady);
                         return Ok(());
                     }
-                    while let Some(seq) = st.deferred_cts.pop_front() {
-                        Self::post_cts(st, seq)?;
+                    while let Some((seq, n)) = st.deferred_cts.pop_front() {
+                        Self::post_cts(st, seq, n)?;
                     }
                     return Ok(());
                 }
@@ -582,10 +612,18 @@ impl Comm {
                 if c.wr_id == CTS_WR_ID {
                     continue;
                 }
-                if let Some(r) = st.requests.get_mut(&c.wr_id) {
-                    r.remaining = r.remaining.saturating_sub(1);
-                    if c.opcode == IBV_WC_RECV_RDMA_WITH_IMM {
-                        r.size = u32::from_be(c.imm_data) as usize;
+                let Some(r) = st.requests.get_mut(&c.wr_id) else {
+                    continue;
+                };
+                r.remaining = r.remaining.saturating_sub(1);
+                if c.opcode == IBV_WC_RECV_RDMA_WITH_IMM && r.sizes.len() == 1 {
+                    r.sizes[0] = u32::from_be(c.imm_data) as usize;
+                }
+                if r.remaining == 0 {
+                    for f in std::mem::take(&mut r.followers) {
+                        if let Some(f) = st.requests.get_mut(&f) {
+                            f.remaining = 0;
+                        }
                     }
                 }
             }
@@ -611,70 +649,197 @@ impl Comm {
         }
     }
 
-    /// Posts the data of every queued send whose CTS is in the FIFO, oldest first.
+    /// Posts the queued sends whose CTS rows are in the FIFO, row by row in order: a row of
+    /// `n` entries takes the next `n` queued sends, once that many are queued.
     fn start_sends(&self, st: &mut State) -> Result<(), PluginError> {
-        while let Some(q) = st.queued.front() {
-            let Some(cts) = st.fifo.posted(q.seq) else {
-                break;
+        loop {
+            let row = st
+                .fifo
+                .posted(st.next_seq)
+                .map_err(|e| PluginError::remote(format!("NET/IB : {e} on {}", self.device)))?;
+            let Some(row) = row else {
+                return Ok(());
             };
-            if cts.tag != q.tag {
-                return Err(PluginError::invalid_usage(format!(
-                    "NET/IB : send with tag {} met a receive with tag {} on {}; sends and receives must be posted in the same order with the same tags",
-                    q.tag, cts.tag, self.device
-                )));
-            }
-            if q.size as u64 > cts.size {
-                return Err(PluginError::invalid_usage(format!(
-                    "NET/IB : message of {} bytes is larger than the receive buffer of {} bytes on {}",
-                    q.size, cts.size, self.device
-                )));
-            }
-            let ar = uses_adaptive_routing(self.ar_threshold, q.size);
-            let imm = (q.size as u32).to_be();
-            let ep = &st.ep;
-            for (i, part) in split(q.size, self.nqps).into_iter().enumerate() {
-                let (qp, rkey) = (&ep.qps[i], cts.rkeys[ep.remote_members[i]]);
-                let remote = cts.addr + part.offset as u64;
-                let mut sge = ibv_sge {
-                    addr: (q.data + part.offset) as u64,
-                    length: part.len as u32,
-                    lkey: q.lkeys[ep.qp_members[i]],
+            // entry_of[i]: the entry that queued send i fills. Matching runs on what is
+            // queued so far, so a send that fits no entry fails now, not when the rest come.
+            let mut entry_of = Vec::with_capacity(row.len());
+            let mut taken = [false; MAX_RECVS];
+            for q in st.queued.iter().take(row.len()) {
+                let Some(e) = (0..row.len()).find(|&e| !taken[e] && row[e].tag == q.tag) else {
+                    let tags: Vec<i32> = row.iter().map(|e| e.tag).collect();
+                    return Err(PluginError::invalid_usage(format!(
+                        "NET/IB : send with tag {} matches no free buffer of the receive it meets (tags {tags:?}) on {}; sends and receives must be posted in the same order with the same tags",
+                        q.tag, self.device
+                    )));
                 };
-                // The write-with-immediate that completes this QP's part: carrying the part
-                // itself, or (adaptive routing, or an empty part) no bytes.
-                let carries_data = part.len > 0 && !ar;
-                let mut last = send_wr(
-                    q.req,
-                    IBV_WR_RDMA_WRITE_WITH_IMM,
-                    &mut sge,
-                    remote,
-                    rkey,
-                    imm,
-                );
-                if !carries_data {
-                    last.num_sge = 0;
-                    last.sg_list = std::ptr::null_mut();
+                if q.size as u64 > row[e].size {
+                    return Err(PluginError::invalid_usage(format!(
+                        "NET/IB : message of {} bytes (tag {}) is larger than the receive buffer of {} bytes on {}",
+                        q.size, q.tag, row[e].size, self.device
+                    )));
                 }
-                let mut sge_data = sge;
-                let mut data =
-                    send_wr(q.req, IBV_WR_RDMA_WRITE, &mut sge_data, remote, rkey, 0);
-                data.send_flags = 0; // unsignaled: `last` completes the part
-                data.next = &mut last;
-                let first = if ar && part.len > 0 {
-                    &mut data
-                } else {
-                    &mut last
-                };
-                // SAFETY: the SGEs name the caller's registered buffer (isend's contract
-                // keeps it valid until completion); the remote range is inside the receive
-                // buffer the CTS announced (size checked above); the chain lives on this
-                // stack frame during the call.
-                unsafe { qp.post_send(first) }?;
+                taken[e] = true;
+                entry_of.push(e);
             }
-            st.queued.pop_front();
+            if entry_of.len() < row.len() {
+                return Ok(());
+            }
+            let sends: Vec<QueuedSend> = st.queued.drain(..row.len()).collect();
+            let seq = st.next_seq;
+            self.post_bundle(st, seq, &row, &sends, &entry_of)?;
+            let lead = sends[0].req;
+            let followers: Vec<u64> = sends[1..].iter().map(|q| q.req).collect();
+            if let Some(r) = st.requests.get_mut(&lead) {
+                r.followers = followers;
+            }
+            st.next_seq += 1;
+        }
+    }
+
+    /// Posts the bundle of FIFO row `seq`: `sends[i]` into the buffer of `row[entry_of[i]]`.
+    /// Every work request carries the first send's id (the bundle's lead).
+    fn post_bundle(
+        &self,
+        st: &mut State,
+        seq: u64,
+        row: &[CtsEntry],
+        sends: &[QueuedSend],
+        entry_of: &[usize],
+    ) -> Result<(), PluginError> {
+        let n = row.len();
+        let lead = sends[0].req;
+        // A multi-receive always posts the adaptive-routing way: its sends target several
+        // buffers, so only a final 0-byte write-with-immediate can complete them all (NCCL
+        // does the same; its threshold applies to single receives only).
+        let ar = n > 1 || uses_adaptive_routing(self.ar_threshold, sends[0].size);
+        let imm = if n == 1 {
+            (sends[0].size as u32).to_be()
+        } else {
+            0
+        };
+        let sizes = (n > 1).then(|| {
+            let mut sizes = [0u32; MAX_RECVS];
+            for (q, &e) in sends.iter().zip(entry_of) {
+                sizes[e] = q.size as u32;
+            }
+            let (addr, len) = st.fifo.stage_sizes(seq, &sizes[..n]);
+            ibv_sge {
+                addr,
+                length: len as u32,
+                lkey: st.fifo_mr.lkey(),
+            }
+        });
+        let parts: Vec<Vec<Part>> = sends.iter().map(|q| split(q.size, self.nqps)).collect();
+        for (qi, qp) in st.ep.qps.iter().enumerate() {
+            // This QP's keys: the lkey on its device, the rkey on its peer's device.
+            let (local, remote) = (st.ep.qp_members[qi], st.ep.remote_members[qi]);
+            let mut chain = Vec::with_capacity(MAX_RECVS + 2);
+            for ((q, &e), parts) in sends.iter().zip(entry_of).zip(&parts) {
+                let part = parts[qi];
+                if part.len == 0 {
+                    continue;
+                }
+                chain.push(ChainWr {
+                    opcode: IBV_WR_RDMA_WRITE,
+                    sge: Some(ibv_sge {
+                        addr: (q.data + part.offset) as u64,
+                        length: part.len as u32,
+                        lkey: q.lkeys[local],
+                    }),
+                    remote: row[e].addr + part.offset as u64,
+                    rkey: row[e].rkeys[remote],
+                    imm_be: 0,
+                });
+            }
+            if let (0, Some(sge)) = (qi, sizes) {
+                let (records, rkey) = st.remote_inbox;
+                chain.push(ChainWr {
+                    opcode: IBV_WR_RDMA_WRITE,
+                    sge: Some(sge),
+                    remote: records + sizes_offset(seq),
+                    rkey,
+                    imm_be: 0,
+                });
+            }
+            // The write-with-immediate that completes this QP's share of the bundle: a
+            // single receive's part itself, or (adaptive routing, multi-receive, or an
+            // empty part) no bytes after the plain writes.
+            match chain.last_mut() {
+                Some(last) if !ar => {
+                    last.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+                    last.imm_be = imm;
+                }
+                _ => chain.push(ChainWr {
+                    opcode: IBV_WR_RDMA_WRITE_WITH_IMM,
+                    sge: None,
+                    remote: row[0].addr,
+                    rkey: row[0].rkeys[remote],
+                    imm_be: imm,
+                }),
+            }
+            // SAFETY: the SGEs name the callers' registered buffers (isend's contract keeps
+            // them valid until completion) and the FIFO's size staging (registered, not
+            // restaged before this row completed: see crate::fifo); each remote range is
+            // inside the receive buffer its CTS entry announced (sizes checked by the
+            // caller) or the receiver's size-record row.
+            unsafe { post_chain(qp, lead, &chain) }?;
         }
         Ok(())
     }
+}
+
+/// One work request of a chain, before the chain is linked.
+struct ChainWr {
+    opcode: u32,
+    /// `None`: no bytes (a 0-byte write-with-immediate).
+    sge: Option<ibv_sge>,
+    remote: u64,
+    rkey: u32,
+    imm_be: u32,
+}
+
+/// Posts `chain` on `qp` as one linked list of work requests with `wr_id`, only the last
+/// signaled (its completion retires the ones before it).
+///
+/// # Safety
+/// As [`Qp::post_send`]: every SGE and remote range must be valid for the transfer.
+unsafe fn post_chain(qp: &Qp, wr_id: u64, chain: &[ChainWr]) -> Result<(), PluginError> {
+    let mut sges: Vec<ibv_sge> = chain
+        .iter()
+        .map(|w| {
+            w.sge.unwrap_or(ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            })
+        })
+        .collect();
+    let mut wrs: Vec<ibv_send_wr> = chain
+        .iter()
+        .zip(sges.iter_mut())
+        .map(|(w, sge)| {
+            let mut wr = send_wr(wr_id, w.opcode, sge, w.remote, w.rkey, w.imm_be);
+            if w.sge.is_none() {
+                wr.num_sge = 0;
+                wr.sg_list = std::ptr::null_mut();
+            }
+            wr.send_flags = 0;
+            wr
+        })
+        .collect();
+    let Some(last) = wrs.last_mut() else {
+        return Ok(());
+    };
+    last.send_flags = IBV_SEND_SIGNALED;
+    let p = wrs.as_mut_ptr();
+    for i in 1..wrs.len() {
+        // SAFETY: i - 1 and i are inside `wrs`, which is not resized while the chain is
+        // posted.
+        unsafe { (*p.add(i - 1)).next = p.add(i) };
+    }
+    // SAFETY: the chain lives on this frame during the call; the caller's promise on the
+    // memory it names.
+    unsafe { qp.post_send(&mut *p) }
 }
 
 /// A signaled send WR of one SGE.

@@ -24,15 +24,18 @@
 //!   `NCCL_IB_TIMEOUT`, `_RETRY_CNT`, `_TC`, `_SL`, `_PKEY` ([`qp`], [`settings`]);
 //! * registrations through a page-range cache with reference counts ([`mr_cache`]), one MR
 //!   per physical device;
-//! * the receiver's clear-to-send entries RDMA-written into the sender's 256-slot FIFO
-//!   ([`fifo`]), the data RDMA_WRITE_WITH_IMM straight into the receive buffer, split over
-//!   the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD` with
-//!   adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test` polls
-//!   the CQs; an error completion or EOF on the out-of-band socket (a dead peer) fails the
-//!   connection ([`comm`]).
+//! * the receiver's clear-to-send entries RDMA-written into the sender's FIFO of 32 rows of
+//!   8 entries ([`fifo`]), the data RDMA_WRITE_WITH_IMM straight into the receive buffer,
+//!   split over the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD`
+//!   with adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test`
+//!   polls the CQs; an error completion or EOF on the out-of-band socket (a dead peer) fails
+//!   the connection ([`comm`]);
+//! * multi-receive (`max_recvs` 8): a receive of up to 8 tagged buffers takes one FIFO row;
+//!   the sends matching its tags go as one bundle whose sizes the sender writes into the
+//!   receiver's size records ([`fifo`], [`comm`]).
 //!
-//! **Not yet:** multi-receive (`max_recvs` is 1), the flush read, dma-buf / GPU memory
-//! (`ptr_support` is host), the async-event thread.
+//! **Not yet:** the flush read, dma-buf / GPU memory (`ptr_support` is host), the async-event
+//! thread.
 //!
 //! # Why a binding of its own
 //!

@@ -21,9 +21,9 @@ use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use socket2::Socket;
 
-use crate::comm::{register_fifo, Comm, Direction, Parts, Registration, Setup};
+use crate::comm::{register_fifo, Comm, Direction, Parts, RecvBuf, Registration, Setup};
 use crate::device::{discover, IbDevice};
-use crate::fifo::Fifo;
+use crate::fifo::{Fifo, MAX_RECVS};
 use crate::merge::{check_members, group_ports};
 use crate::oob::{self, Pipe};
 use crate::qp::{qp_count, Endpoint};
@@ -77,13 +77,11 @@ impl Local {
         Ok(Local { ep, fifo, fifo_mr })
     }
 
-    fn info(&self, magic: u64, with_fifo: bool) -> ConnInfo {
-        let (addr, rkey) = if with_fifo {
-            (self.fifo.addr() as u64, self.fifo_mr.rkey())
-        } else {
-            (0, 0)
-        };
-        self.ep.info(magic, addr, rkey)
+    /// This side's info; `sender`: whether its inbox is the CTS FIFO (else the size
+    /// records).
+    fn info(&self, magic: u64, sender: bool) -> ConnInfo {
+        let inbox = self.fifo.inbox_addr(sender);
+        self.ep.info(magic, inbox, self.fifo_mr.rkey())
     }
 
     fn into_parts(self, oob: Pipe) -> Parts {
@@ -299,9 +297,8 @@ impl IbNet {
             port: d.port.into(),
             latency_us: 0.0,
             max_comms: 65536,
-            // NCCL's IB offers 8; this transport receives one buffer per request until its
-            // multi-receive (completion records) lands.
-            max_recvs: 1,
+            // Multi-receive: up to 8 tagged buffers per receive, as NCCL's IB.
+            max_recvs: MAX_RECVS as u32,
             max_p2p_bytes: MAX_MESSAGE as u64,
             max_coll_bytes: MAX_MESSAGE as u64,
         }
@@ -603,7 +600,7 @@ impl Net for IbNet {
                     l.ctx,
                     label(&members),
                     parts,
-                    (peer.fifo_addr, peer.fifo_rkey),
+                    (peer.inbox_addr, peer.inbox_rkey),
                 );
                 Ok(Some(self.recvs.insert(comm.start())))
             }
@@ -680,15 +677,26 @@ impl Net for IbNet {
             .recvs
             .get(comm)
             .ok_or_else(|| no_such("receive connection", comm))?;
-        let [buf] = bufs else {
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(PluginError::invalid_argument(format!(
-                "the IB plugin receives into exactly one buffer at a time for now (max_recvs = 1), not {}",
+                "the IB plugin receives into 1 to {MAX_RECVS} buffers at a time (max_recvs = {MAX_RECVS}), not {}",
                 bufs.len()
             )));
-        };
-        let m = self.check_mr(comm, buf.mr, buf.data, buf.size)?;
+        }
+        let targets = bufs
+            .iter()
+            .map(|b| {
+                let m = self.check_mr(comm, b.mr, b.data, b.size)?;
+                Ok(RecvBuf {
+                    addr: b.data,
+                    size: b.size,
+                    tag: b.tag,
+                    rkeys: m.reg.rkeys(),
+                })
+            })
+            .collect::<Result<Vec<_>, PluginError>>()?;
         let req = self.requests.reserve();
-        if !c.irecv(req.id, buf.data, buf.size, buf.tag, m.reg.rkeys())? {
+        if !c.irecv(req.id, &targets)? {
             return Ok(None);
         }
         self.requests.insert_at(req, c);
@@ -702,10 +710,10 @@ impl Net for IbNet {
             .ok_or_else(|| no_such("request", request))?;
         match c.test(request.id) {
             Ok(None) => Ok(false),
-            Ok(Some(size)) => {
+            Ok(Some(got)) => {
                 self.requests.remove(request);
-                if let Some(s) = sizes.first_mut() {
-                    *s = size;
+                for (s, g) in sizes.iter_mut().zip(got) {
+                    *s = g;
                 }
                 Ok(true)
             }

@@ -13,19 +13,24 @@ use std::sync::Arc;
 use rustccl_plugin_api::PluginError;
 
 use crate::device::{IbDevice, LinkLayer};
-use crate::fifo::FIFO_SLOTS;
+use crate::fifo::{FIFO_ROWS, MAX_RECVS};
 use crate::settings::{QpSettings, MAX_QPS};
 use crate::verbs::types::*;
 use crate::verbs::{Cq, Pd, Qp};
 use crate::wire::{ConnInfo, MemberInfo, QpInfo};
 
-/// Work requests each QP queue must hold: a request posts at most one WR per QP (and the
-/// receiver one CTS write), and a connection keeps at most [`MAX_INFLIGHT`] requests.
-pub const QUEUE_DEPTH: u32 = 2 * FIFO_SLOTS as u32;
+/// Work requests each QP queue must hold. A connection keeps at most [`MAX_INFLIGHT`]
+/// requests, so at most that many CTS rows are in flight; a row (a bundle of up to
+/// [`MAX_RECVS`] sends) posts per QP at most [`MAX_RECVS`] data writes, the size-record
+/// write and the write-with-immediate (`MAX_RECVS + 2` = 10), and a receiver posts one
+/// receive per QP per row plus one CTS write on QP 0. 32 × (8 + 2) + 32 = 352.
+pub const QUEUE_DEPTH: u32 = (FIFO_ROWS * (MAX_RECVS + 2) + FIFO_ROWS) as u32;
 
-/// Requests a connection keeps in flight before `isend`/`irecv` answer "not now": fewer
-/// than the FIFO's slots, so a receiver never overwrites a slot the sender has not read.
-pub const MAX_INFLIGHT: usize = FIFO_SLOTS / 2;
+/// Requests (sends, or receives of up to [`MAX_RECVS`] buffers) a connection keeps in
+/// flight before `isend`/`irecv` answer "not now": one per FIFO row, so a receiver never
+/// overwrites a row the sender has not read (see [`crate::fifo`]: rows are consumed in
+/// order).
+pub const MAX_INFLIGHT: usize = FIFO_ROWS;
 
 /// The QPs of a connection between a device of `local` physical devices and one of `remote`
 /// (NCCL's rule: at least `per_connection` QPs on every device of either side). An error
@@ -103,12 +108,13 @@ impl Endpoint {
         })
     }
 
-    /// This side's info for the peer (the FIFO fields are the caller's).
-    pub fn info(&self, magic: u64, fifo_addr: u64, fifo_rkey: u32) -> ConnInfo {
+    /// This side's info for the peer (the inbox, the region the peer writes into, is the
+    /// caller's: registered on the first member's PD).
+    pub fn info(&self, magic: u64, inbox_addr: u64, inbox_rkey: u32) -> ConnInfo {
         ConnInfo {
             magic,
-            fifo_addr,
-            fifo_rkey,
+            inbox_addr,
+            inbox_rkey,
             members: self
                 .members
                 .iter()

@@ -6,8 +6,9 @@
 //!   both ends at once ([`encode_handle`]);
 //! * the **connection info** ([`ConnInfo`]) each side writes once on the OOB socket: what
 //!   the peer needs to bring its queue pairs to RTR (per physical device: LID, GID, MTU,
-//!   link layer; per QP: its number and device) and, from the sender, where its CTS FIFO
-//!   is. The connecting side's info starts with the listen magic, so a stray or stale
+//!   link layer; per QP: its number and device) and where its "inbox" is, the registered
+//!   region the peer RDMA-writes into (the sender's CTS FIFO, the receiver's multi-receive
+//!   size records). The connecting side's info starts with the listen magic, so a stray or stale
 //!   connection is refused.
 //!
 //! Both formats start with [`PROTO_MAGIC`], which changes with the layout: an older peer's
@@ -78,9 +79,12 @@ pub struct QpInfo {
 pub struct ConnInfo {
     /// The listen magic (connector) or [`PROTO_MAGIC`] (acceptor).
     pub magic: u64,
-    /// The sender's CTS FIFO (zero from the receiver), registered on its first device.
-    pub fifo_addr: u64,
-    pub fifo_rkey: u32,
+    /// The inbox: the region the peer RDMA-writes into, registered on this side's first
+    /// device (that of QP 0, which carries those writes). From the sender, its CTS FIFO
+    /// (the receiver writes clear-to-send rows there); from the receiver, its size records
+    /// (the sender writes the sizes of a multi-receive there). See [`crate::fifo`].
+    pub inbox_addr: u64,
+    pub inbox_rkey: u32,
     /// The physical devices of this side (1 to [`MAX_DEVS_PER_NIC`]).
     pub members: Vec<MemberInfo>,
     /// The queue pairs, in order.
@@ -100,7 +104,7 @@ const QPS_AT: usize = MEMBERS_AT + MEMBER_BYTES * MAX_DEVS_PER_NIC;
 pub const CONN_INFO_BYTES: usize = QPS_AT + QP_BYTES * MAX_QPS;
 
 impl ConnInfo {
-    /// Layout: `0..8` magic, `8..16` FIFO address, `16..20` FIFO rkey, `20` device count,
+    /// Layout: `0..8` magic, `8..16` inbox address, `16..20` inbox rkey, `20` device count,
     /// `22..24` QP count; from 24, [`MAX_DEVS_PER_NIC`] device entries of 24 bytes (`0..2`
     /// lid, `2` mtu, `3` roce, `4..20` gid); then [`MAX_QPS`] QP entries of 8 bytes (`0..4`
     /// QP number, `4` device). Unused entries are zero.
@@ -109,8 +113,8 @@ impl ConnInfo {
         assert!((1..=MAX_QPS).contains(&self.qps.len()));
         let mut b = [0u8; CONN_INFO_BYTES];
         b[0..8].copy_from_slice(&self.magic.to_le_bytes());
-        b[8..16].copy_from_slice(&self.fifo_addr.to_le_bytes());
-        b[16..20].copy_from_slice(&self.fifo_rkey.to_le_bytes());
+        b[8..16].copy_from_slice(&self.inbox_addr.to_le_bytes());
+        b[16..20].copy_from_slice(&self.inbox_rkey.to_le_bytes());
         b[20] = self.members.len() as u8;
         b[22..24].copy_from_slice(&(self.qps.len() as u16).to_le_bytes());
         for (i, m) in self.members.iter().enumerate() {
@@ -166,8 +170,8 @@ impl ConnInfo {
         }
         Ok(ConnInfo {
             magic: u64_at(b, 0),
-            fifo_addr: u64_at(b, 8),
-            fifo_rkey: u32_at(b, 16),
+            inbox_addr: u64_at(b, 8),
+            inbox_rkey: u32_at(b, 16),
             members,
             qps,
         })
@@ -229,8 +233,8 @@ mod tests {
         };
         let info = ConnInfo {
             magic: 42,
-            fifo_addr: 0xdead_beef_0000,
-            fifo_rkey: 0xabcd,
+            inbox_addr: 0xdead_beef_0000,
+            inbox_rkey: 0xabcd,
             members: vec![member(0x1234, 7), member(0x5678, 9)],
             qps: (0..4)
                 .map(|i| QpInfo {
