@@ -21,10 +21,19 @@
 //!   the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD` with
 //!   adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test` polls
 //!   the CQ; an error completion or EOF on the out-of-band socket (a dead peer) fails the
-//!   connection ([`comm`]).
+//!   connection ([`comm`]);
+//! * GPU memory through dma-buf only ([`dmabuf`]): where `NCCL_DMABUF_ENABLE` is not 0 and
+//!   the library's `ibv_reg_dmabuf_mr` passes NCCL's probe (fd -1 answers `EBADF`, not
+//!   `EOPNOTSUPP`), `properties().ptr_support` is `PTR_HOST | PTR_DEVICE | PTR_DMABUF` and
+//!   `reg_mr_dmabuf` registers a dma-buf (cached apart from host registrations of the same
+//!   addresses); elsewhere `PTR_HOST`, and device memory is refused with a reason. No
+//!   peer-memory (nvidia-peermem) registration;
+//! * the flush ([`flush`]): a receiving connection on such a device has a loopback QP, and
+//!   `iflush` of a receive into device memory posts a 1-byte RDMA read of it whose
+//!   completion completes the request; host memory, or `NCCL_GDR_FLUSH_DISABLE`, has
+//!   nothing to flush (`None`). `force_flush` is false.
 //!
-//! **Not yet:** multi-receive (`max_recvs` is 1), the flush read, dma-buf / GPU memory
-//! (`ptr_support` is host), the async-event thread, merged devices.
+//! **Not yet:** multi-receive (`max_recvs` is 1), the async-event thread, merged devices.
 //!
 //! # Why a binding of its own
 //!
@@ -39,7 +48,9 @@
 
 pub mod comm;
 pub mod device;
+pub mod dmabuf;
 pub mod fifo;
+pub mod flush;
 pub mod gid;
 pub mod mr_cache;
 pub mod oob;
