@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use abi_stable::std_types::RString;
 use rustccl_plugin_api::net::{
-    Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_HOST,
+    Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES, PTR_DEVICE,
+    PTR_DMABUF, PTR_HOST,
 };
 use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
@@ -18,7 +19,9 @@ use socket2::Socket;
 
 use crate::comm::{register_fifo, Comm, Direction, Parts, RecvBuf, Registration, Setup};
 use crate::device::{discover, IbDevice};
+use crate::dmabuf::{self, DmaBufSupport};
 use crate::fifo::{Fifo, MAX_RECVS};
+use crate::flush::{self, Flush};
 use crate::oob::{self, Pipe};
 use crate::qp::Endpoint;
 use crate::settings::IbSettings;
@@ -39,6 +42,17 @@ struct Found {
     /// Where listeners accept the out-of-band connections (the bootstrap interface, as
     /// NCCL's IB transport uses `NCCL_SOCKET_IFNAME`'s choice).
     oob_addr: IpAddr,
+    /// Per device: GPU memory through dma-buf ([`crate::dmabuf`]).
+    dmabuf: Vec<DmaBufSupport>,
+}
+
+impl Found {
+    fn dmabuf(&self, dev: i32) -> bool {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.dmabuf.get(d))
+            .is_some_and(DmaBufSupport::available)
+    }
 }
 
 #[derive(Clone)]
@@ -109,6 +123,8 @@ struct MrHandle {
     comm: u64,
     entry: u64,
     reg: Arc<Registration>,
+    /// Device memory (a dma-buf registration): receives into it need a flush.
+    device: bool,
 }
 
 /// A `connect` in progress, keyed by (context, device, handle bytes): the caller repeats
@@ -127,6 +143,8 @@ pub struct IbNet {
     recvs: Registry<Arc<Comm>>,
     mrs: Registry<MrHandle>,
     requests: Registry<Arc<Comm>>,
+    /// Flush requests ([`crate::flush`]), numbered from `requests`.
+    flushes: Registry<Arc<Comm>>,
 }
 
 impl Default for IbNet {
@@ -173,6 +191,7 @@ impl IbNet {
             recvs: Registry::new(Kind::Recv),
             mrs: Registry::new(Kind::Mr),
             requests: Registry::new(Kind::Request),
+            flushes: Registry::new(Kind::Request),
         }
     }
 
@@ -228,9 +247,23 @@ impl IbNet {
                 settings.qp.qps_per_connection
             ),
         );
+        let dmabuf: Vec<DmaBufSupport> = discovery
+            .devices
+            .iter()
+            .map(|d| {
+                let support = dmabuf::probe(d, settings.gpu.dmabuf_enable);
+                let name = format!("{}:{}", d.name, d.port);
+                log.info(
+                    subsys::INIT | subsys::NET,
+                    &dmabuf::log_line(&name, &support),
+                );
+                support
+            })
+            .collect();
         let found = Arc::new(Found {
             devices: discovery.devices,
             oob_addr: iface.addr,
+            dmabuf,
         });
         *slot = Some(Arc::clone(&found));
         Ok(found)
@@ -304,6 +337,7 @@ impl IbNet {
     /// with the last reference).
     fn close_comm(&self, id: u64, comm: Arc<Comm>) {
         self.requests.remove_where(|c| Arc::ptr_eq(c, &comm));
+        self.flushes.remove_where(|c| Arc::ptr_eq(c, &comm));
         self.mrs.remove_where(|m| m.comm == id);
     }
 
@@ -379,8 +413,12 @@ impl Net for IbNet {
             name: RString::from(d.name.as_str()),
             pci_path: RString::from(pci_path(&d.name)),
             guid: d.guid,
-            // GPU memory needs dma-buf or peer-memory registration: a later step.
-            ptr_support: PTR_HOST,
+            // GPU memory through dma-buf only (crate::dmabuf).
+            ptr_support: c
+                .found
+                .dmabuf
+                .get(dev as usize)
+                .map_or(PTR_HOST, DmaBufSupport::ptr_support),
             reg_is_global: false,
             force_flush: false,
             speed_mbps: d.speed_mbps,
@@ -484,7 +522,8 @@ impl Net for IbNet {
                     settings_qp.adaptive_routing,
                     d.link_layer,
                     settings_qp.ar_threshold,
-                ));
+                ))
+                .with_gpu(c.found.dmabuf(dev), None);
                 Ok(Some(self.sends.insert(comm.start())))
             }
             Err(e) => {
@@ -541,13 +580,15 @@ impl Net for IbNet {
         match done {
             None => Ok(None),
             Some((parts, peer)) => {
+                let flush = self.flush_qp(&c.found, l.dev, &parts)?;
                 let comm = Comm::new(
                     Direction::Recv,
                     l.ctx,
                     format!("{}:{}", d.name, d.port),
                     parts,
                     (peer.inbox_addr, peer.inbox_rkey),
-                );
+                )
+                .with_gpu(c.found.dmabuf(l.dev), flush);
                 Ok(Some(self.recvs.insert(comm.start())))
             }
         }
@@ -562,9 +603,7 @@ impl Net for IbNet {
     ) -> Result<PluginHandle, PluginError> {
         let c = self.comm(comm)?;
         if ptr_type != PTR_HOST {
-            return Err(PluginError::invalid_usage(format!(
-                "the IB plugin registers host memory only for now (pointer type {ptr_type}); GPU memory needs dma-buf support"
-            )));
+            return Err(dmabuf::reg_mr_refused(ptr_type, &c.device, c.dmabuf));
         }
         if data == 0 {
             return Err(PluginError::invalid_argument("reg_mr of a null address"));
@@ -574,6 +613,7 @@ impl Net for IbNet {
             comm: comm.id,
             entry,
             reg,
+            device: false,
         }))
     }
 
@@ -650,6 +690,9 @@ impl Net for IbNet {
     }
 
     fn test(&self, request: PluginHandle, sizes: &mut [usize]) -> Result<bool, PluginError> {
+        if let Some(c) = self.flushes.get(request) {
+            return self.test_flush(request, &c);
+        }
         let c = self
             .requests
             .get(request)
@@ -708,5 +751,90 @@ impl Net for IbNet {
             }
         }
         Ok(())
+    }
+
+    /// Registers `data..data + size` of dma-buf `fd` at `offset` ([`crate::dmabuf`]).
+    fn reg_mr_dmabuf(
+        &self,
+        comm: PluginHandle,
+        data: usize,
+        size: usize,
+        ptr_type: u32,
+        offset: u64,
+        fd: i32,
+    ) -> Result<PluginHandle, PluginError> {
+        let c = self.comm(comm)?;
+        if ptr_type == 0 || ptr_type & !(PTR_HOST | PTR_DEVICE | PTR_DMABUF) != 0 {
+            return Err(PluginError::invalid_argument(format!(
+                "reg_mr_dmabuf: unknown pointer type {ptr_type}"
+            )));
+        }
+        let (entry, reg) = dmabuf::register(&c, data, size, offset, fd)?;
+        Ok(self.mrs.insert(MrHandle {
+            comm: comm.id,
+            entry,
+            reg,
+            device: true,
+        }))
+    }
+
+    /// A 1-byte read through the connection's loopback QP when the receive went into device
+    /// memory; `None` otherwise ([`crate::flush`]).
+    fn iflush(
+        &self,
+        comm: PluginHandle,
+        bufs: &[RecvBuffer],
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self
+            .recvs
+            .get(comm)
+            .ok_or_else(|| no_such("receive connection", comm))?;
+        let Some(flush) = c.flush.as_ref() else {
+            return Ok(None);
+        };
+        let mrs = bufs
+            .iter()
+            .map(|b| self.check_mr(comm, b.mr, b.data, b.size))
+            .collect::<Result<Vec<_>, _>>()?;
+        let target = flush::read_target(bufs.iter().zip(&mrs).map(|(b, m)| (b.size, m.device)));
+        let Some(i) = target else {
+            return Ok(None);
+        };
+        let req = self.requests.reserve();
+        flush.post(req.id, bufs[i].data as u64, mrs[i].reg.rkey())?;
+        self.flushes.insert_at(req, Arc::clone(&c));
+        Ok(Some(req))
+    }
+}
+
+impl IbNet {
+    /// The flush QP of a receiving connection on device `dev`: where the device offers GPU
+    /// memory and `NCCL_GDR_FLUSH_DISABLE` is not set ([`crate::flush`]).
+    fn flush_qp(
+        &self,
+        found: &Found,
+        dev: i32,
+        parts: &Parts,
+    ) -> Result<Option<Flush>, PluginError> {
+        let settings = self.settings()?;
+        if !found.dmabuf(dev) || settings.gpu.flush_disable {
+            return Ok(None);
+        }
+        let d = Self::device(found, dev)?;
+        Flush::create(d, &parts.ep.pd, &settings.qp).map(Some)
+    }
+
+    /// `test` of a flush request; `sizes` are left as they are.
+    fn test_flush(&self, request: PluginHandle, c: &Comm) -> Result<bool, PluginError> {
+        let Some(flush) = c.flush.as_ref() else {
+            return Err(PluginError::internal(
+                "a flush request on a connection without a flush QP",
+            ));
+        };
+        let done = flush.test(request.id);
+        if !matches!(done, Ok(false)) {
+            self.flushes.remove(request);
+        }
+        done
     }
 }

@@ -9,98 +9,12 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rustccl_plugin_api::net::{Net, RecvBuffer, PTR_HOST};
 use rustccl_net_ib::IbNet;
-use rustccl_plugin_api::net::{Net, NetCommConfig, RecvBuffer, PTR_HOST};
-use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
-
-const LIMIT: Duration = Duration::from_secs(120);
-
-extern "C" fn log(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
-    if level <= rustccl_plugin_api::log_level::WARN {
-        eprintln!("plugin: {}", message.as_str());
-    }
-}
-
-/// Runs `role` in a child with the stand-in and `env`; returns its output, asserting it
-/// passed within the limit. `None`: skipped.
-fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
-    let lib = match build_double() {
-        Ok(lib) => lib,
-        Err(why) => {
-            println!("SKIPPED: {why}");
-            return None;
-        }
-    };
-    let mut vars = vec![
-        (ROLE, role.to_string()),
-        ("NCCL_IBVERBS_LIB", lib.display().to_string()),
-        ("NCCL_SOCKET_IFNAME", "lo".to_string()),
-    ];
-    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
-    let c = child(role, &vars)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the child");
-    let (status, out) = wait_with_limit(c, LIMIT);
-    println!("{out}");
-    assert!(status.is_some(), "{role} ran past {LIMIT:?} (hang):\n{out}");
-    assert!(status.unwrap().success(), "{role} failed:\n{out}");
-    assert!(
-        out.contains("test result: ok. 1 passed"),
-        "{role} did not run:\n{out}"
-    );
-    Some(out)
-}
-
-struct Pair {
-    net: IbNet,
-    send: PluginHandle,
-    recv: PluginHandle,
-}
-
-fn connect() -> Pair {
-    let net = IbNet::new();
-    let ctx = net
-        .init(1, &NetCommConfig::default(), LogFn { log })
-        .expect("init");
-    assert!(net.devices(ctx).unwrap() >= 1, "the stand-in's device");
-    let (handle, listen) = net.listen(ctx, 0).expect("listen");
-    let (mut send, mut recv) = (None, None);
-    let start = Instant::now();
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = net.connect(ctx, 0, &handle).expect("connect");
-        }
-        if recv.is_none() {
-            recv = net.accept(listen).expect("accept");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "connect/accept hang"
-        );
-    }
-    Pair {
-        net,
-        send: send.unwrap(),
-        recv: recv.unwrap(),
-    }
-}
-
-/// Polls until done; the result of the last `test`.
-fn wait(net: &IbNet, req: PluginHandle) -> Result<usize, PluginError> {
-    let mut sizes = [usize::MAX];
-    let start = Instant::now();
-    while !net.test(req, &mut sizes)? {
-        assert!(start.elapsed() < Duration::from_secs(30), "test hang");
-        std::thread::yield_now();
-    }
-    Ok(sizes[0])
-}
+use rustccl_plugin_api::{PluginError, PluginHandle};
 
 fn byte(msg: usize, i: usize) -> u8 {
     (msg * 31 + i * 7) as u8

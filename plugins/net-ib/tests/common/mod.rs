@@ -1,12 +1,16 @@
-//! Helpers of the tests that run on the verbs stand-in: building it, and running this test
+//! Helpers of the tests that run on the verbs stand-in: building it, running this test
 //! binary again as a child process in a given role with its own environment and a time
-//! limit.
+//! limit, and (in a child) a connected send/receive pair of the plugin in one process.
 #![allow(dead_code)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use rustccl_net_ib::IbNet;
+use rustccl_plugin_api::net::{Net, NetCommConfig};
+use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
 
 /// The variable that tells a child which role (test) it plays.
 pub const ROLE: &str = "RUSTCCL_IB_TEST_ROLE";
@@ -28,8 +32,14 @@ pub fn tool_runs(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Builds the stand-in; `Err(reason)` to skip.
+/// Builds the stand-in, once per test process (tests run as threads: concurrent `make`s
+/// would rewrite the library while another test's child loads it); `Err(reason)` to skip.
 pub fn build_double() -> Result<PathBuf, String> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_double_now).clone()
+}
+
+fn build_double_now() -> Result<PathBuf, String> {
     let src = double_sources().ok_or(
         "the verbs stand-in's sources (plugins/net-ib/verbs-double) are not in this checkout",
     )?;
@@ -120,4 +130,98 @@ pub fn wait_with_limit(mut c: Child, limit: Duration) -> (Option<ExitStatus>, St
 /// Whether this process plays `role`.
 pub fn is_role(role: &str) -> bool {
     std::env::var(ROLE).as_deref() == Ok(role)
+}
+
+/// How long a role of [`run`] may take.
+pub const CHILD_LIMIT: Duration = Duration::from_secs(120);
+
+/// The plugin's log: warnings and INFO lines on stderr (children's output is captured).
+pub extern "C" fn log(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
+    if level <= rustccl_plugin_api::log_level::INFO {
+        eprintln!("plugin: {}", message.as_str());
+    }
+}
+
+/// Runs `role` in a child with the stand-in and `env`; returns its output, asserting it
+/// passed within the limit. `None`: skipped.
+pub fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
+    let lib = match build_double() {
+        Ok(lib) => lib,
+        Err(why) => {
+            println!("SKIPPED: {why}");
+            return None;
+        }
+    };
+    let mut vars = vec![
+        (ROLE, role.to_string()),
+        ("NCCL_IBVERBS_LIB", lib.display().to_string()),
+        ("NCCL_SOCKET_IFNAME", "lo".to_string()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    let c = child(role, &vars)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the child");
+    let (status, out) = wait_with_limit(c, CHILD_LIMIT);
+    println!("{out}");
+    assert!(
+        status.is_some(),
+        "{role} ran past {CHILD_LIMIT:?} (hang):\n{out}"
+    );
+    assert!(status.unwrap().success(), "{role} failed:\n{out}");
+    assert!(
+        out.contains("test result: ok. 1 passed"),
+        "{role} did not run:\n{out}"
+    );
+    Some(out)
+}
+
+/// A send and a receive connection of one plugin instance, to each other.
+pub struct Pair {
+    pub net: IbNet,
+    pub ctx: PluginHandle,
+    pub send: PluginHandle,
+    pub recv: PluginHandle,
+}
+
+/// Connects a [`Pair`] on device 0 (the plugin reads the process's environment).
+pub fn connect() -> Pair {
+    let net = IbNet::new();
+    let ctx = net
+        .init(1, &NetCommConfig::default(), LogFn { log })
+        .expect("init");
+    assert!(net.devices(ctx).unwrap() >= 1, "the stand-in's device");
+    let (handle, listen) = net.listen(ctx, 0).expect("listen");
+    let (mut send, mut recv) = (None, None);
+    let start = Instant::now();
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = net.connect(ctx, 0, &handle).expect("connect");
+        }
+        if recv.is_none() {
+            recv = net.accept(listen).expect("accept");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "connect/accept hang"
+        );
+    }
+    Pair {
+        net,
+        ctx,
+        send: send.unwrap(),
+        recv: recv.unwrap(),
+    }
+}
+
+/// Polls until done; the result of the last `test`.
+pub fn wait(net: &IbNet, req: PluginHandle) -> Result<usize, PluginError> {
+    let mut sizes = [usize::MAX];
+    let start = Instant::now();
+    while !net.test(req, &mut sizes)? {
+        assert!(start.elapsed() < Duration::from_secs(30), "test hang");
+        std::thread::yield_now();
+    }
+    Ok(sizes[0])
 }
