@@ -33,13 +33,14 @@ use rustccl_plugin_api::PluginError;
 use crate::fifo::{
     row_offset, sizes_offset, CtsEntry, Fifo, CTS_BYTES, MAX_DEVS_PER_NIC, MAX_RECVS,
 };
+use crate::flush::Flush;
 use crate::mr_cache::MrCache;
 use crate::oob::{conn_info, peer_gone, Pipe};
 use crate::qp::{Endpoint, MAX_INFLIGHT};
 use crate::settings::QpSettings;
 use crate::split::{split, uses_adaptive_routing, Part};
 use crate::verbs::types::*;
-use crate::verbs::{Mr, Qp};
+use crate::verbs::{Mr, Pd, Qp};
 use crate::wire::PROTO_MAGIC;
 
 /// `wr_id` of the receiver's CTS writes (request ids are never 0).
@@ -210,6 +211,11 @@ pub struct Comm {
     nqps: usize,
     /// Sender: messages above this size post the adaptive-routing way (`None`: never).
     ar_threshold: Option<usize>,
+    /// The device offers dma-buf registration ([`crate::dmabuf`]).
+    pub dmabuf: bool,
+    /// Receiver on a device with GPU memory, flush not disabled: the loopback QP of
+    /// `iflush` ([`crate::flush`]).
+    pub flush: Option<Flush>,
     state: Mutex<State>,
 }
 
@@ -256,6 +262,8 @@ impl Comm {
             device,
             nqps,
             ar_threshold: None,
+            dmabuf: false,
+            flush: None,
             state: Mutex::new(State {
                 ep: parts.ep,
                 fifo_mr: parts.fifo_mr,
@@ -277,6 +285,14 @@ impl Comm {
     /// [`crate::split::adaptive_routing_threshold`]).
     pub fn with_adaptive_routing(mut self, threshold: Option<usize>) -> Comm {
         self.ar_threshold = threshold;
+        self
+    }
+
+    /// Sets what the connection offers for GPU memory: dma-buf registration, and (receiver)
+    /// the flush QP.
+    pub fn with_gpu(mut self, dmabuf: bool, flush: Option<Flush>) -> Comm {
+        self.dmabuf = dmabuf;
+        self.flush = flush;
         self
     }
 
@@ -351,6 +367,15 @@ impl Comm {
                 .collect::<Result<Vec<Mr>, PluginError>>()?;
             Ok(Registration { mrs, start, len })
         })
+    }
+
+    /// Runs `f` on the connection's PDs (one per physical device) and registration cache,
+    /// for registrations made elsewhere ([`crate::dmabuf::register`]); [`Comm::dereg_mr`]
+    /// releases them.
+    pub fn with_cache<T>(&self, f: impl FnOnce(&[Arc<Pd>], &mut MrCache<Registration>) -> T) -> T {
+        let mut st = self.lock();
+        let pds = st.ep.pds.clone();
+        f(&pds, &mut st.cache)
     }
 
     /// Drops a reference taken by [`Comm::reg_mr`].

@@ -32,10 +32,19 @@
 //!   the connection ([`comm`]);
 //! * multi-receive (`max_recvs` 8): a receive of up to 8 tagged buffers takes one FIFO row;
 //!   the sends matching its tags go as one bundle whose sizes the sender writes into the
-//!   receiver's size records ([`fifo`], [`comm`]).
+//!   receiver's size records ([`fifo`], [`comm`]);
+//! * GPU memory through dma-buf only ([`dmabuf`]): where `NCCL_DMABUF_ENABLE` is not 0 and
+//!   the library's `ibv_reg_dmabuf_mr` passes NCCL's probe (fd -1 answers `EBADF`, not
+//!   `EOPNOTSUPP`), `properties().ptr_support` is `PTR_HOST | PTR_DEVICE | PTR_DMABUF` and
+//!   `reg_mr_dmabuf` registers a dma-buf (cached apart from host registrations of the same
+//!   addresses); elsewhere `PTR_HOST`, and device memory is refused with a reason. No
+//!   peer-memory (nvidia-peermem) registration;
+//! * the flush ([`flush`]): a receiving connection on such a device has a loopback QP, and
+//!   `iflush` of a receive into device memory posts a 1-byte RDMA read of it whose
+//!   completion completes the request; host memory, or `NCCL_GDR_FLUSH_DISABLE`, has
+//!   nothing to flush (`None`). `force_flush` is false.
 //!
-//! **Not yet:** the flush read, dma-buf / GPU memory (`ptr_support` is host), the async-event
-//! thread.
+//! **Not yet:** the async-event thread.
 //!
 //! # Why a binding of its own
 //!
@@ -50,7 +59,9 @@
 
 pub mod comm;
 pub mod device;
+pub mod dmabuf;
 pub mod fifo;
+pub mod flush;
 pub mod gid;
 pub mod merge;
 pub mod mr_cache;

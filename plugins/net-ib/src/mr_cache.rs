@@ -3,6 +3,13 @@
 //! costs far more than a lookup. `regMr` of a range inside a cached one takes a reference;
 //! `deregMr` drops one, and the last one deregisters.
 //!
+//! Each entry also records what memory backs it ([`Backing`]): NCCL keys its cache by address
+//! alone, relying on unified addressing to keep GPU and host ranges apart; here a dma-buf
+//! registration only serves a buffer of the same dma-buf at the matching file offset, and a
+//! host registration only host buffers, even for the same addresses (a test maps a memfd
+//! where it also registers host memory, and an unmapped-then-remapped range may change
+//! backing).
+//!
 //! The cache is generic over the registration (`R`), so its bookkeeping is tested without
 //! a device.
 
@@ -16,8 +23,42 @@ pub fn page_range(addr: usize, size: usize, page: usize) -> (usize, usize) {
     (start, end)
 }
 
+/// What memory a registration maps, part of the cache key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Process memory registered by address (`ibv_reg_mr`).
+    Host,
+    /// A dma-buf (`ibv_reg_dmabuf_mr`): the file (its `st_dev`, `st_ino`: a dma-buf's identity
+    /// whatever fd number names it) and the file offset of the range's first byte.
+    DmaBuf { dev: u64, ino: u64, offset: u64 },
+}
+
+impl Backing {
+    /// Whether a registration backed by `self` from address `start` also holds the bytes
+    /// that `other` names from address `other_start` (`>= start`): same kind, same file,
+    /// and the file offsets differ as the addresses do.
+    fn holds(&self, start: usize, other: &Backing, other_start: usize) -> bool {
+        match (self, other) {
+            (Backing::Host, Backing::Host) => true,
+            (
+                Backing::DmaBuf { dev, ino, offset },
+                Backing::DmaBuf {
+                    dev: d2,
+                    ino: i2,
+                    offset: o2,
+                },
+            ) => {
+                (dev, ino) == (d2, i2)
+                    && o2.checked_sub(*offset) == u64::try_from(other_start - start).ok()
+            }
+            _ => false,
+        }
+    }
+}
+
 struct Entry<R> {
     id: u64,
+    backing: Backing,
     start: usize,
     end: usize,
     refs: usize,
@@ -51,11 +92,23 @@ impl<R> MrCache<R> {
         size: usize,
         register: impl FnOnce(usize, usize) -> Result<R, E>,
     ) -> Result<(u64, Arc<R>), E> {
+        self.acquire_backed(Backing::Host, addr, size, register)
+    }
+
+    /// [`MrCache::acquire`] for memory backed by `backing`, whose offset (for a dma-buf) is
+    /// that of the first byte of the covering pages ([`page_range`]'s start).
+    pub fn acquire_backed<E>(
+        &mut self,
+        backing: Backing,
+        addr: usize,
+        size: usize,
+        register: impl FnOnce(usize, usize) -> Result<R, E>,
+    ) -> Result<(u64, Arc<R>), E> {
         let (start, end) = page_range(addr, size, self.page);
         if let Some(e) = self
             .entries
             .iter_mut()
-            .find(|e| e.start <= start && end <= e.end)
+            .find(|e| e.start <= start && end <= e.end && e.backing.holds(e.start, &backing, start))
         {
             e.refs += 1;
             return Ok((e.id, Arc::clone(&e.reg)));
@@ -65,6 +118,7 @@ impl<R> MrCache<R> {
         self.next_id += 1;
         self.entries.push(Entry {
             id,
+            backing,
             start,
             end,
             refs: 1,
@@ -146,5 +200,56 @@ mod tests {
         let e = cache.acquire(0x900000, 1, |_, _| Err::<(usize, usize), _>("ENOMEM"));
         assert_eq!(e.err(), Some("ENOMEM"));
         assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn dmabuf_and_host_registrations_of_the_same_pages_are_apart() {
+        let mut cache: MrCache<(Backing, usize, usize)> = MrCache::new(4096);
+        let buf = |offset| Backing::DmaBuf {
+            dev: 9,
+            ino: 77,
+            offset,
+        };
+        let host = cache
+            .acquire(0x10000, 0x4000, |s, l| Ok::<_, ()>((Backing::Host, s, l)))
+            .unwrap();
+        // The same pages as a dma-buf: a registration of their own, both ways round.
+        let dma = cache
+            .acquire_backed(buf(0x2000), 0x10000, 0x4000, |s, l| {
+                Ok::<_, ()>((buf(0x2000), s, l))
+            })
+            .unwrap();
+        assert_ne!(host.0, dma.0);
+        assert_eq!(dma.1 .0, buf(0x2000));
+        let again = cache
+            .acquire(0x11000, 0x100, |_, _| Err(()))
+            .expect("host pages inside the host registration are cached");
+        assert_eq!(again.0, host.0);
+        // Inside the dma-buf one at the matching file offset (0x2000 + 0x1000): shared.
+        let inner = cache
+            .acquire_backed(buf(0x3000), 0x11000, 0x100, |_, _| Err(()))
+            .expect("cached");
+        assert_eq!(inner.0, dma.0);
+        // Same pages, another offset of the file, or another file: new registrations.
+        let mut made = 0;
+        for other in [
+            buf(0x9000),
+            Backing::DmaBuf {
+                dev: 9,
+                ino: 78,
+                offset: 0x3000,
+            },
+        ] {
+            let r = cache
+                .acquire_backed(other, 0x11000, 0x100, |s, l| {
+                    made += 1;
+                    Ok::<_, ()>((other, s, l))
+                })
+                .unwrap();
+            assert_ne!(r.0, dma.0);
+        }
+        assert_eq!(made, 2);
+        assert_eq!(cache.refs(dma.0), 2);
+        assert_eq!(cache.refs(host.0), 2);
     }
 }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use abi_stable::std_types::RString;
 use rustccl_plugin_api::net::{
-    merge_properties, Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer,
-    NET_HANDLE_BYTES, PTR_HOST,
+    merge_properties, Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES,
+    PTR_DEVICE, PTR_DMABUF, PTR_HOST,
 };
 use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
@@ -23,7 +23,9 @@ use socket2::Socket;
 
 use crate::comm::{register_fifo, Comm, Direction, Parts, RecvBuf, Registration, Setup};
 use crate::device::{discover, IbDevice};
+use crate::dmabuf::{self, DmaBufSupport};
 use crate::fifo::{Fifo, MAX_RECVS};
+use crate::flush::{self, Flush};
 use crate::merge::{check_members, group_ports};
 use crate::oob::{self, Pipe};
 use crate::qp::{qp_count, Endpoint};
@@ -50,6 +52,19 @@ struct Found {
     /// Where listeners accept the out-of-band connections (the bootstrap interface, as
     /// NCCL's IB transport uses `NCCL_SOCKET_IFNAME`'s choice).
     oob_addr: IpAddr,
+    /// Per physical device: GPU memory through dma-buf ([`crate::dmabuf`]).
+    dmabuf: Vec<DmaBufSupport>,
+}
+
+impl Found {
+    /// Whether device `dev` offers dma-buf registration: every physical device of it does.
+    fn dmabuf(&self, dev: i32) -> bool {
+        let vdevices = lock(&self.vdevices);
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| vdevices.get(d))
+            .is_some_and(|members| members.iter().all(|&m| self.dmabuf[m].available()))
+    }
 }
 
 #[derive(Clone)]
@@ -124,6 +139,8 @@ struct MrHandle {
     comm: u64,
     entry: u64,
     reg: Arc<Registration>,
+    /// Device memory (a dma-buf registration): receives into it need a flush.
+    device: bool,
 }
 
 /// A `connect` in progress, keyed by (context, device, handle bytes): the caller repeats
@@ -142,6 +159,8 @@ pub struct IbNet {
     recvs: Registry<Arc<Comm>>,
     mrs: Registry<MrHandle>,
     requests: Registry<Arc<Comm>>,
+    /// Flush requests ([`crate::flush`]), numbered from `requests`.
+    flushes: Registry<Arc<Comm>>,
 }
 
 impl Default for IbNet {
@@ -199,6 +218,7 @@ impl IbNet {
             recvs: Registry::new(Kind::Recv),
             mrs: Registry::new(Kind::Mr),
             requests: Registry::new(Kind::Request),
+            flushes: Registry::new(Kind::Request),
         }
     }
 
@@ -233,8 +253,10 @@ impl IbNet {
             .iter()
             .enumerate()
             .map(|(i, members)| {
-                let members: Vec<IbDevice> =
-                    members.iter().map(|&m| discovery.devices[m].clone()).collect();
+                let members: Vec<IbDevice> = members
+                    .iter()
+                    .map(|&m| discovery.devices[m].clone())
+                    .collect();
                 describe(i, &members)
             })
             .collect();
@@ -248,10 +270,24 @@ impl IbNet {
                 settings.qp.qps_per_connection
             ),
         );
+        let dmabuf: Vec<DmaBufSupport> = discovery
+            .devices
+            .iter()
+            .map(|d| {
+                let support = dmabuf::probe(d, settings.gpu.dmabuf_enable);
+                let name = format!("{}:{}", d.name, d.port);
+                log.info(
+                    subsys::INIT | subsys::NET,
+                    &dmabuf::log_line(&name, &support),
+                );
+                support
+            })
+            .collect();
         let found = Arc::new(Found {
             devices: discovery.devices,
             vdevices: Mutex::new(vdevices),
             oob_addr: iface.addr,
+            dmabuf,
         });
         *slot = Some(Arc::clone(&found));
         Ok(found)
@@ -263,18 +299,14 @@ impl IbNet {
             .ok_or_else(|| no_such("net context", ctx))
     }
 
-    /// The physical devices of device `dev` (one, or the members of a merged device).
-    fn device(found: &Found, dev: i32) -> Result<Vec<IbDevice>, PluginError> {
+    /// The indices of the physical devices of device `dev` (one, or the members of a
+    /// merged device).
+    fn members(found: &Found, dev: i32) -> Result<Vec<usize>, PluginError> {
         let vdevices = lock(&found.vdevices);
         usize::try_from(dev)
             .ok()
             .and_then(|d| vdevices.get(d))
-            .map(|members| {
-                members
-                    .iter()
-                    .map(|&m| found.devices[m].clone())
-                    .collect()
-            })
+            .cloned()
             .ok_or_else(|| {
                 PluginError::invalid_argument(format!(
                     "no IB device {dev} ({} devices)",
@@ -283,14 +315,22 @@ impl IbNet {
             })
     }
 
-    /// The properties of one physical device (port).
-    fn physical_properties(d: &IbDevice) -> NetProperties {
+    /// The physical devices of device `dev`.
+    fn device(found: &Found, dev: i32) -> Result<Vec<IbDevice>, PluginError> {
+        Ok(Self::members(found, dev)?
+            .iter()
+            .map(|&m| found.devices[m].clone())
+            .collect())
+    }
+
+    /// The properties of one physical device (port), with its dma-buf support.
+    fn physical_properties(d: &IbDevice, dmabuf: &DmaBufSupport) -> NetProperties {
         NetProperties {
             name: RString::from(d.name.as_str()),
             pci_path: RString::from(d.pci_path.as_str()),
             guid: d.guid,
-            // GPU memory needs dma-buf or peer-memory registration: a later step.
-            ptr_support: PTR_HOST,
+            // GPU memory through dma-buf only (crate::dmabuf).
+            ptr_support: dmabuf.ptr_support(),
             reg_is_global: false,
             force_flush: false,
             speed_mbps: d.speed_mbps,
@@ -354,6 +394,7 @@ impl IbNet {
     /// with the last reference).
     fn close_comm(&self, id: u64, comm: Arc<Comm>) {
         self.requests.remove_where(|c| Arc::ptr_eq(c, &comm));
+        self.flushes.remove_where(|c| Arc::ptr_eq(c, &comm));
         self.mrs.remove_where(|m| m.comm == id);
     }
 
@@ -392,8 +433,7 @@ impl IbNet {
             return Err("a connection for another (or an earlier) listen arrived; closed".into());
         }
         let settings = self.settings().map_err(|e| e.message)?;
-        let mut local =
-            Local::create(members, peer.qps.len(), settings).map_err(|e| e.message)?;
+        let mut local = Local::create(members, peer.qps.len(), settings).map_err(|e| e.message)?;
         local
             .ep
             .connect(&peer, &settings.qp)
@@ -422,8 +462,11 @@ impl Net for IbNet {
 
     fn properties(&self, ctx: PluginHandle, dev: i32) -> Result<NetProperties, PluginError> {
         let c = self.context(ctx)?;
-        let members = Self::device(&c.found, dev)?;
-        let props: Vec<NetProperties> = members.iter().map(Self::physical_properties).collect();
+        let members = Self::members(&c.found, dev)?;
+        let props: Vec<NetProperties> = members
+            .iter()
+            .map(|&m| Self::physical_properties(&c.found.devices[m], &c.found.dmabuf[m]))
+            .collect();
         Ok(merge_properties(&props).expect("a device has members"))
     }
 
@@ -431,8 +474,10 @@ impl Net for IbNet {
     fn make_vdevice(&self, ctx: PluginHandle, devs: &[i32]) -> Result<i32, PluginError> {
         let c = self.context(ctx)?;
         let links: Vec<_> = c.found.devices.iter().map(|d| d.link_layer).collect();
-        let members = check_members(devs, &links, self.settings()?.merge)
-            .inspect_err(|e| c.log.warn(subsys::NET, &format!("NET/IB : make_vdevice: {e}")))?;
+        let members = check_members(devs, &links, self.settings()?.merge).inspect_err(|e| {
+            c.log
+                .warn(subsys::NET, &format!("NET/IB : make_vdevice: {e}"))
+        })?;
         let mut vdevices = lock(&c.found.vdevices);
         vdevices.push(members);
         let index = vdevices.len() - 1;
@@ -508,11 +553,7 @@ impl Net for IbNet {
                 let (peer, peer_devices) = decode_handle(handle)
                     .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
                 let settings = self.settings()?;
-                let nqps = qp_count(
-                    members.len(),
-                    peer_devices,
-                    settings.qp.qps_per_connection,
-                )?;
+                let nqps = qp_count(members.len(), peer_devices, settings.qp.qps_per_connection)?;
                 let local = Local::create(&members, nqps, settings)?;
                 let sock = oob::start_connect(peer.addr).map_err(|e| {
                     PluginError::system(format!(
@@ -538,7 +579,8 @@ impl Net for IbNet {
                         settings_qp.adaptive_routing,
                         members[0].link_layer,
                         settings_qp.ar_threshold,
-                    ));
+                    ))
+                    .with_gpu(c.found.dmabuf(dev), None);
                 Ok(Some(self.sends.insert(comm.start())))
             }
             Err(e) => {
@@ -595,13 +637,15 @@ impl Net for IbNet {
         match done {
             None => Ok(None),
             Some((parts, peer)) => {
+                let flush = self.flush_qp(&c.found, l.dev, &parts)?;
                 let comm = Comm::new(
                     Direction::Recv,
                     l.ctx,
                     label(&members),
                     parts,
                     (peer.inbox_addr, peer.inbox_rkey),
-                );
+                )
+                .with_gpu(c.found.dmabuf(l.dev), flush);
                 Ok(Some(self.recvs.insert(comm.start())))
             }
         }
@@ -616,9 +660,7 @@ impl Net for IbNet {
     ) -> Result<PluginHandle, PluginError> {
         let c = self.comm(comm)?;
         if ptr_type != PTR_HOST {
-            return Err(PluginError::invalid_usage(format!(
-                "the IB plugin registers host memory only for now (pointer type {ptr_type}); GPU memory needs dma-buf support"
-            )));
+            return Err(dmabuf::reg_mr_refused(ptr_type, &c.device, c.dmabuf));
         }
         if data == 0 {
             return Err(PluginError::invalid_argument("reg_mr of a null address"));
@@ -628,6 +670,7 @@ impl Net for IbNet {
             comm: comm.id,
             entry,
             reg,
+            device: false,
         }))
     }
 
@@ -704,6 +747,9 @@ impl Net for IbNet {
     }
 
     fn test(&self, request: PluginHandle, sizes: &mut [usize]) -> Result<bool, PluginError> {
+        if let Some(c) = self.flushes.get(request) {
+            return self.test_flush(request, &c);
+        }
         let c = self
             .requests
             .get(request)
@@ -762,5 +808,89 @@ impl Net for IbNet {
             }
         }
         Ok(())
+    }
+
+    /// Registers `data..data + size` of dma-buf `fd` at `offset` ([`crate::dmabuf`]).
+    fn reg_mr_dmabuf(
+        &self,
+        comm: PluginHandle,
+        data: usize,
+        size: usize,
+        ptr_type: u32,
+        offset: u64,
+        fd: i32,
+    ) -> Result<PluginHandle, PluginError> {
+        let c = self.comm(comm)?;
+        if ptr_type == 0 || ptr_type & !(PTR_HOST | PTR_DEVICE | PTR_DMABUF) != 0 {
+            return Err(PluginError::invalid_argument(format!(
+                "reg_mr_dmabuf: unknown pointer type {ptr_type}"
+            )));
+        }
+        let (entry, reg) = dmabuf::register(&c, data, size, offset, fd)?;
+        Ok(self.mrs.insert(MrHandle {
+            comm: comm.id,
+            entry,
+            reg,
+            device: true,
+        }))
+    }
+
+    /// A 1-byte read through the connection's loopback QP when the receive went into device
+    /// memory; `None` otherwise ([`crate::flush`]).
+    fn iflush(
+        &self,
+        comm: PluginHandle,
+        bufs: &[RecvBuffer],
+    ) -> Result<Option<PluginHandle>, PluginError> {
+        let c = self
+            .recvs
+            .get(comm)
+            .ok_or_else(|| no_such("receive connection", comm))?;
+        let Some(flush) = c.flush.as_ref() else {
+            return Ok(None);
+        };
+        let mrs = bufs
+            .iter()
+            .map(|b| self.check_mr(comm, b.mr, b.data, b.size))
+            .collect::<Result<Vec<_>, _>>()?;
+        let target = flush::read_target(bufs.iter().zip(&mrs).map(|(b, m)| (b.size, m.device)));
+        let Some(i) = target else {
+            return Ok(None);
+        };
+        let req = self.requests.reserve();
+        flush.post(req.id, bufs[i].data as u64, &mrs[i].reg.rkeys())?;
+        self.flushes.insert_at(req, Arc::clone(&c));
+        Ok(Some(req))
+    }
+}
+
+impl IbNet {
+    /// The flush QP of a receiving connection on device `dev`: where the device offers GPU
+    /// memory and `NCCL_GDR_FLUSH_DISABLE` is not set ([`crate::flush`]).
+    fn flush_qp(
+        &self,
+        found: &Found,
+        dev: i32,
+        parts: &Parts,
+    ) -> Result<Option<Flush>, PluginError> {
+        let settings = self.settings()?;
+        if !found.dmabuf(dev) || settings.gpu.flush_disable {
+            return Ok(None);
+        }
+        Flush::create(&parts.ep.members, &parts.ep.pds, &settings.qp).map(Some)
+    }
+
+    /// `test` of a flush request; `sizes` are left as they are.
+    fn test_flush(&self, request: PluginHandle, c: &Comm) -> Result<bool, PluginError> {
+        let Some(flush) = c.flush.as_ref() else {
+            return Err(PluginError::internal(
+                "a flush request on a connection without a flush QP",
+            ));
+        };
+        let done = flush.test(request.id);
+        if !matches!(done, Ok(false)) {
+            self.flushes.remove(request);
+        }
+        done
     }
 }

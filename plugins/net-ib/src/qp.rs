@@ -115,16 +115,7 @@ impl Endpoint {
             magic,
             inbox_addr,
             inbox_rkey,
-            members: self
-                .members
-                .iter()
-                .map(|dev| MemberInfo {
-                    lid: dev.lid,
-                    mtu: dev.active_mtu as u8,
-                    roce: dev.link_layer == LinkLayer::Ethernet,
-                    gid: dev.gid,
-                })
-                .collect(),
+            members: self.members.iter().map(member_info).collect(),
             qps: self
                 .qps
                 .iter()
@@ -157,6 +148,16 @@ impl Endpoint {
         }
         self.remote_members = peer.qps.iter().map(|q| q.member as usize).collect();
         Ok(())
+    }
+}
+
+/// What a peer needs of physical device `dev` to address a QP on it.
+pub fn member_info(dev: &IbDevice) -> MemberInfo {
+    MemberInfo {
+        lid: dev.lid,
+        mtu: dev.active_mtu as u8,
+        roce: dev.link_layer == LinkLayer::Ethernet,
+        gid: dev.gid,
     }
 }
 
@@ -275,7 +276,11 @@ mod tests {
     #[test]
     fn qps_cover_every_device_of_either_side() {
         assert_eq!(qp_count(1, 1, 1).unwrap(), 1);
-        assert_eq!(qp_count(2, 1, 2).unwrap(), 4, "2-device sender, 1-device receiver");
+        assert_eq!(
+            qp_count(2, 1, 2).unwrap(),
+            4,
+            "2-device sender, 1-device receiver"
+        );
         assert_eq!(qp_count(1, 2, 2).unwrap(), 4);
         assert_eq!(qp_count(4, 3, 32).unwrap(), 128);
         let e = qp_count(4, 1, 64).unwrap_err();

@@ -24,6 +24,29 @@ pub struct IbSettings {
     pub qp: QpSettings,
     /// `NCCL_IB_MERGE_NICS`, `NCCL_IB_MERGE_VFS`: which ports become one device.
     pub merge: MergeSettings,
+    /// GPU memory: dma-buf registration and the flush.
+    pub gpu: GpuSettings,
+}
+
+/// `NCCL_DMABUF_ENABLE` and `NCCL_GDR_FLUSH_DISABLE`, with NCCL's defaults (see
+/// [`crate::dmabuf`] and [`crate::flush`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// `NCCL_DMABUF_ENABLE` (1): offer dma-buf registration where the library and device
+    /// support it.
+    pub dmabuf_enable: bool,
+    /// `NCCL_GDR_FLUSH_DISABLE` (0): non-zero (as NCCL) gives receiving connections no flush
+    /// QP, and `iflush` answers "nothing to flush".
+    pub flush_disable: bool,
+}
+
+impl Default for GpuSettings {
+    fn default() -> Self {
+        GpuSettings {
+            dmabuf_enable: true,
+            flush_disable: false,
+        }
+    }
 }
 
 /// The queue-pair and data-path variables (`NCCL_IB_QPS_PER_CONNECTION`, `_TIMEOUT`,
@@ -169,6 +192,10 @@ impl IbSettings {
                         as usize,
                 }
             },
+            gpu: GpuSettings {
+                dmabuf_enable: int("NCCL_DMABUF_ENABLE")?.is_none_or(|v| v != 0),
+                flush_disable: int("NCCL_GDR_FLUSH_DISABLE")?.is_some_and(|v| v != 0),
+            },
         })
     }
 }
@@ -262,9 +289,33 @@ mod tests {
         assert_eq!(s.gid.roce_version, 1);
         assert_eq!(s.library.as_deref(), Some("/opt/double/libibverbs.so.1"));
         assert!(!settings(&[("NCCL_IB_DISABLE", "0")]).unwrap().disable);
-        assert_eq!(s.merge, MergeSettings { nics: true, vfs: true }, "NCCL's defaults");
+        assert_eq!(
+            s.merge,
+            MergeSettings {
+                nics: true,
+                vfs: true
+            },
+            "NCCL's defaults"
+        );
         let m = settings(&[("NCCL_IB_MERGE_NICS", "0"), ("NCCL_IB_MERGE_VFS", "0")]).unwrap();
-        assert_eq!(m.merge, MergeSettings { nics: false, vfs: false });
+        assert_eq!(
+            m.merge,
+            MergeSettings {
+                nics: false,
+                vfs: false
+            }
+        );
+        let gpu = |vars: &[(&str, &str)]| settings(vars).unwrap().gpu;
+        assert_eq!(
+            gpu(&[]),
+            GpuSettings {
+                dmabuf_enable: true,
+                flush_disable: false
+            }
+        );
+        assert!(!gpu(&[("NCCL_DMABUF_ENABLE", "0")]).dmabuf_enable);
+        assert!(gpu(&[("NCCL_GDR_FLUSH_DISABLE", "1")]).flush_disable);
+        assert!(!gpu(&[("NCCL_GDR_FLUSH_DISABLE", "0")]).flush_disable);
         assert_eq!(
             settings(&[("NCCL_IB_GID_INDEX", "-1")]).unwrap().gid.index,
             None

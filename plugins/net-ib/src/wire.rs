@@ -217,10 +217,14 @@ mod tests {
             assert_eq!(decode_handle(&encode_handle(&h, n)), Ok((h, n)));
         }
         let none = h.encode(PROTO_MAGIC);
-        assert!(decode_handle(&none).unwrap_err().contains("0 physical devices"));
+        assert!(decode_handle(&none)
+            .unwrap_err()
+            .contains("0 physical devices"));
         // A handle of the previous layout (before merged devices) is refused, not misread.
         let old = h.encode(u64::from_le_bytes(*b"RCCLIBV1"));
-        assert!(decode_handle(&old).unwrap_err().contains("not made by the IB plugin"));
+        assert!(decode_handle(&old)
+            .unwrap_err()
+            .contains("not made by the IB plugin"));
     }
 
     #[test]
@@ -255,7 +259,9 @@ mod tests {
         assert_eq!(b[QPS_AT + 3 * QP_BYTES + 4], 1);
         // The most of each: 4 devices, 128 QPs.
         let full = ConnInfo {
-            members: (0..MAX_DEVS_PER_NIC as u16).map(|i| member(i, i as u8)).collect(),
+            members: (0..MAX_DEVS_PER_NIC as u16)
+                .map(|i| member(i, i as u8))
+                .collect(),
             qps: (0..MAX_QPS as u32)
                 .map(|i| QpInfo {
                     qpn: i,

@@ -48,10 +48,7 @@ fn data_qps_by_port(log: &str) -> BTreeMap<String, BTreeSet<String>> {
 
 #[test]
 fn the_ports_of_a_dual_port_device_are_one_device() {
-    let Some(out) = run(
-        "dual_port_child",
-        &[("IBV_DOUBLE_PORTS", "2"), ("RUSTCCL_IB_TEST_INFO", "1")],
-    ) else {
+    let Some(out) = run("dual_port_child", &[("IBV_DOUBLE_PORTS", "2")]) else {
         return;
     };
     assert!(
@@ -67,7 +64,11 @@ fn dual_port_child() {
     }
     let net = IbNet::new();
     let ctx = init(&net);
-    assert_eq!(net.devices(ctx).unwrap(), 1, "two ports, one NIC: one device");
+    assert_eq!(
+        net.devices(ctx).unwrap(),
+        1,
+        "two ports, one NIC: one device"
+    );
     let p = net.properties(ctx, 0).unwrap();
     assert_eq!(p.name.as_str(), "dbl_0+dbl_0");
     assert_eq!(p.speed_mbps, 2 * PORT_MBPS, "the ports' speeds summed");
@@ -183,7 +184,10 @@ fn uneven_child() {
     let single = net.make_vdevice(ctx, &[2]).unwrap();
     assert_eq!(single, 2);
     let p = net.properties(ctx, single).unwrap();
-    assert_eq!((p.name.as_str(), p.port, p.speed_mbps), ("dbl_1", 1, PORT_MBPS));
+    assert_eq!(
+        (p.name.as_str(), p.port, p.speed_mbps),
+        ("dbl_1", 1, PORT_MBPS)
+    );
     // 2-member sender (device 0), 1-member receiver (dbl_1:1).
     let pair = connect_devices(net, ctx, 0, single);
     stream(&pair, 40, 8, |m| (m * 7_001) % 100_003);
@@ -202,7 +206,6 @@ fn make_vdevice_fuses_two_devices_and_carries_data() {
             ("IBV_DOUBLE_DEVICES", "2"),
             ("NCCL_IB_QPS_PER_CONNECTION", "2"),
             ("IBV_DOUBLE_VERBOSE", "1"),
-            ("RUSTCCL_IB_TEST_INFO", "1"),
         ],
     ) else {
         return;
@@ -227,7 +230,11 @@ fn vdevice_child() {
     }
     let net = IbNet::new();
     let ctx = init(&net);
-    assert_eq!(net.devices(ctx).unwrap(), 2, "two NICs (two GUIDs): not merged");
+    assert_eq!(
+        net.devices(ctx).unwrap(),
+        2,
+        "two NICs (two GUIDs): not merged"
+    );
     // Lists no plugin may grant, refused before anything is made.
     for (bad, says) in [
         (&[][..], "not 0"),
@@ -244,7 +251,10 @@ fn vdevice_child() {
     assert_eq!(v, 2);
     assert_eq!(net.devices(ctx).unwrap(), 3);
     let p = net.properties(ctx, v).unwrap();
-    assert_eq!((p.name.as_str(), p.speed_mbps), ("dbl_0+dbl_1", 2 * PORT_MBPS));
+    assert_eq!(
+        (p.name.as_str(), p.speed_mbps),
+        ("dbl_0+dbl_1", 2 * PORT_MBPS)
+    );
     assert_eq!(net.properties(ctx, 0).unwrap().name.as_str(), "dbl_0");
     let pair = connect_devices(net, ctx, v, v);
     stream(&pair, 64, 8, |m| (m * 4_999) % 300_001);

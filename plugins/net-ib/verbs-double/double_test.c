@@ -24,6 +24,10 @@
  *              is another device's is refused; a write-with-imm from a QP on dbl_0 port 2 to
  *              one on dbl_1 port 2 lands, and the same write with the rkey of a region of
  *              another device's PD (at the peer) gives IBV_WC_REM_ACCESS_ERR.
+ *   dmabuf     the responder registers the second page of a memfd (a dma-buf's stand-in) with
+ *              ibv_reg_dmabuf_mr at an iova of its choosing; a write-with-imm to that iova
+ *              lands in the memfd, seen through the responder's own mapping; fd -1 is EBADF
+ *              (NCCL's probe reads "supported"); dereg unmaps the double's mapping.
  * Prints PASS/FAIL per check; exits 0 only if all pass. Every wait is bounded (5 s).
  */
 #define _GNU_SOURCE
@@ -37,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,7 +58,24 @@ struct info {
 	uint32_t rkey_other;    /* "devices": a region on a PD of the other device */
 	uint64_t addr;
 	union ibv_gid gid;
+	uint32_t dmabuf_rkey; /* "dmabuf" mode: the responder's dma-buf region, at DMABUF_IOVA */
 };
+
+#define DMABUF_IOVA 0x5000000000ULL
+#define MEMFD_NAME "dbl-dmabuf-test"
+
+/* Mappings of the test's memfd in this process (/proc/self/maps). */
+static int memfd_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int n = 0;
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:" MEMFD_NAME) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
 
 struct side {
 	int dev;                /* which device of the list, and which port ("devices" mode) */
@@ -334,6 +356,23 @@ static void server(const char *mode, int rd, int wr)
 	}
 	if (!strcmp(mode, "reorder"))
 		post_recv(&s, QA, 401, 32768, 64);
+	int memfd = -1;
+	char *dmabuf = NULL;
+	struct ibv_mr *dmabuf_mr = NULL;
+	if (!strcmp(mode, "dmabuf")) {
+		memfd = memfd_create(MEMFD_NAME, MFD_CLOEXEC);
+		if (memfd < 0 || ftruncate(memfd, 8192))
+			die("memfd");
+		dmabuf = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+		if (dmabuf == MAP_FAILED)
+			die("mmap memfd");
+		dmabuf_mr = ibv_reg_dmabuf_mr(s.pd, 4096, 4096, DMABUF_IOVA, memfd,
+					      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		if (!dmabuf_mr)
+			die("ibv_reg_dmabuf_mr");
+		s.me.dmabuf_rkey = dmabuf_mr->rkey;
+		post_recv(&s, QA, 501, 32768, 64);
+	}
 	if (!strcmp(mode, "basic")) {
 		post_recv(&s, QA, 101, 32768, 4096); /* write-with-imm consumes it; no bytes here */
 		post_recv(&s, QA, 102, 32768, 4096); /* send-with-imm lands here */
@@ -388,6 +427,26 @@ static void server(const char *mode, int rd, int wr)
 		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && xs == 64 &&
 		      zs == 64, "IBV_DOUBLE_REORDER=1: later write placed first, all placed at the imm",
 		      "status %d, %d bytes 'x' (64 expected), %d bytes 'z'", wc.status, xs, zs);
+		char done = failures ? 'F' : 'P';
+		xwrite(wr, &done, 1);
+	}
+	if (!strcmp(mode, "dmabuf")) {
+		struct ibv_wc wc = wait_wc(&s);
+		int maps_registered = memfd_maps();
+		errno = 0;
+		struct ibv_mr *probe = ibv_reg_dmabuf_mr(s.pd, 0, 0, 0, -1, 0);
+		int probe_errno = errno;
+		int dereg = ibv_dereg_mr(dmabuf_mr);
+		int maps_after = memfd_maps();
+		check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 501 && same(dmabuf + 4096, 4096, 'M') &&
+		      !probe && probe_errno == EBADF && dereg == 0 && maps_registered == 2 &&
+		      maps_after == 1,
+		      "dma-buf: a write to the iova lands in the memfd (seen through our mapping); "
+		      "fd -1 is EBADF; dereg unmaps",
+		      "status %d wr_id %llu, data %s, probe errno %d, dereg %d, memfd maps %d then %d",
+		      wc.status, (unsigned long long)wc.wr_id,
+		      same(dmabuf + 4096, 4096, 'M') ? "ok" : "wrong", probe_errno, dereg,
+		      maps_registered, maps_after);
 		char done = failures ? 'F' : 'P';
 		xwrite(wr, &done, 1);
 	}
@@ -613,6 +672,16 @@ static int run(const char *mode)
 		      "status %d (%s)", wc.status, ibv_wc_status_str(wc.status));
 		if (xread(c2p[0], &c, 1) || c != 'P')
 			check(0, "responder checks", "the peer reported failures (see its lines above)");
+	} else if (!strcmp(mode, "dmabuf")) {
+		fill(s.buf, 4096, 'M');
+		post(&s, QA, 1, IBV_WR_RDMA_WRITE_WITH_IMM, 0, 4096, DMABUF_IOVA, s.peer.dmabuf_rkey,
+		     htonl(5), IBV_SEND_SIGNALED);
+		wc = wait_wc(&s);
+		check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1,
+		      "dma-buf: the write into the peer's dma-buf region completes", "status %d",
+		      wc.status);
+		if (xread(c2p[0], &c, 1) || c != 'P')
+			check(0, "responder checks", "the peer reported failures (see its lines above)");
 	} else if (!strcmp(mode, "delay")) {
 		double t0 = now_s();
 		post(&s, QA, 1, IBV_WR_RDMA_WRITE, 0, 64, ra, rk, 0, IBV_SEND_SIGNALED);
@@ -631,8 +700,10 @@ int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "basic";
 	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay") &&
-	    strcmp(mode, "rnr") && strcmp(mode, "reorder") && strcmp(mode, "devices")) {
-		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder|devices]\n", argv[0]);
+	    strcmp(mode, "rnr") && strcmp(mode, "reorder") && strcmp(mode, "dmabuf") &&
+	    strcmp(mode, "devices")) {
+		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder|dmabuf|devices]\n",
+			argv[0]);
 		return 2;
 	}
 	if (!strcmp(mode, "devices")) { /* read at the first listing, by both processes */

@@ -39,7 +39,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +75,8 @@ struct dbl_mr {
 	struct ibv_mr mr;
 	uint64_t iova;          /* the address remote peers use for byte 0 of the region */
 	int access;             /* enum ibv_access_flags */
+	void *map;              /* ibv_reg_dmabuf_mr: the double's mapping of the fd, unmapped at */
+	size_t map_len;         /* dereg (NULL for ibv_reg_mr) */
 	struct dbl_mr *next;
 };
 
@@ -188,6 +192,7 @@ static struct {
 	unsigned delay_us;      /* IBV_DOUBLE_DELAY_US: responder sleeps this long per request */
 	bool reorder;           /* IBV_DOUBLE_REORDER: plain writes placed late, in reverse order */
 	int connect_timeout_ms; /* IBV_DOUBLE_CONNECT_TIMEOUT_MS */
+	bool dmabuf;            /* IBV_DOUBLE_DMABUF (1): ibv_reg_dmabuf_mr maps the fd; 0: EOPNOTSUPP */
 	bool verbose;
 } G = { .once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1 };
 
@@ -308,6 +313,7 @@ static void global_init(void)
 		dbl_warn("IBV_DOUBLE_PORTS=%d is outside 1..%d; using 1", G.nports, DBL_MAX_PORTS);
 		G.nports = 1;
 	}
+	G.dmabuf = env_long("IBV_DOUBLE_DMABUF", 1) != 0;
 	G.next_key = 0x1000;
 	G.next_qp_slot = 2; /* QPN 0 and 1 are special in IB */
 	G.wake[0] = G.wake[1] = -1;
@@ -737,6 +743,54 @@ struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acce
 	return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
 }
 
+/* A dma-buf stands for device memory the process cannot touch by address: the double maps the fd
+ * itself (MAP_SHARED, so the pages are the fd's) and makes that mapping the region, addressed by
+ * peers through `iova`. Any mmap-able fd serves (a memfd in tests); a real dma-buf exporter may
+ * refuse mmap, which only a GPU machine shows. fd -1 is EBADF, as the kernel answers, so NCCL's
+ * probe (fd -1: EOPNOTSUPP / EPROTONOSUPPORT = unsupported) reads "supported";
+ * IBV_DOUBLE_DMABUF=0 answers EOPNOTSUPP, as a kernel without dma-buf support. */
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
+				 int fd, int access)
+{
+	pthread_once(&G.once, global_init);
+	if (!G.dmabuf) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (fd < 0) {
+		errno = EBADF;
+		return NULL;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0)
+		return NULL; /* EBADF */
+	if (!length || offset > (uint64_t)st.st_size || length > (uint64_t)st.st_size - offset) {
+		dbl_log("reg_dmabuf_mr fd %d: offset %llu + %zu bytes is outside its %lld bytes", fd,
+			(unsigned long long)offset, length, (long long)st.st_size);
+		errno = EINVAL;
+		return NULL;
+	}
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t lead = offset % page;
+	size_t map_len = length + lead;
+	char *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(offset - lead));
+	if (map == MAP_FAILED)
+		return NULL; /* errno from mmap: ENODEV (not mappable), EACCES (not read-write), ... */
+	struct ibv_mr *mr = ibv_reg_mr_iova2(pd, map + lead, length, iova, (unsigned int)access);
+	if (!mr) {
+		int err = errno;
+		munmap(map, map_len);
+		errno = err;
+		return NULL;
+	}
+	struct dbl_mr *m = (struct dbl_mr *)mr;
+	m->map = map;
+	m->map_len = map_len;
+	dbl_log("reg_dmabuf_mr fd %d offset %llu length %zu iova 0x%llx key 0x%x", fd,
+		(unsigned long long)offset, length, (unsigned long long)iova, mr->lkey);
+	return mr;
+}
+
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	pthread_mutex_lock(&G.lock);
@@ -745,6 +799,8 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 			struct dbl_mr *m = *pp;
 			*pp = m->next;
 			pthread_mutex_unlock(&G.lock);
+			if (m->map)
+				munmap(m->map, m->map_len);
 			free(m);
 			return 0;
 		}
@@ -1700,6 +1756,8 @@ static bool handle_request(struct dbl_link *l, struct dbl_qp *q, const struct db
 		break;
 	}
 	case M_READ:
+		dbl_log("QP 0x%x: RDMA read of %u bytes at 0x%llx rkey 0x%x", q->qp.qp_num, m->len,
+			(unsigned long long)m->addr, m->rkey);
 		answer(l, M_READ_RESP, IBV_WC_SUCCESS, target, m->len);
 		break;
 	}

@@ -1,7 +1,7 @@
 /*
  * stubs.c - the parts of libibverbs' ABI the double does not model.
  *
- * Public calls that tools may reach (SRQ, AH, multicast, ECE, dma-buf, rereg, ...) fail the way
+ * Public calls that tools may reach (SRQ, AH, multicast, ECE, rereg, ...) fail the way
  * the verbs man pages say an unsupported call fails (NULL with errno, or an errno value).
  *
  * The IBVERBS_PRIVATE_34 symbols exist only so that provider libraries linked into some tools
@@ -98,15 +98,6 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 {
 	(void)mr; (void)flags; (void)pd; (void)addr; (void)length; (void)access;
 	return IBV_REREG_MR_ERR_INPUT;
-}
-
-/* NCCL probes dma-buf support with fd = -1: EOPNOTSUPP means "not supported" there. */
-struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
-				 int fd, int access)
-{
-	(void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access;
-	errno = EOPNOTSUPP;
-	return NULL;
 }
 
 int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)

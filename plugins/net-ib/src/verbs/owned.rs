@@ -384,6 +384,22 @@ impl Pd {
         })
     }
 
+    /// NCCL's dma-buf probe: `ibv_reg_dmabuf_mr` of nothing with fd -1, which a kernel (or
+    /// stand-in) with dma-buf support refuses with `EBADF`, and one without with `EOPNOTSUPP`
+    /// or `EPROTONOSUPPORT`. Returns that errno (0 should a registration come back; it is
+    /// released); `None` when the library lacks the call.
+    pub fn probe_dmabuf(&self) -> Option<c_int> {
+        let reg = self.ctx.verbs.reg_dmabuf_mr?;
+        // SAFETY: live PD; fd -1 names no memory, so nothing can be mapped.
+        let mr = unsafe { reg(self.as_ptr(), 0, 0, 0, -1, 0) };
+        if mr.is_null() {
+            return Some(errno());
+        }
+        // SAFETY: the MR just returned, deregistered once.
+        unsafe { (self.ctx.verbs.dereg_mr)(mr) };
+        Some(0)
+    }
+
     /// An RC QP on `send_cq` / `recv_cq` with `cap`.
     pub fn create_rc_qp(
         self: &Arc<Self>,

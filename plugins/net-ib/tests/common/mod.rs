@@ -1,7 +1,7 @@
 //! Helpers of the tests that run on the verbs stand-in: building it, running this test
 //! binary again as a child process in a given role with its own environment and a time
-//! limit, and (in the child) a connected pair of the plugin's own connections with a checked
-//! stream of messages over it.
+//! limit, and (in a child) a connected send/receive pair of the plugin in one process, with
+//! a checked stream of messages over it.
 #![allow(dead_code)]
 
 use std::io::Read;
@@ -34,8 +34,14 @@ pub fn tool_runs(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Builds the stand-in; `Err(reason)` to skip.
+/// Builds the stand-in, once per test process (tests run as threads: concurrent `make`s
+/// would rewrite the library while another test's child loads it); `Err(reason)` to skip.
 pub fn build_double() -> Result<PathBuf, String> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_double_now).clone()
+}
+
+fn build_double_now() -> Result<PathBuf, String> {
     let src = double_sources().ok_or(
         "the verbs stand-in's sources (plugins/net-ib/verbs-double) are not in this checkout",
     )?;
@@ -132,11 +138,18 @@ pub fn is_role(role: &str) -> bool {
     std::env::var(ROLE).as_deref() == Ok(role)
 }
 
-/// How long a child role may take.
-pub const LIMIT: Duration = Duration::from_secs(120);
+/// How long a role of [`run`] may take.
+pub const CHILD_LIMIT: Duration = Duration::from_secs(120);
 
-/// Runs `role` in a child with the stand-in and `env`; returns its output (stdout, then
-/// stderr), asserting it passed within [`LIMIT`]. `None`: skipped.
+/// The plugin's log: warnings and INFO lines on stderr (children's output is captured).
+pub extern "C" fn log(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
+    if level <= rustccl_plugin_api::log_level::INFO {
+        eprintln!("plugin: {}", message.as_str());
+    }
+}
+
+/// Runs `role` in a child with the stand-in and `env`; returns its output, asserting it
+/// passed within the limit. `None`: skipped.
 pub fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
     let lib = match build_double() {
         Ok(lib) => lib,
@@ -156,9 +169,12 @@ pub fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the child");
-    let (status, out) = wait_with_limit(c, LIMIT);
+    let (status, out) = wait_with_limit(c, CHILD_LIMIT);
     println!("{out}");
-    assert!(status.is_some(), "{role} ran past {LIMIT:?} (hang):\n{out}");
+    assert!(
+        status.is_some(),
+        "{role} ran past {CHILD_LIMIT:?} (hang):\n{out}"
+    );
     assert!(status.unwrap().success(), "{role} failed:\n{out}");
     assert!(
         out.contains("test result: ok. 1 passed"),
@@ -167,14 +183,12 @@ pub fn run(role: &str, env: &[(&str, &str)]) -> Option<String> {
     Some(out)
 }
 
-/// The plugin's log: warnings always; INFO lines too with `RUSTCCL_IB_TEST_INFO` set.
-extern "C" fn log(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
-    let info = std::env::var_os("RUSTCCL_IB_TEST_INFO").is_some();
-    if level <= rustccl_plugin_api::log_level::WARN
-        || (info && level <= rustccl_plugin_api::log_level::INFO)
-    {
-        eprintln!("plugin: {}", message.as_str());
-    }
+/// A send and a receive connection of one plugin instance, to each other.
+pub struct Pair {
+    pub net: IbNet,
+    pub ctx: PluginHandle,
+    pub send: PluginHandle,
+    pub recv: PluginHandle,
 }
 
 /// A context of `net`.
@@ -183,14 +197,7 @@ pub fn init(net: &IbNet) -> PluginHandle {
         .expect("init")
 }
 
-pub struct Pair {
-    pub net: IbNet,
-    pub ctx: PluginHandle,
-    pub send: PluginHandle,
-    pub recv: PluginHandle,
-}
-
-/// A connection on device 0 of a new plugin, both ends in this process.
+/// Connects a [`Pair`] on device 0 (the plugin reads the process's environment).
 pub fn connect() -> Pair {
     let net = IbNet::new();
     let ctx = init(&net);
@@ -198,7 +205,7 @@ pub fn connect() -> Pair {
     connect_devices(net, ctx, 0, 0)
 }
 
-/// A connection from device `send_dev` to a listener on device `recv_dev`.
+/// Connects a [`Pair`] from device `send_dev` to a listener on device `recv_dev`.
 pub fn connect_devices(net: IbNet, ctx: PluginHandle, send_dev: i32, recv_dev: i32) -> Pair {
     let (handle, listen) = net.listen(ctx, recv_dev).expect("listen");
     let (mut send, mut recv) = (None, None);
