@@ -37,6 +37,7 @@
 //! crate, so it is a default workspace member; at run time a machine without libibverbs gets
 //! an error saying what to install, and a userspace stand-in can be chosen by path.
 
+pub mod async_events;
 pub mod comm;
 pub mod device;
 pub mod fifo;

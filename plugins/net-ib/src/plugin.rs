@@ -16,6 +16,7 @@ use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use socket2::Socket;
 
+use crate::async_events::AsyncEvents;
 use crate::comm::{register_fifo, Comm, Direction, Parts, Registration, Setup};
 use crate::device::{discover, IbDevice};
 use crate::fifo::Fifo;
@@ -39,6 +40,8 @@ struct Found {
     /// Where listeners accept the out-of-band connections (the bootstrap interface, as
     /// NCCL's IB transport uses `NCCL_SOCKET_IFNAME`'s choice).
     oob_addr: IpAddr,
+    /// The connections the devices' async-event threads fail.
+    events: Arc<AsyncEvents>,
 }
 
 #[derive(Clone)]
@@ -230,9 +233,11 @@ impl IbNet {
                 settings.qp.qps_per_connection
             ),
         );
+        let events = AsyncEvents::start(&discovery.devices, *log);
         let found = Arc::new(Found {
             devices: discovery.devices,
             oob_addr: iface.addr,
+            events,
         });
         *slot = Some(Arc::clone(&found));
         Ok(found)
@@ -488,7 +493,9 @@ impl Net for IbNet {
                     d.link_layer,
                     settings_qp.ar_threshold,
                 ));
-                Ok(Some(self.sends.insert(comm.start())))
+                let comm = comm.start();
+                c.found.events.watch(&comm, d);
+                Ok(Some(self.sends.insert(comm)))
             }
             Err(e) => {
                 dialing.remove(&key);
@@ -551,7 +558,9 @@ impl Net for IbNet {
                     parts,
                     (peer.fifo_addr, peer.fifo_rkey),
                 );
-                Ok(Some(self.recvs.insert(comm.start())))
+                let comm = comm.start();
+                c.found.events.watch(&comm, d);
+                Ok(Some(self.recvs.insert(comm)))
             }
         }
     }

@@ -3,6 +3,8 @@
 //! limit.
 #![allow(dead_code)]
 
+pub mod pair;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
