@@ -21,10 +21,13 @@
 //!   the QPs in 128-byte-aligned parts ([`split`]); above `NCCL_IB_AR_THRESHOLD` with
 //!   adaptive routing, plain writes then a 0-byte write-with-immediate per QP; `test` polls
 //!   the CQ; an error completion or EOF on the out-of-band socket (a dead peer) fails the
-//!   connection ([`comm`]).
+//!   connection ([`comm`]);
+//! * an async-event thread per opened device ([`async_events`]): a fatal device event fails
+//!   the device's connections, a port error the port's, a QP or CQ error the connection that
+//!   owns it, each with an error naming the device, the port and the event.
 //!
 //! **Not yet:** multi-receive (`max_recvs` is 1), the flush read, dma-buf / GPU memory
-//! (`ptr_support` is host), the async-event thread, merged devices.
+//! (`ptr_support` is host), merged devices.
 //!
 //! # Why a binding of its own
 //!
