@@ -17,6 +17,7 @@ use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use socket2::Socket;
 
+use crate::async_events::AsyncEvents;
 use crate::comm::{register_fifo, Comm, Direction, Parts, RecvBuf, Registration, Setup};
 use crate::device::{discover, IbDevice};
 use crate::dmabuf::{self, DmaBufSupport};
@@ -44,6 +45,8 @@ struct Found {
     oob_addr: IpAddr,
     /// Per device: GPU memory through dma-buf ([`crate::dmabuf`]).
     dmabuf: Vec<DmaBufSupport>,
+    /// The connections the devices' async-event threads fail.
+    events: Arc<AsyncEvents>,
 }
 
 impl Found {
@@ -260,10 +263,12 @@ impl IbNet {
                 support
             })
             .collect();
+        let events = AsyncEvents::start(&discovery.devices, *log);
         let found = Arc::new(Found {
             devices: discovery.devices,
             oob_addr: iface.addr,
             dmabuf,
+            events,
         });
         *slot = Some(Arc::clone(&found));
         Ok(found)
@@ -524,7 +529,9 @@ impl Net for IbNet {
                     settings_qp.ar_threshold,
                 ))
                 .with_gpu(c.found.dmabuf(dev), None);
-                Ok(Some(self.sends.insert(comm.start())))
+                let comm = comm.start();
+                c.found.events.watch(&comm, d);
+                Ok(Some(self.sends.insert(comm)))
             }
             Err(e) => {
                 dialing.remove(&key);
@@ -589,7 +596,9 @@ impl Net for IbNet {
                     (peer.inbox_addr, peer.inbox_rkey),
                 )
                 .with_gpu(c.found.dmabuf(l.dev), flush);
-                Ok(Some(self.recvs.insert(comm.start())))
+                let comm = comm.start();
+                c.found.events.watch(&comm, d);
+                Ok(Some(self.recvs.insert(comm)))
             }
         }
     }

@@ -3,6 +3,8 @@
 //! limit, and (in a child) a connected send/receive pair of the plugin in one process.
 #![allow(dead_code)]
 
+pub mod pair;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
