@@ -395,6 +395,34 @@ impl Comm {
         }
     }
 
+    /// The connection's QPs (address, number) and CQ address on its physical device
+    /// `member`: how the async-event thread ([`crate::async_events`]) recognises the objects
+    /// an event names.
+    pub fn verbs_objects(&self, member: usize) -> (Vec<(usize, u32)>, usize) {
+        let st = self.lock();
+        let qps = (st.ep.qps.iter().zip(&st.ep.qp_members))
+            .filter(|&(_, &m)| m == member)
+            .map(|(q, _)| (q.as_ptr() as usize, q.qp_num()));
+        (qps.collect(), st.ep.cqs[member].as_ptr() as usize)
+    }
+
+    /// Fails connections from outside their calls (the async-event thread): each reports
+    /// its error from then on (unless it had failed already), and its peer sees the
+    /// out-of-band socket close. All are locked first, so a connection that is both hit and
+    /// the peer of another hit one reports its own error, not the loss of its peer.
+    pub fn fail_together(targets: &[(Arc<Comm>, PluginError)]) {
+        let mut order: Vec<&(Arc<Comm>, PluginError)> = targets.iter().collect();
+        order.sort_by_key(|(c, _)| Arc::as_ptr(c) as usize); // one lock order everywhere
+                                                             // A connection on several physical devices of one context (a merged dual-port NIC)
+                                                             // may be named more than once: it is locked, and fails, once.
+        order.dedup_by_key(|(c, _)| Arc::as_ptr(c) as usize);
+        let mut states: Vec<MutexGuard<'_, State>> = order.iter().map(|(c, _)| c.lock()).collect();
+        for ((c, e), st) in order.iter().zip(states.iter_mut()) {
+            c.fail(st, e.clone());
+        }
+    }
+
+    /// Queues a send; `Ok(false)`: too many requests in flight, call again.
     /// Queues a send of `data..data + size` (registered with `lkeys`, one per physical
     /// device); `Ok(false)`: too many requests in flight, call again.
     pub fn isend(

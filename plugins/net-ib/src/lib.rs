@@ -42,9 +42,10 @@
 //! * the flush ([`flush`]): a receiving connection on such a device has a loopback QP, and
 //!   `iflush` of a receive into device memory posts a 1-byte RDMA read of it whose
 //!   completion completes the request; host memory, or `NCCL_GDR_FLUSH_DISABLE`, has
-//!   nothing to flush (`None`). `force_flush` is false.
-//!
-//! **Not yet:** the async-event thread.
+//!   nothing to flush (`None`). `force_flush` is false;
+//! * an async-event thread per opened device ([`async_events`]): a fatal device event fails
+//!   the device's connections, a port error the port's, a QP or CQ error the connection that
+//!   owns it, each with an error naming the device, the port and the event.
 //!
 //! # Why a binding of its own
 //!
@@ -57,6 +58,7 @@
 //! crate, so it is a default workspace member; at run time a machine without libibverbs gets
 //! an error saying what to install, and a userspace stand-in can be chosen by path.
 
+pub mod async_events;
 pub mod comm;
 pub mod device;
 pub mod dmabuf;

@@ -21,6 +21,7 @@ use rustccl_plugin_api::registry::{Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use socket2::Socket;
 
+use crate::async_events::AsyncEvents;
 use crate::comm::{register_fifo, Comm, Direction, Parts, RecvBuf, Registration, Setup};
 use crate::device::{discover, IbDevice};
 use crate::dmabuf::{self, DmaBufSupport};
@@ -54,6 +55,8 @@ struct Found {
     oob_addr: IpAddr,
     /// Per physical device: GPU memory through dma-buf ([`crate::dmabuf`]).
     dmabuf: Vec<DmaBufSupport>,
+    /// The connections the devices' async-event threads fail.
+    events: Arc<AsyncEvents>,
 }
 
 impl Found {
@@ -283,11 +286,13 @@ impl IbNet {
                 support
             })
             .collect();
+        let events = AsyncEvents::start(&discovery.devices, *log);
         let found = Arc::new(Found {
             devices: discovery.devices,
             vdevices: Mutex::new(vdevices),
             oob_addr: iface.addr,
             dmabuf,
+            events,
         });
         *slot = Some(Arc::clone(&found));
         Ok(found)
@@ -581,7 +586,11 @@ impl Net for IbNet {
                         settings_qp.ar_threshold,
                     ))
                     .with_gpu(c.found.dmabuf(dev), None);
-                Ok(Some(self.sends.insert(comm.start())))
+                let comm = comm.start();
+                for (m, d) in members.iter().enumerate() {
+                    c.found.events.watch(&comm, d, m);
+                }
+                Ok(Some(self.sends.insert(comm)))
             }
             Err(e) => {
                 dialing.remove(&key);
@@ -646,7 +655,11 @@ impl Net for IbNet {
                     (peer.inbox_addr, peer.inbox_rkey),
                 )
                 .with_gpu(c.found.dmabuf(l.dev), flush);
-                Ok(Some(self.recvs.insert(comm.start())))
+                let comm = comm.start();
+                for (m, d) in members.iter().enumerate() {
+                    c.found.events.watch(&comm, d, m);
+                }
+                Ok(Some(self.recvs.insert(comm)))
             }
         }
     }

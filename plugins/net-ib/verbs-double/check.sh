@@ -9,9 +9,10 @@
 #                                     as the two-node tests do; RUSTCCL_SKIP_NETNS=1 skips it)
 #   double_test (here)                write-with-imm, read, send-with-imm inline, unsignaled WRs,
 #                                     bad rkey / out of bounds -> REM_ACCESS_ERR, peer killed ->
-#                                     WR_FLUSH_ERR, RNR, the FAIL_AFTER, DELAY_US and REORDER
-#                                     knobs, dma-buf registration of a memfd, two
-#                                     dual-port devices (devices mode)
+#                                     WR_FLUSH_ERR, RNR, the FAIL_AFTER, DELAY_US, REORDER and RNR
+#                                     knobs, dma-buf registration of a memfd, async events
+#                                     (ASYNC_EVENT/ASYNC_TRIGGER), two dual-port devices
+#                                     (devices mode)
 # and that no program warns "no version information available" (the symbol versions).
 # Exit 0 if all pass, 1 otherwise. Every program runs under `timeout`; the whole takes seconds.
 # Needs: cc, make, libibverbs-dev, ibverbs-utils, perftest (.ci/ib-packages.txt).
@@ -148,7 +149,7 @@ else
     fi
 fi
 
-for mode in basic fail-after delay rnr reorder dmabuf devices; do
+for mode in basic fail-after delay rnr reorder dmabuf async devices; do
     if timeout "$T" "$BUILD/double_test" "$mode" >"$log/double_test.$mode" 2>&1; then
         pass "double_test $mode ($(grep -c '^PASS' "$log/double_test.$mode") checks)"
     else

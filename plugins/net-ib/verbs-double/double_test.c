@@ -18,7 +18,8 @@
  *              a write-with-imm still finds every earlier write placed at its completion.
  *   rnr        rnr_retry 1 and no receive posted at the peer: IBV_WC_RNR_RETRY_EXC_ERR after
  *              the retries (2 x min_rnr_timer 20 = 20 ms); with rnr_retry 7 the send waits
- *              until a receive is posted, then completes.
+ *              until a receive is posted, then completes. IBV_DOUBLE_RNR=2 at the responder:
+ *              the next two sends are NAKed once though a receive is posted, and complete.
  *   devices    IBV_DOUBLE_DEVICES=2 IBV_DOUBLE_PORTS=2: two devices dbl_0, dbl_1 (index, distinct
  *              node GUIDs, two ACTIVE ports each with its GID table, no port 3); a QP whose CQ
  *              is another device's is refused; a write-with-imm from a QP on dbl_0 port 2 to
@@ -28,6 +29,15 @@
  *              ibv_reg_dmabuf_mr at an iova of its choosing; a write-with-imm to that iova
  *              lands in the memfd, seen through the responder's own mapping; fd -1 is EBADF
  *              (NCCL's probe reads "supported"); dereg unmaps the double's mapping.
+ *   async      IBV_DOUBLE_ASYNC_EVENT with IBV_DOUBLE_ASYNC_TRIGGER, each case in a process of
+ *              its own with its QPs connected to themselves: nothing before the trigger
+ *              (EAGAIN), then the event's type and element, the trigger file removed, the
+ *              effect only after the ack (device_fatal, port_err: every QP to ERR, the posted
+ *              receive flushed, port_err's port DOWN and port_active's ACTIVE again; qp_fatal:
+ *              the lowest-numbered QP in RTS only; cq_err: its send CQ, its QPs to ERR and no
+ *              completion after), an unread event's effect after 500 ms anyway, ibv_destroy_qp
+ *              waiting for the ack of an event it read, and ibv_close_device waking a thread
+ *              blocked in ibv_get_async_event.
  * Prints PASS/FAIL per check; exits 0 only if all pass. Every wait is bounded (5 s).
  */
 #define _GNU_SOURCE
@@ -35,6 +45,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -332,6 +344,8 @@ static void server(const char *mode, int rd, int wr)
 		setenv("IBV_DOUBLE_DELAY_US", "200000", 1);
 	if (!strcmp(mode, "reorder"))
 		setenv("IBV_DOUBLE_REORDER", "1", 1);
+	if (!strcmp(mode, "rnr"))
+		setenv("IBV_DOUBLE_RNR", "2", 1);
 	struct side s = { 0 };
 	if (!strcmp(mode, "devices")) {
 		s.dev = 1;
@@ -373,6 +387,9 @@ static void server(const char *mode, int rd, int wr)
 		s.me.dmabuf_rkey = dmabuf_mr->rkey;
 		post_recv(&s, QA, 501, 32768, 64);
 	}
+	if (!strcmp(mode, "rnr")) /* for IBV_DOUBLE_RNR: posted, yet NAKed once each */
+		for (uint64_t id = 501; id <= 502; id++)
+			post_recv(&s, QC, id, 32768, 4096);
 	if (!strcmp(mode, "basic")) {
 		post_recv(&s, QA, 101, 32768, 4096); /* write-with-imm consumes it; no bytes here */
 		post_recv(&s, QA, 102, 32768, 4096); /* send-with-imm lands here */
@@ -638,10 +655,22 @@ static int run(const char *mode)
 		if (xread(c2p[0], &c, 1) || c != 'P')
 			check(0, "responder checks", "the peer reported failures (see its lines above)");
 	} else if (!strcmp(mode, "rnr")) {
+		/* First (the NAKs go to the first requests): IBV_DOUBLE_RNR=2 at the peer, receives
+		 * posted on C; each send is NAKed once, waits min_rnr_timer (20: 10.24 ms), completes. */
 		double t0 = now_s();
+		post(&s, QC, 3, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		post(&s, QC, 4, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
+		struct ibv_wc w3 = wait_wc(&s), w4 = wait_wc(&s);
+		double dt = now_s() - t0;
+		check(w3.status == IBV_WC_SUCCESS && w4.status == IBV_WC_SUCCESS && w3.wr_id == 3 &&
+		      w4.wr_id == 4 && dt >= 0.02,
+		      "IBV_DOUBLE_RNR=2: two sends NAKed once each despite posted receives, then complete",
+		      "statuses %d/%d wr_ids %llu/%llu after %.3f s", w3.status, w4.status,
+		      (unsigned long long)w3.wr_id, (unsigned long long)w4.wr_id, dt);
+		t0 = now_s();
 		post(&s, QA, 1, IBV_WR_SEND, 0, 64, 0, 0, 0, IBV_SEND_SIGNALED);
 		wc = wait_wc(&s);
-		double dt = now_s() - t0;
+		dt = now_s() - t0;
 		check(wc.status == IBV_WC_RNR_RETRY_EXC_ERR && wc.wr_id == 1 && dt >= 0.02,
 		      "rnr_retry 1, no receive posted: IBV_WC_RNR_RETRY_EXC_ERR after the retries",
 		      "status %d after %.3f s", wc.status, dt);
@@ -696,13 +725,261 @@ static int run(const char *mode)
 	return failures;
 }
 
+/* ---- async: IBV_DOUBLE_ASYNC_EVENT, each case in a child process (knobs are read once) ---- */
+
+static char trigger[128];
+
+static void pull_trigger(void)
+{
+	FILE *f = fopen(trigger, "w");
+	if (!f)
+		die("create the trigger file");
+	fclose(f);
+}
+
+/* The next event within WAIT_MS; -1 if none. */
+static int next_event(struct side *s, struct ibv_async_event *ev)
+{
+	struct pollfd pf = { .fd = s->ctx->async_fd, .events = POLLIN };
+	double end = now_s() + WAIT_MS / 1e3;
+	while (now_s() < end) {
+		if (poll(&pf, 1, 100) == 1 && ibv_get_async_event(s->ctx, ev) == 0)
+			return 0;
+	}
+	return -1;
+}
+
+static enum ibv_qp_state qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &ia))
+		die("ibv_query_qp");
+	return a.qp_state;
+}
+
+static int count_state(struct side *s, enum ibv_qp_state st)
+{
+	int n = 0;
+	for (int i = 0; i < NQP; i++)
+		n += qp_state(s->qp[i]) == st;
+	return n;
+}
+
+static enum ibv_port_state port_state(struct side *s)
+{
+	struct ibv_port_attr pa;
+	if (ibv_query_port(s->ctx, 1, &pa))
+		die("ibv_query_port");
+	return pa.state;
+}
+
+/* An event of `type` naming `what` (NULL: check nothing) arrives after the trigger, which goes. */
+static int expect_event(struct side *s, struct ibv_async_event *ev, enum ibv_event_type type,
+			const char *name)
+{
+	pull_trigger();
+	int rc = next_event(s, ev);
+	check(rc == 0 && ev->event_type == type && access(trigger, F_OK) != 0, name,
+	      "rc %d type %d (want %d), trigger file %s", rc, rc ? -1 : (int)ev->event_type, (int)type,
+	      access(trigger, F_OK) ? "removed" : "still there");
+	return rc;
+}
+
+struct destroyer {
+	struct ibv_qp *qp;
+	volatile int done;
+};
+
+static void *destroy_qp_thread(void *arg)
+{
+	struct destroyer *d = arg;
+	ibv_destroy_qp(d->qp);
+	d->done = 1;
+	return NULL;
+}
+
+struct reader {
+	struct ibv_context *ctx;
+	volatile int rc, err, done;
+};
+
+static void *reader_thread(void *arg)
+{
+	struct reader *r = arg;
+	struct ibv_async_event ev;
+	r->rc = ibv_get_async_event(r->ctx, &ev);
+	r->err = errno;
+	r->done = 1;
+	return NULL;
+}
+
+static void wait_done(volatile int *done, double seconds)
+{
+	double end = now_s() + seconds;
+	while (!*done && now_s() < end)
+		usleep(1000);
+}
+
+static void async_case(const char *kinds)
+{
+	setenv("IBV_DOUBLE_ASYNC_EVENT", kinds, 1);
+	setenv("IBV_DOUBLE_ASYNC_TRIGGER", trigger, 1);
+	struct side s = { 0 };
+	setup(&s);
+	s.peer = s.me; /* each QP talks to itself */
+	connect_qps(&s);
+	int fl = fcntl(s.ctx->async_fd, F_GETFL);
+	fcntl(s.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+	struct ibv_async_event ev;
+	int rc = ibv_get_async_event(s.ctx, &ev);
+	check(rc == -1 && errno == EAGAIN, "async: no event before the trigger (EAGAIN on a "
+	      "non-blocking async_fd)", "rc %d errno %d", rc, errno);
+	post_recv(&s, QB, 77, 0, 64); /* outstanding work for the flush */
+	struct ibv_wc wc;
+
+	if (!strcmp(kinds, "device_fatal") || !strcmp(kinds, "port_err,port_active")) {
+		int device = kinds[0] == 'd';
+		if (expect_event(&s, &ev, device ? IBV_EVENT_DEVICE_FATAL : IBV_EVENT_PORT_ERR,
+				 device ? "device_fatal: IBV_EVENT_DEVICE_FATAL, trigger file removed"
+					: "port_err: IBV_EVENT_PORT_ERR, trigger file removed"))
+			return;
+		if (!device)
+			check(ev.element.port_num == 1, "port_err: element.port_num 1", "port %d",
+			      ev.element.port_num);
+		check(count_state(&s, IBV_QPS_RTS) == NQP, "async: the effect waits for the ack",
+		      "%d QPs in RTS", count_state(&s, IBV_QPS_RTS));
+		ibv_ack_async_event(&ev);
+		wc = wait_wc(&s);
+		check(count_state(&s, IBV_QPS_ERR) == NQP && wc.status == IBV_WC_WR_FLUSH_ERR &&
+		      wc.wr_id == 77, "async: after the ack every QP is in ERR, the receive flushed",
+		      "%d QPs in ERR, completion status %d wr_id %llu", count_state(&s, IBV_QPS_ERR),
+		      wc.status, (unsigned long long)wc.wr_id);
+		if (!device) {
+			check(port_state(&s) == IBV_PORT_DOWN, "port_err: the port is DOWN", "state %d",
+			      port_state(&s));
+			if (expect_event(&s, &ev, IBV_EVENT_PORT_ACTIVE,
+					 "port_active (trigger again): IBV_EVENT_PORT_ACTIVE"))
+				return;
+			ibv_ack_async_event(&ev);
+			check(port_state(&s) == IBV_PORT_ACTIVE, "port_active: the port is ACTIVE again",
+			      "state %d", port_state(&s));
+			return;
+		}
+		/* ibv_close_device wakes a thread blocked in ibv_get_async_event. */
+		fcntl(s.ctx->async_fd, F_SETFL, fl);
+		struct reader r = { .ctx = s.ctx };
+		pthread_t t;
+		pthread_create(&t, NULL, reader_thread, &r);
+		usleep(100000);
+		int early = r.done;
+		for (int i = 0; i < NQP; i++)
+			ibv_destroy_qp(s.qp[i]);
+		ibv_dereg_mr(s.mr);
+		ibv_destroy_cq(s.cq);
+		ibv_dealloc_pd(s.pd);
+		ibv_close_device(s.ctx);
+		wait_done(&r.done, 2.0);
+		check(!early && r.done && r.rc == -1 && r.err == EBADF,
+		      "ibv_close_device wakes a reader blocked in ibv_get_async_event (-1, EBADF)",
+		      "blocked first %d, woken %d, rc %d errno %d", !early, r.done, r.rc, r.err);
+		if (r.done)
+			pthread_join(t, NULL);
+		return;
+	}
+	if (!strcmp(kinds, "qp_fatal,comm_est")) {
+		if (expect_event(&s, &ev, IBV_EVENT_QP_FATAL, "qp_fatal: IBV_EVENT_QP_FATAL, trigger "
+				 "file removed"))
+			return;
+		check(ev.element.qp == s.qp[QA], "qp_fatal: names the lowest-numbered QP in RTS",
+		      "element qpn 0x%x, QA 0x%x", ev.element.qp->qp_num, s.qp[QA]->qp_num);
+		check(qp_state(s.qp[QA]) == IBV_QPS_RTS, "qp_fatal: the QP stays RTS until the ack",
+		      "state %d", qp_state(s.qp[QA]));
+		ibv_ack_async_event(&ev);
+		check(qp_state(s.qp[QA]) == IBV_QPS_ERR && count_state(&s, IBV_QPS_RTS) == NQP - 1,
+		      "qp_fatal: after the ack that QP alone is in ERR", "QA state %d, %d in RTS",
+		      qp_state(s.qp[QA]), count_state(&s, IBV_QPS_RTS));
+		if (expect_event(&s, &ev, IBV_EVENT_COMM_EST, "comm_est (trigger again): "
+				 "IBV_EVENT_COMM_EST"))
+			return;
+		check(ev.element.qp == s.qp[QB], "comm_est: names the lowest-numbered QP in RTS now",
+		      "element qpn 0x%x, QB 0x%x", ev.element.qp->qp_num, s.qp[QB]->qp_num);
+		struct destroyer d = { .qp = s.qp[QB] };
+		pthread_t t;
+		pthread_create(&t, NULL, destroy_qp_thread, &d);
+		usleep(200000);
+		int early = d.done;
+		ibv_ack_async_event(&ev);
+		wait_done(&d.done, 2.0);
+		check(!early && d.done, "ibv_destroy_qp waits for the ack of an event it read",
+		      "returned before the ack %d, after %d", early, d.done);
+		if (d.done)
+			pthread_join(t, NULL);
+		return;
+	}
+	if (!strcmp(kinds, "cq_err")) {
+		if (expect_event(&s, &ev, IBV_EVENT_CQ_ERR, "cq_err: IBV_EVENT_CQ_ERR, trigger file "
+				 "removed"))
+			return;
+		check(ev.element.cq == s.cq, "cq_err: names the send CQ of the lowest-numbered QP in RTS",
+		      "element %p, CQ %p", (void *)ev.element.cq, (void *)s.cq);
+		ibv_ack_async_event(&ev);
+		usleep(100000);
+		int n = ibv_poll_cq(s.cq, 1, &wc);
+		check(count_state(&s, IBV_QPS_ERR) == NQP && n == 0,
+		      "cq_err: the QPs on the CQ go to ERR, the CQ takes no completion (flush lost)",
+		      "%d QPs in ERR, %d completions", count_state(&s, IBV_QPS_ERR), n);
+		return;
+	}
+	if (!strcmp(kinds, "qp_req_err")) {
+		pull_trigger();
+		usleep(200000);
+		int before = qp_state(s.qp[QA]) == IBV_QPS_RTS;
+		usleep(600000);
+		check(before && qp_state(s.qp[QA]) == IBV_QPS_ERR,
+		      "qp_req_err never read: its effect comes 500 ms after the event anyway",
+		      "RTS at 200 ms %d, state at 800 ms %d", before, qp_state(s.qp[QA]));
+		return;
+	}
+	check(0, "async case", "unknown case %s", kinds);
+}
+
+static int run_async(void)
+{
+	static const char *const cases[] = { "device_fatal", "port_err,port_active",
+					     "qp_fatal,comm_est", "cq_err", "qp_req_err" };
+	int failed = 0;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		snprintf(trigger, sizeof(trigger), "/tmp/double_test_async.%d.%zu", (int)getpid(), i);
+		unlink(trigger);
+		fflush(stdout);
+		pid_t pid = fork();
+		if (pid < 0)
+			die("fork");
+		if (pid == 0) {
+			alarm(20);
+			async_case(cases[i]);
+			fflush(stdout);
+			_exit(failures ? 1 : 0);
+		}
+		int st;
+		waitpid(pid, &st, 0);
+		unlink(trigger);
+		if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+			printf("FAIL async case %s (exit status 0x%x)\n", cases[i], st);
+			failed++;
+		}
+	}
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "basic";
 	if (strcmp(mode, "basic") && strcmp(mode, "fail-after") && strcmp(mode, "delay") &&
 	    strcmp(mode, "rnr") && strcmp(mode, "reorder") && strcmp(mode, "dmabuf") &&
-	    strcmp(mode, "devices")) {
-		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder|dmabuf|devices]\n",
+	    strcmp(mode, "async") && strcmp(mode, "devices")) {
+		fprintf(stderr, "usage: %s [basic|fail-after|delay|rnr|reorder|dmabuf|async|devices]\n",
 			argv[0]);
 		return 2;
 	}
@@ -711,7 +988,7 @@ int main(int argc, char **argv)
 		setenv("IBV_DOUBLE_PORTS", "2", 1);
 	}
 	alarm(30); /* a hang fails the test */
-	int f = run(mode);
+	int f = strcmp(mode, "async") ? run(mode) : run_async();
 	printf("%s: %s\n", mode, f ? "FAILED" : "ok");
 	return f ? 1 : 0;
 }

@@ -16,6 +16,8 @@
  *   6. the progress thread: accepts links, applies incoming requests (rkey, bounds and access
  *      checks), answers with ACK / READ_RESP, turns answers into requester completions, and
  *      moves a QP to ERR (flushing its work) on an error answer or EOF.
+ *   7. async events: the IBV_DOUBLE_ASYNC_EVENT knob raises them, each context queues them for
+ *      ibv_get_async_event, ibv_ack_async_event lets their effect (QPs to ERR, ...) happen.
  *
  * Locking: one process lock (G.lock) guards QPs, MRs and links; each CQ has its own lock so
  * that a polling thread does not contend with the progress thread for long. Order: G.lock,
@@ -87,6 +89,8 @@ struct dbl_cq {
 	int cap, head, count;
 	bool armed;             /* ibv_req_notify_cq called: the next completion raises an event */
 	bool overrun_reported;
+	bool error;             /* IBV_EVENT_CQ_ERR raised: takes no more completions */
+	unsigned events_reported; /* async events naming it read by ibv_get_async_event */
 };
 
 /* A send-queue entry: posted, waiting for its answer (or for its turn to fail). */
@@ -133,6 +137,8 @@ struct dbl_link {
 	struct dbl_deferred *deferred; /* IBV_DOUBLE_REORDER: acknowledged writes not placed yet */
 	int ndeferred;
 	struct timespec deferred_since;
+	bool rnr_nak;           /* IBV_DOUBLE_RNR: the head request was NAKed, retried after a while */
+	struct timespec rnr_since;
 	bool dead;              /* to be closed and freed by the progress thread */
 	struct dbl_link *next;
 };
@@ -151,7 +157,47 @@ struct dbl_qp {
 	int sq_count;
 	struct dbl_rwr *rq_head, *rq_tail;
 	int rq_count;
+	unsigned events_reported;       /* async events naming it read by ibv_get_async_event */
 };
+
+/* An async event queued on a context, not read yet. */
+struct dbl_event {
+	struct ibv_async_event ev;
+	struct dbl_event *next;
+};
+
+/* An open device. async_fd is the read end of a pipe whose write end is cmd_fd: one byte per
+ * queued event, so the fd polls readable exactly when ibv_get_async_event has something. */
+struct dbl_context {
+	struct ibv_context ctx;
+	struct dbl_event *events, *events_tail;
+	int readers;            /* threads inside ibv_get_async_event */
+	bool closed;            /* ibv_close_device ran: the last reader frees the context */
+	struct dbl_context *next;
+};
+
+/* IBV_DOUBLE_ASYNC_EVENT kinds: the event, what its element is, what it does to the device. */
+enum dbl_scope { ON_DEVICE, ON_PORT, ON_QP, ON_CQ };
+enum dbl_effect { FX_NONE, FX_DEVICE_FATAL, FX_PORT_DOWN, FX_PORT_UP, FX_QP_ERR, FX_CQ_ERR };
+struct dbl_async_kind {
+	const char *name;
+	enum ibv_event_type type;
+	enum dbl_scope scope;
+	enum dbl_effect effect;
+};
+
+/* A raised event whose effect waits until every context that queued it has acked it. */
+struct dbl_pending {
+	const struct dbl_async_kind *kind;
+	uint32_t qpn;           /* ON_QP: the QP the event names */
+	struct ibv_cq *cq;      /* ON_CQ: the CQ it names */
+	int unacked;
+	struct timespec raised;
+	struct dbl_pending *next;
+};
+
+#define DBL_MAX_ASYNC 16        /* kinds in IBV_DOUBLE_ASYNC_EVENT */
+#define DBL_EFFECT_MS 500.0     /* an event's effect happens at the latest this long after it */
 
 /* Wire header; payload of `len` bytes follows for WRITE*, SEND*, READ_RESP. Host byte order:
  * both ends run this library on the same kind of machine. */
@@ -194,6 +240,16 @@ static struct {
 	int connect_timeout_ms; /* IBV_DOUBLE_CONNECT_TIMEOUT_MS */
 	bool dmabuf;            /* IBV_DOUBLE_DMABUF (1): ibv_reg_dmabuf_mr maps the fd; 0: EOPNOTSUPP */
 	bool verbose;
+	long rnr_left;          /* IBV_DOUBLE_RNR: receive-consuming requests still to NAK once */
+	long rnr_given;
+	bool reorder_reported;
+	struct dbl_context *ctxs; /* open contexts (async events go to them) */
+	const struct dbl_async_kind *async[DBL_MAX_ASYNC]; /* IBV_DOUBLE_ASYNC_EVENT, in order */
+	int async_count, async_next;
+	char *async_trigger;    /* IBV_DOUBLE_ASYNC_TRIGGER: raise the next kind when it exists */
+	bool async_armed;       /* the trigger file appeared; the kind waits for its element */
+	struct dbl_pending *pending;
+	bool port_down;         /* port_err raised (port_active undoes it) */
 } G = { .once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1 };
 
 static void dbl_log(const char *fmt, ...)
@@ -284,6 +340,10 @@ static void set_nonblock(int fd)
 /* 2. Device, context, port, GID table                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
+static void async_parse_knobs(void);
+static void async_progress(void);
+static void async_forget_object(struct dbl_qp *q, struct ibv_cq *cq);
+
 static void global_init(void)
 {
 	const char *name = getenv("IBV_DOUBLE_NAME");
@@ -314,6 +374,8 @@ static void global_init(void)
 		G.nports = 1;
 	}
 	G.dmabuf = env_long("IBV_DOUBLE_DMABUF", 1) != 0;
+	G.rnr_left = env_long("IBV_DOUBLE_RNR", 0);
+	async_parse_knobs();
 	G.next_key = 0x1000;
 	G.next_qp_slot = 2; /* QPN 0 and 1 are special in IB */
 	G.wake[0] = G.wake[1] = -1;
@@ -475,19 +537,20 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 		errno = rc;
 		return NULL;
 	}
-	struct ibv_context *ctx = calloc(1, sizeof(*ctx));
-	if (!ctx) {
+	struct dbl_context *c = calloc(1, sizeof(*c));
+	if (!c) {
 		errno = ENOMEM;
 		return NULL;
 	}
+	struct ibv_context *ctx = &c->ctx;
 	int async[2];
 	if (pipe2(async, O_CLOEXEC) != 0) {
-		free(ctx);
+		free(c);
 		return NULL;
 	}
 	ctx->device = device;
-	ctx->cmd_fd = async[1];    /* only kept open so that async_fd never reports EOF */
-	ctx->async_fd = async[0];  /* no async event is ever raised */
+	ctx->cmd_fd = async[1];    /* the async events' pipe: one byte per queued event */
+	ctx->async_fd = async[0];  /* blocking, as the real one (programs may set O_NONBLOCK) */
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
 	ctx->abi_compat = NULL;
@@ -499,30 +562,89 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->ops.alloc_mw = dbl_alloc_mw;
 	ctx->ops.bind_mw = dbl_bind_mw;
 	ctx->ops.dealloc_mw = dbl_dealloc_mw;
+	pthread_mutex_lock(&G.lock);
+	c->next = G.ctxs;
+	G.ctxs = c;
+	pthread_mutex_unlock(&G.lock);
 	return ctx;
 }
 
+static void async_drop_queue_locked(struct dbl_context *c);
+
+/* Closing the write end of the events' pipe wakes a thread blocked in ibv_get_async_event on
+ * this context (it reads EOF and returns -1, errno EBADF); the last such reader frees the
+ * context, so none touches freed memory. Queued events are dropped (their effects happen). */
 int ibv_close_device(struct ibv_context *ctx)
 {
-	close(ctx->async_fd);
+	struct dbl_context *c = (struct dbl_context *)ctx;
+	pthread_mutex_lock(&G.lock);
+	for (struct dbl_context **pp = &G.ctxs; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	async_drop_queue_locked(c);
+	c->closed = true;
 	close(ctx->cmd_fd);
-	pthread_mutex_destroy(&ctx->mutex);
-	free(ctx);
+	bool last = c->readers == 0;
+	pthread_mutex_unlock(&G.lock);
+	if (last) {
+		close(ctx->async_fd);
+		pthread_mutex_destroy(&ctx->mutex);
+		free(c);
+	}
 	return 0;
 }
 
+static void async_reported_locked(const struct ibv_async_event *ev);
+
+/* The next queued event of this context. Blocks while there is none (unless the program made
+ * async_fd non-blocking: then -1 with errno EAGAIN), as the real call does. */
 int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event)
 {
-	(void)event;
-	char c;
-	/* Blocks like the real call; the double never raises an async event. */
-	ssize_t r = read(ctx->async_fd, &c, 1);
-	(void)r;
-	errno = EIO;
-	return -1;
+	struct dbl_context *c = (struct dbl_context *)ctx;
+	pthread_mutex_lock(&G.lock);
+	c->readers++;
+	int rc = -1, err = EBADF;
+	while (!c->closed) {
+		pthread_mutex_unlock(&G.lock);
+		char b;
+		ssize_t r = read(ctx->async_fd, &b, 1);
+		int e = errno;
+		pthread_mutex_lock(&G.lock);
+		if (r < 0 && e == EINTR)
+			continue;
+		if (r < 0) {
+			err = e;
+			break;
+		}
+		if (r == 0 || c->closed)
+			break; /* EOF: the context was closed */
+		struct dbl_event *q = c->events;
+		if (!q)
+			continue; /* its event was dropped (the object it named was destroyed) */
+		c->events = q->next;
+		if (!c->events)
+			c->events_tail = NULL;
+		*event = q->ev;
+		free(q);
+		async_reported_locked(event);
+		rc = 0;
+		break;
+	}
+	c->readers--;
+	bool last = c->closed && c->readers == 0;
+	pthread_mutex_unlock(&G.lock);
+	if (last) {
+		close(ctx->async_fd);
+		pthread_mutex_destroy(&ctx->mutex);
+		free(c);
+	}
+	if (rc)
+		errno = err;
+	return rc;
 }
-
-void ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }
 
 int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 {
@@ -557,7 +679,7 @@ int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 static void fill_port(struct ibv_port_attr *p)
 {
 	memset(p, 0, sizeof(*p));
-	p->state = IBV_PORT_ACTIVE;
+	p->state = G.port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
 	p->max_mtu = IBV_MTU_4096;
 	p->active_mtu = IBV_MTU_4096;
 	p->gid_tbl_len = DBL_GID_COUNT;
@@ -568,7 +690,7 @@ static void fill_port(struct ibv_port_attr *p)
 	p->max_vl_num = 4;
 	p->active_width = 2;     /* 4X */
 	p->active_speed = 32;    /* EDR (25 Gb/s a lane): 100 Gb/s */
-	p->phys_state = 5;       /* LinkUp */
+	p->phys_state = G.port_down ? 2 : 5; /* Polling (after port_err) or LinkUp */
 	p->link_layer = IBV_LINK_LAYER_ETHERNET;
 }
 
@@ -909,7 +1031,13 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 			return EBUSY;
 		}
 	}
+	async_forget_object(NULL, cq);
 	pthread_mutex_unlock(&G.lock);
+	/* As the real library: wait until every async event read for it has been acked. */
+	pthread_mutex_lock(&cq->mutex);
+	while (cq->async_events_completed != c->events_reported)
+		pthread_cond_wait(&cq->cond, &cq->mutex);
+	pthread_mutex_unlock(&cq->mutex);
 	free(c->ring);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -927,7 +1055,9 @@ static void cq_push(struct ibv_cq *cq, const struct ibv_wc *wc)
 	struct dbl_cq *c = (struct dbl_cq *)cq;
 	bool notify = false;
 	pthread_mutex_lock(&c->lock);
-	if (c->count == c->cap) {
+	if (c->error) {
+		/* IBV_EVENT_CQ_ERR: the CQ takes no more completions. */
+	} else if (c->count == c->cap) {
 		if (!c->overrun_reported)
 			dbl_warn("CQ %p overrun (%d entries): completions are lost; size the CQ for all "
 				 "outstanding work", (void *)cq, cq->cqe);
@@ -1432,6 +1562,14 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 {
 	struct dbl_qp *q = (struct dbl_qp *)qp;
 	pthread_mutex_lock(&G.lock);
+	async_forget_object(q, NULL);
+	pthread_mutex_unlock(&G.lock);
+	/* As the real library: wait until every async event read for it has been acked. */
+	pthread_mutex_lock(&qp->mutex);
+	while (qp->events_completed != q->events_reported)
+		pthread_cond_wait(&qp->cond, &qp->mutex);
+	pthread_mutex_unlock(&qp->mutex);
+	pthread_mutex_lock(&G.lock);
 	qp_reset(q);
 	G.qps[qp->qp_num & 0xffff] = NULL;
 	pthread_mutex_unlock(&G.lock);
@@ -1662,6 +1800,10 @@ static bool scatter(struct dbl_qp *q, const struct ibv_sge *sge, int num_sge, co
  * the data of writes that no completion has ordered yet. */
 static void place_deferred(struct dbl_link *l)
 {
+	if (l->ndeferred > 1 && !G.reorder_reported) {
+		G.reorder_reported = true;
+		dbl_warn("IBV_DOUBLE_REORDER: %d writes placed in reverse order (said once)", l->ndeferred);
+	}
 	for (int i = l->ndeferred - 1; i >= 0; i--) {
 		struct dbl_deferred *d = &l->deferred[i];
 		char *t = remote_target(d->pd, d->rkey, d->addr, d->len, IBV_ACCESS_REMOTE_WRITE);
@@ -1861,6 +2003,38 @@ static double rnr_budget_ms(const struct dbl_qp *q, unsigned rnr_retry)
 	return (rnr_retry + 1) * timer_ms[q->attr.min_rnr_timer & 31];
 }
 
+/* IBV_DOUBLE_RNR: the next N requests that consume a receive (write with immediate, send) are
+ * NAKed once as if none were posted, whether one is or not: the requester waits the responder's
+ * min_rnr_timer and sends again; with rnr_retry 0 it fails at once (IBV_WC_RNR_RETRY_EXC_ERR).
+ * True while the head request waits; *failed when it was answered with that error. */
+static bool rnr_injected(struct dbl_link *l, struct dbl_qp *q, const struct dbl_msg *m, bool *failed)
+{
+	*failed = false;
+	if (m->type != M_WRITE_IMM && m->type != M_SEND && m->type != M_SEND_IMM)
+		return false;
+	if (l->rnr_nak) {
+		if (elapsed_ms(&l->rnr_since) < rnr_budget_ms(q, 0))
+			return true;
+		l->rnr_nak = false; /* the retry: handled as any request */
+		return false;
+	}
+	if (G.rnr_left <= 0 || (q->qp.state != IBV_QPS_RTR && q->qp.state != IBV_QPS_RTS))
+		return false;
+	G.rnr_left--;
+	G.rnr_given++;
+	if (G.rnr_left == 0)
+		dbl_warn("IBV_DOUBLE_RNR: all %ld receiver-not-ready NAKs given", G.rnr_given);
+	if (m->rnr_retry == 0) {
+		answer(l, M_ACK, IBV_WC_RNR_RETRY_EXC_ERR, NULL, 0);
+		*failed = true;
+		return false;
+	}
+	l->rnr_nak = true;
+	clock_gettime(CLOCK_MONOTONIC, &l->rnr_since);
+	l->stall_since = l->rnr_since; /* a real RNR wait after it counts from here */
+	return true;
+}
+
 static void link_process(struct dbl_link *l)
 {
 	bool was_stalled = l->stalled;
@@ -1888,6 +2062,15 @@ static void link_process(struct dbl_link *l)
 		if (m.type == M_ACK || m.type == M_READ_RESP) {
 			handle_answer(q, &m, payload);
 		} else {
+			bool rnr_failed;
+			if (rnr_injected(l, q, &m, &rnr_failed)) {
+				l->stalled = true;
+				return;
+			}
+			if (rnr_failed) {
+				l->in.off += need;
+				continue;
+			}
 			if (G.delay_us && !was_stalled) { /* a slow responder; l is not freed meanwhile */
 				pthread_mutex_unlock(&G.lock);
 				usleep(G.delay_us);
@@ -1988,7 +2171,7 @@ static void *progress_main(void *arg)
 		n = 2;
 		bool any_deferred = false;
 		for (struct dbl_link *l = G.links; l; l = l->next) {
-			any_deferred |= l->ndeferred > 0;
+			any_deferred |= l->ndeferred > 0 || l->rnr_nak;
 			if (l->fd < 0)
 				continue;
 			/* A stalled link is not read (flow control) but its EOF is still seen. */
@@ -2026,6 +2209,7 @@ static void *progress_main(void *arg)
 		for (struct dbl_link *l = G.links; l; l = l->next)
 			if (l->ndeferred && elapsed_ms(&l->deferred_since) >= DBL_REORDER_WINDOW_MS)
 				place_deferred(l);
+		async_progress();
 		/* Retry what waited: stalled links (a receive may have been posted) and HELLOs whose
 		 * QP has reached RTR since. */
 		for (struct dbl_link *l = G.links; l; l = l->next)
@@ -2033,4 +2217,319 @@ static void *progress_main(void *arg)
 				link_process(l);
 	}
 	return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* 7. Async events                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* IBV_DOUBLE_ASYNC_EVENT's kinds. A QP kind names the QP of this process in RTS with the lowest
+ * QP number; cq_err names that QP's send CQ. Effects, as hardware has them: device_fatal and
+ * port_err take every QP of the process to ERR; qp_* take their QP to ERR; cq_err puts the CQ in
+ * error (it takes no more completions) and takes the QPs that use it to ERR; port_active undoes
+ * port_err's port state; the others change nothing. */
+static const struct dbl_async_kind async_kinds[] = {
+	{ "device_fatal", IBV_EVENT_DEVICE_FATAL, ON_DEVICE, FX_DEVICE_FATAL },
+	{ "port_err", IBV_EVENT_PORT_ERR, ON_PORT, FX_PORT_DOWN },
+	{ "port_active", IBV_EVENT_PORT_ACTIVE, ON_PORT, FX_PORT_UP },
+	{ "lid_change", IBV_EVENT_LID_CHANGE, ON_PORT, FX_NONE },
+	{ "pkey_change", IBV_EVENT_PKEY_CHANGE, ON_PORT, FX_NONE },
+	{ "gid_change", IBV_EVENT_GID_CHANGE, ON_PORT, FX_NONE },
+	{ "sm_change", IBV_EVENT_SM_CHANGE, ON_PORT, FX_NONE },
+	{ "client_reregister", IBV_EVENT_CLIENT_REREGISTER, ON_PORT, FX_NONE },
+	{ "qp_fatal", IBV_EVENT_QP_FATAL, ON_QP, FX_QP_ERR },
+	{ "qp_req_err", IBV_EVENT_QP_REQ_ERR, ON_QP, FX_QP_ERR },
+	{ "qp_access_err", IBV_EVENT_QP_ACCESS_ERR, ON_QP, FX_QP_ERR },
+	{ "comm_est", IBV_EVENT_COMM_EST, ON_QP, FX_NONE },
+	{ "cq_err", IBV_EVENT_CQ_ERR, ON_CQ, FX_CQ_ERR },
+};
+
+static void async_parse_knobs(void)
+{
+	const char *trigger = getenv("IBV_DOUBLE_ASYNC_TRIGGER");
+	if (trigger && *trigger)
+		G.async_trigger = strdup(trigger);
+	const char *v = getenv("IBV_DOUBLE_ASYNC_EVENT");
+	if (!v || !*v)
+		return;
+	char *list = strdup(v), *save = NULL;
+	for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		const struct dbl_async_kind *k = NULL;
+		for (size_t i = 0; i < sizeof(async_kinds) / sizeof(async_kinds[0]); i++)
+			if (!strcmp(name, async_kinds[i].name))
+				k = &async_kinds[i];
+		if (!k) {
+			dbl_warn("IBV_DOUBLE_ASYNC_EVENT: unknown kind '%s' ignored (kinds: device_fatal, "
+				 "port_err, port_active, lid_change, pkey_change, gid_change, sm_change, "
+				 "client_reregister, qp_fatal, qp_req_err, qp_access_err, comm_est, cq_err)",
+				 name);
+		} else if (G.async_count < DBL_MAX_ASYNC) {
+			G.async[G.async_count++] = k;
+		}
+	}
+	free(list);
+}
+
+static bool is_qp_event(enum ibv_event_type t)
+{
+	return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR || t == IBV_EVENT_QP_ACCESS_ERR ||
+	       t == IBV_EVENT_COMM_EST || t == IBV_EVENT_SQ_DRAINED || t == IBV_EVENT_PATH_MIG ||
+	       t == IBV_EVENT_PATH_MIG_ERR || t == IBV_EVENT_QP_LAST_WQE_REACHED;
+}
+
+static void qp_to_err_if_live(struct dbl_qp *q, const char *why)
+{
+	if (q && q->qp.state != IBV_QPS_RESET && q->qp.state != IBV_QPS_ERR)
+		qp_to_err_how(q, why, true); /* the peer's QP stays: its next request fails */
+}
+
+/* An event's effect (G.lock held). QPs go to ERR as after a local error: the peer is told
+ * goodbye, so its QP stays as it is and its next request fails (IBV_WC_RETRY_EXC_ERR), as when a
+ * NIC stops answering. */
+static void async_apply(const struct dbl_pending *p)
+{
+	const char *why = p->kind->name;
+	switch (p->kind->effect) {
+	case FX_NONE:
+		break;
+	case FX_PORT_UP:
+		G.port_down = false;
+		break;
+	case FX_PORT_DOWN:
+		G.port_down = true; /* and every QP is on port 1: */
+		__attribute__((fallthrough));
+	case FX_DEVICE_FATAL:
+		for (int i = 2; i < DBL_MAX_QPS; i++)
+			qp_to_err_if_live(G.qps[i], why);
+		break;
+	case FX_QP_ERR:
+		qp_to_err_if_live(qp_by_num(p->qpn), why);
+		break;
+	case FX_CQ_ERR: {
+		struct dbl_cq *c = (struct dbl_cq *)p->cq;
+		pthread_mutex_lock(&c->lock);
+		c->error = true;
+		pthread_mutex_unlock(&c->lock);
+		for (int i = 2; i < DBL_MAX_QPS; i++) {
+			struct dbl_qp *q = G.qps[i];
+			if (q && (q->qp.send_cq == p->cq || q->qp.recv_cq == p->cq))
+				qp_to_err_if_live(q, why);
+		}
+		break;
+	}
+	}
+}
+
+static void pending_unlink(struct dbl_pending *p)
+{
+	for (struct dbl_pending **pp = &G.pending; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			free(p);
+			return;
+		}
+	}
+}
+
+static bool pending_names(const struct dbl_pending *p, const struct ibv_async_event *ev)
+{
+	if (p->kind->type != ev->event_type)
+		return false;
+	if (p->kind->scope == ON_QP)
+		return ev->element.qp && ev->element.qp->qp_num == p->qpn;
+	if (p->kind->scope == ON_CQ)
+		return ev->element.cq == p->cq;
+	return true;
+}
+
+/* One queued copy of `ev` is done with (acked, or dropped unread): its effect happens when it
+ * was the last. G.lock held. */
+static void pending_done_locked(const struct ibv_async_event *ev)
+{
+	for (struct dbl_pending *p = G.pending; p; p = p->next) {
+		if (p->unacked > 0 && pending_names(p, ev)) {
+			if (--p->unacked == 0) {
+				async_apply(p);
+				pending_unlink(p);
+			}
+			return;
+		}
+	}
+}
+
+/* ibv_get_async_event read `ev`: the object it names counts it, so that its destroy waits for
+ * the ack (the real library's events_reported). G.lock held. */
+static void async_reported_locked(const struct ibv_async_event *ev)
+{
+	if (is_qp_event(ev->event_type)) {
+		struct dbl_qp *q = (struct dbl_qp *)ev->element.qp;
+		pthread_mutex_lock(&q->qp.mutex);
+		q->events_reported++;
+		pthread_mutex_unlock(&q->qp.mutex);
+	} else if (ev->event_type == IBV_EVENT_CQ_ERR) {
+		struct dbl_cq *c = (struct dbl_cq *)ev->element.cq;
+		pthread_mutex_lock(&c->cq.mutex);
+		c->events_reported++;
+		pthread_mutex_unlock(&c->cq.mutex);
+	}
+}
+
+void ibv_ack_async_event(struct ibv_async_event *event)
+{
+	pthread_mutex_lock(&G.lock);
+	pending_done_locked(event);
+	pthread_mutex_unlock(&G.lock);
+	if (is_qp_event(event->event_type)) {
+		struct ibv_qp *qp = event->element.qp;
+		pthread_mutex_lock(&qp->mutex);
+		qp->events_completed++;
+		pthread_cond_broadcast(&qp->cond);
+		pthread_mutex_unlock(&qp->mutex);
+	} else if (event->event_type == IBV_EVENT_CQ_ERR) {
+		struct ibv_cq *cq = event->element.cq;
+		pthread_mutex_lock(&cq->mutex);
+		cq->async_events_completed++;
+		pthread_cond_broadcast(&cq->cond);
+		pthread_mutex_unlock(&cq->mutex);
+	}
+}
+
+static bool event_names(const struct ibv_async_event *ev, struct dbl_qp *q, struct ibv_cq *cq)
+{
+	if (q && is_qp_event(ev->event_type))
+		return ev->element.qp == &q->qp;
+	return cq && ev->event_type == IBV_EVENT_CQ_ERR && ev->element.cq == cq;
+}
+
+/* Drops the queued events of c that `keep` rejects (all when keep is NULL); G.lock held. Their
+ * bytes stay in the pipe: a reader that finds no event reads again. */
+static void async_drop_where(struct dbl_context *c, struct dbl_qp *q, struct ibv_cq *cq, bool all)
+{
+	struct dbl_event **pp = &c->events;
+	c->events_tail = NULL;
+	while (*pp) {
+		struct dbl_event *e = *pp;
+		if (all || event_names(&e->ev, q, cq)) {
+			*pp = e->next;
+			if (all)
+				pending_done_locked(&e->ev); /* never to be acked */
+			free(e);
+			continue;
+		}
+		c->events_tail = e;
+		pp = &e->next;
+	}
+}
+
+static void async_drop_queue_locked(struct dbl_context *c)
+{
+	async_drop_where(c, NULL, NULL, true);
+}
+
+/* The QP or CQ is being destroyed (G.lock held): unread events that name it go (as the kernel
+ * drops them) and so do their pending effects. */
+static void async_forget_object(struct dbl_qp *q, struct ibv_cq *cq)
+{
+	for (struct dbl_context *c = G.ctxs; c; c = c->next)
+		async_drop_where(c, q, cq, false);
+	for (struct dbl_pending *p = G.pending, *next; p; p = next) {
+		next = p->next;
+		if ((q && p->kind->scope == ON_QP && p->qpn == q->qp.qp_num) ||
+		    (cq && p->kind->scope == ON_CQ && p->cq == cq))
+			pending_unlink(p);
+	}
+}
+
+static int async_queue(struct dbl_context *c, const struct ibv_async_event *ev)
+{
+	struct dbl_event *e = calloc(1, sizeof(*e));
+	if (!e)
+		return ENOMEM;
+	e->ev = *ev;
+	char b = 1;
+	if (write(c->ctx.cmd_fd, &b, 1) != 1) {
+		free(e);
+		return errno;
+	}
+	if (c->events_tail)
+		c->events_tail->next = e;
+	else
+		c->events = e;
+	c->events_tail = e;
+	return 0;
+}
+
+/* Raises kind k (G.lock held); false while a QP or CQ kind has no QP in RTS to name. */
+static bool async_raise(const struct dbl_async_kind *k)
+{
+	struct ibv_async_event ev;
+	memset(&ev, 0, sizeof(ev));
+	ev.event_type = k->type;
+	struct dbl_qp *q = NULL;
+	if (k->scope == ON_QP || k->scope == ON_CQ) {
+		for (int i = 2; i < DBL_MAX_QPS && !q; i++)
+			if (G.qps[i] && G.qps[i]->qp.state == IBV_QPS_RTS)
+				q = G.qps[i];
+		if (!q)
+			return false;
+	}
+	struct dbl_pending *p = calloc(1, sizeof(*p));
+	if (!p)
+		return false;
+	p->kind = k;
+	if (k->scope == ON_QP) {
+		ev.element.qp = &q->qp;
+		p->qpn = q->qp.qp_num;
+	} else if (k->scope == ON_CQ) {
+		ev.element.cq = q->qp.send_cq;
+		p->cq = q->qp.send_cq;
+	} else if (k->scope == ON_PORT) {
+		ev.element.port_num = 1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &p->raised);
+	for (struct dbl_context *c = G.ctxs; c; c = c->next)
+		if ((!q || &c->ctx == q->qp.context) && async_queue(c, &ev) == 0)
+			p->unacked++;
+	if (q)
+		dbl_warn("IBV_DOUBLE_ASYNC_EVENT: %s raised on QP 0x%x (%s)", k->name, q->qp.qp_num,
+			 k->scope == ON_CQ ? "its send CQ" : "the QP");
+	else
+		dbl_warn("IBV_DOUBLE_ASYNC_EVENT: %s raised on %s", k->name,
+			 k->scope == ON_PORT ? "port 1" : "the device");
+	if (p->unacked == 0) { /* no open context: nobody to tell */
+		async_apply(p);
+		free(p);
+	} else {
+		p->next = G.pending;
+		G.pending = p;
+	}
+	return true;
+}
+
+/* From the progress thread (G.lock held): effects that waited long enough happen; the trigger
+ * file, once it exists, raises the next kind and is removed (create it again for the next). */
+static void async_progress(void)
+{
+	for (struct dbl_pending *p = G.pending, *next; p; p = next) {
+		next = p->next;
+		if (elapsed_ms(&p->raised) >= DBL_EFFECT_MS) {
+			async_apply(p);
+			pending_unlink(p);
+		}
+	}
+	while (G.async_next < G.async_count) {
+		if (G.async_trigger && !G.async_armed) {
+			if (access(G.async_trigger, F_OK) != 0)
+				return;
+			G.async_armed = true;
+		}
+		if (!async_raise(G.async[G.async_next]))
+			return; /* waits for a QP in RTS */
+		G.async_next++;
+		G.async_armed = false;
+		if (G.async_trigger) {
+			unlink(G.async_trigger);
+			return; /* one kind per appearance of the file */
+		}
+	}
 }

@@ -276,6 +276,46 @@ impl Context {
         )?;
         Ok(AsyncEvent { ctx: self, event })
     }
+
+    /// The device's next asynchronous event if one comes within `timeout_ms` (`Ok(None)`
+    /// otherwise). The context's `async_fd` is made non-blocking first, as
+    /// `ibv_get_async_event(3)` shows, so that a wake-up without an event never blocks.
+    pub fn next_async_event(
+        &self,
+        timeout_ms: i32,
+    ) -> Result<Option<AsyncEvent<'_>>, PluginError> {
+        // SAFETY: live context; the library set `async_fd` at open and keeps it open.
+        let fd = unsafe { (*self.as_ptr()).async_fd };
+        // SAFETY: fcntl on the context's own descriptor, changing only its O_NONBLOCK flag.
+        let nonblocking = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags >= 0
+                && (flags & libc::O_NONBLOCK != 0
+                    || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0)
+        };
+        if !nonblocking {
+            return Err(verbs_error("fcntl(async_fd, O_NONBLOCK)", &self.name, errno()));
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, timeout_ms) } <= 0 {
+            return Ok(None);
+        }
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut event: ibv_async_event = unsafe { std::mem::zeroed() };
+        // SAFETY: live context; the library fills `event`.
+        if unsafe { (self.verbs.get_async_event)(self.as_ptr(), &mut event) } == 0 {
+            return Ok(Some(AsyncEvent { ctx: self, event }));
+        }
+        match errno() {
+            libc::EAGAIN | libc::EINTR => Ok(None),
+            err => Err(verbs_error("ibv_get_async_event", &self.name, err)),
+        }
+    }
 }
 
 impl Drop for Context {

@@ -4,6 +4,8 @@
 //! a checked stream of messages over it.
 #![allow(dead_code)]
 
+pub mod pair;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
