@@ -8,6 +8,8 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+pub mod verbs_double;
+
 /// How one rank process ended.
 #[derive(Debug)]
 pub struct Outcome {

@@ -2,7 +2,8 @@
 //! read the environment): defaults, `none`, a path, a name expanded to both file-name patterns,
 //! a list, a missing plugin, a plugin whose init fails, a library that is not a plugin, one
 //! whose table layout is wrong, `NCCL_NET` choosing by name, NCCL's order (the IB transport
-//! before Socket when it has a device), a tuner of the older ABI, and a profiler. Each run's log must say what was chosen and why, in one line.
+//! before Socket when it has a device; found under cargo's name too, and beside the worker, where
+//! without RDMA it is passed over quietly), a tuner of the older ABI, and a profiler. Each run's log must say what was chosen and why, in one line.
 
 use std::time::Duration;
 
@@ -207,5 +208,69 @@ fn external_plugins_come_before_the_ib_transport() {
     assert!(r[0].starts_with("net Loopback v1 "), "{r:?}\n{log}");
     let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET_PLUGIN", "none")]);
     assert!(r[0].starts_with("net IB v2 "), "none leaves out external plugins only: {r:?}\n{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The IB transport as cargo builds it, `librustccl_net_ib.so`, is found on the loader's path
+/// too (the stub under that name here).
+#[test]
+fn the_ib_transport_is_found_under_cargos_name_on_the_loader_path() {
+    let dir = std::env::temp_dir().join(format!("rustccl-ib-cargo-name-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("librustccl_net_ib.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(built_lib("librustccl_test_net_ib_stub.so"), &link).unwrap();
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &dir.to_string_lossy())]);
+    assert_eq!(r[0], format!("net IB v2 {}", link.display()), "{log}");
+    assert!(log.contains("2 device(s): the IB transport (librustccl_net_ib.so), tried after external plugins and before Socket"), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// With nothing on the loader's path, the IB transport cargo built beside the worker
+/// (`target/release/librustccl_net_ib.so`) is the one tried; on a machine without RDMA (no
+/// device, no `ib_uverbs`, or no libibverbs) it is passed over for Socket with one INFO line
+/// and no warning, as NCCL passes over its IB. `NCCL_NET=IB` then fails, saying why.
+#[test]
+fn the_ib_transport_beside_the_worker_is_passed_over_quietly_without_rdma() {
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        println!("SKIPPED: this machine has RDMA devices (/sys/class/infiniband), so IB may be usable here");
+        return;
+    }
+    let beside = worker_path().parent().unwrap().join("librustccl_net_ib.so");
+    let (r, log) = ok_run(&[]);
+    assert_eq!(r[0], "net Socket v2 built in", "{log}");
+    let skipped: Vec<&str> = log.lines().filter(|l| l.contains(&format!("NET/Plugin: skipped IB ({})", beside.display()))).collect();
+    assert_eq!(skipped.len(), 1, "one line says why IB was passed over: {log}");
+    assert!(skipped[0].contains("INFO"), "{log}");
+    assert!(!log.contains("WARN"), "no RDMA here is no warning:\n{log}");
+    let (_, _, out) = run(&[("NCCL_NET", "IB")]);
+    let (code, msg) = out.error().expect("IB asked for without RDMA: init must fail");
+    assert_eq!(code, "InvalidUsage");
+    assert!(msg.contains(&format!("no network plugin named \"IB\" could be used (IB ({})", beside.display())), "{msg}");
+}
+
+/// An IB transport nobody asked for (`NCCL_NET` unset) that turns out unusable logs its
+/// warnings as INFO (the usual case without RDMA); one that is used, or asked for by
+/// `NCCL_NET=IB`, keeps them as warnings.
+#[test]
+fn the_ib_transports_warnings_are_info_only_when_it_was_probed_unasked_and_unusable() {
+    let (dir, ld) = ib_transport_dir("warnings");
+    let warn = ("RUSTCCL_TEST_IB_WARN", "IB stub: no RDMA stack here");
+    let lines = |log: &str| log.lines().filter(|l| l.contains(warn.1)).map(str::to_string).collect::<Vec<_>>();
+
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("RUSTCCL_TEST_IB_DEVICES", "0"), warn]);
+    assert_eq!(r[0], "net Socket v2 built in");
+    let l = lines(&log);
+    assert!(l.len() == 1 && l[0].contains(" INFO "), "unasked and unusable: INFO\n{log}");
+    assert!(!log.contains("WARN"), "{log}");
+
+    let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), warn]);
+    assert!(r[0].starts_with("net IB v2 "), "{r:?}");
+    let l = lines(&log);
+    assert!(l.len() == 1 && l[0].contains(" WARN "), "used: its warning stays\n{log}");
+
+    let (_, _, out) = run(&[("LD_LIBRARY_PATH", &ld), ("RUSTCCL_TEST_IB_DEVICES", "0"), ("NCCL_NET", "IB"), warn]);
+    let l = lines(&out.stderr);
+    assert!(l.len() == 1 && l[0].contains(" WARN "), "asked for by NCCL_NET: its warning stays\n{}", out.stderr);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -130,28 +130,72 @@ fn name_search_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The path of a loaded library, from the dynamic linker's link map.
-fn loaded_path(handle: *mut libc::c_void) -> Option<String> {
-    #[repr(C)]
-    struct LinkMap {
-        l_addr: usize,
-        l_name: *const libc::c_char,
-    }
-    let mut map: *mut LinkMap = std::ptr::null_mut();
-    // SAFETY: `handle` is a live dlopen handle; RTLD_DI_LINKMAP writes a pointer to the
-    // library's `struct link_map`, whose first two fields are `l_addr` and `l_name`.
-    let rc = unsafe { libc::dlinfo(handle, libc::RTLD_DI_LINKMAP, &mut map as *mut _ as *mut libc::c_void) };
-    if rc != 0 || map.is_null() {
+/// The first fields of glibc's `struct link_map` (`<link.h>`), all that is read of it.
+#[repr(C)]
+struct LinkMap {
+    l_addr: usize,
+    l_name: *const libc::c_char,
+}
+
+/// A link map's `l_name`: the path the object was loaded from, empty for the main program.
+///
+/// # Safety
+/// `map` is NULL or a `struct link_map` of an object that stays loaded during the call.
+unsafe fn link_map_name(map: *const LinkMap) -> Option<String> {
+    if map.is_null() {
         return None;
     }
-    // SAFETY: checked non-null above; l_name is a NUL-terminated string owned by the loader.
+    // SAFETY: non-NULL, a live link map (the caller's contract); l_name is NULL or a
+    // NUL-terminated string owned by the loader.
     let name = unsafe { (*map).l_name };
     if name.is_null() {
         return None;
     }
     // SAFETY: as above.
-    let s = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
-    (!s.is_empty()).then_some(s)
+    Some(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+}
+
+/// The path of a loaded library, from the dynamic linker's link map.
+fn loaded_path(handle: *mut libc::c_void) -> Option<String> {
+    let mut map: *mut LinkMap = std::ptr::null_mut();
+    // SAFETY: `handle` is a live dlopen handle; RTLD_DI_LINKMAP writes a pointer to the
+    // library's `struct link_map`, whose first two fields are `l_addr` and `l_name`.
+    let rc = unsafe { libc::dlinfo(handle, libc::RTLD_DI_LINKMAP, &mut map as *mut _ as *mut libc::c_void) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: the link map of a library that `handle` keeps loaded.
+    unsafe { link_map_name(map) }.filter(|s| !s.is_empty())
+}
+
+/// `dladdr1`'s request for the object's link map (`RTLD_DL_LINKMAP` in `<dlfcn.h>`).
+const RTLD_DL_LINKMAP: libc::c_int = 2;
+
+/// The directory of the file that holds this code: `libnccl.so.2` (or whatever shared library
+/// rustccl is linked into) for C programs, the executable for Rust programs, which link rustccl
+/// statically. The IB transport is looked for there ([`super::net_order::ib_library_files`]),
+/// as a program's `$ORIGIN` would find it. The executable is named by the kernel
+/// (`/proc/self/exe`), not by `argv[0]` (what `dladdr` gives for it, maybe a bare name or a
+/// path relative to another directory); a library by the path it was loaded from. `None` when
+/// neither can be told.
+pub fn rustccl_directory() -> Option<PathBuf> {
+    // SAFETY: Dl_info is plain C data (pointers and integers), for which all zeroes is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut map: *mut libc::c_void = std::ptr::null_mut();
+    let addr = rustccl_directory as *const libc::c_void;
+    // SAFETY: dladdr1 only reads the address (a function of this object) and fills `info` and,
+    // with RTLD_DL_LINKMAP, `map` with the object's `struct link_map`.
+    let found = unsafe { libc::dladdr1(addr, &mut info, &mut map, RTLD_DL_LINKMAP) } != 0;
+    if !found {
+        return None;
+    }
+    // SAFETY: the link map of the object holding this function, loaded while it runs.
+    let file = match unsafe { link_map_name(map as *const LinkMap) } {
+        Some(name) if !name.is_empty() => PathBuf::from(name),
+        // The main program's link map has an empty name.
+        _ => std::env::current_exe().ok()?,
+    };
+    file.parent().map(Path::to_path_buf)
 }
 
 /// Names of NCCL's C plugin symbols this library exports (adapters for them come later).
@@ -182,6 +226,13 @@ mod tests {
         patched[18..20].copy_from_slice(&at);
         let foreign = dir.write(&format!("foreign/{name}"), &patched);
         (good, broken, foreign)
+    }
+
+    #[test]
+    fn rustccl_lives_beside_this_test_executable() {
+        // The unit tests link rustccl statically: its directory is the test executable's.
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(rustccl_directory().as_deref(), exe.parent());
     }
 
     #[test]

@@ -199,8 +199,51 @@ pub fn log_skipped(kind: PluginKind, not_found: &[String], skipped: &[Skipped]) 
     }
 }
 
-/// The logger given to plugins: their messages go through rustccl's log.
+thread_local! {
+    /// The messages plugins logged on this thread inside [`probe_quietly`], held back.
+    static HELD: std::cell::RefCell<Option<Vec<(i32, u64, String)>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `probe` (a plugin's `init` and `devices`, on this thread) holding back what plugins
+/// log on this thread meanwhile; then logs it, with its warnings as INFO unless `usable` says
+/// the probe found the plugin usable. For a network nobody asked for (the IB transport on a
+/// machine without RDMA, [`net_order`]): its failure is the usual case, said in one INFO line
+/// by the loader, while a transport that is used keeps its warnings.
+pub fn probe_quietly<R>(probe: impl FnOnce() -> R, usable: impl FnOnce(&R) -> bool) -> R {
+    /// Stops the holding back when dropped, also if `probe` unwinds.
+    struct Holding;
+    impl Drop for Holding {
+        fn drop(&mut self) {
+            HELD.with(|h| h.borrow_mut().take());
+        }
+    }
+    HELD.with(|h| *h.borrow_mut() = Some(Vec::new()));
+    let holding = Holding;
+    let r = probe();
+    let held = HELD.with(|h| h.borrow_mut().take()).unwrap_or_default();
+    drop(holding);
+    let keep = usable(&r);
+    for (level, flags, text) in held {
+        let level = if keep { level } else { level.max(log_level::INFO) };
+        host_log(level, flags, RStr::from_str(&text));
+    }
+    r
+}
+
+/// The logger given to plugins: their messages go through rustccl's log (held back inside
+/// [`probe_quietly`]).
 pub extern "C" fn host_log(level: i32, flags: u64, message: RStr<'_>) {
+    // try_with: a plugin may log from a thread whose thread-locals are being destroyed.
+    let held = HELD.try_with(|h| match h.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push((level, flags, message.as_str().to_string()));
+            true
+        }
+        None => false,
+    });
+    if held == Ok(true) {
+        return;
+    }
     let target_is = |bit: u64| flags & bit != 0;
     let msg = message.as_str();
     macro_rules! emit {

@@ -2,7 +2,8 @@
 //!
 //! Candidates, in NCCL's order ([`net_order`]): the libraries of
 //! `NCCL_NET_PLUGIN` ([`discovery`](super::discovery)), then the IB transport's library when
-//! present, then the built-in Socket plugin. For each library: open it and find its newest
+//! present (on the loader's path or beside rustccl, [`net_order::ib_library_files`]), then the
+//! built-in Socket plugin. For each library: open it and find its newest
 //! supported table (rustccl's own, v2 then v1, then NCCL's C tables `ncclNetPlugin_v12` down
 //! to `_v6`, adapted by [`super::c_net`]). Then, in order, each candidate whose name matches
 //! `NCCL_NET` / `config.netName` (when one is asked for) gets `init` for this communicator and
@@ -17,7 +18,7 @@ use rustccl_plugin_api::PluginHandle;
 
 use super::c_net::{self, CNet};
 use super::library::{self, OpenError, PluginLibrary};
-use super::net_order::{self, Candidate, IB_LIBRARY};
+use super::net_order::{self, Candidate};
 use super::{Plugin, Skipped};
 use crate::error::{Error, Result};
 
@@ -131,29 +132,38 @@ fn note_collnet(lib: &PluginLibrary) {
 
 /// What the look for the IB transport's library found.
 enum IbLookup {
-    /// Not on the loader's path (the usual case without the IB plugin installed).
-    NotFound,
+    /// None of its files exists (the usual case without the IB plugin installed): the files
+    /// tried.
+    NotFound(Vec<String>),
     /// The library is already a candidate (`NCCL_NET_PLUGIN` named it).
     AlreadyListed,
-    Found(LoadedNet),
+    /// Its table, and how it was found (for the INFO line).
+    Found(LoadedNet, String),
     /// There, but not loadable: the reason.
     Refused(Skipped),
 }
 
-/// Looks for the IB transport ([`IB_LIBRARY`]), which NCCL tries after the external plugins.
+/// Looks for the IB transport, which NCCL tries after the external plugins: the first of
+/// [`net_order::ib_library_files`] that exists, beside rustccl's own file when the loader's
+/// path has none.
 fn find_ib_transport(listed: &[(NetPlugin, NetAbi, bool, String)]) -> IbLookup {
-    let lib = match library::open(IB_LIBRARY) {
-        Ok(lib) => lib,
-        Err(OpenError::NotFound) => return IbLookup::NotFound,
-        Err(OpenError::Failed(why)) => return IbLookup::Refused(Skipped { what: IB_LIBRARY.into(), why, explicit: false }),
-    };
-    if listed.iter().any(|(p, ..)| p.library.as_ref().is_some_and(|l| l.path == lib.path)) {
-        return IbLookup::AlreadyListed;
+    let files = net_order::ib_library_files(library::rustccl_directory().as_deref());
+    for file in &files {
+        let lib = match library::open(file) {
+            Ok(lib) => lib,
+            Err(OpenError::NotFound) => continue,
+            Err(OpenError::Failed(why)) => return IbLookup::Refused(Skipped { what: file.clone(), why, explicit: false }),
+        };
+        if listed.iter().any(|(p, ..)| p.library.as_ref().is_some_and(|l| l.path == lib.path)) {
+            return IbLookup::AlreadyListed;
+        }
+        let how = if file.contains('/') { format!("beside rustccl: {file}") } else { file.clone() };
+        return match from_library(&lib) {
+            Ok(loaded) => IbLookup::Found(loaded, how),
+            Err(why) => IbLookup::Refused(Skipped { what: lib.path.clone(), why, explicit: false }),
+        };
     }
-    match from_library(&lib) {
-        Ok(loaded) => IbLookup::Found(loaded),
-        Err(why) => IbLookup::Refused(Skipped { what: lib.path.clone(), why, explicit: false }),
-    }
+    IbLookup::NotFound(files)
 }
 
 /// Chooses and initialises the network for a communicator. `want` is `config.netName` or
@@ -169,12 +179,14 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
     };
     let mut plugins: Vec<(NetPlugin, NetAbi, bool, String)> =
         search.found.into_iter().map(|f| (f.plugin.plugin, f.plugin.abi, f.explicit, f.why)).collect();
+    let mut ib_at = None;
     match find_ib_transport(&plugins) {
-        IbLookup::Found(ib) => {
-            let why = format!("the IB transport ({IB_LIBRARY}), tried after external plugins and before Socket");
+        IbLookup::Found(ib, how) => {
+            let why = format!("the IB transport ({how}), tried after external plugins and before Socket");
             plugins.push((ib.plugin, ib.abi, false, why));
+            ib_at = Some(plugins.len() - 1);
         }
-        IbLookup::NotFound => not_found.push(IB_LIBRARY.to_string()),
+        IbLookup::NotFound(files) => not_found.extend(files),
         IbLookup::AlreadyListed => {}
         IbLookup::Refused(s) => skipped.push(s),
     }
@@ -186,16 +198,24 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
     let mut ctx = None;
     let choice = net_order::choose(&candidates, want, |i| {
         let api = &plugins[i].0.api;
-        let c = api.init(comm_id, &config, super::logger()).map_err(|e| format!("init failed: {}", e.message))?;
-        match api.devices(c) {
-            Ok(n) if n > 0 => {
-                ctx = Some(c);
-                Ok(n)
+        let mut probe = || {
+            let c = api.init(comm_id, &config, super::logger()).map_err(|e| format!("init failed: {}", e.message))?;
+            match api.devices(c) {
+                Ok(n) if n > 0 => {
+                    ctx = Some(c);
+                    Ok(n)
+                }
+                other => {
+                    let _ = api.finalize(c);
+                    other.map_err(|e| format!("listing devices failed: {}", e.message))
+                }
             }
-            other => {
-                let _ = api.finalize(c);
-                other.map_err(|e| format!("listing devices failed: {}", e.message))
-            }
+        };
+        // The IB transport nobody asked for: without RDMA it fails, which is no warning.
+        if ib_at == Some(i) && want.is_none() {
+            super::probe_quietly(probe, |r| matches!(r, Ok(n) if *n > 0))
+        } else {
+            probe()
         }
     });
     for (i, why) in &choice.skipped {

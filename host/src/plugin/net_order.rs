@@ -3,26 +3,50 @@
 //!
 //! 1. The external plugins: those `NCCL_NET_PLUGIN` names, in its order (or the ones found
 //!    under the default names).
-//! 2. The IB transport, when its library [`IB_LIBRARY`] is on the loader's path (NCCL's own IB
-//!    is built in; rustccl's is a plugin library, `plugins/net-ib`, so that the library and
-//!    its users need no RDMA library).
+//! 2. The IB transport. NCCL's own IB is built in, so always there; rustccl's is a plugin
+//!    library (`plugins/net-ib`, so that rustccl and its users need no RDMA library), looked
+//!    for where a user would expect it to be found ([`ib_library_files`]): under each of its
+//!    names ([`IB_LIBRARY_NAMES`]: the name `NCCL_NET_PLUGIN=ib` expands to, and the name
+//!    cargo gives the cdylib) by the dynamic loader's rules (`LD_LIBRARY_PATH`, the loader's
+//!    cache, the system directories), then under each name in the directory of the file that
+//!    holds rustccl (`libnccl.so.2` for C programs, the executable for Rust ones: where
+//!    `cargo build` puts `librustccl_net_ib.so` beside `target/release/rank-worker`). The
+//!    first file that exists is the IB transport; there is one, as in NCCL.
 //! 3. The built-in Socket transport.
 //!
 //! `NCCL_NET_PLUGIN=none` leaves out the external plugins only: IB and Socket stay, as NCCL's
 //! internal ones do.
 //!
 //! A candidate is usable when its `init` succeeds and its `devices` reports at least one
-//! device: an IB transport without an active port (or disabled by `NCCL_IB_DISABLE`) reports
-//! 0 and is passed over, so with `NCCL_NET` unset IB comes before Socket exactly when it has a
-//! usable device. `NCCL_NET` (or `config.netName`) names the transport to use ("IB",
-//! "Socket", or a plugin's name; any case): only candidates of that name are tried, and when
-//! none is there the error lists the networks that are.
+//! device: an IB transport without an active port, without an RDMA stack (libibverbs absent,
+//! or the kernel without `ib_uverbs`) or disabled by `NCCL_IB_DISABLE` fails or reports 0 and
+//! is passed over, so with `NCCL_NET` unset IB comes before Socket exactly when it has a
+//! usable device. That is the common case on machines without RDMA, so while the loader
+//! probes an IB transport nobody asked for, its warnings are logged as INFO (NCCL logs "NET/IB
+//! : No device found." as INFO too) and the one line saying why it was passed over is INFO.
+//! `NCCL_NET` (or `config.netName`) names the transport to use ("IB", "Socket", or a plugin's
+//! name; any case): only candidates of that name are tried, and when none is there the error
+//! lists the networks that are.
 //!
 //! Pure functions over names and a probe, so that each rule is tested without a library.
 
-/// The library of the IB transport, looked for by the dynamic loader's rules (as the default
-/// plugin names are): the name `NCCL_NET_PLUGIN=ib` would also expand to.
-pub const IB_LIBRARY: &str = "librustccl-net-ib.so";
+use std::path::Path;
+
+/// The IB transport's file names, in the order they are tried: the name `NCCL_NET_PLUGIN=ib`
+/// would expand to, then the name cargo gives the `plugins/net-ib` cdylib.
+pub const IB_LIBRARY_NAMES: [&str; 2] = ["librustccl-net-ib.so", "librustccl_net_ib.so"];
+
+/// The files the IB transport is looked for as, in order: each of [`IB_LIBRARY_NAMES`] as a
+/// bare name (the dynamic loader searches its path), then each as a path in `beside`, the
+/// directory of the library or executable holding rustccl (when known). The first that exists
+/// is the IB transport: one on the loader's path overrides the one installed beside rustccl.
+pub fn ib_library_files(beside: Option<&Path>) -> Vec<String> {
+    let mut files: Vec<String> = IB_LIBRARY_NAMES.iter().map(|n| n.to_string()).collect();
+    if let Some(dir) = beside {
+        files.extend(IB_LIBRARY_NAMES.iter().map(|n| dir.join(n).to_string_lossy().into_owned()));
+    }
+    files
+}
 
 /// A network that may be tried: its name (what `NCCL_NET` matches) and where it comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +141,20 @@ mod tests {
             d.map_err(str::to_string)
         });
         (choice, probed)
+    }
+
+    #[test]
+    fn the_ib_transport_is_looked_for_by_both_names_on_the_loader_path_then_beside_rustccl() {
+        assert_eq!(ib_library_files(None), ["librustccl-net-ib.so", "librustccl_net_ib.so"]);
+        assert_eq!(
+            ib_library_files(Some(Path::new("/opt/rustccl/lib"))),
+            [
+                "librustccl-net-ib.so",
+                "librustccl_net_ib.so",
+                "/opt/rustccl/lib/librustccl-net-ib.so",
+                "/opt/rustccl/lib/librustccl_net_ib.so"
+            ]
+        );
     }
 
     #[test]

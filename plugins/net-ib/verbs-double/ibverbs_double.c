@@ -250,6 +250,12 @@ static struct {
 	bool async_armed;       /* the trigger file appeared; the kind waits for its element */
 	struct dbl_pending *pending;
 	bool port_down;         /* port_err raised (port_active undoes it) */
+	bool stats;             /* IBV_DOUBLE_STATS: print the counters below at exit */
+	/* Data moved by this process's verbs calls (atomics: posters and the progress thread). */
+	unsigned long long writes_posted, write_bytes_posted;  /* RDMA_WRITE(_WITH_IMM) posted */
+	unsigned long long writes_placed, write_bytes_placed;  /* peers' RDMA writes placed here */
+	unsigned long long reads_posted, read_bytes_posted;    /* RDMA_READ posted */
+	unsigned long long sends_posted, send_bytes_posted;    /* SEND(_WITH_IMM) posted */
 } G = { .once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER, .listen_fd = -1 };
 
 static void dbl_log(const char *fmt, ...)
@@ -287,6 +293,36 @@ static long env_long(const char *name, long dflt)
 		return dflt;
 	}
 	return x;
+}
+
+/* IBV_DOUBLE_STATS: one more request of `bytes` in a counter pair. */
+static void stat_add(unsigned long long *count, unsigned long long *bytes, size_t n)
+{
+	__atomic_fetch_add(count, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(bytes, (unsigned long long)n, __ATOMIC_RELAXED);
+}
+
+static void count_posted(int type, size_t bytes)
+{
+	if (type == M_WRITE || type == M_WRITE_IMM)
+		stat_add(&G.writes_posted, &G.write_bytes_posted, bytes);
+	else if (type == M_READ)
+		stat_add(&G.reads_posted, &G.read_bytes_posted, bytes);
+	else
+		stat_add(&G.sends_posted, &G.send_bytes_posted, bytes);
+}
+
+/* IBV_DOUBLE_STATS=1: what this process moved through verbs calls, printed at exit (or when the
+ * library is unloaded), so that a test can tell that a program's bytes went through RDMA. */
+__attribute__((destructor)) static void print_stats(void)
+{
+	if (!G.stats)
+		return;
+	fprintf(stderr,
+		"ibverbs-double[%d]: stats: RDMA writes posted %llu (%llu bytes), placed here %llu (%llu bytes); "
+		"RDMA reads posted %llu (%llu bytes); sends posted %llu (%llu bytes)\n",
+		(int)getpid(), G.writes_posted, G.write_bytes_posted, G.writes_placed, G.write_bytes_placed,
+		G.reads_posted, G.read_bytes_posted, G.sends_posted, G.send_bytes_posted);
 }
 
 static void wake_progress(void)
@@ -357,6 +393,7 @@ static void global_init(void)
 	}
 	G.ip = a.s_addr;
 	G.verbose = env_long("IBV_DOUBLE_VERBOSE", 0) != 0;
+	G.stats = env_long("IBV_DOUBLE_STATS", 0) != 0;
 	G.port_base = (int)env_long("IBV_DOUBLE_PORT", 19000);
 	G.fail_after = env_long("IBV_DOUBLE_FAIL_AFTER", -1);
 	G.fail_status = (enum ibv_wc_status)env_long("IBV_DOUBLE_FAIL_STATUS", IBV_WC_RETRY_EXC_ERR);
@@ -1677,6 +1714,7 @@ static int post_one_send(struct dbl_qp *q, struct ibv_send_wr *wr)
 		m.addr = wr->wr.rdma.remote_addr;
 		m.rkey = wr->wr.rdma.rkey;
 	}
+	count_posted(m.type, total);
 	struct dbl_link *l = q->link;
 	memcpy(l->out.p + l->out.len, &m, sizeof(m));
 	l->out.len += sizeof(m);
@@ -1873,6 +1911,7 @@ static bool handle_request(struct dbl_link *l, struct dbl_qp *q, const struct db
 	switch (m->type) {
 	case M_WRITE:
 	case M_WRITE_IMM:
+		stat_add(&G.writes_placed, &G.write_bytes_placed, m->len);
 		if (G.reorder && m->type == M_WRITE && m->len && defer_write(l, q, m, payload))
 			;
 		else if (m->len)

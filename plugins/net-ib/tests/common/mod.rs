@@ -9,7 +9,6 @@ pub mod pair;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustccl_net_ib::IbNet;
@@ -19,61 +18,26 @@ use rustccl_plugin_api::{LogFn, PluginError, PluginHandle};
 /// The variable that tells a child which role (test) it plays.
 pub const ROLE: &str = "RUSTCCL_IB_TEST_ROLE";
 
+/// Building the stand-in: shared with rustccl-tests, whose `src/verbs_double.rs` this is.
+#[path = "../../../../tests/src/verbs_double.rs"]
+mod verbs_double;
+
+/// Where the stand-in's sources are in this checkout.
+fn default_sources() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("verbs-double")
+}
+
 /// The stand-in's sources, if present.
 pub fn double_sources() -> Option<PathBuf> {
-    let dir = std::env::var_os("RUSTCCL_VERBS_DOUBLE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("verbs-double"));
-    (dir.join("Makefile").is_file() && dir.join("ibverbs_double.c").is_file()).then_some(dir)
+    verbs_double::sources(&default_sources())
 }
 
-pub fn tool_runs(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Builds the stand-in, once per test process (tests run as threads: concurrent `make`s
-/// would rewrite the library while another test's child loads it); `Err(reason)` to skip.
+/// Builds the stand-in (once per test binary); `Err(reason)` to skip.
 pub fn build_double() -> Result<PathBuf, String> {
-    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    BUILT.get_or_init(build_double_now).clone()
-}
-
-fn build_double_now() -> Result<PathBuf, String> {
-    let src = double_sources().ok_or(
-        "the verbs stand-in's sources (plugins/net-ib/verbs-double) are not in this checkout",
-    )?;
-    for tool in ["cc", "make"] {
-        if !tool_runs(tool) {
-            return Err(format!(
-                "`{tool}` is not installed (the verbs stand-in is C, built with make)"
-            ));
-        }
-    }
-    let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("verbs-double");
-    let lib = build.join("libibverbs.so.1");
-    // One make at a time: the tests of a binary run in parallel, and a make that relinks the
-    // library while another test's child loads it makes that dlopen fail.
-    static MAKE: Mutex<()> = Mutex::new(());
-    let _one = MAKE.lock().unwrap_or_else(|p| p.into_inner());
-    let out = Command::new("make")
-        .arg("-C")
-        .arg(&src)
-        .arg(format!("BUILD={}", build.display()))
-        .arg(&lib)
-        .output()
-        .expect("run make");
-    assert!(
-        out.status.success(),
-        "building the verbs stand-in failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(lib)
+    verbs_double::build(
+        &default_sources(),
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("verbs-double"),
+    )
 }
 
 /// This package's cdylib, which Cargo builds before the integration tests.

@@ -6,6 +6,8 @@
 //! * `RUSTCCL_TEST_IB_DEVICES` (read at each `devices` call; default 2) is the number of
 //!   physical devices, `stub_0`, `stub_1`, ..., device `d` at `(d + 1) × 100` Gbit/s; 0 is an
 //!   IB transport that found no active port.
+//! * `RUSTCCL_TEST_IB_WARN`, when set, is a warning `init` logs (as net-ib warns of a missing
+//!   RDMA stack), so that the loader's handling of an IB transport's warnings is tested.
 //! * `make_vdevice` fuses physical devices into a virtual one (numbered after the physical
 //!   devices, for the life of the process) whose properties are
 //!   [`merge_properties`]' (`stub_0+stub_1`, speeds summed).
@@ -24,6 +26,9 @@ use rustccl_test_net_named::Loopback;
 
 /// The variable that sets the number of physical devices.
 pub const DEVICES_VAR: &str = "RUSTCCL_TEST_IB_DEVICES";
+
+/// The variable whose value `init` logs as a warning.
+pub const WARN_VAR: &str = "RUSTCCL_TEST_IB_WARN";
 
 /// The IB stub: physical devices from [`DEVICES_VAR`], virtual ones made by `make_vdevice`.
 #[derive(Default)]
@@ -62,6 +67,9 @@ impl IbStub {
 
 impl Net for IbStub {
     fn init(&self, comm_id: u64, config: &NetCommConfig, log: LogFn) -> Result<PluginHandle, PluginError> {
+        if let Ok(text) = std::env::var(WARN_VAR) {
+            log.warn(rustccl_plugin_api::subsys::NET, &text);
+        }
         Loopback.init(comm_id, config, log)
     }
     fn devices(&self, ctx: PluginHandle) -> Result<i32, PluginError> {
