@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::PluginHandle;
+use crate::{PluginError, PluginHandle};
 
 /// The kinds of handle, as the top byte of their number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +19,30 @@ pub enum Kind {
     Recv = 4,
     Mr = 5,
     Request = 6,
+}
+
+impl Kind {
+    /// What a handle of this kind names, as errors say it ("send connection").
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::Context => "net context",
+            Kind::Listen => "listen",
+            Kind::Send => "send connection",
+            Kind::Recv => "receive connection",
+            Kind::Mr => "memory registration",
+            Kind::Request => "request",
+        }
+    }
+}
+
+/// The error for a handle that names no live `what` ("send connection", or "connection"
+/// where either kind would do): an invalid argument, since the caller passed a handle the
+/// plugin never gave out or has closed already.
+pub fn unknown(what: &str, handle: PluginHandle) -> PluginError {
+    PluginError::invalid_argument(format!(
+        "unknown {what} handle {:#x}: closed already, or not one this plugin gave out",
+        handle.id
+    ))
 }
 
 /// One table of `T` by handle number.
@@ -71,6 +95,16 @@ impl<T> Registry<T> {
         self.lock().remove(&handle.id)
     }
 
+    /// [`Registry::remove`], or the [`unknown`] error naming this table's kind.
+    pub fn remove_or_unknown(&self, handle: PluginHandle) -> Result<T, PluginError> {
+        self.remove(handle).ok_or_else(|| self.unknown(handle))
+    }
+
+    /// The [`unknown`] error for `handle`, named by this table's kind.
+    pub fn unknown(&self, handle: PluginHandle) -> PluginError {
+        unknown(self.kind.noun(), handle)
+    }
+
     /// Removes and returns every item for which `pred` holds, with its handle number.
     pub fn remove_where(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<(u64, T)> {
         let mut items = self.lock();
@@ -96,6 +130,12 @@ impl<T> Registry<T> {
 impl<T: Clone> Registry<T> {
     pub fn get(&self, handle: PluginHandle) -> Option<T> {
         self.lock().get(&handle.id).cloned()
+    }
+
+    /// [`Registry::get`], or the [`unknown`] error naming this table's kind: the lookup
+    /// of every plugin call that takes a handle.
+    pub fn get_or_unknown(&self, handle: PluginHandle) -> Result<T, PluginError> {
+        self.get(handle).ok_or_else(|| self.unknown(handle))
     }
 }
 
@@ -125,5 +165,32 @@ mod tests {
         assert_eq!(a.remove(ha), Some("a"));
         assert_eq!(a.remove(ha), None);
         assert_eq!(a.len(), 0);
+    }
+
+    #[test]
+    fn unknown_handles_are_errors_naming_the_kind() {
+        let sends: Registry<&str> = Registry::new(Kind::Send);
+        let h = sends.insert("a");
+        assert_eq!(sends.get_or_unknown(h), Ok("a"));
+        let e = sends.get_or_unknown(PluginHandle { id: 0x42 }).unwrap_err();
+        assert_eq!(e.code, PluginError::INVALID_ARGUMENT);
+        assert!(
+            e.message
+                .starts_with("unknown send connection handle 0x42: "),
+            "{e}"
+        );
+        assert_eq!(sends.remove_or_unknown(h), Ok("a"));
+        let e = sends.remove_or_unknown(h).unwrap_err();
+        assert!(
+            e.message
+                .starts_with(&format!("unknown send connection handle {:#x}: ", h.id)),
+            "{e}"
+        );
+        let mrs: Registry<()> = Registry::new(Kind::Mr);
+        assert!(mrs
+            .get_or_unknown(h)
+            .unwrap_err()
+            .message
+            .starts_with("unknown memory registration handle "));
     }
 }

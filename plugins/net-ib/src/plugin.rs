@@ -17,7 +17,7 @@ use rustccl_plugin_api::net::{
     merge_properties, Net, NetCommConfig, NetHandle, NetProperties, RecvBuffer, NET_HANDLE_BYTES,
     PTR_DEVICE, PTR_DMABUF, PTR_HOST,
 };
-use rustccl_plugin_api::registry::{Kind, Registry};
+use rustccl_plugin_api::registry::{self, Kind, Registry};
 use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use socket2::Socket;
 
@@ -172,10 +172,6 @@ impl Default for IbNet {
     }
 }
 
-fn no_such(what: &str, h: PluginHandle) -> PluginError {
-    PluginError::invalid_argument(format!("unknown {what} handle {:#x}", h.id))
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -299,9 +295,7 @@ impl IbNet {
     }
 
     fn context(&self, ctx: PluginHandle) -> Result<Context, PluginError> {
-        self.contexts
-            .get(ctx)
-            .ok_or_else(|| no_such("net context", ctx))
+        self.contexts.get_or_unknown(ctx)
     }
 
     /// The indices of the physical devices of device `dev` (one, or the members of a
@@ -353,7 +347,7 @@ impl IbNet {
         self.sends
             .get(comm)
             .or_else(|| self.recvs.get(comm))
-            .ok_or_else(|| no_such("connection", comm))
+            .ok_or_else(|| registry::unknown("connection", comm))
     }
 
     /// The registration `mr` of connection `comm`, checked to cover `data..data + size`.
@@ -364,10 +358,7 @@ impl IbNet {
         data: usize,
         size: usize,
     ) -> Result<MrHandle, PluginError> {
-        let m = self
-            .mrs
-            .get(mr)
-            .ok_or_else(|| no_such("memory registration", mr))?;
+        let m = self.mrs.get_or_unknown(mr)?;
         if m.comm != comm.id {
             return Err(PluginError::invalid_argument(format!(
                 "memory registration {:#x} belongs to another connection",
@@ -602,10 +593,7 @@ impl Net for IbNet {
     }
 
     fn accept(&self, listen: PluginHandle) -> Result<Option<PluginHandle>, PluginError> {
-        let l = self
-            .listens
-            .get(listen)
-            .ok_or_else(|| no_such("listen", listen))?;
+        let l = self.listens.get_or_unknown(listen)?;
         let mut l = lock(&l);
         let c = self.context(PluginHandle { id: l.ctx })?;
         let members = Self::device(&c.found, l.dev)?;
@@ -699,7 +687,7 @@ impl Net for IbNet {
                 "memory registration {:#x} belongs to another connection",
                 mr.id
             ))),
-            None => Err(no_such("memory registration", mr)),
+            None => Err(self.mrs.unknown(mr)),
         }
     }
 
@@ -711,10 +699,7 @@ impl Net for IbNet {
         tag: i32,
         mr: PluginHandle,
     ) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self
-            .sends
-            .get(comm)
-            .ok_or_else(|| no_such("send connection", comm))?;
+        let c = self.sends.get_or_unknown(comm)?;
         let m = self.check_mr(comm, mr, data, size)?;
         let req = self.requests.reserve();
         if !c.isend(req.id, data, size, tag, m.reg.lkeys())? {
@@ -729,10 +714,7 @@ impl Net for IbNet {
         comm: PluginHandle,
         bufs: &[RecvBuffer],
     ) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self
-            .recvs
-            .get(comm)
-            .ok_or_else(|| no_such("receive connection", comm))?;
+        let c = self.recvs.get_or_unknown(comm)?;
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(PluginError::invalid_argument(format!(
                 "the IB plugin receives into 1 to {MAX_RECVS} buffers at a time (max_recvs = {MAX_RECVS}), not {}",
@@ -763,10 +745,7 @@ impl Net for IbNet {
         if let Some(c) = self.flushes.get(request) {
             return self.test_flush(request, &c);
         }
-        let c = self
-            .requests
-            .get(request)
-            .ok_or_else(|| no_such("request", request))?;
+        let c = self.requests.get_or_unknown(request)?;
         match c.test(request.id) {
             Ok(None) => Ok(false),
             Ok(Some(got)) => {
@@ -784,35 +763,24 @@ impl Net for IbNet {
     }
 
     fn close_send(&self, comm: PluginHandle) -> Result<(), PluginError> {
-        let c = self
-            .sends
-            .remove(comm)
-            .ok_or_else(|| no_such("send connection", comm))?;
+        let c = self.sends.remove_or_unknown(comm)?;
         self.close_comm(comm.id, c);
         Ok(())
     }
 
     fn close_recv(&self, comm: PluginHandle) -> Result<(), PluginError> {
-        let c = self
-            .recvs
-            .remove(comm)
-            .ok_or_else(|| no_such("receive connection", comm))?;
+        let c = self.recvs.remove_or_unknown(comm)?;
         self.close_comm(comm.id, c);
         Ok(())
     }
 
     fn close_listen(&self, listen: PluginHandle) -> Result<(), PluginError> {
-        self.listens
-            .remove(listen)
-            .map(drop)
-            .ok_or_else(|| no_such("listen", listen))
+        self.listens.remove_or_unknown(listen).map(drop)
     }
 
     /// Ends a context, closing whatever it still has open.
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
-        self.contexts
-            .remove(ctx)
-            .ok_or_else(|| no_such("net context", ctx))?;
+        self.contexts.remove_or_unknown(ctx)?;
         self.listens.remove_where(|l| lock(l).ctx == ctx.id);
         lock(&self.dialing).retain(|k, _| k.0 != ctx.id);
         for registry in [&self.sends, &self.recvs] {
@@ -855,10 +823,7 @@ impl Net for IbNet {
         comm: PluginHandle,
         bufs: &[RecvBuffer],
     ) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self
-            .recvs
-            .get(comm)
-            .ok_or_else(|| no_such("receive connection", comm))?;
+        let c = self.recvs.get_or_unknown(comm)?;
         let Some(flush) = c.flush.as_ref() else {
             return Ok(None);
         };

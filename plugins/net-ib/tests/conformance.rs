@@ -9,14 +9,13 @@
 //! skipped, with the reason printed, only when a C compiler or `make` is missing or the
 //! stand-in's sources are not there (`RUSTCCL_VERBS_DOUBLE_DIR` names another copy).
 //!
-//! The suite runs in a child process (this test binary again, `suite_child`), so its
-//! environment is its own and a hang is killed at [`LIMIT`]; the "peer killed" check's peer
-//! is a third process (`peer_child`).
+//! The suite runs in a child process (this test binary again, `suite_child`, started by
+//! `common::run_within`), so its environment is its own and a hang is killed at [`LIMIT`];
+//! the "peer killed" check's peer is a third process (`peer_child`).
 
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -32,43 +31,26 @@ const PLUGIN: &str = "RUSTCCL_IB_CONFORMANCE_PLUGIN";
 const HANDLE: &str = "RUSTCCL_IB_CONFORMANCE_HANDLE";
 
 /// Runs the suite in a child with `qps` QPs per connection and the stand-in's `ports` ports
-/// per device; returns its output.
-fn run_suite(lib: &Path, qps: u32, ports: u32) -> String {
-    let c = child(
+/// per device; returns its output (`None`: skipped).
+fn run_suite(qps: u32, ports: u32) -> Option<String> {
+    run_within(
         "suite_child",
         &[
-            (ROLE, "suite".into()),
-            (PLUGIN, plugin_path().display().to_string()),
-            ("NCCL_IBVERBS_LIB", lib.display().to_string()),
-            ("NCCL_SOCKET_IFNAME", "lo".into()),
-            ("NCCL_IB_QPS_PER_CONNECTION", qps.to_string()),
-            ("IBV_DOUBLE_PORTS", ports.to_string()),
+            (PLUGIN, &plugin_path().display().to_string()),
+            ("NCCL_IB_QPS_PER_CONNECTION", &qps.to_string()),
+            ("IBV_DOUBLE_PORTS", &ports.to_string()),
         ],
+        LIMIT,
     )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start the suite");
-    let (status, text) = wait_with_limit(c, LIMIT);
-    assert!(
-        status.is_some(),
-        "the suite ({qps} QPs) ran past {LIMIT:?} (hang):\n{text}"
-    );
-    text
 }
 
 #[test]
 fn ib_plugin_passes_the_conformance_suite_on_the_verbs_stand_in() {
-    let lib = match build_double() {
-        Ok(lib) => lib,
-        Err(why) => {
-            println!("SKIPPED: {why}");
-            return;
-        }
-    };
     for (qps, ports) in [(1, 1), (4, 1), (2, 2)] {
-        let out = run_suite(&lib, qps, ports);
-        println!("--- {qps} QP(s) per connection, {ports} port(s) ---\n{out}");
+        println!("--- {qps} QP(s) per connection, {ports} port(s) ---");
+        let Some(out) = run_suite(qps, ports) else {
+            return;
+        };
         assert!(out.contains("# net plugin IB"), "{out}");
         if ports == 2 {
             assert!(
@@ -92,7 +74,7 @@ fn ib_plugin_passes_the_conformance_suite_on_the_verbs_stand_in() {
 /// Child role: the suite, as `rustccl-net-conformance` runs it.
 #[test]
 fn suite_child() {
-    if !is_role("suite") {
+    if !is_role("suite_child") {
         return;
     }
     let plugin = std::env::var(PLUGIN).expect("plugin path");

@@ -11,17 +11,17 @@
 //! | peer killed mid-transfer | an error within the bound | `conformance.rs` (the conformance suite) |
 //!
 //! Each case runs in a child process (this binary again) with its own environment and a time
-//! limit ([`common::pair::CHILD_LIMIT`]; each request has [`common::pair::REQUEST_LIMIT`]), so
+//! limit ([`common::CHILD_LIMIT`]; each request has [`common::REQUEST_LIMIT`]), so
 //! a hang fails the test. Skipped, with the reason printed, where the stand-in cannot be
 //! built (see `common`).
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::is_role;
-use common::pair::{run_role, wait_logged, Pair};
+use common::*;
 use rustccl_plugin_api::net::{Net, RecvBuffer};
 use rustccl_plugin_api::PluginError;
 
@@ -29,12 +29,19 @@ use rustccl_plugin_api::PluginError;
 fn receiver_not_ready_is_retried_and_the_bytes_arrive() {
     // The first 40 writes-with-immediate find "no receive" once (an RNR NAK); the plugin's
     // rnr_retry 7 retries after min_rnr_timer, so each still lands, in order.
-    let Some(out) = run_role(
-        "rnr_child",
-        &[
-            ("IBV_DOUBLE_RNR", "40"),
-            ("NCCL_IB_QPS_PER_CONNECTION", "2"),
-        ],
+    let env = [
+        ("IBV_DOUBLE_RNR", "40"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    let child = || {
+        let p = Pair::connect();
+        p.stream(60, 8, |m| (m * 7919) % 50_000);
+        p.close();
+    };
+    let Some(out) = in_child(
+        "receiver_not_ready_is_retried_and_the_bytes_arrive",
+        &env,
+        child,
     ) else {
         return;
     };
@@ -45,35 +52,24 @@ fn receiver_not_ready_is_retried_and_the_bytes_arrive() {
 }
 
 #[test]
-fn rnr_child() {
-    if !is_role("rnr_child") {
-        return;
-    }
-    let p = Pair::connect();
-    p.stream(60, 8, |m| (m * 7919) % 50_000);
-    p.close();
-}
-
-#[test]
 fn a_slow_peer_only_delays() {
-    run_role("slow_child", &[("IBV_DOUBLE_DELAY_US", "20000")]);
-}
-
-#[test]
-fn slow_child() {
-    if !is_role("slow_child") {
-        return;
-    }
-    let p = Pair::connect();
-    let start = Instant::now();
-    // Each message needs at least its data write applied by the (slow) responder: 20 ms.
-    p.stream(10, 4, |m| 3000 * m + 1);
-    let took = start.elapsed();
-    assert!(
-        took >= Duration::from_millis(200),
-        "10 messages through a responder that waits 20 ms per request took {took:?}: the delay was not applied"
+    in_child(
+        "a_slow_peer_only_delays",
+        &[("IBV_DOUBLE_DELAY_US", "20000")],
+        || {
+            let p = Pair::connect();
+            let start = Instant::now();
+            // Each message needs at least its data write applied by the (slow) responder:
+            // 20 ms.
+            p.stream(10, 4, |m| 3000 * m + 1);
+            let took = start.elapsed();
+            assert!(
+                took >= Duration::from_millis(200),
+                "10 messages through a responder that waits 20 ms per request took {took:?}: the delay was not applied"
+            );
+            p.close();
+        },
     );
-    p.close();
 }
 
 #[test]
@@ -81,14 +77,21 @@ fn reordered_placement_over_four_qps_keeps_the_bytes() {
     // Adaptive routing forced on with a low threshold, so most messages go as plain writes
     // (which the stand-in places late and in reverse order) then a 0-byte write-with-immediate
     // per QP; the clear-to-send entries are plain writes too.
-    let Some(out) = run_role(
-        "reorder_child",
-        &[
-            ("IBV_DOUBLE_REORDER", "1"),
-            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
-            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
-            ("NCCL_IB_AR_THRESHOLD", "1000"),
-        ],
+    let env = [
+        ("IBV_DOUBLE_REORDER", "1"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+        ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+        ("NCCL_IB_AR_THRESHOLD", "1000"),
+    ];
+    let child = || {
+        let p = Pair::connect();
+        p.stream(200, 16, |m| (m * 7_777) % 200_001);
+        p.close();
+    };
+    let Some(out) = in_child(
+        "reordered_placement_over_four_qps_keeps_the_bytes",
+        &env,
+        child,
     ) else {
         return;
     };
@@ -98,29 +101,24 @@ fn reordered_placement_over_four_qps_keeps_the_bytes() {
     );
 }
 
-#[test]
-fn reorder_child() {
-    if !is_role("reorder_child") {
-        return;
-    }
-    let p = Pair::connect();
-    p.stream(200, 16, |m| (m * 7_777) % 200_001);
-    p.close();
-}
-
-/// Runs the async-event case for stand-in event `kind`, whose verbs name is `event`; returns
-/// the child's output.
-fn async_case(kind: &str) -> Option<String> {
-    let trigger = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("async-trigger-{kind}-{}", std::process::id()));
+/// Runs [`async_child`] for stand-in event `kind` (with `env` besides); returns the child's
+/// output.
+fn async_case(kind: &str, env: &[(&str, &str)]) -> Option<String> {
+    // A trigger file of this case's own: the cases run in parallel threads of one process.
+    static CASES: AtomicUsize = AtomicUsize::new(0);
+    let trigger = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "async-trigger-{kind}-{}-{}",
+        std::process::id(),
+        CASES.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_file(&trigger);
-    let out = run_role(
-        "async_child",
-        &[
-            ("IBV_DOUBLE_ASYNC_EVENT", kind),
-            ("IBV_DOUBLE_ASYNC_TRIGGER", &trigger.display().to_string()),
-        ],
-    );
+    let trigger_var = trigger.display().to_string();
+    let mut vars = vec![
+        ("IBV_DOUBLE_ASYNC_EVENT", kind),
+        ("IBV_DOUBLE_ASYNC_TRIGGER", &trigger_var),
+    ];
+    vars.extend_from_slice(env);
+    let out = run("async_child", &vars);
     let _ = std::fs::remove_file(&trigger);
     out
 }
@@ -135,37 +133,36 @@ fn assert_logged_fatal(out: &str, event: &str, n: usize) {
     );
 }
 
+/// The async-event case of fatal event `kind`, which must fail `n` connections.
+fn async_fatal(kind: &str, n: usize) {
+    if let Some(out) = async_case(kind, &[]) {
+        assert_logged_fatal(&out, &format!("IBV_EVENT_{}", kind.to_uppercase()), n);
+    }
+}
+
 #[test]
 fn async_device_fatal_fails_every_connection_on_the_device() {
-    if let Some(out) = async_case("device_fatal") {
-        assert_logged_fatal(&out, "IBV_EVENT_DEVICE_FATAL", 2);
-    }
+    async_fatal("device_fatal", 2);
 }
 
 #[test]
 fn async_port_error_fails_every_connection_on_the_port() {
-    if let Some(out) = async_case("port_err") {
-        assert_logged_fatal(&out, "IBV_EVENT_PORT_ERR", 2);
-    }
+    async_fatal("port_err", 2);
 }
 
 #[test]
 fn async_qp_fatal_fails_the_connection_owning_the_qp() {
-    if let Some(out) = async_case("qp_fatal") {
-        assert_logged_fatal(&out, "IBV_EVENT_QP_FATAL", 1);
-    }
+    async_fatal("qp_fatal", 1);
 }
 
 #[test]
 fn async_cq_error_fails_the_connection_owning_the_cq() {
-    if let Some(out) = async_case("cq_err") {
-        assert_logged_fatal(&out, "IBV_EVENT_CQ_ERR", 1);
-    }
+    async_fatal("cq_err", 1);
 }
 
 #[test]
 fn async_port_active_is_logged_and_changes_nothing() {
-    if let Some(out) = async_case("port_active") {
+    if let Some(out) = async_case("port_active", &[]) {
         assert!(
             out.contains(
                 "plugin INFO: NET/IB : dbl_0: async event IBV_EVENT_PORT_ACTIVE (port active)"
@@ -228,28 +225,23 @@ fn async_child() {
         std::thread::sleep(Duration::from_millis(10));
     }
 
+    // SAFETY: the buffers outlive the request (waited for, or failed, below).
+    let send = || unsafe {
+        p.net
+            .isend(p.send, src.as_ptr() as usize, src.len(), 9, smr)
+    };
     if kind == "port_active" {
         assert!(
             wait_logged(&format!("async event {event}"), Duration::from_secs(5)),
             "the plugin did not log {event}"
         );
-        // SAFETY: the buffers outlive the request (waited for below).
-        let s = unsafe {
-            p.net
-                .isend(p.send, src.as_ptr() as usize, src.len(), 9, smr)
-        };
-        p.wait(s.unwrap().expect("a send slot"))
+        p.wait(send().unwrap().expect("a send slot"))
             .expect("the send completes");
         assert_eq!(p.wait(r).expect("the receive completes"), 4096);
         assert!(dst.iter().all(|&b| b == 7), "the bytes arrived");
     } else {
         let recv_err = p.wait(r).expect_err("the receive fails after the event");
-        // SAFETY: as above (the send fails, or is waited for).
-        let sent = unsafe {
-            p.net
-                .isend(p.send, src.as_ptr() as usize, src.len(), 9, smr)
-        };
-        let send_err = match sent {
+        let send_err = match send() {
             Err(e) => e,
             Ok(Some(s)) => p.wait(s).expect_err("the send fails after the event"),
             Ok(None) => panic!("no send slot"),
@@ -279,19 +271,7 @@ fn async_child() {
 /// same errors as on a plain device.
 #[test]
 fn async_device_fatal_fails_a_merged_connection_once() {
-    let trigger = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("async-trigger-merged-{}", std::process::id()));
-    let _ = std::fs::remove_file(&trigger);
-    let out = run_role(
-        "async_child",
-        &[
-            ("IBV_DOUBLE_PORTS", "2"),
-            ("IBV_DOUBLE_ASYNC_EVENT", "device_fatal"),
-            ("IBV_DOUBLE_ASYNC_TRIGGER", &trigger.display().to_string()),
-        ],
-    );
-    let _ = std::fs::remove_file(&trigger);
-    if let Some(out) = out {
+    if let Some(out) = async_case("device_fatal", &[("IBV_DOUBLE_PORTS", "2")]) {
         assert!(
             out.contains("[0]dbl_0:1+dbl_0:2/RoCE"),
             "a merged device:\n{out}"

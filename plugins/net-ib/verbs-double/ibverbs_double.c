@@ -1057,6 +1057,26 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 	return &c->cq;
 }
 
+/* As the real library: destroying a QP or CQ waits until every async event that named it and
+ * was read (`reported`) has been acked; `*acked` is the object's count of acks, under its
+ * `mutex`, which count_ack bumps, waking the destroy through `cond`. */
+static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond, const uint32_t *acked,
+		       unsigned reported)
+{
+	pthread_mutex_lock(mutex);
+	while (*acked != reported)
+		pthread_cond_wait(cond, mutex);
+	pthread_mutex_unlock(mutex);
+}
+
+static void count_ack(pthread_mutex_t *mutex, pthread_cond_t *cond, uint32_t *acked)
+{
+	pthread_mutex_lock(mutex);
+	(*acked)++;
+	pthread_cond_broadcast(cond);
+	pthread_mutex_unlock(mutex);
+}
+
 int ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct dbl_cq *c = (struct dbl_cq *)cq;
@@ -1070,11 +1090,7 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 	}
 	async_forget_object(NULL, cq);
 	pthread_mutex_unlock(&G.lock);
-	/* As the real library: wait until every async event read for it has been acked. */
-	pthread_mutex_lock(&cq->mutex);
-	while (cq->async_events_completed != c->events_reported)
-		pthread_cond_wait(&cq->cond, &cq->mutex);
-	pthread_mutex_unlock(&cq->mutex);
+	wait_acked(&cq->mutex, &cq->cond, &cq->async_events_completed, c->events_reported);
 	free(c->ring);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -1601,11 +1617,7 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 	pthread_mutex_lock(&G.lock);
 	async_forget_object(q, NULL);
 	pthread_mutex_unlock(&G.lock);
-	/* As the real library: wait until every async event read for it has been acked. */
-	pthread_mutex_lock(&qp->mutex);
-	while (qp->events_completed != q->events_reported)
-		pthread_cond_wait(&qp->cond, &qp->mutex);
-	pthread_mutex_unlock(&qp->mutex);
+	wait_acked(&qp->mutex, &qp->cond, &qp->events_completed, q->events_reported);
 	pthread_mutex_lock(&G.lock);
 	qp_reset(q);
 	G.qps[qp->qp_num & 0xffff] = NULL;
@@ -2420,16 +2432,10 @@ void ibv_ack_async_event(struct ibv_async_event *event)
 	pthread_mutex_unlock(&G.lock);
 	if (is_qp_event(event->event_type)) {
 		struct ibv_qp *qp = event->element.qp;
-		pthread_mutex_lock(&qp->mutex);
-		qp->events_completed++;
-		pthread_cond_broadcast(&qp->cond);
-		pthread_mutex_unlock(&qp->mutex);
+		count_ack(&qp->mutex, &qp->cond, &qp->events_completed);
 	} else if (event->event_type == IBV_EVENT_CQ_ERR) {
 		struct ibv_cq *cq = event->element.cq;
-		pthread_mutex_lock(&cq->mutex);
-		cq->async_events_completed++;
-		pthread_cond_broadcast(&cq->cond);
-		pthread_mutex_unlock(&cq->mutex);
+		count_ack(&cq->mutex, &cq->cond, &cq->async_events_completed);
 	}
 }
 

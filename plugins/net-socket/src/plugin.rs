@@ -15,7 +15,7 @@ use rustccl_plugin_api::{subsys, LogFn, PluginError, PluginHandle};
 use crate::comm::{Comm, Direction};
 use crate::connect::{Acceptor, Dialer};
 use crate::device::{self, Device};
-use crate::registry::{Kind, Registry};
+use crate::registry::{self, Kind, Registry};
 use crate::striping::SocketConfig;
 use crate::wire::{ListenInfo, MAKER, PROTO_MAGIC};
 
@@ -114,10 +114,6 @@ pub fn instance() -> &'static SocketNet {
     INSTANCE.get_or_init(SocketNet::new)
 }
 
-fn no_such(what: &str, h: PluginHandle) -> PluginError {
-    PluginError::invalid_argument(format!("unknown {what} handle {:#x}", h.id))
-}
-
 impl SocketNet {
     /// A plugin that reads its settings from the environment at the first `init`.
     pub fn new() -> SocketNet {
@@ -207,9 +203,7 @@ impl SocketNet {
     }
 
     fn context(&self, ctx: PluginHandle) -> Result<Context, PluginError> {
-        self.contexts
-            .get(ctx)
-            .ok_or_else(|| no_such("net context", ctx))
+        self.contexts.get_or_unknown(ctx)
     }
 
     fn device<'a>(&self, ctx: &'a Context, dev: i32) -> Result<&'a Device, PluginError> {
@@ -232,10 +226,7 @@ impl SocketNet {
         data: usize,
         size: usize,
     ) -> Result<(), PluginError> {
-        let m = self
-            .mrs
-            .get(mr)
-            .ok_or_else(|| no_such("memory registration", mr))?;
+        let m = self.mrs.get_or_unknown(mr)?;
         if m.comm != comm.id {
             return Err(PluginError::invalid_argument(format!(
                 "memory registration {:#x} belongs to another connection",
@@ -259,7 +250,7 @@ impl SocketNet {
         self.sends
             .get(comm)
             .or_else(|| self.recvs.get(comm))
-            .ok_or_else(|| no_such("connection", comm))
+            .ok_or_else(|| registry::unknown("connection", comm))
     }
 
     /// Closes a connection: stops its threads, forgets its requests and registrations.
@@ -408,10 +399,7 @@ impl Net for SocketNet {
     }
 
     fn accept(&self, listen: PluginHandle) -> Result<Option<PluginHandle>, PluginError> {
-        let l = self
-            .listens
-            .get(listen)
-            .ok_or_else(|| no_such("listen", listen))?;
+        let l = self.listens.get_or_unknown(listen)?;
         let mut l = l.lock().unwrap_or_else(|p| p.into_inner());
         let log = l.log;
         let est = l
@@ -467,7 +455,7 @@ impl Net for SocketNet {
                 "memory registration {:#x} belongs to another connection",
                 mr.id
             ))),
-            None => Err(no_such("memory registration", mr)),
+            None => Err(self.mrs.unknown(mr)),
         }
     }
 
@@ -479,10 +467,7 @@ impl Net for SocketNet {
         tag: i32,
         mr: PluginHandle,
     ) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self
-            .sends
-            .get(comm)
-            .ok_or_else(|| no_such("send connection", comm))?;
+        let c = self.sends.get_or_unknown(comm)?;
         self.check_mr(comm, mr, data, size)?;
         if size > 0 && data == 0 {
             return Err(PluginError::invalid_argument("isend of a null buffer"));
@@ -501,10 +486,7 @@ impl Net for SocketNet {
         comm: PluginHandle,
         bufs: &[RecvBuffer],
     ) -> Result<Option<PluginHandle>, PluginError> {
-        let c = self
-            .recvs
-            .get(comm)
-            .ok_or_else(|| no_such("receive connection", comm))?;
+        let c = self.recvs.get_or_unknown(comm)?;
         let [buf] = bufs else {
             return Err(PluginError::invalid_argument(format!(
                 "the socket plugin receives into exactly one buffer at a time (max_recvs = 1), not {}",
@@ -525,10 +507,7 @@ impl Net for SocketNet {
     }
 
     fn test(&self, request: PluginHandle, sizes: &mut [usize]) -> Result<bool, PluginError> {
-        let c = self
-            .requests
-            .get(request)
-            .ok_or_else(|| no_such("request", request))?;
+        let c = self.requests.get_or_unknown(request)?;
         match c.test(request.id) {
             Ok(None) => Ok(false),
             Ok(Some(size)) => {
@@ -546,35 +525,24 @@ impl Net for SocketNet {
     }
 
     fn close_send(&self, comm: PluginHandle) -> Result<(), PluginError> {
-        let c = self
-            .sends
-            .remove(comm)
-            .ok_or_else(|| no_such("send connection", comm))?;
+        let c = self.sends.remove_or_unknown(comm)?;
         self.close_comm(comm.id, c);
         Ok(())
     }
 
     fn close_recv(&self, comm: PluginHandle) -> Result<(), PluginError> {
-        let c = self
-            .recvs
-            .remove(comm)
-            .ok_or_else(|| no_such("receive connection", comm))?;
+        let c = self.recvs.remove_or_unknown(comm)?;
         self.close_comm(comm.id, c);
         Ok(())
     }
 
     fn close_listen(&self, listen: PluginHandle) -> Result<(), PluginError> {
-        self.listens
-            .remove(listen)
-            .map(drop)
-            .ok_or_else(|| no_such("listen", listen))
+        self.listens.remove_or_unknown(listen).map(drop)
     }
 
     /// Ends a context, closing whatever it still has open.
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
-        self.contexts
-            .remove(ctx)
-            .ok_or_else(|| no_such("net context", ctx))?;
+        self.contexts.remove_or_unknown(ctx)?;
         self.listens
             .remove_where(|l| l.lock().unwrap_or_else(|p| p.into_inner()).ctx == ctx.id);
         self.dialing

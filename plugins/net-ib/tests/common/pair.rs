@@ -1,8 +1,7 @@
-//! A connected send/receive pair of the plugin in one child process, and transfers over it
-//! with every byte checked: the frame of the tests that run the plugin on the stand-in with
-//! one environment per child (`tests/faults.rs`).
+//! The plugin in a child process (see [`super::in_child`]): a context, a connected
+//! send/receive pair of one plugin instance, waiting for requests within a time limit, and
+//! transfers over the pair with every byte checked.
 
-use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -10,19 +9,15 @@ use rustccl_net_ib::IbNet;
 use rustccl_plugin_api::net::{Net, NetCommConfig, RecvBuffer, PTR_HOST};
 use rustccl_plugin_api::{log_level, LogFn, PluginError, PluginHandle};
 
-use super::{build_double, child, wait_with_limit, ROLE};
-
-/// A child's time limit: past it the child is killed and the test fails (a hang).
-pub const CHILD_LIMIT: Duration = Duration::from_secs(120);
-/// How long one request may take before the child calls it a hang.
+/// How long one request (or a connection's setup) may take before the child calls it a hang.
 pub const REQUEST_LIMIT: Duration = Duration::from_secs(30);
 
 /// Every line the plugin logged in this process.
 static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// The plugin's log, every level: on stderr (the parent reads it back) and kept for
-/// [`wait_logged`].
-pub extern "C" fn log_all(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
+/// The plugin's log, every level: on stderr as `plugin WARN: …` or `plugin INFO: …` (the
+/// parent reads the child's output back) and kept for [`wait_logged`].
+pub extern "C" fn log(level: i32, _subsys: u64, message: abi_stable::std_types::RStr<'_>) {
     let tag = if level <= log_level::WARN {
         "WARN"
     } else {
@@ -50,63 +45,46 @@ pub fn wait_logged(text: &str, limit: Duration) -> bool {
     false
 }
 
-/// Runs test `role` (a function of the calling test binary that starts with
-/// `if !is_role(role) { return; }`) in a child with the stand-in and `env`; returns its output
-/// (stdout and stderr), asserting that it passed within [`CHILD_LIMIT`]. `None`: skipped, the
-/// stand-in cannot be built here (the reason is printed).
-pub fn run_role(role: &str, env: &[(&str, &str)]) -> Option<String> {
-    let lib = match build_double() {
-        Ok(lib) => lib,
-        Err(why) => {
-            println!("SKIPPED: {why}");
-            return None;
-        }
-    };
-    let mut vars = vec![
-        (ROLE, role.to_string()),
-        ("NCCL_IBVERBS_LIB", lib.display().to_string()),
-        ("NCCL_SOCKET_IFNAME", "lo".to_string()),
-    ];
-    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
-    let c = child(role, &vars)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the child");
-    let (status, out) = wait_with_limit(c, CHILD_LIMIT);
-    println!("{out}");
-    assert!(
-        status.is_some(),
-        "{role} ran past {CHILD_LIMIT:?} (hang):\n{out}"
-    );
-    assert!(status.unwrap().success(), "{role} failed:\n{out}");
-    assert!(
-        out.contains("test result: ok. 1 passed"),
-        "{role} did not run:\n{out}"
-    );
-    Some(out)
+/// A plugin instance (it reads this process's environment) and a context of it, logging
+/// through [`log`].
+pub fn init() -> (IbNet, PluginHandle) {
+    let net = IbNet::new();
+    let ctx = net
+        .init(1, &NetCommConfig::default(), LogFn { log })
+        .expect("init");
+    (net, ctx)
 }
 
-/// One plugin instance with a connected pair on device 0.
+/// Byte `i` of message `msg` of [`Pair::stream`].
+fn byte(msg: usize, i: usize) -> u8 {
+    (msg * 31 + i * 7) as u8
+}
+
+/// A send and a receive connection of one plugin instance, to each other.
 pub struct Pair {
     pub net: IbNet,
+    pub ctx: PluginHandle,
     pub send: PluginHandle,
     pub recv: PluginHandle,
 }
 
 impl Pair {
+    /// A new instance's pair on device 0.
     pub fn connect() -> Pair {
-        let net = IbNet::new();
-        let ctx = net
-            .init(1, &NetCommConfig::default(), LogFn { log: log_all })
-            .expect("init");
+        let (net, ctx) = init();
         assert!(net.devices(ctx).unwrap() >= 1, "the stand-in's device");
-        let (handle, listen) = net.listen(ctx, 0).expect("listen");
+        Pair::connect_devices(net, ctx, 0, 0)
+    }
+
+    /// A pair of `net` in context `ctx`, from device `send_dev` to a listener on device
+    /// `recv_dev`.
+    pub fn connect_devices(net: IbNet, ctx: PluginHandle, send_dev: i32, recv_dev: i32) -> Pair {
+        let (handle, listen) = net.listen(ctx, recv_dev).expect("listen");
         let (mut send, mut recv) = (None, None);
         let start = Instant::now();
         while send.is_none() || recv.is_none() {
             if send.is_none() {
-                send = net.connect(ctx, 0, &handle).expect("connect");
+                send = net.connect(ctx, send_dev, &handle).expect("connect");
             }
             if recv.is_none() {
                 recv = net.accept(listen).expect("accept");
@@ -115,23 +93,36 @@ impl Pair {
         }
         Pair {
             net,
+            ctx,
             send: send.unwrap(),
             recv: recv.unwrap(),
         }
     }
 
-    /// Polls `req` until it is done (its size) or fails; a hang past [`REQUEST_LIMIT`]
-    /// panics.
-    pub fn wait(&self, req: PluginHandle) -> Result<usize, PluginError> {
-        let mut sizes = [usize::MAX];
+    /// Polls `req` until it is done or fails; `test` writes the sizes into `sizes`. A hang
+    /// past [`REQUEST_LIMIT`] panics.
+    pub fn poll(&self, req: PluginHandle, sizes: &mut [usize]) -> Result<(), PluginError> {
         let start = Instant::now();
-        while !self.net.test(req, &mut sizes)? {
+        while !self.net.test(req, sizes)? {
             assert!(start.elapsed() < REQUEST_LIMIT, "request {req:?} hangs");
             std::thread::yield_now();
         }
-        Ok(sizes[0])
+        Ok(())
     }
 
+    /// [`Pair::poll`] of a request of one buffer: its size.
+    pub fn wait(&self, req: PluginHandle) -> Result<usize, PluginError> {
+        Ok(self.wait_sizes(req, 1)?[0])
+    }
+
+    /// [`Pair::poll`] of a request of `n` buffers: the size of each.
+    pub fn wait_sizes(&self, req: PluginHandle, n: usize) -> Result<Vec<usize>, PluginError> {
+        let mut sizes = vec![usize::MAX; n];
+        self.poll(req, &mut sizes)?;
+        Ok(sizes)
+    }
+
+    /// Registers host memory `buf` with connection `comm`.
     pub fn reg(&self, comm: PluginHandle, buf: &[u8]) -> PluginHandle {
         self.net
             .reg_mr(comm, buf.as_ptr() as usize, buf.len(), PTR_HOST)
@@ -141,7 +132,6 @@ impl Pair {
     /// Sends `count` messages of `size(i)` bytes, `window` in flight, and checks each one's
     /// size and every byte at the receiver.
     pub fn stream(&self, count: usize, window: usize, size: impl Fn(usize) -> usize) {
-        let byte = |msg: usize, i: usize| (msg * 31 + i * 7) as u8;
         let max = (0..count).map(&size).max().unwrap_or(0).max(1);
         let mut src = vec![0u8; max * window];
         let mut dst = vec![0u8; max * window];
@@ -190,7 +180,8 @@ impl Pair {
         self.net.dereg_mr(self.recv, rmr).unwrap();
     }
 
-    pub fn close(self) {
+    /// Closes both connections, each of which must close cleanly.
+    pub fn close(&self) {
         self.net.close_send(self.send).unwrap();
         self.net.close_recv(self.recv).unwrap();
     }
