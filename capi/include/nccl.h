@@ -33,6 +33,9 @@
  * give NULL, as NCCL's do without multimem. The one-sided ncclPutSignal/ncclSignal/
  * ncclWaitSignal (2.29) are not written yet and return ncclInvalidUsage; a program that picks
  * features by version does not reach them, since the version says 2.28.
+ *
+ * From 2.31 / 2.32: the per-collective config calls (ncclAllReduceConfig ... ncclScatterConfig,
+ * with ncclCollConfig_t below) work; what rustccl honours of the config is said beside it.
  */
 #ifndef NCCL_H_
 #define NCCL_H_
