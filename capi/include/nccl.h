@@ -33,6 +33,9 @@
  * give NULL, as NCCL's do without multimem. The one-sided ncclPutSignal/ncclSignal/
  * ncclWaitSignal (2.29) are not written yet and return ncclInvalidUsage; a program that picks
  * features by version does not reach them, since the version says 2.28.
+ *
+ * From 2.31 / 2.32: the per-collective config calls (ncclAllReduceConfig ... ncclScatterConfig,
+ * with ncclCollConfig_t below) work; what rustccl honours of the config is said beside it.
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -149,6 +152,78 @@ typedef struct ncclSimInfo_v22200 {
 
 #define NCCL_SIM_INFO_INITIALIZER { sizeof(ncclSimInfo_t), 0x74685283u, \
   NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT }
+
+/* Per-collective configuration (NCCL 2.31, launchCompletionEvent 2.32): the last argument of
+ * the nccl*Config collectives below. Make it with NCCL_COLLCONFIG_INITIALIZER and give every
+ * rank the same values; a NULL config is the plain call. rustccl checks it as NCCL does (size
+ * at least 64, the magic, forceAlgSelection 0 or 1, CTAPolicy unset or 0..3) before anything
+ * is enqueued: a bad one is ncclInvalidArgument, with the reason in ncclGetLastError, and the
+ * group it was called in goes on without it. Like ncclConfig_t it only grows at its end. */
+#ifndef NCCL_API_MAGIC
+#define NCCL_API_MAGIC 0xcafebeef
+#endif
+
+/* The CUDA runtime's event; rustccl's host backend has none (see launchCompletionEvent). */
+typedef struct CUevent_st* cudaEvent_t;
+
+/* One vendor-specific option, in a NULL-terminated list (NCCL ignores them all, and so does
+ * rustccl, saying so once at INFO). */
+typedef struct ncclConfigExt {
+  struct ncclConfigExt* next;
+  struct {
+    int vendorId;
+    int optionId;
+  } key;
+  union {
+    int i;
+    const char* s;
+    void* raw;
+  } val;
+} ncclConfigExt_t;
+
+typedef struct ncclCollConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  ncclConfigExt_t* ext;
+  /* The fewest and the most channels the call uses, within the communicator's limits
+   * (rustccl's planner honours both). */
+  int minCTAs;
+  int maxCTAs;
+  /* NVLink SHARP channels and thread-block clusters: accepted, not honoured by rustccl. */
+  int nvlsCTAs;
+  int cgaClusterSize;
+  /* Which algorithms the call may use: NCCL's names (RING_LL, RING_LL128, RING_SIMPLE,
+   * TREE_..., NVLS_..., PAT_..., SYMK_...), each a case-insensitive prefix ("RING"), joined by
+   * ',' (either), '+' (both) and '^' (not). rustccl plans RING for every collective and TREE
+   * for AllReduce; a selection of only other names, or none this collective has, is
+   * ncclInvalidArgument while forceAlgSelection is 1 (the default), automatic when it is 0.
+   * NULL or "" is automatic. */
+  const char* algSelection;
+  int forceAlgSelection;
+  /* A combination of NCCL_CTA_POLICY_*; accepted, not honoured by rustccl. */
+  int CTAPolicy;
+  /* The caller's tag for the call's profiler events (0: none; values with the top bit set are
+   * NCCL's). rustccl keeps it with the operation; its profiler plugin interfaces have no
+   * field for it yet (NCCL's profiler v7 has). */
+  uint64_t userProfilerTag;
+  /* 2.32: an event to record on the stream once the collective is launched (at the outermost
+   * ncclGroupEnd inside a group). On the host backend it must be NULL (an operation has
+   * completed when its call or group returns); on a non-blocking communicator too. */
+  cudaEvent_t launchCompletionEvent;
+} ncclCollConfig_t;
+
+#define NCCL_COLLCONFIG_INITIALIZER {                                       \
+  sizeof(ncclCollConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE,               \
+  NCCL_CONFIG_UNDEF_PTR,    /* ext */                                        \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, /* minCTAs, maxCTAs */       \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, /* nvlsCTAs, cgaClusterSize */ \
+  NCCL_CONFIG_UNDEF_PTR,    /* algSelection */                               \
+  1,                        /* forceAlgSelection */                          \
+  NCCL_CONFIG_UNDEF_INT,    /* CTAPolicy */                                  \
+  0,                        /* userProfilerTag */                            \
+  NCCL_CONFIG_UNDEF_PTR     /* launchCompletionEvent */                      \
+}
 
 typedef enum {
   ncclSum = 0,
@@ -272,6 +347,15 @@ NCCL_DECLARE(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, siz
 NCCL_DECLARE(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
+/* The collectives with a per-call configuration (2.31): as the plain ones, with config last. */
+NCCL_DECLARE(ncclResult_t, ncclAllReduceConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclBroadcastConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclReduceConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclAllGatherConfig, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclReduceScatterConfig, const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclAlltoAllConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclGatherConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+NCCL_DECLARE(ncclResult_t, ncclScatterConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
 /* One-sided operations (2.29): not written yet, refused with ncclInvalidUsage. */
 NCCL_DECLARE(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);

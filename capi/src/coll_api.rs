@@ -219,6 +219,8 @@ nccl_api! {
             // Window registrations queued in the group run first, as NCCL's group end does.
             let registered = if rustccl::coll::group_depth() == 1 { crate::windows::run_deferred() } else { Ok(()) };
             let r = rustccl::group_end().and(registered);
+            // The launch events of the group's nccl*Config calls, once it is enqueued.
+            let r = if rustccl::coll::group_depth() == 0 { crate::coll_config::group_ended(r.is_ok()).and(r) } else { r };
             if !matches!(&r, Err(e) if e.kind == rustccl::error::ErrorKind::GroupUnbalanced) {
                 buffers::leave_group();
             }
@@ -238,6 +240,9 @@ nccl_api! {
             }
             let registered = if rustccl::coll::group_depth() == 1 { crate::windows::run_deferred() } else { Ok(()) };
             let t = rustccl::group_simulate_end();
+            if rustccl::coll::group_depth() == 0 {
+                let _ = crate::coll_config::group_ended(false);
+            }
             registered?;
             buffers::leave_group();
             buffers::finish();

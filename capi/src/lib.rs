@@ -11,6 +11,7 @@
 mod buffers;
 mod comm_api;
 mod coll_api;
+mod coll_config;
 mod devcomm;
 mod grow_suspend_api;
 mod handles;

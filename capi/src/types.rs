@@ -90,3 +90,50 @@ pub struct NcclTeam {
     pub rank: c_int,
     pub stride: c_int,
 }
+
+/// `ncclCollConfig_t` (`ncclCollConfig_v23200`, NCCL 2.32; 2.31's `v23100` is the same less
+/// `launchCompletionEvent`, 64 bytes): the per-call options of the `nccl*Config` collectives.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NcclCollConfig {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    /// Vendor extension options (`ncclConfigExt_t*`, a list NCCL itself ignores).
+    pub ext: *mut std::os::raw::c_void,
+    pub min_ctas: c_int,
+    pub max_ctas: c_int,
+    pub nvls_ctas: c_int,
+    pub cga_cluster_size: c_int,
+    pub alg_selection: *const c_char,
+    pub force_alg_selection: c_int,
+    pub cta_policy: c_int,
+    pub user_profiler_tag: u64,
+    /// 2.32: a `cudaEvent_t`.
+    pub launch_completion_event: *mut std::os::raw::c_void,
+}
+
+/// The smallest `ncclCollConfig_t` a caller may pass: 2.31's, without `launchCompletionEvent`.
+pub const COLL_CONFIG_MIN_SIZE: usize = std::mem::offset_of!(NcclCollConfig, launch_completion_event);
+
+impl Default for NcclCollConfig {
+    /// `NCCL_COLLCONFIG_INITIALIZER`.
+    fn default() -> Self {
+        let u = rustccl::config::UNDEF_INT;
+        NcclCollConfig {
+            size: std::mem::size_of::<NcclCollConfig>(),
+            magic: rustccl::config::CONFIG_MAGIC,
+            version: rustccl::version::NCCL_VERSION_CODE as c_uint,
+            ext: std::ptr::null_mut(),
+            min_ctas: u,
+            max_ctas: u,
+            nvls_ctas: u,
+            cga_cluster_size: u,
+            alg_selection: std::ptr::null(),
+            force_alg_selection: 1,
+            cta_policy: u,
+            user_profiler_tag: 0,
+            launch_completion_event: std::ptr::null_mut(),
+        }
+    }
+}

@@ -94,6 +94,10 @@ pub struct OpDescr {
     pub stream: u64,
     /// The API events it was called under.
     pub parents: ApiParents,
+    /// The caller's profiler tag (`ncclCollConfig_t::userProfilerTag`; 0: none). NCCL's
+    /// profiler v7 carries it; the profiler ABIs rustccl serves (C v1-v6, the Rust one) have
+    /// no field for it, so only in-process observers see it.
+    pub user_tag: u64,
 }
 
 impl OpDescr {

@@ -147,7 +147,7 @@ mod tests {
     use crate::types::DataType;
 
     fn task(kind: CollKind, count: usize, dtype: DataType, op: ReduceOp) -> Task {
-        Task { kind, send: DevicePtr(8), recv: DevicePtr(8), count, dtype, op, stream: Stream(0), profile: Default::default() }
+        Task { kind, send: DevicePtr(8), recv: DevicePtr(8), count, dtype, op, stream: Stream(0), profile: Default::default(), options: Default::default() }
     }
 
     #[test]

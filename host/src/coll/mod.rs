@@ -20,6 +20,7 @@ pub mod exec;
 pub mod group;
 pub mod observe;
 pub(crate) mod one_rank;
+pub mod options;
 pub mod plan;
 mod planned;
 pub(crate) mod route;
@@ -170,6 +171,8 @@ pub struct Task {
     pub stream: Stream,
     /// The observer's API events the operation was called under (none without an observer).
     pub profile: crate::observe::ApiParents,
+    /// Its per-call options (`nccl*Config`; [`options::scoped`] at the call, else none).
+    pub options: options::CollOptions,
 }
 
 impl Task {
@@ -216,6 +219,7 @@ impl Communicator {
 
     /// Checks an operation's arguments and hands it to the group (runs it now outside one).
     fn submit(&self, mut task: Task) -> Result<()> {
+        task.options = options::current();
         // The observer's events of the call (and of its group outside a group), ended when
         // the call returns.
         let _api = observe::api_call(self, &mut task, group::depth);
@@ -251,42 +255,42 @@ impl Communicator {
 
     /// `ncclAllReduce`.
     pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::AllReduce, send, recv, count, dtype, op, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclBroadcast`.
     pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, stream: Stream) -> Result<()> {
         let root = self.check_root(root, "Broadcast")?;
-        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::Broadcast { root }, send, recv, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclReduce`.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, stream: Stream) -> Result<()> {
         let root = self.check_root(root, "Reduce")?;
-        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::Reduce { root }, send, recv, count, dtype, op, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclAllGather`: `send_count` elements from each rank.
     pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::AllGather, send, recv, count: send_count, dtype, op: ReduceOp::Sum, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclReduceScatter`: `recv_count` elements to each rank.
     pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, stream: Stream) -> Result<()> {
-        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::ReduceScatter, send, recv, count: recv_count, dtype, op, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclSend`.
     pub fn send(&self, send: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
         let peer = self.check_peer(peer, "Send")?;
-        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::Send { peer }, send, recv: DevicePtr::NULL, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclRecv`.
     pub fn recv(&self, recv: DevicePtr, count: usize, dtype: DataType, peer: i32, stream: Stream) -> Result<()> {
         let peer = self.check_peer(peer, "Recv")?;
-        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default() })
+        self.submit(Task { kind: CollKind::Recv { peer }, send: DevicePtr::NULL, recv, count, dtype, op: ReduceOp::Sum, stream, profile: Default::default(), options: Default::default() })
     }
 
     /// `ncclAlltoAll`: `count` elements to and from every rank (a group of sends and receives).

@@ -43,6 +43,7 @@ pub(crate) fn describe(comm: &Communicator, task: &Task) -> OpDescr {
         recv: task.recv.0 as usize,
         stream: task.stream.0,
         parents: task.profile,
+        user_tag: task.options.profiler_tag,
     }
 }
 

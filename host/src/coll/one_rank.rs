@@ -117,7 +117,7 @@ mod tests {
         // Out of place: the input, copied (sum, max and avg over one rank are the identity).
         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
             b.memset(y, 0xff, n * 4, Stream::DEFAULT).unwrap();
-            try_one_rank(&c, &Task { kind: CollKind::AllReduce, send: x, recv: y, count: n, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default() })
+            try_one_rank(&c, &Task { kind: CollKind::AllReduce, send: x, recv: y, count: n, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default(), options: Default::default() })
                 .expect("the one-rank path takes it")
                 .unwrap();
             b.synchronize(Stream::DEFAULT).unwrap();
@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(read(y), input);
         // PreMulSum computes: not this path, and the result is scaled.
         let premul = ReduceOp::PreMulSum(crate::coll::Scalar::Host(2.0));
-        assert!(try_one_rank(&c, &Task { kind: CollKind::AllReduce, send: x, recv: y, count: n, dtype: DataType::Float32, op: premul, stream: Stream::DEFAULT, profile: Default::default() }).is_none());
+        assert!(try_one_rank(&c, &Task { kind: CollKind::AllReduce, send: x, recv: y, count: n, dtype: DataType::Float32, op: premul, stream: Stream::DEFAULT, profile: Default::default(), options: Default::default() }).is_none());
         c.all_reduce(x, y, n, DataType::Float32, premul, Stream::DEFAULT).unwrap();
         b.synchronize(Stream::DEFAULT).unwrap();
         assert_eq!(read(y), input.iter().map(|v| v * 2.0).collect::<Vec<_>>());
@@ -160,7 +160,7 @@ mod tests {
         let b = std::sync::Arc::clone(c.backend());
         let n = 64usize;
         let (x, y, z) = (b.alloc(0, n * 4).unwrap(), b.alloc(0, n * 4).unwrap(), b.alloc(0, n * 4).unwrap());
-        let task = |kind: CollKind, send: DevicePtr, recv: DevicePtr| Task { kind, send, recv, count: n, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream::DEFAULT, profile: Default::default() };
+        let task = |kind: CollKind, send: DevicePtr, recv: DevicePtr| Task { kind, send, recv, count: n, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream::DEFAULT, profile: Default::default(), options: Default::default() };
         let seq = || c.op_log().status().started.map_or(0, |d| d.seq);
         // Device work launched earlier, still running.
         c.op_log().started(&[task(CollKind::AllReduce, x, y).shape()]);

@@ -228,7 +228,7 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
     let caps = env.caps;
     for &a in Algorithm::ALL {
         for &p in Protocol::ALL {
-            if allowed(algo_setting(), a.name()) && allowed(proto_setting(), p.name()) {
+            if allowed(algo_setting(), a.name()) && allowed(proto_setting(), p.name()) && task.options.allows(a, p) {
                 costs[a.index() * n_proto + p.index()] = model_time(caps, &task.kind, a, p, bytes, n);
             }
         }
@@ -259,13 +259,14 @@ pub fn choose(env: &PlanEnv, task: &Task) -> Result<Choice> {
         }
         None => {
             return Err(Error::invalid_usage(format!(
-                "{}: no algorithm and protocol left to use (check NCCL_ALGO / NCCL_PROTO)",
+                "{}: no algorithm and protocol left to use (check NCCL_ALGO / NCCL_PROTO and the call's algorithm selection)",
                 task.kind.name()
             )))
         }
     };
     let wanted = if channels > 0 { channels as u32 } else { caps.channels_for(proto, bytes, env.nranks) };
-    let channels = wanted.clamp(env.min_ctas.max(1) as u32, (env.max_ctas.max(1) as u32).min(caps.max_channels));
+    let comm_max = (env.max_ctas.max(1) as u32).min(caps.max_channels);
+    let channels = task.options.channels(wanted, (env.min_ctas.max(1) as u32).min(comm_max), comm_max);
     let most_chunk = max_chunk(env.executor, caps, proto);
     let mut chunk_bytes = match caps.protocol(proto).chunk_bytes {
         0 => most_chunk,
@@ -593,7 +594,7 @@ mod tests {
     }
 
     fn task(kind: CollKind, count: usize, op: ReduceOp) -> Task {
-        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op, stream: Stream(7), profile: Default::default() }
+        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op, stream: Stream(7), profile: Default::default(), options: Default::default() }
     }
 
     #[test]
@@ -636,6 +637,31 @@ mod tests {
             assert_eq!(pick(1 << 20), Protocol::Ll128);
             assert_eq!(pick(64 << 20), Protocol::Simple);
         }
+    }
+
+    #[test]
+    fn per_call_options_choose_the_algorithm_and_bound_the_channels() {
+        use crate::coll::options::CollOptions;
+        use crate::spec::Collective;
+        let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
+        let gpu = Capabilities::gpu();
+        let big = task(CollKind::AllReduce, 64 << 20, ReduceOp::Sum);
+        let free = choose(&env(&gpu, 0, 4, &identity), &big).unwrap();
+        assert!(free.channels > 1, "the model uses several channels for 256 MiB");
+        let with = |sel: &str, max: Option<u32>| {
+            let mut options = CollOptions { max_channels: max, ..Default::default() };
+            options.select(sel, true, Collective::AllReduce, "t").unwrap();
+            choose(&env(&gpu, 0, 4, &identity), &Task { options, ..big.clone() }).unwrap()
+        };
+        // Whatever the model prefers, the selection is what it chooses among.
+        for (sel, algo, proto) in [("TREE_LL+^TREE_LL128", Algorithm::Tree, Protocol::Ll), ("tree_simple", Algorithm::Tree, Protocol::Simple), ("ring_ll128", Algorithm::Ring, Protocol::Ll128), ("RING+^RING_LL+^RING_LL128", Algorithm::Ring, Protocol::Simple)] {
+            let c = with(sel, None);
+            assert_eq!((c.algo, c.proto), (algo, proto), "{sel}");
+        }
+        let c = with("", Some(1));
+        assert_eq!((c.algo, c.proto, c.channels), (free.algo, free.proto, 1), "maxCTAs 1: one channel");
+        let c = choose(&env(&gpu, 0, 4, &identity), &Task { options: CollOptions { min_channels: Some(3), ..Default::default() }, ..task(CollKind::AllReduce, 16, ReduceOp::Sum) }).unwrap();
+        assert_eq!(c.channels, 3, "minCTAs 3 on a tiny call");
     }
 
     /// A tuner that lowers one entry of the table and/or sets the channels, for every call.
@@ -759,8 +785,8 @@ mod p2p_tests {
     #[test]
     fn small_messages_go_as_ll_lines_on_gpus_and_simple_elsewhere() {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
-        let send = |count: usize| Task { kind: CollKind::Send { peer: 1 }, send: DevicePtr(0x1000), recv: DevicePtr(0), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
-        let recv = |count: usize| Task { kind: CollKind::Recv { peer: 0 }, send: DevicePtr(0), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
+        let send = |count: usize| Task { kind: CollKind::Send { peer: 1 }, send: DevicePtr(0x1000), recv: DevicePtr(0), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default(), options: Default::default() };
+        let recv = |count: usize| Task { kind: CollKind::Recv { peer: 0 }, send: DevicePtr(0), recv: DevicePtr(0x9000), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default(), options: Default::default() };
         let gpu = Capabilities::gpu();
         let host = Capabilities::host();
         let env = |caps, rank| PlanEnv { rank, nranks: 2, caps, executor: Executor::of(caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
@@ -791,7 +817,7 @@ mod one_rank_tests {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
         let env = PlanEnv { rank: 0, nranks: 1, caps: &caps, executor: Executor::of(&caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
-        let t = |kind, send, recv, op| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 1000, dtype: DataType::Float32, op, stream: Stream(1), profile: Default::default() };
+        let t = |kind, send, recv, op| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 1000, dtype: DataType::Float32, op, stream: Stream(1), profile: Default::default(), options: Default::default() };
         // Out of place: one copy, no step.
         let (w, _) = plan(&env, &[t(CollKind::AllReduce, 0x1000, 0x9000, ReduceOp::Sum)]).unwrap();
         assert_eq!(w.copies, vec![LocalCopy { src: 0x1000, dst: 0x9000, bytes: 4000 }]);
@@ -825,7 +851,7 @@ mod one_rank_tests {
         let identity = |p: DevicePtr, _: usize| -> Result<usize> { Ok(p.0 as usize) };
         let caps = Capabilities::gpu();
         let env = PlanEnv { rank: 0, nranks: 2, caps: &caps, executor: Executor::of(&caps), min_ctas: 1, max_ctas: 64, tuner: None, resolve: &identity };
-        let t = |kind, send, recv| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 256, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default() };
+        let t = |kind, send, recv| Task { kind, send: DevicePtr(send), recv: DevicePtr(recv), count: 256, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(1), profile: Default::default(), options: Default::default() };
         // An all-to-all's own block, and a send to the peer elsewhere: the self part is a copy.
         let group = [
             t(CollKind::Send { peer: 0 }, 0x1000, 0, ),

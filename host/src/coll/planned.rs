@@ -181,7 +181,7 @@ mod tests {
     use std::sync::Arc;
 
     fn task(kind: CollKind, count: usize, dtype: DataType, op: ReduceOp) -> Task {
-        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x2000), count, dtype, op, stream: Stream(0), profile: Default::default() }
+        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x2000), count, dtype, op, stream: Stream(0), profile: Default::default(), options: Default::default() }
     }
 
     #[test]

@@ -205,9 +205,11 @@ pub(crate) fn route(task: &Task, caps: &Caps, place: &mut dyn Placement, tuner: 
 }
 
 /// Whether `task` may go any way around the planner: some data, not point-to-point, not in
-/// check mode (which checks every call's plan).
+/// check mode (which checks every call's plan), no per-call options that steer the planner
+/// (an algorithm selection or channel bounds of `nccl*Config`: the choice asked for is the
+/// planner's to make).
 fn may_go_around_planner(task: &Task, settings: &Settings) -> bool {
-    task.count > 0 && !task.kind.is_p2p() && !settings.check
+    task.count > 0 && !task.kind.is_p2p() && !settings.check && !task.options.steer_planner()
 }
 
 /// Whether a task the router sent to the planner ([`Route::Planned`]) may be served by the
@@ -312,7 +314,7 @@ mod tests {
     }
 
     fn task(kind: CollKind, count: usize) -> Task {
-        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x8000_0000), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(0), profile: Default::default() }
+        Task { kind, send: DevicePtr(0x1000), recv: DevicePtr(0x8000_0000), count, dtype: DataType::Float32, op: ReduceOp::Sum, stream: Stream(0), profile: Default::default(), options: Default::default() }
     }
 
     fn settings() -> Settings {

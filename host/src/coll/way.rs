@@ -110,7 +110,7 @@ mod tests {
     use crate::types::DataType;
 
     fn task(kind: CollKind, op: ReduceOp) -> Task {
-        Task { kind, send: DevicePtr(64), recv: DevicePtr(64), count: 4, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default() }
+        Task { kind, send: DevicePtr(64), recv: DevicePtr(64), count: 4, dtype: DataType::Float32, op, stream: Stream::DEFAULT, profile: Default::default(), options: Default::default() }
     }
 
     #[test]

@@ -182,6 +182,7 @@ mod buffer;
 mod build;
 mod call;
 mod comm;
+mod config;
 #[cfg(feature = "cudarc")]
 pub mod cudarc;
 mod device_buffer;
@@ -198,6 +199,7 @@ mod tests;
 
 pub use buffer::{RecvBuf, SendBuf};
 pub use comm::{AbortHandle, Comm, PendingInit};
+pub use config::CollConfig;
 pub use device_buffer::DeviceBuffer;
 pub use element::{bf16, f16, Element, F8E4M3, F8E5M2};
 pub use error::{Error, ErrorKind, Result};
@@ -214,5 +216,5 @@ pub use stream::{AsStream, Stream};
 /// let _ = Rank::new(0);
 /// ```
 pub mod prelude {
-    pub use super::{bf16, f16, AbortHandle, Comm, DeviceBuffer, Element, ErrorKind, Group, Op, Pending, Rank, RecvBuf, SendBuf, Stream, F8E4M3, F8E5M2};
+    pub use super::{bf16, f16, AbortHandle, CollConfig, Comm, DeviceBuffer, Element, ErrorKind, Group, Op, Pending, Rank, RecvBuf, SendBuf, Stream, F8E4M3, F8E5M2};
 }

@@ -36,6 +36,18 @@ impl Comm {
         dtype: DataType,
         build: impl FnOnce(&mut Resolver<'a>) -> Result<Call>,
     ) -> Result<Pending<'a>> {
+        self.issue_with(stream, dtype, None, build)
+    }
+
+    /// [`Comm::issue`] with per-call options: `config` for a call of the collective, checked
+    /// before anything is resolved or enqueued.
+    pub(super) fn issue_with<'a, St: AsStream + ?Sized>(
+        &'a self,
+        stream: &'a St,
+        dtype: DataType,
+        config: Option<(&super::CollConfig, crate::spec::Collective)>,
+        build: impl FnOnce(&mut Resolver<'a>) -> Result<Call>,
+    ) -> Result<Pending<'a>> {
         if crate::coll::group::in_group() {
             return Err(self.refused(Error::new(
                 ErrorKind::InvalidUsage,
@@ -43,11 +55,15 @@ impl Comm {
                  and do not mix the typed API with the raw group_start/group_end",
             )));
         }
+        let options = match config {
+            Some((c, coll)) => c.options(coll, coll.spec().name).map_err(|e| self.refused(e))?,
+            None => Default::default(),
+        };
         let mut r = Resolver::new(&self.raw, stream).map_err(|e| self.refused(e))?;
         let call = build(&mut r).map_err(|e| self.refused(e))?;
         let s = r.raw_stream();
         drop(crate::comm::jobs::take_launched());
-        let fence = match call.run(&self.raw, dtype, s) {
+        let fence = match crate::coll::options::scoped(options, || call.run(&self.raw, dtype, s)) {
             Ok(()) if r.host_backend() => Fence::Done,
             Ok(()) => event_after(&r, s),
             Err(e) if e.code == ResultCode::InProgress => match crate::comm::jobs::take_launched() {

@@ -281,3 +281,80 @@ fn cudarc_buffers_and_streams_are_accepted_on_cuda() {
     let e = comm.all_reduce_in_place(&mut [1.0f32][..], Op::Sum, &stream).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Memory, "host slices on a CUDA communicator");
 }
+
+#[test]
+fn every_collective_with_a_config_on_two_ranks_as_threads() {
+    host_env();
+    let comms = Comm::init_all(&[0, 1]).unwrap();
+    let ring = CollConfig::new().algorithms("ring").max_channels(1).profiler_tag(9);
+    let tree = CollConfig::new().algorithms("TREE_SIMPLE").min_channels(2);
+    let plain = CollConfig::new().profiler_tag(3);
+    std::thread::scope(|s| {
+        for comm in comms {
+            let (ring, tree, plain) = (&ring, &tree, &plain);
+            s.spawn(move || {
+                let me = comm.rank().get();
+                let r = me as i64;
+                let mut out = [0i64; 2];
+                comm.all_reduce_with(&[r, 10 * r], &mut out, Op::Sum, S, tree).unwrap().wait().unwrap();
+                assert_eq!(out, [1, 10]);
+                comm.all_reduce_with(&[r, 1], &mut out, Op::Max, S, ring).unwrap().wait().unwrap();
+                assert_eq!(out, [1, 1]);
+                let mut b = [0u8; 2];
+                let root_data: &[u8] = if me == 1 { &[5, 6] } else { &[] };
+                comm.broadcast_with(root_data, &mut b, Rank::new(1), S, ring).unwrap().wait().unwrap();
+                assert_eq!(b, [5, 6]);
+                let mut red = if me == 0 { vec![0.0f64; 2] } else { vec![] };
+                comm.reduce_with(&[r as f64, 1.0], &mut red, Op::Sum, Rank::new(0), S, ring).unwrap().wait().unwrap();
+                if me == 0 {
+                    assert_eq!(red, [1.0, 2.0]);
+                }
+                let mut g = [0u32; 4];
+                comm.all_gather_with(&[me, me + 10], &mut g, S, ring).unwrap().wait().unwrap();
+                assert_eq!(g, [0, 10, 1, 11]);
+                let mut rs = [0i32; 1];
+                comm.reduce_scatter_with(&[1, 2], &mut rs, Op::Sum, S, ring).unwrap().wait().unwrap();
+                assert_eq!(rs, [2 * (me as i32 + 1)]);
+                let mut a2a = [0u32; 2];
+                comm.all_to_all_with(&[me * 10, me * 10 + 1], &mut a2a, S, plain).unwrap().wait().unwrap();
+                assert_eq!(a2a, [me, 10 + me]);
+                let mut gathered = if me == 1 { vec![0u32; 2] } else { vec![] };
+                comm.gather_with(&[me], &mut gathered, Rank::new(1), S, plain).unwrap().wait().unwrap();
+                if me == 1 {
+                    assert_eq!(gathered, [0, 1]);
+                }
+                let mut part = [0u32];
+                let src = if me == 0 { vec![4u32, 5] } else { vec![] };
+                comm.scatter_with(&src, &mut part, Rank::new(0), S, plain).unwrap().wait().unwrap();
+                assert_eq!(part, [4 + me]);
+
+                // A selection the call cannot honour: refused before anything is enqueued,
+                // recorded as the last error; with fall_back the call runs.
+                let mut g2 = [7u32; 4];
+                let e = comm.all_gather_with(&[me, me], &mut g2, S, tree).unwrap_err();
+                assert_eq!((e.kind(), e.code()), (ErrorKind::InvalidArgument, crate::ResultCode::InvalidArgument));
+                assert!(e.message().contains("names no algorithm that AllGather has"), "{}", e.message());
+                assert!(comm.raw().last_error().contains("AllGather"), "recorded as the last error");
+                assert_eq!(g2, [7; 4]);
+                let e = comm.all_to_all_with(&[me, me], &mut a2a, S, ring).unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+                let e = comm.all_reduce_with(&[r], &mut out[..1], Op::Sum, S, &CollConfig::new().algorithms("RING+TREE")).unwrap_err();
+                assert!(e.message().contains("selects nothing"), "{}", e.message());
+                comm.all_gather_with(&[me, me], &mut g2, S, &tree.clone().fall_back(true)).unwrap().wait().unwrap();
+                assert_eq!(g2, [0, 0, 1, 1]);
+            });
+        }
+    });
+}
+
+#[test]
+fn a_config_reaches_the_tasks_of_the_call() {
+    use crate::coll::options::{self, CollOptions};
+    let cfg = CollConfig::new().algorithms("tree").max_channels(3).profiler_tag(11);
+    let o = cfg.options(crate::spec::Collective::AllReduce, "AllReduce").unwrap();
+    assert_eq!((o.max_channels, o.profiler_tag), (Some(3), 11));
+    assert!(o.allows(rustccl_plugin_api::Algorithm::Tree, rustccl_plugin_api::Protocol::Ll));
+    assert!(!o.allows(rustccl_plugin_api::Algorithm::Ring, rustccl_plugin_api::Protocol::Simple));
+    assert_eq!(options::scoped(o, options::current), o);
+    assert_eq!(CollConfig::new().options(crate::spec::Collective::Gather, "Gather").unwrap(), CollOptions::default());
+}

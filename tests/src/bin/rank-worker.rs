@@ -353,7 +353,7 @@ fn tuned_sizes(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     for bytes in sizes {
         let count = bytes / 4;
         let buf = backend.alloc(device, bytes.max(4))?;
-        let task = Task { kind: CollKind::AllReduce, send: buf, recv: buf, count, dtype: DataType::Float32, op: ReduceOp::Sum, stream, profile: Default::default() };
+        let task = Task { kind: CollKind::AllReduce, send: buf, recv: buf, count, dtype: DataType::Float32, op: ReduceOp::Sum, stream, profile: Default::default(), options: Default::default() };
         let c = PlanEnv::with(&comm, |env| choose(env, &task))?;
         println!("RESULT choice {bytes} {} {} {}", c.algo.name(), c.proto.name(), c.channels);
         let input: Vec<u8> = (0..count).flat_map(|i| ((i % 97) as f32 + rank as f32).to_ne_bytes()).collect();
