@@ -40,11 +40,19 @@ fn pattern(rank: usize, round: usize, block: usize, i: usize) -> u8 {
 }
 
 /// The window's bytes (host memory on the host backend).
-fn bytes(w: &Window) -> &mut [u8] {
+fn bytes(w: &Window) -> &[u8] {
     // SAFETY: the window's own buffer, `size()` bytes of host memory (host backend), alive
-    // while the window is registered; only this rank writes its source part, and the receive
-    // parts are read after the signals that follow the peers' puts.
-    unsafe { std::slice::from_raw_parts_mut(w.user_ptr().0 as *mut u8, w.size()) }
+    // while the window is registered; its receive parts are read after the signals that
+    // follow the peers' puts.
+    unsafe { std::slice::from_raw_parts(w.user_ptr().0 as *const u8, w.size()) }
+}
+
+/// Writes `data` at `at` bytes into the window's own buffer (its source part).
+fn write(w: &Window, at: usize, data: &[u8]) {
+    assert!(at + data.len() <= w.size());
+    // SAFETY: inside the window's own buffer (checked), host memory alive while the window is
+    // registered; only this rank writes its source part.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (w.user_ptr().0 as *mut u8).add(at), data.len()) };
 }
 
 fn setup(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(Communicator, DevicePtr, Window), Error> {
@@ -59,11 +67,9 @@ fn setup(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(Communicator, Devi
 /// signals waited for from the left, the left's bytes checked.
 fn ring_round(comm: &Communicator, w: &Window, round: usize, n: usize, me: usize) -> Result<(), Error> {
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
-    let buf = bytes(w);
     for blk in 0..2 {
-        for (i, x) in buf[blk * BLOCK..(blk + 1) * BLOCK].iter_mut().enumerate() {
-            *x = pattern(me, round, blk, i);
-        }
+        let data: Vec<u8> = (0..BLOCK).map(|i| pattern(me, round, blk, i)).collect();
+        write(w, blk * BLOCK, &data);
     }
     let at = RECV_AT + round * 2 * BLOCK;
     for blk in 0..2 {
