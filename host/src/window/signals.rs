@@ -24,6 +24,9 @@ pub struct WaitSignalDesc {
     pub ctx: i32,
 }
 
+// `ncclWaitSignalDesc_t` is 16 bytes: four ints, in this order.
+const _: () = assert!(std::mem::size_of::<WaitSignalDesc>() == 16 && std::mem::align_of::<WaitSignalDesc>() == 4);
+
 /// Where the counters start in a rank's resource memory (after the inboxes, 8-aligned).
 pub fn counters_at(nranks: usize) -> u64 {
     (SYM_RES_INBOX + 4 * nranks as u64).next_multiple_of(8)
