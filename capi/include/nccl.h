@@ -31,8 +31,9 @@
  * ncclCommQueryProperties (2.29), the ncclParam* API and ncclTimeout (2.30), and the 2.30.7
  * ncclConfig_t fields; ncclGetLsaMultimemDevicePointer and ncclGetMultimemDevicePointer (2.29)
  * give NULL, as NCCL's do without multimem. The one-sided ncclPutSignal/ncclSignal/
- * ncclWaitSignal (2.29) are not written yet and return ncclInvalidUsage; a program that picks
- * features by version does not reach them, since the version says 2.28.
+ * ncclWaitSignal (2.29) work on the host backend between the ranks of one host (sigIdx, ctx
+ * and flags 0, as NCCL; outside groups); GPU backends return ncclInvalidUsage for them (not
+ * yet on GPUs).
  *
  * From 2.31 / 2.32: the per-collective config calls (ncclAllReduceConfig ... ncclScatterConfig,
  * with ncclCollConfig_t below) work; what rustccl honours of the config is said beside it.
@@ -356,7 +357,11 @@ NCCL_DECLARE(ncclResult_t, ncclReduceScatterConfig, const void* sendbuff, void* 
 NCCL_DECLARE(ncclResult_t, ncclAlltoAllConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
 NCCL_DECLARE(ncclResult_t, ncclGatherConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
 NCCL_DECLARE(ncclResult_t, ncclScatterConfig, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
-/* One-sided operations (2.29): not written yet, refused with ncclInvalidUsage. */
+/* One-sided operations (2.29) on symmetric windows, stream-ordered: a put writes count
+ * elements from localbuff (in an NCCL_WIN_COLL_SYMMETRIC window) at peerWinOffset of peer's
+ * part of peerWin, then adds one signal from this rank at peer; ncclSignal adds the signal
+ * alone; ncclWaitSignal waits for opCnt more signals (since this rank's last wait) from each
+ * descriptor's peer. sigIdx, ctx and flags must be 0. Host backend only for now. */
 NCCL_DECLARE(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);

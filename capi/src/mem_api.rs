@@ -3,12 +3,15 @@
 //! where the backend has symmetric memory (the host backend and CUDA; others refuse with a
 //! message). What needs hardware rustccl does not drive answers as NCCL does without it: GIN
 //! barriers `ncclInvalidUsage` (`devcomm::no_gin`), multicast pointers NULL. One-sided
-//! operations and LL all-to-all are not written: `ncclInvalidUsage` with a message.
+//! operations run on the host backend (`rustccl::coll::one_sided`; GPUs refuse them with a
+//! message); LL all-to-all is not written: `ncclInvalidUsage` with a message.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
 
-use rustccl::backend::{DeviceBackend, DevicePtr};
+use rustccl::backend::{DeviceBackend, DevicePtr, Stream};
+use rustccl::types::DataType;
+use rustccl::window::signals::WaitSignalDesc;
 use rustccl::Error;
 
 use crate::devcomm::{self, DevComm, DevCommRequirements, DevResourceRequirements, LsaBarrierHandle};
@@ -53,9 +56,13 @@ fn peer_pointer(win: *mut c_void, offset: usize, rank: c_int, out: *mut *mut c_v
 
 const NO_LLA2A: &str = "LL all-to-all sessions are not in rustccl's nccl_device.h (not written yet): exchange through \
                         window or resource pointers and LSA barriers";
-const ONE_SIDED: &str = "one-sided operations (ncclPutSignal, ncclSignal, ncclWaitSignal, NCCL 2.29) are not written in \
-                         rustccl yet (it reports NCCL 2.28.9): write into a peer's window through the device API's \
-                         LSA pointers instead";
+/// The one-sided calls' `flags`: reserved, 0 (as NCCL checks).
+fn check_flags(what: &str, flags: u32) -> Result<(), Error> {
+    if flags != 0 {
+        return Err(Error::invalid_argument(format!("{what}: flags {flags:#x} are invalid: they are reserved and must be 0")));
+    }
+    Ok(())
+}
 
 /// NCCL's `ncclMultimemHandle` (by value: one pointer).
 #[repr(C)]
@@ -252,28 +259,47 @@ nccl_api! {
         })
     }
 
-    /// One-sided operations (2.29) write into a peer's symmetric window: not written yet.
+    /// 2.29: `count` elements from `localbuff` (in an `NCCL_WIN_COLL_SYMMETRIC` window of
+    /// `comm`) into rank `peer`'s part of `peerWin` at `peerWinOffset`, then a signal to
+    /// `peer` (`Communicator::put_signal`). Host backend; GPUs refuse ("not yet on GPUs").
     fn ncclPutSignal / pncclPutSignal(
-        _localbuff: *const c_void, _count: usize, _datatype: c_int, _peer: c_int, _peer_win: *mut c_void, _offset: usize,
-        _sig_idx: c_int, _ctx: c_int, _flags: u32, comm: CommHandle, _stream: *mut c_void,
+        localbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, peer_win: *mut c_void, offset: usize,
+        sig_idx: c_int, ctx: c_int, flags: u32, comm: CommHandle, stream: *mut c_void,
     ) -> NcclResult {
         guard_comm("ncclPutSignal", comm, || {
-            handles::get(comm, "ncclPutSignal")?;
-            Err(Error::invalid_usage(ONE_SIDED))
+            let c = handles::get(comm, "ncclPutSignal")?;
+            check_flags("ncclPutSignal", flags)?;
+            if localbuff.is_null() || peer_win.is_null() {
+                return Err(Error::invalid_argument("ncclPutSignal: localbuff or peerWin is NULL"));
+            }
+            let t = DataType::from_i32(datatype).ok_or_else(|| Error::invalid_argument(format!("ncclPutSignal: invalid data type {datatype}")))?;
+            let w = windows::with(peer_win, "ncclPutSignal", |w| w.clone())?;
+            c.comm.put_signal(DevicePtr(localbuff as u64), count, t, peer, &w, offset, sig_idx, ctx, Stream(stream as u64))
         })
     }
 
-    fn ncclSignal / pncclSignal(_peer: c_int, _sig_idx: c_int, _ctx: c_int, _flags: u32, comm: CommHandle, _stream: *mut c_void) -> NcclResult {
+    /// 2.29: a signal to `peer` without data (`Communicator::signal`).
+    fn ncclSignal / pncclSignal(peer: c_int, sig_idx: c_int, ctx: c_int, flags: u32, comm: CommHandle, stream: *mut c_void) -> NcclResult {
         guard_comm("ncclSignal", comm, || {
-            handles::get(comm, "ncclSignal")?;
-            Err(Error::invalid_usage(ONE_SIDED))
+            let c = handles::get(comm, "ncclSignal")?;
+            check_flags("ncclSignal", flags)?;
+            c.comm.signal(peer, sig_idx, ctx, Stream(stream as u64))
         })
     }
 
-    fn ncclWaitSignal / pncclWaitSignal(_n_desc: c_int, _descs: *mut c_void, comm: CommHandle, _stream: *mut c_void) -> NcclResult {
+    /// 2.29: waits, in stream order, for each descriptor's `opCnt` more signals from its peer
+    /// (`Communicator::wait_signal`).
+    fn ncclWaitSignal / pncclWaitSignal(n_desc: c_int, descs: *mut WaitSignalDesc, comm: CommHandle, stream: *mut c_void) -> NcclResult {
         guard_comm("ncclWaitSignal", comm, || {
-            handles::get(comm, "ncclWaitSignal")?;
-            Err(Error::invalid_usage(ONE_SIDED))
+            let c = handles::get(comm, "ncclWaitSignal")?;
+            let n = usize::try_from(n_desc).ok().filter(|&n| n > 0);
+            let (Some(n), false) = (n, descs.is_null()) else {
+                return Err(Error::invalid_argument(format!("ncclWaitSignal: nDesc is {n_desc} and signalDescs {descs:p}: give at least one descriptor")));
+            };
+            // SAFETY: the caller's array of `nDesc` descriptors (NCCL's contract), checked
+            // non-NULL; `WaitSignalDesc` has `ncclWaitSignalDesc_t`'s layout.
+            let descs = unsafe { std::slice::from_raw_parts(descs, n) };
+            c.comm.wait_signal(descs, Stream(stream as u64))
         })
     }
 

@@ -18,7 +18,8 @@ fn c_program_runs_every_call_on_the_host_backend() {
 }
 
 /// `tests/c/api_2_30_test.c`: parameters, the 2.30 config, suspend/resume and memory
-/// statistics, the refused one-sided calls, with their bad arguments; 1 and 2 processes.
+/// statistics, one-sided puts, signals and waits on a window, with their bad arguments; 1 and
+/// 2 processes.
 #[test]
 fn c_program_runs_the_2_29_and_2_30_host_api() {
     let exe = common::build("api_2_30_test");

@@ -1,5 +1,5 @@
 /* NCCL 2.29/2.30's host API on rustccl's libnccl.so.2 (host backend): parameters, the 2.30
- * ncclConfig_t, suspend/resume and memory statistics, the refused one-sided calls, and (with
+ * ncclConfig_t, suspend/resume and memory statistics, the one-sided calls on a window, and (with
  * the argument "grow") growing a communicator. Each call's bad arguments are checked too: a
  * clear code, and a message in ncclGetLastError.
  *
@@ -211,13 +211,56 @@ static void test_suspend(ncclComm_t comm) {
   free(a);
 }
 
-static void test_one_sided_refused(ncclComm_t comm) {
+/* One-sided operations (2.29) on a symmetric window: rounds of a ring of puts with signals
+ * and waits (bytes exact; a rank alone puts to itself), a signal without data, and the bad
+ * arguments (each ncclInvalidArgument with a message, nothing sent). */
+static void test_one_sided(ncclComm_t comm) {
+  enum { BYTES = 1 << 20, COUNT = 1024, RECV = 65536, ROUNDS = 3 };
+  int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+  void* buf = NULL;
+  ncclWindow_t win = NULL;
+  OK(ncclMemAlloc(&buf, BYTES));
+  OK(ncclCommWindowRegister(comm, buf, BYTES, &win, NCCL_WIN_COLL_SYMMETRIC));
+  float* f = (float*)buf;
+  for (int round = 0; round < ROUNDS; round++) {
+    for (int i = 0; i < COUNT; i++) f[i] = (float)(rank * 100000 + round * 10000 + i);
+    OK(ncclPutSignal(buf, COUNT, ncclFloat, right, win, RECV + round * COUNT * 4, 0, 0, 0, comm, NULL));
+    ncclWaitSignalDesc_t d = {1, left, 0, 0};
+    OK(ncclWaitSignal(1, &d, comm, NULL));
+    const float* got = (const float*)((char*)buf + RECV + round * COUNT * 4);
+    int exact = 1;
+    for (int i = 0; i < COUNT; i++) exact &= got[i] == (float)(left * 100000 + round * 10000 + i);
+    CHECK(exact, "round %d: rank %d's put arrived as %f %f", round, left, got[0], got[COUNT - 1]);
+  }
+  OK(ncclSignal(right, 0, 0, 0, comm, NULL));
+  ncclWaitSignalDesc_t one = {1, left, 0, 0};
+  OK(ncclWaitSignal(1, &one, comm, NULL));
+
   float x = 0;
-  ncclWaitSignalDesc_t d = {1, 0, 0, 0};
-  USAGE(ncclPutSignal(&x, 1, ncclFloat, 0, NULL, 0, 0, 0, 0, comm, NULL));
-  SAYS("one-sided");
-  USAGE(ncclSignal(0, 0, 0, 0, comm, NULL));
-  USAGE(ncclWaitSignal(1, &d, comm, NULL));
+  INVALID(ncclPutSignal(buf, 1, ncclFloat, right, win, RECV, 0, 0, 1, comm, NULL));
+  SAYS("flags");
+  INVALID(ncclPutSignal(buf, 1, ncclFloat, right, win, RECV, 1, 0, 0, comm, NULL));
+  SAYS("signal index 1");
+  INVALID(ncclSignal(right, 0, 1, 0, comm, NULL));
+  SAYS("context 1");
+  INVALID(ncclPutSignal(buf, 1, ncclFloat, nranks, win, RECV, 0, 0, 0, comm, NULL));
+  SAYS("out of range");
+  INVALID(ncclPutSignal(buf, 1, ncclFloat, right, NULL, RECV, 0, 0, 0, comm, NULL));
+  INVALID(ncclPutSignal(NULL, 1, ncclFloat, right, win, RECV, 0, 0, 0, comm, NULL));
+  INVALID(ncclPutSignal(buf, 2, ncclFloat, right, win, BYTES - 4, 0, 0, 0, comm, NULL));
+  SAYS("past the end of the peer window");
+  INVALID(ncclPutSignal(&x, 1, ncclFloat, right, win, RECV, 0, 0, 0, comm, NULL));
+  SAYS("NCCL_WIN_COLL_SYMMETRIC");
+  ncclWaitSignalDesc_t zero = {0, left, 0, 0};
+  INVALID(ncclWaitSignal(1, &zero, comm, NULL));
+  SAYS("opCnt");
+  INVALID(ncclWaitSignal(0, &one, comm, NULL));
+  INVALID(ncclWaitSignal(1, NULL, comm, NULL));
+  /* Nothing was sent by the bad calls: one more round matches. */
+  OK(ncclSignal(right, 0, 0, 0, comm, NULL));
+  OK(ncclWaitSignal(1, &one, comm, NULL));
+  OK(ncclCommWindowDeregister(comm, win));
+  OK(ncclMemFree(buf));
   /* Not a window. */
   void* p = &x;
   INVALID(ncclWinGetUserPtr(comm, NULL, &p));
@@ -306,7 +349,7 @@ int main(int argc, char** argv) {
   test_params();
   ncclComm_t comm = test_config(id1, id2);
   test_suspend(comm);
-  test_one_sided_refused(comm);
+  test_one_sided(comm);
   OK(ncclCommDestroy(comm));
   return finish();
 }

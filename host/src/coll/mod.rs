@@ -20,6 +20,7 @@ pub mod exec;
 pub mod group;
 pub mod observe;
 pub(crate) mod one_rank;
+mod one_sided;
 pub mod options;
 pub mod plan;
 mod planned;

@@ -131,3 +131,11 @@ impl Communicator {
         self.windows().count()
     }
 }
+
+impl Communicator {
+    /// Runs `f` on this communicator's windows (the one-sided operations look up windows,
+    /// signal counters and expected counts there; `f` must not wait on peers).
+    pub(crate) fn with_windows<T>(&self, f: impl FnOnce(&mut crate::window::Windows) -> T) -> T {
+        f(&mut self.windows())
+    }
+}

@@ -15,6 +15,7 @@
 //! `reserve_space`, `map_shared_at`, `unmap_at`): the host backend maps `/dev/shm` files, the
 //! CUDA backend cuMem allocations passed between processes as file descriptors.
 
+pub mod signals;
 pub mod space;
 
 use std::collections::HashMap;
@@ -163,6 +164,8 @@ pub struct Windows {
     ce_epoch: u32,
     /// The copy-engine flags were set to let every wait pass (the communicator failed).
     ce_released: bool,
+    /// The one-sided waits' running expected counts (`signals`).
+    expected: signals::Expected,
 }
 
 /// Where a symmetric collective finds its buffers and memory (pure data, in `work`: the
@@ -374,10 +377,10 @@ impl Windows {
         if self.resources.is_some() {
             return Ok(());
         }
-        // The kernels' layout on devices; the host needs the epoch, the scalar and one inbox
-        // per rank (no LL scratch, no copy-engine flags).
+        // The kernels' layout on devices; the host needs the epoch, the scalar, one inbox per
+        // rank and the one-sided signal counters (no LL scratch, no copy-engine flags).
         let bytes = if x.backend.capabilities().host_addressable {
-            (rustccl_kernels::exec::SYM_RES_INBOX as usize + 4 * x.nranks).next_multiple_of(WIN_ALIGNMENT)
+            signals::host_resource_bytes(x.nranks).next_multiple_of(WIN_ALIGNMENT)
         } else {
             rustccl_kernels::exec::SYM_RES_BYTES as usize
         };
@@ -407,21 +410,42 @@ impl Windows {
     /// both lie in `WIN_COLL_SYMMETRIC` windows and the symmetric kernels' memory exists.
     pub fn symmetric_place(&self, send: DevicePtr, send_bytes: usize, recv: DevicePtr, recv_bytes: usize) -> Option<SymmetricPlace> {
         let (_, res) = self.resources.as_ref()?;
-        let flat = |p: DevicePtr, bytes: usize| {
-            self.windows.values().find_map(|w| {
-                let inside = w.flags & WIN_COLL_SYMMETRIC != 0
-                    && p.0 >= w.user.0
-                    && p.0 + bytes as u64 <= w.user.0 + w.bytes as u64;
-                inside.then(|| w.flat(w.rank) + (p.0 - w.user.0))
-            })
-        };
         Some(SymmetricPlace {
-            send: flat(send, send_bytes)?,
-            recv: flat(recv, recv_bytes)?,
+            send: self.symmetric_flat(send, send_bytes)?,
+            recv: self.symmetric_flat(recv, recv_bytes)?,
             res: res.flat(res.rank),
             stride: res.stride,
             rank: res.rank,
         })
+    }
+
+    /// The flat-range address of `bytes` at `p` when they lie in one `WIN_COLL_SYMMETRIC`
+    /// window of this rank.
+    pub fn symmetric_flat(&self, p: DevicePtr, bytes: usize) -> Option<u64> {
+        self.windows.values().find_map(|w| {
+            let inside = w.flags & WIN_COLL_SYMMETRIC != 0
+                && p.0 >= w.user.0
+                && p.0.checked_add(bytes as u64)? <= w.user.0 + w.bytes as u64;
+            inside.then(|| w.flat(w.rank) + (p.0 - w.user.0))
+        })
+    }
+
+    /// Whether `w` is a window registered with this communicator and not yet deregistered.
+    pub fn is_live(&self, w: &Window) -> bool {
+        self.windows.get(&w.id) == Some(w)
+    }
+
+    /// Where rank `owner` counts the one-sided signals from rank `from` (a flat-range
+    /// address of a 64-bit counter in its resource memory; `signals`), once the resource
+    /// memory exists. Only for host-addressable memory (the host layout).
+    pub fn signal_counter(&self, owner: usize, from: usize) -> Option<u64> {
+        let (_, res) = self.resources.as_ref()?;
+        (owner < res.nranks && from < res.nranks).then(|| res.flat(owner) + signals::counters_at(res.nranks) + 8 * from as u64)
+    }
+
+    /// The one-sided waits' running expected counts.
+    pub fn expected(&mut self) -> &mut signals::Expected {
+        &mut self.expected
     }
 
     /// This rank's symmetric resource memory in the flat range, once it exists.

@@ -18,6 +18,7 @@ mod worker_shrink;
 mod worker_streams;
 mod worker_typed;
 mod worker_windows;
+mod worker_one_sided;
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -74,6 +75,8 @@ fn main() {
         "windows-peer-death" => worker_windows::peer_death(nranks, rank, &ids),
         "windows-op-death" => worker_windows::op_death(nranks, rank, &ids),
         "windows-mismatch" => worker_windows::mismatch(nranks, rank, &ids),
+        "one-sided" => worker_one_sided::one_sided(nranks, rank, &ids),
+        "one-sided-death" => worker_one_sided::death(nranks, rank, &ids),
         "routes-group" => worker_routes::group(nranks, rank, &ids),
         "routes-nonblocking" => worker_routes::nonblocking(nranks, rank, &ids),
         "routes-disagree" => worker_routes::disagree(nranks, rank, &ids),

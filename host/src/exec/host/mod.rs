@@ -24,6 +24,7 @@
 
 pub mod board;
 pub mod fifo;
+pub mod signal_wait;
 pub mod single_copy;
 pub mod symmetric;
 
