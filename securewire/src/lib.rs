@@ -131,8 +131,8 @@ static PROCESS_KEY: RwLock<Option<Arc<Psk>>> = RwLock::new(None);
 
 /// Sets (or, with `None`, clears) the key this process's TCP connections use from now on.
 /// Process-global, as NCCL's `ncclSetEncryption`: set it before the first connection.
-pub fn set_process_key(key: Option<Psk>) {
-    *PROCESS_KEY.write().unwrap_or_else(|p| p.into_inner()) = key.map(Arc::new);
+pub fn set_process_key(key: Option<Arc<Psk>>) {
+    *PROCESS_KEY.write().unwrap_or_else(|p| p.into_inner()) = key;
 }
 
 /// The key set by [`set_process_key`], if any.
