@@ -12,6 +12,7 @@ mod buffers;
 mod comm_api;
 mod coll_api;
 mod devcomm;
+mod encryption_api;
 mod grow_suspend_api;
 mod handles;
 mod mem_api;
