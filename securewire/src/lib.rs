@@ -176,6 +176,12 @@ pub struct Keys {
     transcript: Vec<u8>,
 }
 
+impl fmt::Debug for Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Keys(<hidden>)")
+    }
+}
+
 impl Keys {
     /// Derives the connection's keys from `psk` and `transcript` (both sides' fresh random
     /// bytes, and whatever else names the connection, in the same order on both sides).

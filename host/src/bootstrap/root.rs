@@ -168,7 +168,11 @@ impl Root {
             self.accept(listener, tx);
             match rx.recv_timeout(TICK) {
                 Ok(Arrival::Msg(conn, msg)) => self.on_message(conn, msg)?,
-                Ok(Arrival::Refused(e)) => return Err(e),
+                Ok(Arrival::Refused(e)) => {
+                    // Latecomers are told until the rendezvous would have timed out.
+                    self.start_clock();
+                    return Err(e);
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => unreachable!("the root holds a sender"),
             }
@@ -389,7 +393,11 @@ impl Root {
 
     fn fail_all(&mut self, code: ResultCode, message: &str) {
         tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: {message}", self.addr);
-        for (conn, _) in self.members.values_mut() {
+        // A rank in this process (NCCL_COMM_ID puts the root in rank 0's) is told last: its
+        // process may exit as soon as it knows, and the root with it.
+        let here = std::process::id();
+        let (mine, others): (Vec<_>, Vec<_>) = self.members.values_mut().partition(|(_, info)| info.pid == here && info.host_hash == super::host_hash());
+        for (conn, _) in others.into_iter().chain(mine) {
             fail(conn, code, message);
         }
         for (conn, _) in self.reports.values_mut() {
