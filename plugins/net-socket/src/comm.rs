@@ -37,7 +37,9 @@ use socket2::Socket;
 use crate::connect::{set_liveness, Established, SEND_FLAGS};
 use crate::striping::{stripe_from, Reassembly, DEFAULT_MIN_CHUNK};
 use crate::wire::{Header, HEADER_BYTES};
-use crate::worker::{Action, Control, Dispatch, Link, Pool, SockCrypto, Task, Transfer, Workers, RECORD_PLAIN};
+use crate::worker::{
+    Action, Control, Dispatch, Link, Pool, SockCrypto, Task, Transfer, Workers, RECORD_PLAIN,
+};
 
 /// Which end of the connection this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,8 +148,16 @@ impl Comm {
                 .collect()
         });
         let ctrl_label = crate::connect::socket_label(crate::wire::CONTROL_SOCKET);
-        let seal = est.keys.as_ref().filter(|_| dir == Direction::Send).map(|k| k.sealer(&ctrl_label));
-        let open = est.keys.as_ref().filter(|_| dir == Direction::Recv).map(|k| k.opener(&ctrl_label, HEADER_BYTES));
+        let seal = est
+            .keys
+            .as_ref()
+            .filter(|_| dir == Direction::Send)
+            .map(|k| k.sealer(&ctrl_label));
+        let open = est
+            .keys
+            .as_ref()
+            .filter(|_| dir == Direction::Recv)
+            .map(|k| k.opener(&ctrl_label, HEADER_BYTES));
         let (dispatch, workers) = Workers::prepare(link.clone(), est.data, est.nthreads, crypto)?;
         let shared = Arc::new(Shared {
             dir,
@@ -313,7 +323,9 @@ impl Shared {
                 let mut record = Vec::with_capacity(ctrl_record(true));
                 sealer
                     .seal_into(&header.encode(), &mut record)
-                    .map_err(|e| PluginError::remote(format!("connection to {}: {e}", self.peer)))?;
+                    .map_err(|e| {
+                        PluginError::remote(format!("connection to {}: {e}", self.peer))
+                    })?;
                 st.ctrl_queued += record.len() as u64;
                 st.outbox.extend(record);
             }
@@ -483,14 +495,23 @@ impl Shared {
                     let plain = match st.open.as_mut() {
                         None => Ok(&record[..]),
                         Some(opener) => {
-                            let (head, body) = record.split_at_mut(rustccl_securewire::RECORD_HEADER_BYTES);
-                            opener.open_in_place(head.try_into().expect("4 bytes"), body).map(|p| &*p)
+                            let (head, body) =
+                                record.split_at_mut(rustccl_securewire::RECORD_HEADER_BYTES);
+                            opener
+                                .open_in_place(head.try_into().expect("4 bytes"), body)
+                                .map(|p| &*p)
                         }
                     };
                     match plain.map(<[u8; HEADER_BYTES]>::try_from) {
                         Ok(Ok(bytes)) => self.start_receive(st, Header::decode(&bytes)),
-                        Ok(Err(_)) => self.link.fail(format!("peer {}: a control record of the wrong size", self.peer)),
-                        Err(e) => self.link.fail(format!("peer {}: control socket: {e}; the connection is dropped", self.peer)),
+                        Ok(Err(_)) => self.link.fail(format!(
+                            "peer {}: a control record of the wrong size",
+                            self.peer
+                        )),
+                        Err(e) => self.link.fail(format!(
+                            "peer {}: control socket: {e}; the connection is dropped",
+                            self.peer
+                        )),
                     }
                     record.clear();
                     st.inbuf = record;

@@ -61,7 +61,15 @@ pub fn socket_label(socket: u32) -> String {
 /// The connection's keys: from the key, the listener's magic, the connection id and the
 /// dialer's random bytes.
 fn connection_keys(psk: &Psk, listen_magic: u64, conn_id: u64, nonce: &[u8]) -> Keys {
-    Keys::derive(psk, &[&listen_magic.to_le_bytes()[..], &conn_id.to_le_bytes(), nonce].concat())
+    Keys::derive(
+        psk,
+        &[
+            &listen_magic.to_le_bytes()[..],
+            &conn_id.to_le_bytes(),
+            nonce,
+        ]
+        .concat(),
+    )
 }
 
 /// `send` flags: never raise SIGPIPE in the host process when the peer is gone.
@@ -172,7 +180,10 @@ impl Dialer {
         let secure = match sw::process_key() {
             Some(psk) => {
                 let nonce: [u8; 32] = sw::random().map_err(|e| io::Error::other(e.message))?;
-                Some((nonce, Arc::new(connection_keys(&psk, listen_magic, conn_id, &nonce))))
+                Some((
+                    nonce,
+                    Arc::new(connection_keys(&psk, listen_magic, conn_id, &nonce)),
+                ))
             }
             None => None,
         };
@@ -388,12 +399,7 @@ impl Acceptor {
     }
 
     /// Puts a socket with a complete hello into its connection's group.
-    fn place(
-        &mut self,
-        sock: Socket,
-        peer: SocketAddr,
-        bytes: &[u8],
-    ) -> Result<(), String> {
+    fn place(&mut self, sock: Socket, peer: SocketAddr, bytes: &[u8]) -> Result<(), String> {
         let head: &[u8; HELLO_BYTES] = bytes[..HELLO_BYTES].try_into().expect("a hello");
         let hello = Hello::decode(head).ok_or("it is not a rustccl socket-plugin connection")?;
         if hello.listen_magic != self.magic {
@@ -425,7 +431,9 @@ impl Acceptor {
         if !self.groups.contains_key(&hello.conn_id) {
             if let Some((nonce, _)) = &secure {
                 if !self.seen.insert(*nonce) {
-                    return Err("it repeats the random bytes of an earlier connection (a replay)".into());
+                    return Err(
+                        "it repeats the random bytes of an earlier connection (a replay)".into(),
+                    );
                 }
             }
         }
@@ -469,7 +477,9 @@ impl Acceptor {
 fn read_hello(a: &mut Arriving) -> io::Result<bool> {
     loop {
         // A secure hello announces the bytes that follow it.
-        let want = if a.got >= HELLO_BYTES && a.hello[..8] == crate::wire::PROTO_MAGIC_SECURE.to_le_bytes() {
+        let want = if a.got >= HELLO_BYTES
+            && a.hello[..8] == crate::wire::PROTO_MAGIC_SECURE.to_le_bytes()
+        {
             HELLO_BYTES + SECURE_EXTRA_BYTES
         } else {
             HELLO_BYTES

@@ -27,7 +27,6 @@ pub type ListenInfo = TcpListenHandle;
 /// The socket plugin's name in a handle error.
 pub const MAKER: &str = "the socket plugin";
 
-
 /// Size of a [`Hello`] on the wire.
 pub const HELLO_BYTES: usize = 32;
 
@@ -53,7 +52,11 @@ pub struct Hello {
 impl Hello {
     pub fn encode(&self) -> [u8; HELLO_BYTES] {
         let mut b = [0u8; HELLO_BYTES];
-        let magic = if self.secure { PROTO_MAGIC_SECURE } else { PROTO_MAGIC };
+        let magic = if self.secure {
+            PROTO_MAGIC_SECURE
+        } else {
+            PROTO_MAGIC
+        };
         b[0..8].copy_from_slice(&magic.to_le_bytes());
         b[8..16].copy_from_slice(&self.listen_magic.to_le_bytes());
         b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
@@ -131,7 +134,10 @@ pub mod fuzzing {
         handle.bytes[..handle_bytes.len()].copy_from_slice(handle_bytes);
         if let Ok(info) = ListenInfo::decode(&handle, PROTO_MAGIC, MAKER) {
             assert_ne!(info.addr.port(), 0);
-            assert_eq!(ListenInfo::decode(&info.encode(PROTO_MAGIC), PROTO_MAGIC, MAKER), Ok(info));
+            assert_eq!(
+                ListenInfo::decode(&info.encode(PROTO_MAGIC), PROTO_MAGIC, MAKER),
+                Ok(info)
+            );
         }
         let (hello_bytes, rest) = rest.split_at(rest.len().min(HELLO_BYTES));
         if let Ok(bytes) = <&[u8; HELLO_BYTES]>::try_from(hello_bytes) {
@@ -163,7 +169,11 @@ mod tests {
                 magic: 0xdead_beef_0123_4567,
             };
             let h = info.encode(PROTO_MAGIC);
-            assert_eq!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER), Ok(info), "{addr}");
+            assert_eq!(
+                ListenInfo::decode(&h, PROTO_MAGIC, MAKER),
+                Ok(info),
+                "{addr}"
+            );
             assert!(h.bytes[40..].iter().all(|&b| b == 0));
         }
         let mut h = ListenInfo {
@@ -173,7 +183,9 @@ mod tests {
         .encode(PROTO_MAGIC);
         assert_eq!(&h.bytes[12..16], &[1, 2, 3, 4]);
         h.bytes[8] = 5;
-        assert!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER).unwrap_err().contains("family 5"));
+        assert!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER)
+            .unwrap_err()
+            .contains("family 5"));
         let err = ListenInfo::decode(&NetHandle::default(), PROTO_MAGIC, MAKER).unwrap_err();
         assert!(err.contains("not made by the socket plugin"), "{err}");
     }

@@ -475,16 +475,29 @@ impl Worker {
             let left = task.chunk.len - task.moved;
             let crypto = self.crypto[s].as_mut().expect("an encrypted socket");
             let result: io::Result<usize> = match (task.action, crypto) {
-                (Action::Send, SockCrypto::Seal { sealer, out, sent, plain }) => {
+                (
+                    Action::Send,
+                    SockCrypto::Seal {
+                        sealer,
+                        out,
+                        sent,
+                        plain,
+                    },
+                ) => {
                     if *sent == out.len() {
                         let n = left.min(RECORD_PLAIN);
                         // SAFETY: as in `pass`: the task's bytes lie inside the buffer given
                         // to `isend`, valid and unchanged until the request completes.
                         let bytes = unsafe {
-                            std::slice::from_raw_parts((task.base + task.chunk.offset + task.moved) as *const u8, n)
+                            std::slice::from_raw_parts(
+                                (task.base + task.chunk.offset + task.moved) as *const u8,
+                                n,
+                            )
                         };
                         out.clear();
-                        sealer.seal_into(bytes, out).map_err(|e| format!("peer {peer}: data socket {index}: {e}"))?;
+                        sealer
+                            .seal_into(bytes, out)
+                            .map_err(|e| format!("peer {peer}: data socket {index}: {e}"))?;
                         *sent = 0;
                         *plain = n;
                     }
@@ -497,45 +510,128 @@ impl Worker {
                         }
                     })
                 }
-                (Action::Recv | Action::Discard, SockCrypto::Open { opener, head, hgot, body, bgot, plain, taken }) => {
+                (
+                    Action::Recv | Action::Discard,
+                    SockCrypto::Open {
+                        opener,
+                        head,
+                        hgot,
+                        body,
+                        bgot,
+                        plain,
+                        taken,
+                        tag,
+                        tgot,
+                        direct,
+                    },
+                ) => {
                     if *taken < *plain {
                         let n = left.min(*plain - *taken);
                         if task.action == Action::Recv {
                             // SAFETY: as in `pass`: the task's bytes lie inside the buffer
                             // given to `irecv`, which no other thread writes.
                             let dst = unsafe {
-                                std::slice::from_raw_parts_mut((task.base + task.chunk.offset + task.moved) as *mut u8, n)
+                                std::slice::from_raw_parts_mut(
+                                    (task.base + task.chunk.offset + task.moved) as *mut u8,
+                                    n,
+                                )
                             };
                             dst.copy_from_slice(&body[*taken..*taken + n]);
                         }
                         *taken += n;
                         Ok(n)
                     } else if *hgot < head.len() {
-                        (&*sock).read(&mut head[*hgot..]).and_then(eof_is_error).map(|k| {
-                            *hgot += k;
-                            0
-                        })
+                        (&*sock)
+                            .read(&mut head[*hgot..])
+                            .and_then(eof_is_error)
+                            .map(|k| {
+                                *hgot += k;
+                                0
+                            })
                     } else {
-                        if *bgot == 0 {
-                            let n = opener.body_len(*head).map_err(|e| tampered(peer, index, e))?;
-                            body.resize(n, 0);
-                        }
-                        (&*sock).read(&mut body[*bgot..]).and_then(eof_is_error).map(|k| (k, ())).map(|(k, ())| {
-                            *bgot += k;
-                            k
-                        }).and_then(|_| {
-                            if *bgot == body.len() {
-                                let len = opener.open_in_place(*head, body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, tampered(peer, index, e)))?.len();
-                                *plain = len;
-                                *taken = 0;
-                                *hgot = 0;
-                                *bgot = 0;
+                        let n = opener
+                            .body_len(*head)
+                            .map_err(|e| tampered(peer, index, e))?;
+                        let clen = n - TAG_BYTES;
+                        if *bgot == 0 && *tgot == 0 {
+                            // A record that fits the task is read straight into the task's
+                            // buffer and decrypted there (no copy); others through `body`.
+                            *direct = task.action == Action::Recv && clen <= left;
+                            if !*direct {
+                                body.resize(n, 0);
                             }
-                            Ok(0)
-                        })
+                        }
+                        if *direct {
+                            // SAFETY: as in `pass`: `clen <= left`, so these bytes lie inside
+                            // the buffer given to `irecv`, which no other thread writes. Until
+                            // the record is authenticated they hold ciphertext; a record that
+                            // fails fails the connection, and with it the receive.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    (task.base + task.chunk.offset + task.moved) as *mut u8,
+                                    clen,
+                                )
+                            };
+                            if *bgot < clen {
+                                (&*sock)
+                                    .read(&mut dst[*bgot..])
+                                    .and_then(eof_is_error)
+                                    .map(|k| {
+                                        *bgot += k;
+                                        0
+                                    })
+                            } else {
+                                (&*sock)
+                                    .read(&mut tag[*tgot..])
+                                    .and_then(eof_is_error)
+                                    .and_then(|k| {
+                                        *tgot += k;
+                                        if *tgot < TAG_BYTES {
+                                            return Ok(0);
+                                        }
+                                        opener.open_detached(*head, dst, *tag).map_err(|e| {
+                                            io::Error::new(
+                                                io::ErrorKind::InvalidData,
+                                                tampered(peer, index, e),
+                                            )
+                                        })?;
+                                        (*hgot, *bgot, *tgot) = (0, 0, 0);
+                                        Ok(clen)
+                                    })
+                            }
+                        } else {
+                            (&*sock)
+                                .read(&mut body[*bgot..])
+                                .and_then(eof_is_error)
+                                .map(|k| (k, ()))
+                                .map(|(k, ())| {
+                                    *bgot += k;
+                                    k
+                                })
+                                .and_then(|_| {
+                                    if *bgot == body.len() {
+                                        let len = opener
+                                            .open_in_place(*head, body)
+                                            .map_err(|e| {
+                                                io::Error::new(
+                                                    io::ErrorKind::InvalidData,
+                                                    tampered(peer, index, e),
+                                                )
+                                            })?
+                                            .len();
+                                        *plain = len;
+                                        *taken = 0;
+                                        *hgot = 0;
+                                        *bgot = 0;
+                                    }
+                                    Ok(0)
+                                })
+                        }
                     }
                 }
-                _ => return Err(format!("internal error on connection to {peer}: a task against its socket's direction")),
+                _ => return Err(format!(
+                    "internal error on connection to {peer}: a task against its socket's direction"
+                )),
             };
             match result {
                 Ok(n) => {
@@ -553,7 +649,10 @@ impl Worker {
                         Action::Send => PollFlags::POLLOUT,
                         Action::Recv | Action::Discard => PollFlags::POLLIN,
                     };
-                    return Ok(Pass { progressed, wait_for: Some(events) });
+                    return Ok(Pass {
+                        progressed,
+                        wait_for: Some(events),
+                    });
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => return Err(e.to_string()),
@@ -567,7 +666,10 @@ impl Worker {
                 }
             }
         }
-        Ok(Pass { progressed, wait_for: None })
+        Ok(Pass {
+            progressed,
+            wait_for: None,
+        })
     }
 
     /// Waits until a socket in `waits` (or the control socket, for `control_wait`) is
@@ -600,15 +702,22 @@ impl Worker {
     }
 }
 
+use rustccl_securewire::TAG_BYTES;
+
 /// Plaintext bytes per record on an encrypted data socket: large enough that sealing and the
 /// 20 bytes of framing per record cost little, small enough to stay in cache.
-pub const RECORD_PLAIN: usize = 128 * 1024;
+pub const RECORD_PLAIN: usize = 256 * 1024;
 
 /// An encrypted data socket's record layer, in the direction the socket carries data.
 pub enum SockCrypto {
     /// Sending: the record being written (`sent` of its bytes so far), sealed from `plain`
     /// bytes of the front task.
-    Seal { sealer: rustccl_securewire::Sealer, out: Vec<u8>, sent: usize, plain: usize },
+    Seal {
+        sealer: rustccl_securewire::Sealer,
+        out: Vec<u8>,
+        sent: usize,
+        plain: usize,
+    },
     /// Receiving: the record being read (its length prefix `head`, `hgot` bytes of it; its
     /// body, `bgot` bytes), then, once opened, its `plain` bytes at the front of `body`,
     /// `taken` of them copied out.
@@ -620,18 +729,38 @@ pub enum SockCrypto {
         bgot: usize,
         plain: usize,
         taken: usize,
+        /// A record read straight into the task's buffer: its tag, `tgot` bytes of it.
+        tag: [u8; TAG_BYTES],
+        tgot: usize,
+        direct: bool,
     },
 }
 
 impl SockCrypto {
     /// The sending side of a socket.
     pub fn seal(sealer: rustccl_securewire::Sealer) -> SockCrypto {
-        SockCrypto::Seal { sealer, out: Vec::new(), sent: 0, plain: 0 }
+        SockCrypto::Seal {
+            sealer,
+            out: Vec::new(),
+            sent: 0,
+            plain: 0,
+        }
     }
 
     /// The receiving side of a socket.
     pub fn open(opener: rustccl_securewire::Opener) -> SockCrypto {
-        SockCrypto::Open { opener, head: [0; 4], hgot: 0, body: Vec::new(), bgot: 0, plain: 0, taken: 0 }
+        SockCrypto::Open {
+            opener,
+            head: [0; 4],
+            hgot: 0,
+            body: Vec::new(),
+            bgot: 0,
+            plain: 0,
+            taken: 0,
+            tag: [0; TAG_BYTES],
+            tgot: 0,
+            direct: false,
+        }
     }
 }
 
