@@ -292,10 +292,27 @@ typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
 typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
 typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
 
+/* NCCL 2.32: encryption of the library's TCP traffic (bootstrap, socket transport) with a
+ * pre-shared key of at least 32 bytes; process-global, set before ncclGetUniqueId. Every rank
+ * must use the same key; a rank with another key, or none, is refused at init. The environment
+ * can give the key instead: NCCL_ENCRYPTION_PSK (the key) or NCCL_ENCRYPTION_PSK_FILE (a file
+ * holding it). rustccl does not check `magic`. */
+typedef enum { NCCL_ENCRYPTION_MODE_NONE = 0, NCCL_ENCRYPTION_MODE_PSK = 1 } ncclEncryptionMode_t;
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int mode;
+  const char* psk;
+} ncclEncryptionConfig_t;
+#define NCCL_ENCRYPTION_CONFIG_INITIALIZER { sizeof(ncclEncryptionConfig_t), 0xcafebeef, \
+  NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_ENCRYPTION_MODE_NONE, NULL }
+
 #define NCCL_DECLARE(ret, name, ...) ret name(__VA_ARGS__); ret p##name(__VA_ARGS__)
 
 NCCL_DECLARE(ncclResult_t, ncclGetVersion, int* version);
 NCCL_DECLARE(ncclResult_t, ncclGetUniqueId, ncclUniqueId* uniqueId);
+NCCL_DECLARE(ncclResult_t, ncclSetEncryption, const ncclEncryptionConfig_t* config);
 NCCL_DECLARE(ncclResult_t, ncclCommInitRank, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
 NCCL_DECLARE(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config);
 NCCL_DECLARE(ncclResult_t, ncclCommInitAll, ncclComm_t* comm, int ndev, const int* devlist);

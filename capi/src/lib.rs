@@ -13,6 +13,7 @@ mod comm_api;
 mod coll_api;
 mod coll_config;
 mod devcomm;
+mod encryption_api;
 mod grow_suspend_api;
 mod handles;
 mod mem_api;

@@ -75,6 +75,9 @@ pub enum ErrorKind {
     Mismatch,
     /// An operation ran past its time limit.
     Timeout,
+    /// A peer's encryption key differs from this process's (or one side has none): a
+    /// rendezvous fails for every rank when a rank that knows its secret shows this.
+    KeyMismatch,
 }
 
 /// A failure: its `ncclResult_t` code, its kind, and a message that says what went wrong.

@@ -93,6 +93,15 @@ pub mod window;
 pub mod work;
 
 pub use bootstrap::UniqueId;
+
+/// Encrypts rustccl's TCP traffic (bootstrap, socket transport) with a pre-shared key of at
+/// least 32 bytes, or, with `None`, turns encryption off; process-global, as NCCL's
+/// `ncclSetEncryption`: call it before [`get_unique_id`] and the first communicator. Every
+/// rank must use the same key: a rank with another one, or none, is refused at init. Without
+/// this call, `NCCL_ENCRYPTION_PSK` or `NCCL_ENCRYPTION_PSK_FILE` give the key.
+pub fn set_encryption(psk: Option<&[u8]>) -> Result<()> {
+    bootstrap::encryption::set(psk)
+}
 pub use comm::{get_unique_id, Communicator, LaunchEnv, Launcher, MemStat, MemStats, ShrinkFlags, SPLIT_NOCOLOR, SUSPEND_MEM};
 pub use coll::{group_end, group_simulate_end, group_start, ReduceOp, Scalar};
 pub use config::CommConfig;

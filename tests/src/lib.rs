@@ -290,7 +290,11 @@ impl Nodes {
     /// the namespace's veth, each namespace its own host (`NCCL_HOSTID`). Callers add their
     /// own variables before spawning it.
     pub fn rank_command(&self, scenario: &str, nranks: usize, rank: i32, comm_id: &str) -> Command {
-        let node = (rank / 2) as usize;
+        self.rank_command_on((rank / 2) as usize, scenario, nranks, rank, comm_id)
+    }
+
+    /// As [`rank_command`](Self::rank_command), in namespace `node` (0 or 1).
+    pub fn rank_command_on(&self, node: usize, scenario: &str, nranks: usize, rank: i32, comm_id: &str) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns[node]])
             .arg(worker_path())

@@ -4,6 +4,7 @@
 //! all-gather, barrier, ring and point-to-point messages, each bounded by a timeout and
 //! stopped by the communicator's abort and revoke flags.
 
+pub mod encryption;
 pub mod id;
 pub mod peers;
 pub mod root;

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::id::Secret;
 use super::wire::{self, Cancel, Conn, SilenceBroken};
-use crate::error::{Error, Result, ResultCode};
+use crate::error::{Error, ErrorKind, Result, ResultCode};
 
 /// Largest control message a root accepts.
 pub const MAX_CONTROL_BYTES: u64 = 16 << 20;
@@ -115,8 +115,16 @@ struct Root {
     reports: BTreeMap<u32, (Conn, Vec<PeerInfo>)>,
 }
 
-type Sender = mpsc::Sender<(Conn, RootMsg)>;
-type Receiver = mpsc::Receiver<(Conn, RootMsg)>;
+/// What a handshake thread hands the root: a rank's first message, or the refusal of a rank
+/// that proved the secret but has another encryption key (or none, or one where the root has
+/// none), which fails the rendezvous for everyone.
+enum Arrival {
+    Msg(Conn, RootMsg),
+    Refused(Error),
+}
+
+type Sender = mpsc::Sender<Arrival>;
+type Receiver = mpsc::Receiver<Arrival>;
 
 /// "rank R (pid P on HOST)": how messages name a rank.
 fn describe(info: &PeerInfo) -> String {
@@ -143,7 +151,7 @@ impl Root {
     }
 
     fn run(mut self, listener: TcpListener) {
-        let (tx, rx) = mpsc::channel::<(Conn, RootMsg)>();
+        let (tx, rx) = mpsc::channel::<Arrival>();
         if let Err(e) = self.rendezvous(&listener, &tx, &rx) {
             self.fail_all(e.code, &e.message);
             if self.tell_latecomers {
@@ -159,7 +167,12 @@ impl Root {
         loop {
             self.accept(listener, tx);
             match rx.recv_timeout(TICK) {
-                Ok((conn, msg)) => self.on_message(conn, msg)?,
+                Ok(Arrival::Msg(conn, msg)) => self.on_message(conn, msg)?,
+                Ok(Arrival::Refused(e)) => {
+                    // Latecomers are told until the rendezvous would have timed out.
+                    self.start_clock();
+                    return Err(e);
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => unreachable!("the root holds a sender"),
             }
@@ -221,7 +234,7 @@ impl Root {
         let until = self.deadline.unwrap_or_else(Instant::now);
         while Instant::now() < until && !self.complete() {
             self.accept(listener, tx);
-            if let Ok((mut conn, msg)) = rx.recv_timeout(TICK) {
+            if let Ok(Arrival::Msg(mut conn, msg)) = rx.recv_timeout(TICK) {
                 match msg {
                     RootMsg::Register { info, .. } => {
                         tracing::debug!(target: "BOOTSTRAP", "Bootstrap root {}: told {} that init failed", self.addr, describe(&info));
@@ -246,16 +259,28 @@ impl Root {
         let addr = self.addr;
         let _ = std::thread::Builder::new().name("rustccl-root-hs".into()).spawn(move || {
             let cancel = Cancel::after(HANDSHAKE_TIMEOUT, "bootstrap root handshake");
-            let result = (|| {
-                let _ = stream.set_nonblocking(false);
-                let mut conn = Conn::new(stream, MAX_CONTROL_BYTES)?;
-                conn.challenge(&secret, &cancel)?;
-                let msg: RootMsg = conn.recv_json(&cancel)?;
-                Ok::<_, Error>((conn, msg))
-            })();
+            let _ = stream.set_nonblocking(false);
+            let mut conn = match Conn::new(stream, MAX_CONTROL_BYTES) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {addr}: dropped connection from {from}: {}", e.message);
+                    return;
+                }
+            };
+            let result = conn.challenge(&secret, &cancel).and_then(|()| conn.recv_json::<RootMsg>(&cancel));
             match result {
-                Ok(pair) => {
-                    let _ = tx.send(pair);
+                Ok(msg) => {
+                    let _ = tx.send(Arrival::Msg(conn, msg));
+                }
+                Err(e) if e.kind == ErrorKind::KeyMismatch => {
+                    // The peer proved the secret: a rank of this rendezvous, misconfigured.
+                    // It is told (in plaintext: no key is shared), and so is every other rank.
+                    let e = Error::invalid_usage(format!(
+                        "bootstrap root {addr}: refused the rank connecting from {from}: {}", e.message
+                    ))
+                    .with_kind(ErrorKind::KeyMismatch);
+                    fail(&mut conn, e.code, &e.message);
+                    let _ = tx.send(Arrival::Refused(e));
                 }
                 Err(e) => tracing::warn!(
                     target: "BOOTSTRAP",
@@ -368,7 +393,11 @@ impl Root {
 
     fn fail_all(&mut self, code: ResultCode, message: &str) {
         tracing::warn!(target: "BOOTSTRAP", "Bootstrap root {}: {message}", self.addr);
-        for (conn, _) in self.members.values_mut() {
+        // A rank in this process (NCCL_COMM_ID puts the root in rank 0's) is told last: its
+        // process may exit as soon as it knows, and the root with it.
+        let here = std::process::id();
+        let (mine, others): (Vec<_>, Vec<_>) = self.members.values_mut().partition(|(_, info)| info.pid == here && info.host_hash == super::host_hash());
+        for (conn, _) in others.into_iter().chain(mine) {
             fail(conn, code, message);
         }
         for (conn, _) in self.reports.values_mut() {

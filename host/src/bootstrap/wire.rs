@@ -6,17 +6,29 @@
 //! the payload. The accepting side sends a 16-byte nonce (a `Challenge` frame); the connecting
 //! side answers with HMAC-SHA256(secret, context || nonce) (a `Proof` frame). A peer that
 //! answers wrongly, sends garbage, or stops half-way is dropped.
+//!
+//! With an encryption key ([`super::encryption`]), both sides then run the record layer's
+//! handshake ([`rustccl_securewire`]: hellos, key confirmations) and every later byte of the
+//! connection travels in authenticated, encrypted records: frames are unchanged above it,
+//! [`Conn`]'s reads and writes seal and open underneath. The handshake comes after the proof
+//! so that a side which refuses a key knows it refuses a rank of this rendezvous (one that
+//! knows the secret) and not a stranger: the root then fails the rendezvous for every rank at
+//! once ([`super::root`]), where a stranger's connection would just be dropped. The challenge
+//! and proof themselves are random bytes and a MAC: they tell an observer nothing.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use rustccl_securewire::{self as sw, Psk};
+
 use super::id::{random_bytes, Secret};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind as Why, Result};
 
 const FRAME_MAGIC: &[u8; 4] = b"RCF1";
 const HEADER_BYTES: usize = 16;
@@ -115,12 +127,41 @@ impl<'a> Cancel<'a> {
     }
 }
 
+/// Plaintext bytes per record when sealing: big enough that the 20 bytes of framing and
+/// tag cost nothing, small enough that a record is read into a modest buffer.
+const RECORD_PLAIN: usize = 64 * 1024;
+
 /// One framed TCP connection.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
     max_payload: u64,
+    /// The record layer, once the encryption handshake is done (shared with clones, which
+    /// only ever shut the connection down).
+    secure: Option<Arc<Mutex<Secure>>>,
+}
+
+/// An encrypted connection's two directions and the opened bytes not yet read.
+struct Secure {
+    sealer: sw::Sealer,
+    opener: sw::Opener,
+    plain: Vec<u8>,
+    taken: usize,
+    /// Sealed bytes being written (kept across calls: a record never goes out in part
+    /// followed by another).
+    out: Vec<u8>,
+}
+
+impl std::fmt::Debug for Secure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secure")
+    }
+}
+
+/// An error of the encryption handshake that means the two sides' keys differ.
+fn key_mismatch(message: String) -> Error {
+    Error::invalid_usage(message).with_kind(Why::KeyMismatch)
 }
 
 impl Conn {
@@ -137,7 +178,7 @@ impl Conn {
         stream.set_nodelay(true).map_err(|e| Error::io("TCP_NODELAY", &e))?;
         stream.set_read_timeout(Some(POLL_INTERVAL)).map_err(|e| Error::io("read timeout", &e))?;
         stream.set_write_timeout(Some(POLL_INTERVAL)).map_err(|e| Error::io("write timeout", &e))?;
-        Ok(Conn { stream, peer, max_payload })
+        Ok(Conn { stream, peer, max_payload, secure: None })
     }
 
     /// Connects to `addr`, retrying refused (or reset) connections (the listener may not be
@@ -191,7 +232,7 @@ impl Conn {
 
     pub fn try_clone(&self) -> Result<Conn> {
         let stream = self.stream.try_clone().map_err(|e| Error::io("cloning a socket", &e))?;
-        Ok(Conn { stream, peer: self.peer, max_payload: self.max_payload })
+        Ok(Conn { stream, peer: self.peer, max_payload: self.max_payload, secure: self.secure.clone() })
     }
 
     /// Closes both directions now; a thread blocked on this connection wakes up.
@@ -219,7 +260,42 @@ impl Conn {
         }
     }
 
+    /// Reads exactly `buf.len()` bytes of the connection (opened records when encrypted).
     fn read_exact(&mut self, mut buf: &mut [u8], cancel: &Cancel, started: bool) -> Result<()> {
+        let Some(secure) = self.secure.clone() else {
+            return self.read_raw(buf, cancel, started);
+        };
+        let mut s = secure.lock().unwrap_or_else(|p| p.into_inner());
+        let mut started = started;
+        while !buf.is_empty() {
+            if s.taken == s.plain.len() {
+                let mut header = [0u8; sw::RECORD_HEADER_BYTES];
+                self.read_raw(&mut header, cancel, started)?;
+                let n = s.opener.body_len(header).map_err(|e| self.tampered(cancel, e))?;
+                let mut body = std::mem::take(&mut s.plain);
+                body.resize(n, 0);
+                self.read_raw(&mut body, cancel, true)?;
+                let len = s.opener.open_in_place(header, &mut body).map_err(|e| self.tampered(cancel, e))?.len();
+                body.truncate(len);
+                s.plain = body;
+                s.taken = 0;
+                started = true;
+                continue;
+            }
+            let n = buf.len().min(s.plain.len() - s.taken);
+            buf[..n].copy_from_slice(&s.plain[s.taken..s.taken + n]);
+            s.taken += n;
+            buf = &mut buf[n..];
+            started = true;
+        }
+        Ok(())
+    }
+
+    fn tampered(&self, cancel: &Cancel, e: sw::Error) -> Error {
+        Error::remote(format!("{}: connection from {}: {}; the connection is dropped", cancel.what, self.peer, e.message))
+    }
+
+    fn read_raw(&mut self, mut buf: &mut [u8], cancel: &Cancel, started: bool) -> Result<()> {
         let mut got_any = started;
         while !buf.is_empty() {
             match self.stream.read(buf) {
@@ -243,7 +319,24 @@ impl Conn {
         Ok(())
     }
 
-    fn write_all(&mut self, mut buf: &[u8], cancel: &Cancel) -> Result<()> {
+    /// Writes all of `buf` (sealed in records when encrypted).
+    fn write_all(&mut self, buf: &[u8], cancel: &Cancel) -> Result<()> {
+        let Some(secure) = self.secure.clone() else {
+            return self.write_raw(buf, cancel);
+        };
+        let mut s = secure.lock().unwrap_or_else(|p| p.into_inner());
+        for piece in buf.chunks(RECORD_PLAIN) {
+            let mut out = std::mem::take(&mut s.out);
+            out.clear();
+            s.sealer.seal_into(piece, &mut out).map_err(|e| Error::remote(format!("{}: {}", cancel.what, e.message)))?;
+            let r = self.write_raw(&out, cancel);
+            s.out = out;
+            r?;
+        }
+        Ok(())
+    }
+
+    fn write_raw(&mut self, mut buf: &[u8], cancel: &Cancel) -> Result<()> {
         while !buf.is_empty() {
             match self.stream.write(buf) {
                 Ok(0) => return Err(Error::remote(format!("{}: {} stopped accepting data", cancel.what, self.peer))),
@@ -283,6 +376,12 @@ impl Conn {
     pub fn recv(&mut self, cancel: &Cancel) -> Result<(Kind, Vec<u8>)> {
         let mut header = [0u8; HEADER_BYTES];
         self.read_exact(&mut header, cancel, false)?;
+        if header.starts_with(sw::HELLO_MAGIC) {
+            return Err(key_mismatch(format!(
+                "{}: {} encrypts its traffic (it has an encryption key) and this process has none: give every rank the same key (NCCL_ENCRYPTION_PSK, NCCL_ENCRYPTION_PSK_FILE or ncclSetEncryption)",
+                cancel.what, self.peer
+            )));
+        }
         let (kind, len) = decode_header(&header, self.max_payload)
             .map_err(|why| Error::remote(format!("{}: {} {why}", cancel.what, self.peer)))?;
         // The buffer grows with what arrives (doubling), so a header that announces a large
@@ -317,19 +416,85 @@ impl Conn {
         decode_json(&payload).map_err(|why| Error::remote(format!("{}: {} {why}", cancel.what, self.peer)))
     }
 
-    /// Accepting side of the handshake: challenges the peer and checks its proof.
+    /// Accepting side of the handshake: challenges the peer and checks its proof, then
+    /// encrypts the connection if this process has a key.
     pub fn challenge(&mut self, secret: &Secret, cancel: &Cancel) -> Result<()> {
+        let key = super::encryption::key()?;
+        self.challenge_with(secret, key, cancel)
+    }
+
+    /// [`challenge`](Self::challenge) with the key given.
+    pub fn challenge_with(&mut self, secret: &Secret, key: Option<Arc<Psk>>, cancel: &Cancel) -> Result<()> {
         let nonce: [u8; 16] = random_bytes()?;
         self.send(Kind::Challenge, &[&nonce], cancel)?;
         let proof = self.expect(Kind::Proof, cancel)?;
-        proof_mac(secret, &nonce)
-            .verify_slice(&proof).map_err(|_| {
+        proof_mac(secret, &nonce).verify_slice(&proof).map_err(|_| {
             Error::remote(format!("{}: {} does not know the unique id's secret", cancel.what, self.peer))
-        })
+        })?;
+        match key {
+            Some(key) => self.encrypt(key, sw::Role::Responder, cancel),
+            None => Ok(()),
+        }
     }
 
-    /// Connecting side of the handshake: answers the challenge.
+    /// Connecting side of the handshake: answers the challenge, then encrypts the connection
+    /// if this process has a key.
     pub fn prove(&mut self, secret: &Secret, cancel: &Cancel) -> Result<()> {
+        let key = super::encryption::key()?;
+        self.prove_with(secret, key, cancel)
+    }
+
+    /// [`prove`](Self::prove) with the key given.
+    pub fn prove_with(&mut self, secret: &Secret, key: Option<Arc<Psk>>, cancel: &Cancel) -> Result<()> {
+        self.answer(secret, cancel)?;
+        match key {
+            Some(key) => self.encrypt(key, sw::Role::Initiator, cancel),
+            None => Ok(()),
+        }
+    }
+
+    /// The encryption handshake: hellos both ways, then key confirmations both ways; from
+    /// then on every byte is sealed. A peer with another key, or none, is refused here with
+    /// an error of kind [`Why::KeyMismatch`], on both sides.
+    fn encrypt(&mut self, key: Arc<Psk>, role: sw::Role, cancel: &Cancel) -> Result<()> {
+        let (hs, hello) = sw::Handshake::start(key, role).map_err(|e| Error::system(e.message))?;
+        self.write_raw(&hello, cancel)?;
+        let mut theirs = [0u8; sw::HELLO_BYTES];
+        // The first bytes alone say whether the peer speaks plaintext (a frame header of 16
+        // bytes, shorter than a hello, may be all it sends before it waits).
+        let during = |e: Error| {
+            let m = format!("{} (during the encryption handshake: does the peer run without an encryption key?)", e.message);
+            Error { message: m, ..e }
+        };
+        self.read_raw(&mut theirs[..8], cancel, false).map_err(during)?;
+        if sw::looks_like_plaintext_peer(&theirs[..8]) {
+            return Err(key_mismatch(format!(
+                "{}: {} sends plaintext: it runs without an encryption key, and this process has one; give every rank the same key",
+                cancel.what, self.peer
+            )));
+        }
+        self.read_raw(&mut theirs[8..], cancel, true).map_err(during)?;
+        let session = hs.finish(&theirs, RECORD_PLAIN).map_err(|e| key_mismatch(format!("{}: {}: {}", cancel.what, self.peer, e.message)))?;
+        self.write_raw(&session.confirm, cancel)?;
+        let mut confirm = [0u8; sw::CONFIRM_BYTES];
+        self.read_raw(&mut confirm, cancel, true).map_err(during)?;
+        session.check_confirm(&confirm).map_err(|e| key_mismatch(format!("{}: {}: {}", cancel.what, self.peer, e.message)))?;
+        self.secure = Some(Arc::new(Mutex::new(Secure {
+            sealer: session.sealer,
+            opener: session.opener,
+            plain: Vec::new(),
+            taken: 0,
+            out: Vec::new(),
+        })));
+        Ok(())
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn is_encrypted(&self) -> bool {
+        self.secure.is_some()
+    }
+
+    fn answer(&mut self, secret: &Secret, cancel: &Cancel) -> Result<()> {
         self.probe_silence(true);
         let nonce = self.expect(Kind::Challenge, cancel);
         self.probe_silence(false);
@@ -469,6 +634,114 @@ mod tests {
             }
             t.join().unwrap().unwrap();
         }
+    }
+
+    fn key(b: u8) -> Option<Arc<Psk>> {
+        Some(Arc::new(Psk::new(&[b; 32]).unwrap()))
+    }
+
+    /// Runs the handshake with keys `ck` (connecting side) and `sk` (accepting side); returns
+    /// both sides' results and the connections.
+    fn keyed_pair(ck: Option<Arc<Psk>>, sk: Option<Arc<Psk>>) -> ((Result<()>, Conn), (Result<()>, Conn)) {
+        let (client, server) = keyed_pair_later(ck, sk);
+        (client.join().unwrap(), server)
+    }
+
+    /// As [`keyed_pair`], the connecting side still running.
+    #[allow(clippy::type_complexity)]
+    fn keyed_pair_later(
+        ck: Option<Arc<Psk>>,
+        sk: Option<Arc<Psk>>,
+    ) -> (std::thread::JoinHandle<(Result<()>, Conn)>, (Result<()>, Conn)) {
+        let (mut c, mut s) = pair();
+        let t = std::thread::spawn(move || {
+            let r = c.prove_with(&[1u8; 16], ck, &Cancel::after(Duration::from_secs(5), "client"));
+            (r, c)
+        });
+        let r = s.challenge_with(&[1u8; 16], sk, &Cancel::after(Duration::from_secs(5), "server"));
+        // A refused side drops its connection; the other then sees it close if it waits.
+        (t, (r, s))
+    }
+
+    #[test]
+    fn with_a_key_frames_are_encrypted_and_round_trip() {
+        let ((rc, mut c), (rs, mut s)) = keyed_pair(key(7), key(7));
+        rc.unwrap();
+        rs.unwrap();
+        assert!(c.is_encrypted() && s.is_encrypted());
+        // A tap on the wire: the client's bytes reach the server through a relay that
+        // records them.
+        let cancel = Cancel::after(Duration::from_secs(5), "test");
+        let pattern = b"PLAINTEXT-PATTERN-".repeat(10_000);
+        let p2 = pattern.clone();
+        let t = std::thread::spawn(move || {
+            let c2 = Cancel::after(Duration::from_secs(5), "test");
+            c.send(Kind::Data, &[b"small"], &c2).unwrap();
+            c.send(Kind::Data, &[&p2], &c2).unwrap();
+            c
+        });
+        assert_eq!(s.recv(&cancel).unwrap(), (Kind::Data, b"small".to_vec()));
+        assert_eq!(s.recv(&cancel).unwrap(), (Kind::Data, pattern));
+        let mut c = t.join().unwrap();
+        // Both directions.
+        s.send(Kind::Control, &[b"back"], &cancel).unwrap();
+        assert_eq!(c.recv(&cancel).unwrap(), (Kind::Control, b"back".to_vec()));
+    }
+
+    #[test]
+    fn a_peer_with_another_key_or_none_is_refused_on_both_sides() {
+        // Another key: both sides' confirmations fail.
+        let ((rc, _c), (rs, _s)) = keyed_pair(key(1), key(2));
+        for r in [rc, rs] {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind, Why::KeyMismatch, "{e}");
+            assert!(e.message.contains("key differs"), "{e}");
+        }
+        // The connecting side has a key, the accepting side none: the accepting side sees a
+        // hello where a frame should be when it next reads.
+        let (client, (rs, mut s)) = keyed_pair_later(key(1), None);
+        rs.unwrap();
+        let e = s.recv(&Cancel::after(Duration::from_secs(5), "server")).unwrap_err();
+        assert_eq!(e.kind, Why::KeyMismatch, "{e}");
+        assert!(e.message.contains("this process has none"), "{e}");
+        drop(s);
+        let e = client.join().unwrap().0.unwrap_err();
+        assert!(e.message.contains("without an encryption key"), "{e}");
+        // The accepting side has a key, the connecting side none.
+        let (mut c, mut s) = pair();
+        let client = std::thread::spawn(move || {
+            let cancel = Cancel::after(Duration::from_secs(5), "client");
+            c.prove_with(&[1u8; 16], None, &cancel).unwrap();
+            // What a rank says first to a root: a plaintext control message.
+            c.send(Kind::Control, &[b"{}"], &cancel).unwrap();
+            c.recv(&cancel).unwrap_err()
+        });
+        let e = s.challenge_with(&[1u8; 16], key(1), &Cancel::after(Duration::from_secs(5), "server")).unwrap_err();
+        assert_eq!(e.kind, Why::KeyMismatch, "{e}");
+        assert!(e.message.contains("sends plaintext"), "{e}");
+        let e = client.join().unwrap();
+        assert!(e.message.contains("this process has none"), "{e}");
+    }
+
+    #[test]
+    fn a_byte_changed_in_flight_fails_the_read_never_wrong_data() {
+        let ((rc, c), (rs, mut s)) = keyed_pair(key(3), key(3));
+        rc.unwrap();
+        rs.unwrap();
+        // Seal a frame as the client would, flip a byte of the ciphertext, write it raw.
+        let secure = c.secure.clone().unwrap();
+        let mut record = Vec::new();
+        let mut frame = Vec::from(&FRAME_MAGIC[..]);
+        frame.extend_from_slice(&(Kind::Data as u32).to_le_bytes());
+        frame.extend_from_slice(&4u64.to_le_bytes());
+        frame.extend_from_slice(b"data");
+        secure.lock().unwrap().sealer.seal_into(&frame, &mut record).unwrap();
+        record[10] ^= 1;
+        let mut raw = c.into_stream();
+        raw.write_all(&record).unwrap();
+        let e = s.recv(&Cancel::after(Duration::from_secs(5), "server")).unwrap_err();
+        assert_eq!(e.code, crate::error::ResultCode::RemoteError, "{e}");
+        assert!(e.message.contains("failed authentication"), "{e}");
     }
 
     #[test]

@@ -37,7 +37,9 @@ use socket2::Socket;
 use crate::connect::{set_liveness, Established, SEND_FLAGS};
 use crate::striping::{stripe_from, Reassembly, DEFAULT_MIN_CHUNK};
 use crate::wire::{Header, HEADER_BYTES};
-use crate::worker::{Action, Control, Dispatch, Link, Pool, Task, Transfer, Workers};
+use crate::worker::{
+    Action, Control, Dispatch, Link, Pool, SockCrypto, Task, Transfer, Workers, RECORD_PLAIN,
+};
 
 /// Which end of the connection this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +84,19 @@ struct State {
     next_socket: usize,
     /// Set by `close`: nothing works any more.
     closed: bool,
+    /// Encrypted sender: seals each header into a record before it joins `outbox`.
+    seal: Option<rustccl_securewire::Sealer>,
+    /// Encrypted receiver: opens the header records (each [`ctrl_record`] bytes).
+    open: Option<rustccl_securewire::Opener>,
+}
+
+/// Bytes of one header on the control socket: the header, or its record when encrypted.
+fn ctrl_record(encrypted: bool) -> usize {
+    if encrypted {
+        rustccl_securewire::RECORD_HEADER_BYTES + HEADER_BYTES + rustccl_securewire::TAG_BYTES
+    } else {
+        HEADER_BYTES
+    }
 }
 
 /// One end of a connection.
@@ -122,7 +137,28 @@ impl Comm {
         }
         let link = Link::new(est.peer, log);
         let nsocks = est.data.len();
-        let (dispatch, workers) = Workers::prepare(link.clone(), est.data, est.nthreads)?;
+        // Encrypted: each socket's key in the one direction the connection carries data.
+        let label = |i: usize| crate::connect::socket_label(i as u32);
+        let crypto = est.keys.as_ref().map(|k| {
+            (0..est.data.len())
+                .map(|i| match dir {
+                    Direction::Send => SockCrypto::seal(k.sealer(&label(i))),
+                    Direction::Recv => SockCrypto::open(k.opener(&label(i), RECORD_PLAIN)),
+                })
+                .collect()
+        });
+        let ctrl_label = crate::connect::socket_label(crate::wire::CONTROL_SOCKET);
+        let seal = est
+            .keys
+            .as_ref()
+            .filter(|_| dir == Direction::Send)
+            .map(|k| k.sealer(&ctrl_label));
+        let open = est
+            .keys
+            .as_ref()
+            .filter(|_| dir == Direction::Recv)
+            .map(|k| k.opener(&ctrl_label, HEADER_BYTES));
+        let (dispatch, workers) = Workers::prepare(link.clone(), est.data, est.nthreads, crypto)?;
         let shared = Arc::new(Shared {
             dir,
             peer: est.peer,
@@ -141,6 +177,8 @@ impl Comm {
                 next_seq: 0,
                 next_socket: 0,
                 closed: false,
+                seal,
+                open,
             }),
         });
         let pool = workers.start(Some(shared.clone()))?;
@@ -280,8 +318,22 @@ impl Shared {
             first_socket: first as u32,
         };
         st.next_seq += 1;
-        st.outbox.extend(header.encode());
-        st.ctrl_queued += HEADER_BYTES as u64;
+        match st.seal.as_mut() {
+            Some(sealer) => {
+                let mut record = Vec::with_capacity(ctrl_record(true));
+                sealer
+                    .seal_into(&header.encode(), &mut record)
+                    .map_err(|e| {
+                        PluginError::remote(format!("connection to {}: {e}", self.peer))
+                    })?;
+                st.ctrl_queued += record.len() as u64;
+                st.outbox.extend(record);
+            }
+            None => {
+                st.outbox.extend(header.encode());
+                st.ctrl_queued += HEADER_BYTES as u64;
+            }
+        }
         let header_end = st.ctrl_queued;
         let plan = Reassembly::new_from(size, self.nsocks, DEFAULT_MIN_CHUNK, first)
             .map_err(|e| PluginError::internal(e.to_string()))?;
@@ -430,15 +482,39 @@ impl Shared {
     fn read_headers(&self, st: &mut State) {
         while !st.waiting.is_empty() && !st.ctrl_closed && self.link.error().is_none() {
             let got = st.inbuf.len();
-            let mut bytes = [0u8; HEADER_BYTES];
-            match (&self.ctrl).read(&mut bytes[..HEADER_BYTES - got]) {
+            let want = ctrl_record(st.open.is_some());
+            let mut bytes = [0u8; 64];
+            match (&self.ctrl).read(&mut bytes[..want - got]) {
                 Ok(0) => st.ctrl_closed = true,
                 Ok(n) => {
                     st.inbuf.extend_from_slice(&bytes[..n]);
-                    if let Ok(bytes) = <[u8; HEADER_BYTES]>::try_from(st.inbuf.as_slice()) {
-                        st.inbuf.clear();
-                        self.start_receive(st, Header::decode(&bytes));
+                    if st.inbuf.len() < want {
+                        continue;
                     }
+                    let mut record = std::mem::take(&mut st.inbuf);
+                    let plain = match st.open.as_mut() {
+                        None => Ok(&record[..]),
+                        Some(opener) => {
+                            let (head, body) =
+                                record.split_at_mut(rustccl_securewire::RECORD_HEADER_BYTES);
+                            opener
+                                .open_in_place(head.try_into().expect("4 bytes"), body)
+                                .map(|p| &*p)
+                        }
+                    };
+                    match plain.map(<[u8; HEADER_BYTES]>::try_from) {
+                        Ok(Ok(bytes)) => self.start_receive(st, Header::decode(&bytes)),
+                        Ok(Err(_)) => self.link.fail(format!(
+                            "peer {}: a control record of the wrong size",
+                            self.peer
+                        )),
+                        Err(e) => self.link.fail(format!(
+                            "peer {}: control socket: {e}; the connection is dropped",
+                            self.peer
+                        )),
+                    }
+                    record.clear();
+                    st.inbuf = record;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -9,16 +9,31 @@
 //! of its sockets are there; sockets with a wrong magic (stale or foreign) are closed.
 //! The dialer is done when every socket is connected and has written its hello: it does not
 //! wait for the acceptor, so one thread may finish `connect` before it starts `accept`.
+//!
+//! With the process's encryption key ([`rustccl_securewire::process_key`], set in-process
+//! by the host from `NCCL_ENCRYPTION_PSK`/`_FILE` or `ncclSetEncryption`), each hello has the
+//! secure magic and is followed by the dialer's 32 fresh random bytes and the socket's key
+//! confirmation. Both sides derive the connection's keys from the key and (listen magic,
+//! connection id, random bytes): one per socket, in the one direction data flows (dialer to
+//! acceptor). As the dialer does not wait, the acceptor alone judges: it refuses a socket
+//! whose confirmation does not match (another key), a plain hello when it has a key, a
+//! secure one when it has none, and random bytes it has seen before on this listener (a
+//! replayed connection). The bootstrap, encrypted with the same key, has already refused a
+//! rank with another key before any transport connects; these checks are the second line.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use rustccl_securewire::{self as sw, Keys, Psk};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::striping::{SocketConfig, MAX_SOCKETS, MAX_THREADS};
-use crate::wire::{Hello, CONTROL_SOCKET, HELLO_BYTES};
+use crate::wire::{Hello, CONTROL_SOCKET, HELLO_BYTES, SECURE_EXTRA_BYTES};
 
 /// A connection whose sockets are all there.
 #[derive(Debug)]
@@ -30,6 +45,31 @@ pub struct Established {
     pub data: Vec<Socket>,
     /// Helper threads the sending side drives the data sockets with (the receiver uses as many).
     pub nthreads: usize,
+    /// The connection's keys, when it is encrypted.
+    pub keys: Option<Arc<Keys>>,
+}
+
+/// The label of socket `socket`'s keys ([`CONTROL_SOCKET`] or a data socket index).
+pub fn socket_label(socket: u32) -> String {
+    if socket == CONTROL_SOCKET {
+        "ctrl".into()
+    } else {
+        format!("data {socket}")
+    }
+}
+
+/// The connection's keys: from the key, the listener's magic, the connection id and the
+/// dialer's random bytes.
+fn connection_keys(psk: &Psk, listen_magic: u64, conn_id: u64, nonce: &[u8]) -> Keys {
+    Keys::derive(
+        psk,
+        &[
+            &listen_magic.to_le_bytes()[..],
+            &conn_id.to_le_bytes(),
+            nonce,
+        ]
+        .concat(),
+    )
 }
 
 /// `send` flags: never raise SIGPIPE in the host process when the peer is gone.
@@ -84,7 +124,8 @@ fn set_traffic_class(sock: &Socket, peer: &SocketAddr, traffic_class: i32) -> io
 /// A socket being connected.
 struct Outgoing {
     sock: Socket,
-    hello: [u8; HELLO_BYTES],
+    /// The hello, and with encryption what follows it.
+    hello: Vec<u8>,
     sent: usize,
     connected: bool,
 }
@@ -102,7 +143,7 @@ impl Outgoing {
                 Err(e) => return Err(e),
             }
         }
-        while self.sent < HELLO_BYTES {
+        while self.sent < self.hello.len() {
             match self
                 .sock
                 .send_with_flags(&self.hello[self.sent..], SEND_FLAGS)
@@ -123,6 +164,7 @@ pub struct Dialer {
     /// The control socket, then the data sockets in order.
     sockets: Vec<Outgoing>,
     nthreads: usize,
+    keys: Option<Arc<Keys>>,
 }
 
 impl Dialer {
@@ -135,6 +177,16 @@ impl Dialer {
     ) -> io::Result<Dialer> {
         let nsocks = config.nsocks();
         let conn_id = random_u64()?;
+        let secure = match sw::process_key() {
+            Some(psk) => {
+                let nonce: [u8; 32] = sw::random().map_err(|e| io::Error::other(e.message))?;
+                Some((
+                    nonce,
+                    Arc::new(connection_keys(&psk, listen_magic, conn_id, &nonce)),
+                ))
+            }
+            None => None,
+        };
         let mut sockets = Vec::with_capacity(nsocks + 1);
         for i in 0..=nsocks {
             let sock = tcp_socket(&peer)?;
@@ -154,10 +206,16 @@ impl Dialer {
                 },
                 nsocks: nsocks as u16,
                 nthreads: config.nthreads as u16,
+                secure: secure.is_some(),
             };
+            let mut bytes = hello.encode().to_vec();
+            if let Some((nonce, keys)) = &secure {
+                bytes.extend_from_slice(nonce);
+                bytes.extend_from_slice(&keys.confirmation(&socket_label(hello.socket)));
+            }
             sockets.push(Outgoing {
                 sock,
-                hello: hello.encode(),
+                hello: bytes,
                 sent: 0,
                 connected: false,
             });
@@ -166,6 +224,7 @@ impl Dialer {
             peer,
             sockets,
             nthreads: config.nthreads,
+            keys: secure.map(|(_, k)| k),
         })
     }
 
@@ -191,6 +250,7 @@ impl Dialer {
             ctrl,
             data: sockets.collect(),
             nthreads: self.nthreads,
+            keys: self.keys,
         }
     }
 }
@@ -204,7 +264,8 @@ pub fn random_u64() -> io::Result<u64> {
 struct Arriving {
     sock: Socket,
     peer: SocketAddr,
-    hello: [u8; HELLO_BYTES],
+    /// The hello and, for an encrypted connection, what follows it.
+    hello: [u8; HELLO_BYTES + SECURE_EXTRA_BYTES],
     got: usize,
 }
 
@@ -214,6 +275,8 @@ struct Group {
     nthreads: usize,
     ctrl: Option<(Socket, SocketAddr)>,
     data: Vec<Option<Socket>>,
+    /// Encrypted: the dialer's random bytes and the keys.
+    secure: Option<([u8; 32], Arc<Keys>)>,
 }
 
 impl Group {
@@ -229,6 +292,11 @@ pub struct Acceptor {
     magic: u64,
     arriving: Vec<Arriving>,
     groups: HashMap<u64, Group>,
+    /// The process's key when the listener was made.
+    key: Option<Arc<Psk>>,
+    /// The dialers' random bytes seen on this listener: a connection that repeats them is a
+    /// replay.
+    seen: HashSet<[u8; 32]>,
 }
 
 impl Acceptor {
@@ -250,6 +318,8 @@ impl Acceptor {
             magic: random_u64()?,
             arriving: Vec::new(),
             groups: HashMap::new(),
+            key: sw::process_key(),
+            seen: HashSet::new(),
         })
     }
 
@@ -275,7 +345,7 @@ impl Acceptor {
                     self.arriving.push(Arriving {
                         sock,
                         peer,
-                        hello: [0; HELLO_BYTES],
+                        hello: [0; HELLO_BYTES + SECURE_EXTRA_BYTES],
                         got: 0,
                     });
                 }
@@ -323,34 +393,62 @@ impl Acceptor {
                 ctrl,
                 data: g.data.into_iter().map(|s| s.expect("complete")).collect(),
                 nthreads: g.nthreads,
+                keys: g.secure.map(|(_, k)| k),
             }
         }))
     }
 
     /// Puts a socket with a complete hello into its connection's group.
-    fn place(
-        &mut self,
-        sock: Socket,
-        peer: SocketAddr,
-        bytes: &[u8; HELLO_BYTES],
-    ) -> Result<(), String> {
-        let hello = Hello::decode(bytes).ok_or("it is not a rustccl socket-plugin connection")?;
+    fn place(&mut self, sock: Socket, peer: SocketAddr, bytes: &[u8]) -> Result<(), String> {
+        let head: &[u8; HELLO_BYTES] = bytes[..HELLO_BYTES].try_into().expect("a hello");
+        let hello = Hello::decode(head).ok_or("it is not a rustccl socket-plugin connection")?;
         if hello.listen_magic != self.magic {
             return Err("it was meant for another listener (stale or foreign handle)".into());
         }
+        let secure = match (&self.key, hello.secure) {
+            (None, false) => None,
+            (Some(_), false) => {
+                return Err("it is not encrypted: the peer runs without an encryption key, and this process has one; give every rank the same key".into())
+            }
+            (None, true) => {
+                return Err("it is encrypted: the peer has an encryption key and this process has none; give every rank the same key".into())
+            }
+            (Some(psk), true) => {
+                let extra = &bytes[HELLO_BYTES..HELLO_BYTES + SECURE_EXTRA_BYTES];
+                let nonce: [u8; 32] = extra[..32].try_into().expect("32 bytes");
+                let keys = connection_keys(psk, hello.listen_magic, hello.conn_id, &nonce);
+                if keys.confirmation(&socket_label(hello.socket))[..] != extra[32..] {
+                    return Err("its key confirmation does not match: the peer's encryption key differs from this process's".into());
+                }
+                Some((nonce, Arc::new(keys)))
+            }
+        };
         let nsocks = hello.nsocks as usize;
         let nthreads = hello.nthreads as usize;
         if !(1..=MAX_SOCKETS).contains(&nsocks) || !(1..=MAX_THREADS).contains(&nthreads) {
             return Err(format!("bad hello: {nsocks} sockets, {nthreads} threads"));
+        }
+        if !self.groups.contains_key(&hello.conn_id) {
+            if let Some((nonce, _)) = &secure {
+                if !self.seen.insert(*nonce) {
+                    return Err(
+                        "it repeats the random bytes of an earlier connection (a replay)".into(),
+                    );
+                }
+            }
         }
         let group = self.groups.entry(hello.conn_id).or_insert_with(|| Group {
             nsocks,
             nthreads,
             ctrl: None,
             data: (0..nsocks).map(|_| None).collect(),
+            secure: secure.clone(),
         });
         if group.nsocks != nsocks || group.nthreads != nthreads {
             return Err("its hello disagrees with the rest of its connection".into());
+        }
+        if group.secure.as_ref().map(|(n, _)| n) != secure.as_ref().map(|(n, _)| n) {
+            return Err("its random bytes differ from the rest of its connection".into());
         }
         let slot_taken = if hello.socket == CONTROL_SOCKET {
             group.ctrl.replace((sock, peer)).is_some()
@@ -377,8 +475,19 @@ impl Acceptor {
 
 /// Reads what has arrived of a hello; `Ok(true)` when complete.
 fn read_hello(a: &mut Arriving) -> io::Result<bool> {
-    while a.got < HELLO_BYTES {
-        match (&a.sock).read(&mut a.hello[a.got..]) {
+    loop {
+        // A secure hello announces the bytes that follow it.
+        let want = if a.got >= HELLO_BYTES
+            && a.hello[..8] == crate::wire::PROTO_MAGIC_SECURE.to_le_bytes()
+        {
+            HELLO_BYTES + SECURE_EXTRA_BYTES
+        } else {
+            HELLO_BYTES
+        };
+        if a.got >= want {
+            return Ok(true);
+        }
+        match (&a.sock).read(&mut a.hello[a.got..want]) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed")),
             Ok(n) => a.got += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -386,7 +495,6 @@ fn read_hello(a: &mut Arriving) -> io::Result<bool> {
             Err(e) => return Err(e),
         }
     }
-    Ok(true)
 }
 
 #[cfg(test)]

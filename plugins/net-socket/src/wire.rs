@@ -13,6 +13,12 @@ use rustccl_plugin_api::wire::{u16_at, u32_at, u64_at, TcpListenHandle};
 
 /// `b"RCCLSOCK"`: the first bytes of a listen handle and of every hello.
 pub const PROTO_MAGIC: u64 = u64::from_le_bytes(*b"RCCLSOCK");
+/// `b"RCCLSOCE"`: the first bytes of the hello of an encrypted connection's socket, which
+/// [`SECURE_EXTRA_BYTES`] follow (see `crate::connect`).
+pub const PROTO_MAGIC_SECURE: u64 = u64::from_le_bytes(*b"RCCLSOCE");
+/// What follows an encrypted connection's hello: the dialer's 32 random bytes (the same on
+/// every socket of the connection) and this socket's 32-byte key confirmation.
+pub const SECURE_EXTRA_BYTES: usize = 64;
 
 /// What a listen handle carries (rustccl_plugin_api's TCP listen handle, marked
 /// [`PROTO_MAGIC`]).
@@ -20,7 +26,6 @@ pub type ListenInfo = TcpListenHandle;
 
 /// The socket plugin's name in a handle error.
 pub const MAKER: &str = "the socket plugin";
-
 
 /// Size of a [`Hello`] on the wire.
 pub const HELLO_BYTES: usize = 32;
@@ -40,12 +45,19 @@ pub struct Hello {
     pub socket: u32,
     pub nsocks: u16,
     pub nthreads: u16,
+    /// The connection is encrypted ([`PROTO_MAGIC_SECURE`]).
+    pub secure: bool,
 }
 
 impl Hello {
     pub fn encode(&self) -> [u8; HELLO_BYTES] {
         let mut b = [0u8; HELLO_BYTES];
-        b[0..8].copy_from_slice(&PROTO_MAGIC.to_le_bytes());
+        let magic = if self.secure {
+            PROTO_MAGIC_SECURE
+        } else {
+            PROTO_MAGIC
+        };
+        b[0..8].copy_from_slice(&magic.to_le_bytes());
         b[8..16].copy_from_slice(&self.listen_magic.to_le_bytes());
         b[16..24].copy_from_slice(&self.conn_id.to_le_bytes());
         b[24..28].copy_from_slice(&self.socket.to_le_bytes());
@@ -54,9 +66,12 @@ impl Hello {
         b
     }
 
-    /// `None` when the bytes do not start with [`PROTO_MAGIC`] (not one of our sockets).
+    /// `None` when the bytes do not start with [`PROTO_MAGIC`] or [`PROTO_MAGIC_SECURE`]
+    /// (not one of our sockets).
     pub fn decode(b: &[u8; HELLO_BYTES]) -> Option<Hello> {
-        (u64_at(b, 0) == PROTO_MAGIC).then(|| Hello {
+        let magic = u64_at(b, 0);
+        (magic == PROTO_MAGIC || magic == PROTO_MAGIC_SECURE).then(|| Hello {
+            secure: magic == PROTO_MAGIC_SECURE,
             listen_magic: u64_at(b, 8),
             conn_id: u64_at(b, 16),
             socket: u32_at(b, 24),
@@ -119,7 +134,10 @@ pub mod fuzzing {
         handle.bytes[..handle_bytes.len()].copy_from_slice(handle_bytes);
         if let Ok(info) = ListenInfo::decode(&handle, PROTO_MAGIC, MAKER) {
             assert_ne!(info.addr.port(), 0);
-            assert_eq!(ListenInfo::decode(&info.encode(PROTO_MAGIC), PROTO_MAGIC, MAKER), Ok(info));
+            assert_eq!(
+                ListenInfo::decode(&info.encode(PROTO_MAGIC), PROTO_MAGIC, MAKER),
+                Ok(info)
+            );
         }
         let (hello_bytes, rest) = rest.split_at(rest.len().min(HELLO_BYTES));
         if let Ok(bytes) = <&[u8; HELLO_BYTES]>::try_from(hello_bytes) {
@@ -151,7 +169,11 @@ mod tests {
                 magic: 0xdead_beef_0123_4567,
             };
             let h = info.encode(PROTO_MAGIC);
-            assert_eq!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER), Ok(info), "{addr}");
+            assert_eq!(
+                ListenInfo::decode(&h, PROTO_MAGIC, MAKER),
+                Ok(info),
+                "{addr}"
+            );
             assert!(h.bytes[40..].iter().all(|&b| b == 0));
         }
         let mut h = ListenInfo {
@@ -161,7 +183,9 @@ mod tests {
         .encode(PROTO_MAGIC);
         assert_eq!(&h.bytes[12..16], &[1, 2, 3, 4]);
         h.bytes[8] = 5;
-        assert!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER).unwrap_err().contains("family 5"));
+        assert!(ListenInfo::decode(&h, PROTO_MAGIC, MAKER)
+            .unwrap_err()
+            .contains("family 5"));
         let err = ListenInfo::decode(&NetHandle::default(), PROTO_MAGIC, MAKER).unwrap_err();
         assert!(err.contains("not made by the socket plugin"), "{err}");
     }
@@ -174,6 +198,7 @@ mod tests {
             socket: CONTROL_SOCKET,
             nsocks: 64,
             nthreads: 16,
+            secure: false,
         };
         assert_eq!(Hello::decode(&hello.encode()), Some(hello));
         let mut bytes = hello.encode();

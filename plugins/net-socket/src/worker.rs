@@ -204,17 +204,23 @@ pub struct Workers {
 impl Workers {
     /// Prepares `nthreads` threads for the data sockets `data` (socket `i` on thread
     /// `i % nthreads`), and the [`Dispatch`] that feeds them.
+    /// With `crypto` (one per data socket), the sockets carry sealed records.
     pub fn prepare(
         link: Arc<Link>,
         data: Vec<Socket>,
         nthreads: usize,
+        crypto: Option<Vec<SockCrypto>>,
     ) -> io::Result<(Dispatch, Workers)> {
         let nthreads = nthreads.clamp(1, data.len().max(1));
         let mut owned: Vec<Vec<(usize, Socket)>> = (0..nthreads).map(|_| Vec::new()).collect();
+        let mut crypt: Vec<Vec<Option<SockCrypto>>> = (0..nthreads).map(|_| Vec::new()).collect();
+        let mut crypto = crypto.map(|c| c.into_iter());
         for (i, sock) in data.into_iter().enumerate() {
             sock.set_nonblocking(true)?;
             owned[i % nthreads].push((i, sock));
+            crypt[i % nthreads].push(crypto.as_mut().and_then(|c| c.next()));
         }
+        let mut crypt = crypt.into_iter();
         let mut inboxes = Vec::new();
         let mut workers = Vec::new();
         for sockets in owned {
@@ -231,6 +237,7 @@ impl Workers {
                 inbox,
                 wake: wake_rx,
                 queues: sockets.iter().map(|_| VecDeque::new()).collect(),
+                crypto: crypt.next().expect("one per thread"),
                 sockets,
                 control: None,
                 scratch: Vec::new(),
@@ -311,6 +318,8 @@ struct Worker {
     sockets: Vec<(usize, Socket)>,
     /// Pending tasks of each socket, same order as `sockets`.
     queues: Vec<VecDeque<Task>>,
+    /// Each socket's record layer when the connection is encrypted, same order.
+    crypto: Vec<Option<SockCrypto>>,
     /// Thread 0: the connection's control socket.
     control: Option<Arc<dyn Control>>,
     scratch: Vec<u8>,
@@ -369,6 +378,9 @@ impl Worker {
 
     /// Moves as many bytes as socket `s` takes right now, task after task.
     fn pass(&mut self, s: usize) -> Result<Pass, String> {
+        if self.crypto[s].is_some() {
+            return self.pass_sealed(s);
+        }
         let mut progressed = false;
         while let Some(task) = self.queues[s].front_mut() {
             let sock = &self.sockets[s].1;
@@ -448,6 +460,218 @@ impl Worker {
         })
     }
 
+    /// [`pass`](Self::pass) on an encrypted socket: the sender seals at most
+    /// [`RECORD_PLAIN`] bytes of the front task into a record and writes it out before it
+    /// counts them moved; the receiver reads a whole record, opens it (a record that fails
+    /// authentication fails the connection) and copies its plaintext into the tasks in order.
+    /// A sender's record never spans two tasks, and both sides cut messages into the same
+    /// chunks in the same order, so records and tasks line up.
+    fn pass_sealed(&mut self, s: usize) -> Result<Pass, String> {
+        let mut progressed = false;
+        let peer = self.link.peer;
+        let index = self.sockets[s].0;
+        while let Some(task) = self.queues[s].front_mut() {
+            let sock = &self.sockets[s].1;
+            let left = task.chunk.len - task.moved;
+            let crypto = self.crypto[s].as_mut().expect("an encrypted socket");
+            let result: io::Result<usize> = match (task.action, crypto) {
+                (
+                    Action::Send,
+                    SockCrypto::Seal {
+                        sealer,
+                        out,
+                        sent,
+                        plain,
+                    },
+                ) => {
+                    if *sent == out.len() {
+                        let n = left.min(RECORD_PLAIN);
+                        // SAFETY: as in `pass`: the task's bytes lie inside the buffer given
+                        // to `isend`, valid and unchanged until the request completes.
+                        let bytes = unsafe {
+                            std::slice::from_raw_parts(
+                                (task.base + task.chunk.offset + task.moved) as *const u8,
+                                n,
+                            )
+                        };
+                        out.clear();
+                        sealer
+                            .seal_into(bytes, out)
+                            .map_err(|e| format!("peer {peer}: data socket {index}: {e}"))?;
+                        *sent = 0;
+                        *plain = n;
+                    }
+                    sock.send_with_flags(&out[*sent..], SEND_FLAGS).map(|k| {
+                        *sent += k;
+                        if *sent == out.len() {
+                            std::mem::take(plain)
+                        } else {
+                            0
+                        }
+                    })
+                }
+                (
+                    Action::Recv | Action::Discard,
+                    SockCrypto::Open {
+                        opener,
+                        head,
+                        hgot,
+                        body,
+                        bgot,
+                        plain,
+                        taken,
+                        tag,
+                        tgot,
+                        direct,
+                    },
+                ) => {
+                    if *taken < *plain {
+                        let n = left.min(*plain - *taken);
+                        if task.action == Action::Recv {
+                            // SAFETY: as in `pass`: the task's bytes lie inside the buffer
+                            // given to `irecv`, which no other thread writes.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    (task.base + task.chunk.offset + task.moved) as *mut u8,
+                                    n,
+                                )
+                            };
+                            dst.copy_from_slice(&body[*taken..*taken + n]);
+                        }
+                        *taken += n;
+                        Ok(n)
+                    } else if *hgot < head.len() {
+                        (&*sock)
+                            .read(&mut head[*hgot..])
+                            .and_then(eof_is_error)
+                            .map(|k| {
+                                *hgot += k;
+                                0
+                            })
+                    } else {
+                        let n = opener
+                            .body_len(*head)
+                            .map_err(|e| tampered(peer, index, e))?;
+                        let clen = n - TAG_BYTES;
+                        if *bgot == 0 && *tgot == 0 {
+                            // A record that fits the task is read straight into the task's
+                            // buffer and decrypted there (no copy); others through `body`.
+                            *direct = task.action == Action::Recv && clen <= left;
+                            if !*direct {
+                                body.resize(n, 0);
+                            }
+                        }
+                        if *direct {
+                            // SAFETY: as in `pass`: `clen <= left`, so these bytes lie inside
+                            // the buffer given to `irecv`, which no other thread writes. Until
+                            // the record is authenticated they hold ciphertext; a record that
+                            // fails fails the connection, and with it the receive.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    (task.base + task.chunk.offset + task.moved) as *mut u8,
+                                    clen,
+                                )
+                            };
+                            if *bgot < clen {
+                                (&*sock)
+                                    .read(&mut dst[*bgot..])
+                                    .and_then(eof_is_error)
+                                    .map(|k| {
+                                        *bgot += k;
+                                        0
+                                    })
+                            } else {
+                                (&*sock)
+                                    .read(&mut tag[*tgot..])
+                                    .and_then(eof_is_error)
+                                    .and_then(|k| {
+                                        *tgot += k;
+                                        if *tgot < TAG_BYTES {
+                                            return Ok(0);
+                                        }
+                                        opener.open_detached(*head, dst, *tag).map_err(|e| {
+                                            io::Error::new(
+                                                io::ErrorKind::InvalidData,
+                                                tampered(peer, index, e),
+                                            )
+                                        })?;
+                                        (*hgot, *bgot, *tgot) = (0, 0, 0);
+                                        Ok(clen)
+                                    })
+                            }
+                        } else {
+                            (&*sock)
+                                .read(&mut body[*bgot..])
+                                .and_then(eof_is_error)
+                                .map(|k| (k, ()))
+                                .map(|(k, ())| {
+                                    *bgot += k;
+                                    k
+                                })
+                                .and_then(|_| {
+                                    if *bgot == body.len() {
+                                        let len = opener
+                                            .open_in_place(*head, body)
+                                            .map_err(|e| {
+                                                io::Error::new(
+                                                    io::ErrorKind::InvalidData,
+                                                    tampered(peer, index, e),
+                                                )
+                                            })?
+                                            .len();
+                                        *plain = len;
+                                        *taken = 0;
+                                        *hgot = 0;
+                                        *bgot = 0;
+                                    }
+                                    Ok(0)
+                                })
+                        }
+                    }
+                }
+                _ => return Err(format!(
+                    "internal error on connection to {peer}: a task against its socket's direction"
+                )),
+            };
+            match result {
+                Ok(n) => {
+                    progressed = true;
+                    task.moved += n;
+                    if task.moved == task.chunk.len {
+                        let task = self.queues[s].pop_front().expect("the task just worked on");
+                        task.transfer
+                            .chunk_done(task.chunk)
+                            .map_err(|e| format!("internal error on connection to {peer}: {e}"))?;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let events = match task.action {
+                        Action::Send => PollFlags::POLLOUT,
+                        Action::Recv | Action::Discard => PollFlags::POLLIN,
+                    };
+                    return Ok(Pass {
+                        progressed,
+                        wait_for: Some(events),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => return Err(e.to_string()),
+                Err(e) => {
+                    let what = if e.kind() == io::ErrorKind::UnexpectedEof {
+                        "closed the connection".to_string()
+                    } else {
+                        format!("connection failed: {e}")
+                    };
+                    return Err(format!("peer {peer} {what} (data socket {index})"));
+                }
+            }
+        }
+        Ok(Pass {
+            progressed,
+            wait_for: None,
+        })
+    }
+
     /// Waits until a socket in `waits` (or the control socket, for `control_wait`) is
     /// ready, a wake-up comes, or the timeout passes. Returns whether the control socket has
     /// input (or an error or hang-up) to look at.
@@ -476,6 +700,72 @@ impl Worker {
         }
         control_readable
     }
+}
+
+use rustccl_securewire::TAG_BYTES;
+
+/// Plaintext bytes per record on an encrypted data socket: large enough that sealing and the
+/// 20 bytes of framing per record cost little, small enough to stay in cache.
+pub const RECORD_PLAIN: usize = 256 * 1024;
+
+/// An encrypted data socket's record layer, in the direction the socket carries data.
+pub enum SockCrypto {
+    /// Sending: the record being written (`sent` of its bytes so far), sealed from `plain`
+    /// bytes of the front task.
+    Seal {
+        sealer: rustccl_securewire::Sealer,
+        out: Vec<u8>,
+        sent: usize,
+        plain: usize,
+    },
+    /// Receiving: the record being read (its length prefix `head`, `hgot` bytes of it; its
+    /// body, `bgot` bytes), then, once opened, its `plain` bytes at the front of `body`,
+    /// `taken` of them copied out.
+    Open {
+        opener: rustccl_securewire::Opener,
+        head: [u8; rustccl_securewire::RECORD_HEADER_BYTES],
+        hgot: usize,
+        body: Vec<u8>,
+        bgot: usize,
+        plain: usize,
+        taken: usize,
+        /// A record read straight into the task's buffer: its tag, `tgot` bytes of it.
+        tag: [u8; TAG_BYTES],
+        tgot: usize,
+        direct: bool,
+    },
+}
+
+impl SockCrypto {
+    /// The sending side of a socket.
+    pub fn seal(sealer: rustccl_securewire::Sealer) -> SockCrypto {
+        SockCrypto::Seal {
+            sealer,
+            out: Vec::new(),
+            sent: 0,
+            plain: 0,
+        }
+    }
+
+    /// The receiving side of a socket.
+    pub fn open(opener: rustccl_securewire::Opener) -> SockCrypto {
+        SockCrypto::Open {
+            opener,
+            head: [0; 4],
+            hgot: 0,
+            body: Vec::new(),
+            bgot: 0,
+            plain: 0,
+            taken: 0,
+            tag: [0; TAG_BYTES],
+            tgot: 0,
+            direct: false,
+        }
+    }
+}
+
+fn tampered(peer: std::net::SocketAddr, index: usize, e: rustccl_securewire::Error) -> String {
+    format!("peer {peer}: data socket {index}: {e}; the connection is dropped")
 }
 
 /// A read of 0 bytes into a non-empty buffer is the peer closing the stream.
@@ -547,9 +837,9 @@ mod tests {
         let peer = "127.0.0.1:1".parse().unwrap();
         let log = LogFn { log: quiet };
         let (la, lb) = (Link::new(peer, log), Link::new(peer, log));
-        let (send, workers) = Workers::prepare(la.clone(), a, 2).unwrap();
+        let (send, workers) = Workers::prepare(la.clone(), a, 2, None).unwrap();
         let mut sender = workers.start(None).unwrap();
-        let (recv, workers) = Workers::prepare(lb.clone(), b, 3).unwrap();
+        let (recv, workers) = Workers::prepare(lb.clone(), b, 3, None).unwrap();
         let mut receiver = workers.start(None).unwrap();
         let size = 3 * DEFAULT_MIN_CHUNK * nsocks + 17;
         let src: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();

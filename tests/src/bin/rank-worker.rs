@@ -5,6 +5,7 @@
 
 mod worker_cache;
 mod worker_coll;
+mod worker_encrypt;
 mod worker_env;
 mod worker_faults;
 mod worker_graph;
@@ -47,6 +48,8 @@ fn main() {
         "kill-shrink" => kill_shrink(nranks, rank, &ids),
         "split-shrink" => worker_shrink::split_then_shrink(nranks, rank, &ids),
         "net-traffic" => net_traffic(nranks, rank, &ids),
+        "encrypt-pattern" => worker_encrypt::pattern(nranks, rank, &ids),
+        "encrypt-sweep" => worker_encrypt::sweep(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
         "tuned-sizes" => tuned_sizes(nranks, rank, &ids),
         "profiled" => worker_profiler::profiled(nranks, rank, &ids),
