@@ -419,45 +419,35 @@ impl Worker {
                     (&*sock).read(&mut self.scratch[..n]).and_then(eof_is_error)
                 }
             };
-            match result {
-                Ok(n) => {
+            match step(result, task.action, self.link.peer, self.sockets[s].0)? {
+                Step::Moved(n) => {
                     progressed = true;
                     task.moved += n;
                     if task.moved == task.chunk.len {
-                        let task = self.queues[s].pop_front().expect("the task just worked on");
-                        task.transfer.chunk_done(task.chunk).map_err(|e| {
-                            format!("internal error on connection to {}: {e}", self.link.peer)
-                        })?;
+                        self.finish_front(s)?;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let events = match task.action {
-                        Action::Send => PollFlags::POLLOUT,
-                        Action::Recv | Action::Discard => PollFlags::POLLIN,
-                    };
+                Step::Wait(events) => {
                     return Ok(Pass {
                         progressed,
                         wait_for: Some(events),
-                    });
+                    })
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let what = if e.kind() == io::ErrorKind::UnexpectedEof {
-                        "closed the connection".to_string()
-                    } else {
-                        format!("connection failed: {e}")
-                    };
-                    return Err(format!(
-                        "peer {} {what} (data socket {})",
-                        self.link.peer, self.sockets[s].0
-                    ));
-                }
+                Step::Again => {}
             }
         }
         Ok(Pass {
             progressed,
             wait_for: None,
         })
+    }
+
+    /// Pops socket `s`'s front task, whose chunk has moved, and tells its transfer.
+    fn finish_front(&mut self, s: usize) -> Result<(), String> {
+        let task = self.queues[s].pop_front().expect("the task just worked on");
+        task.transfer
+            .chunk_done(task.chunk)
+            .map_err(|e| format!("internal error on connection to {}: {e}", self.link.peer))
     }
 
     /// [`pass`](Self::pass) on an encrypted socket: the sender seals at most
@@ -633,37 +623,21 @@ impl Worker {
                     "internal error on connection to {peer}: a task against its socket's direction"
                 )),
             };
-            match result {
-                Ok(n) => {
+            match step(result, task.action, peer, index)? {
+                Step::Moved(n) => {
                     progressed = true;
                     task.moved += n;
                     if task.moved == task.chunk.len {
-                        let task = self.queues[s].pop_front().expect("the task just worked on");
-                        task.transfer
-                            .chunk_done(task.chunk)
-                            .map_err(|e| format!("internal error on connection to {peer}: {e}"))?;
+                        self.finish_front(s)?;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let events = match task.action {
-                        Action::Send => PollFlags::POLLOUT,
-                        Action::Recv | Action::Discard => PollFlags::POLLIN,
-                    };
+                Step::Wait(events) => {
                     return Ok(Pass {
                         progressed,
                         wait_for: Some(events),
-                    });
+                    })
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::InvalidData => return Err(e.to_string()),
-                Err(e) => {
-                    let what = if e.kind() == io::ErrorKind::UnexpectedEof {
-                        "closed the connection".to_string()
-                    } else {
-                        format!("connection failed: {e}")
-                    };
-                    return Err(format!("peer {peer} {what} (data socket {index})"));
-                }
+                Step::Again => {}
             }
         }
         Ok(Pass {
@@ -760,6 +734,44 @@ impl SockCrypto {
             tag: [0; TAG_BYTES],
             tgot: 0,
             direct: false,
+        }
+    }
+}
+
+/// What one read or write on a data socket means for a pass.
+enum Step {
+    /// Bytes moved for the front task.
+    Moved(usize),
+    /// The socket is not ready: wait for these events.
+    Wait(PollFlags),
+    /// Interrupted: try again.
+    Again,
+}
+
+/// Reads a data socket's read or write `result` for a task of `action`: bytes moved, a wait,
+/// or the error that ends the connection (a record that failed authentication says so
+/// itself).
+fn step(
+    result: io::Result<usize>,
+    action: Action,
+    peer: std::net::SocketAddr,
+    index: usize,
+) -> Result<Step, String> {
+    match result {
+        Ok(n) => Ok(Step::Moved(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Step::Wait(match action {
+            Action::Send => PollFlags::POLLOUT,
+            Action::Recv | Action::Discard => PollFlags::POLLIN,
+        })),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Step::Again),
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(e.to_string()),
+        Err(e) => {
+            let what = if e.kind() == io::ErrorKind::UnexpectedEof {
+                "closed the connection".to_string()
+            } else {
+                format!("connection failed: {e}")
+            };
+            Err(format!("peer {peer} {what} (data socket {index})"))
         }
     }
 }

@@ -152,19 +152,7 @@ pub fn death(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     let (comm, _mem, _w) = setup(nranks, rank, ids)?;
     let victim = nranks - 1;
     comm.barrier()?;
-    if rank == victim {
-        // Long enough for every rank to leave the barrier and start waiting.
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        // SAFETY: ends this process at once, as a crash would (no goodbye to the peers).
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        std::thread::sleep(std::time::Duration::from_secs(60));
-        return Err(Error::internal("the victim survived SIGKILL"));
-    }
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(40));
-        println!("ERROR InternalError rank {rank} one-sided-death: still waiting after 40 s (hang)");
-        std::process::exit(3);
-    });
+    crate::worker_windows::die_or_guard(rank, victim, "one-sided-death")?;
     let t0 = std::time::Instant::now();
     let r = comm.wait_signal(&[WaitSignalDesc { op_cnt: 1, peer: victim, sig_idx: 0, ctx: 0 }], Stream::DEFAULT);
     let ms = t0.elapsed().as_millis();

@@ -162,7 +162,7 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
 /// The victim (after every rank has left the last barrier) dies by SIGKILL, as a crash
 /// would, with no goodbye to its peers; every other rank gets a guard that ends it with an
 /// error line if it still runs after 40 s (a hang).
-fn die_or_guard(rank: i32, victim: i32, what: &'static str) -> Result<(), Error> {
+pub(crate) fn die_or_guard(rank: i32, victim: i32, what: &'static str) -> Result<(), Error> {
     if rank == victim {
         // Long enough for every rank to leave the barrier (its last messages) first.
         std::thread::sleep(std::time::Duration::from_millis(300));
