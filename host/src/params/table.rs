@@ -89,6 +89,8 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_DEBUG_FILE", Str, None, true, "File the log goes to (%h host name, %p pid) instead of stderr"),
     p("NCCL_COMM_ID", Str, None, true, "host:port of a root started by rank 0, so that no unique id need be passed around"),
     p("NCCL_HOSTID", Str, None, true, "Host identity ranks compare to find ranks of one node"),
+    p("NCCL_ENCRYPTION_PSK", Str, None, false, "The pre-shared key that encrypts rustccl's TCP traffic (bootstrap and the socket transport), at least 32 bytes; the query API never shows it"),
+    p("NCCL_ENCRYPTION_PSK_FILE", Str, None, false, "A file holding the pre-shared key (NCCL_ENCRYPTION_PSK's alternative; a trailing newline is not part of the key)"),
     p("NCCL_SOCKET_IFNAME", Str, None, true, "Interfaces bootstrap and sockets may use (prefix list; ^ excludes, = exact)"),
     p("NCCL_SOCKET_FAMILY", Str, None, true, "AF_INET or AF_INET6: the address family of the interface chosen"),
     p("NCCL_NET", Str, None, true, "Name of the network to use (the plugin's name)"),
@@ -144,6 +146,12 @@ pub fn lookup(key: &str) -> Option<&'static Param> {
     PARAMS.iter().find(|p| p.name == key)
 }
 
+/// Parameters whose values are secrets: listed, but their value reads as [`SECRET_SHOWN`].
+pub const SECRETS: &[&str] = &["NCCL_ENCRYPTION_PSK"];
+
+/// What a set secret parameter reads as.
+pub const SECRET_SHOWN: &str = "(set; not shown)";
+
 /// The parameter named `key`, or an `InvalidArgument` that says how to find the names.
 pub fn find(key: &str) -> Result<&'static Param> {
     lookup(key).ok_or_else(|| {
@@ -176,6 +184,11 @@ impl Param {
     /// The current value (as [`Param::value`]) and where it came from.
     pub fn resolved(&self) -> (Result<ParamValue>, super::Source) {
         let r = super::resolve(self.name);
+        if SECRETS.contains(&self.name) {
+            // A key is never handed out: the query API and the dump say only that it is set.
+            let shown = r.value.map_or(ParamValue::Unset, |_| ParamValue::Str(SECRET_SHOWN.into()));
+            return (Ok(shown), r.source);
+        }
         (self.parse(r.value, r.source), r.source)
     }
 
@@ -271,6 +284,16 @@ mod tests {
         let e = find("NCCL_NO_SUCH_THING").unwrap_err();
         assert_eq!(e.code, crate::error::ResultCode::InvalidArgument);
         assert!(e.message.contains("NCCL_NO_SUCH_THING"));
+    }
+
+    #[test]
+    fn a_key_is_never_shown() {
+        let p = find("NCCL_ENCRYPTION_PSK").unwrap();
+        std::env::set_var(p.name, "a-test-key-that-must-never-be-printed-0123");
+        let v = p.value().unwrap();
+        std::env::remove_var(p.name);
+        assert_eq!(v, ParamValue::Str(SECRET_SHOWN.into()));
+        assert_eq!(p.value().unwrap(), ParamValue::Unset);
     }
 
     #[test]
