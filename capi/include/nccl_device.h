@@ -1,17 +1,18 @@
 /*
  * nccl_device.h for rustccl's libnccl.so.2: the LSA subset of NCCL's device API (2.28, with
- * 2.29's requirements layout), written by the rustccl project. It is what a program compiles
- * its own kernels with: device communicators (ncclDevCommCreate), teams, pointers into peers'
- * symmetric windows, cooperative groups and the LSA barrier.
+ * 2.29's requirements layout and 2.30's LL all-to-all), written by the rustccl project. It is
+ * what a program compiles its own kernels with: device communicators (ncclDevCommCreate),
+ * teams, pointers into peers' symmetric windows, cooperative groups, the LSA barrier and LL
+ * all-to-all sessions (ncclLLA2ASession: messages between LSA ranks with no barrier).
  *
  * Compilers. The structs and host declarations are C and C++. Everything inline needs C++11:
  * with a CUDA compiler (nvcc, clang, NVRTC) every function is __host__ __device__, and device
  * code orders memory with inline PTX (sm_70 or newer for release/acquire; older chips fall
  * back to volatile accesses and system fences); with a host compiler (g++, clang++) the same
  * functions run on the CPU with GCC's __atomic builtins: a cooperative group is then one
- * thread. No CCCL header is needed; when <cuda/atomic> is found (and the language is C++17),
- * the barrier also takes the cuda::memory_order argument NCCL's takes (acquire/release is
- * always used). Under NVRTC, which has no C library headers, nccl.h is not included: this
+ * thread, and an LL line's two 8-byte halves are two 64-bit atomics (see storeLine). No
+ * CCCL header is needed; when <cuda/atomic> is found (and the language is C++17), the barrier
+ * also takes the cuda::memory_order argument NCCL's takes (acquire/release is always used). Under NVRTC, which has no C library headers, nccl.h is not included: this
  * header declares the few of its types kernels use (pass -I with this directory only).
  *
  * Where rustccl differs from NCCL:
@@ -25,7 +26,8 @@
  *     code NCCL returns where that hardware is missing, and a message in ncclGetLastError
  *     naming it: multimem ncclInvalidArgument, GIN ncclInvalidUsage (see nccl.h's header).
  *     ncclCommQueryProperties reports multimemSupport false and ginType NCCL_GIN_TYPE_NONE.
- *   - Not written: LL all-to-all sessions (ncclLLA2ACreateRequirement is ncclInvalidUsage).
+ *   - LL all-to-all: no multimem bcast (the session's multimem arguments are ignored: bcast
+ *     stores to each rank); the session keeps its own fields (NCCL's has a base struct).
  *   - The LSA team is every rank when the ranks share a host and the backend has symmetric
  *     memory (the host backend, CUDA); else each rank alone.
  */
@@ -43,6 +45,7 @@ typedef struct ncclTeam { int nRanks; int rank; int stride; } ncclTeam_t;
 typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
 typedef struct ncclDevComm ncclDevComm_t;
 typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
+typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
 typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
 #endif
 
@@ -202,6 +205,17 @@ struct ncclLsaBarrierHandle {
   int nBarriers;
 };
 
+/* An LL all-to-all buffer (ncclLLA2ACreateRequirement) of nBlocks blocks of nSlots slots. Its
+ * memory, at bufHandle in every rank's resource memory: per block, one 16-byte header line
+ * (its first word: the block's epoch - 2, saved by the last session) and two halves of nSlots
+ * 16-byte lines each, used in turn by odd and even epochs. A line holds 8 bytes of data as
+ * {data low word, epoch, data high word, epoch}: a receiver knows the data is this epoch's
+ * when both epoch words are. */
+struct ncclLLA2AHandle {
+  ncclDevResourceHandle_t bufHandle;
+  uint32_t nSlots;
+};
+
 /* A device communicator: a plain value kernels take by copy. rustccl's layout. */
 struct ncclDevComm {
   unsigned int magic;   /* NCCL_API_MAGIC */
@@ -265,6 +279,15 @@ ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window, size_t offset, nc
  * *outReq to ncclDevCommRequirements' resourceRequirementsList to get outHandle->bufHandle. */
 ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t* outHandle,
                                              ncclDevResourceRequirements_t* outReq);
+/* Slots an LL all-to-all needs for maxElts elements of at most maxEltSize bytes: one per 8
+ * bytes of each, maxElts * ceil(maxEltSize / 8) (NCCL 2.30). */
+int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
+/* Fills *outReq (bufferSize nBlocks * (1 + 2 * nSlots) * 16, aligned to 16) and
+ * outHandle->nSlots; add *outReq to ncclDevCommRequirements' resourceRequirementsList to get
+ * outHandle->bufHandle (NCCL 2.30). NULL pointers, nBlocks or nSlots below 1, or a buffer over
+ * 4 GiB are ncclInvalidArgument. */
+ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle,
+                                        ncclDevResourceRequirements_t* outReq);
 #ifdef __cplusplus
 }
 #endif
@@ -279,6 +302,7 @@ static_assert(sizeof(ncclDevCommRequirements) == 96, "ncclDevCommRequirements la
 static_assert(sizeof(ncclDevResourceRequirements) == 56, "ncclDevResourceRequirements layout");
 static_assert(sizeof(ncclTeamRequirements) == 32, "ncclTeamRequirements layout");
 static_assert(sizeof(ncclDevComm) == 136, "ncclDevComm layout");
+static_assert(sizeof(ncclLLA2AHandle) == 8, "ncclLLA2AHandle layout (NCCL 2.30)");
 #endif
 
 /* libcu++ needs C++17. */
@@ -361,6 +385,96 @@ __device__ inline int lane() {
 NCCL_HOST_DEVICE_INLINE void* slot(char* base, long long i, unsigned long long stride, size_t offset) {
   return (void*)(base + (i * (long long)stride + (long long)offset));
 }
+
+NCCL_HOST_DEVICE_INLINE void storeRelaxed(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  *(volatile uint32_t*)p = v;
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
+/* Fully unrolled loops in device code (where the bounds are constants). */
+#if defined(__CUDA_ARCH__)
+#define RUSTCCL_DEVICE_UNROLL _Pragma("unroll")
+#else
+#define RUSTCCL_DEVICE_UNROLL
+#endif
+
+/* One 16-byte line of an LL all-to-all buffer: 8 bytes of data, each 4-byte half beside the
+ * epoch it was sent in. */
+struct alignas(16) LLLine {
+  uint32_t lo, loEpoch, hi, hiEpoch;
+};
+
+/* Writes {lo, epoch, hi, epoch} into `line` (a peer's memory).
+ *
+ * Device: one 16-byte store, relaxed at system scope (volatile before sm_70). The hardware
+ * makes each aligned 8-byte half of it single-copy atomic (not necessarily the whole 16), which
+ * is why each half carries its own epoch word.
+ *
+ * Host: the same two halves as two 64-bit atomic stores ({lo, epoch} and {hi, epoch}); a
+ * reader's 64-bit atomic load of a half sees the data word and its epoch word of one store, so
+ * a half whose epoch word is this epoch holds this epoch's data, whatever order the two halves
+ * land in. (No 16-byte atomic is used: x86-64's cmpxchg16b goes through libatomic, which may
+ * take a lock that other processes do not see.) Release order is free on x86 and keeps the
+ * data of a half ordered before later stores on weaker CPUs. */
+NCCL_HOST_DEVICE_INLINE void storeLine(LLLine* line, uint32_t lo, uint32_t hi, uint32_t epoch) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(lo), "r"(epoch), "r"(hi),
+               "r"(epoch)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(lo), "r"(epoch), "r"(hi),
+               "r"(epoch)
+               : "memory");
+#else
+  unsigned long long* half = (unsigned long long*)line;
+  uint32_t words[4] = {lo, epoch, hi, epoch};
+  unsigned long long v0, v1;
+  __builtin_memcpy(&v0, &words[0], 8);
+  __builtin_memcpy(&v1, &words[2], 8);
+  __atomic_store_n(&half[0], v0, __ATOMIC_RELEASE);
+  __atomic_store_n(&half[1], v1, __ATOMIC_RELEASE);
+#endif
+}
+
+/* Reads a line of this rank's buffer (see storeLine: each half is read in one piece). */
+NCCL_HOST_DEVICE_INLINE LLLine loadLine(const LLLine* line) {
+  LLLine l;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(l.lo), "=r"(l.loEpoch), "=r"(l.hi), "=r"(l.hiEpoch)
+               : "l"(line)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(l.lo), "=r"(l.loEpoch), "=r"(l.hi), "=r"(l.hiEpoch)
+               : "l"(line)
+               : "memory");
+#else
+  const unsigned long long* half = (const unsigned long long*)line;
+  unsigned long long v0 = __atomic_load_n(&half[0], __ATOMIC_ACQUIRE);
+  unsigned long long v1 = __atomic_load_n(&half[1], __ATOMIC_ACQUIRE);
+  __builtin_memcpy((char*)&l, &v0, 8);
+  __builtin_memcpy((char*)&l + 8, &v1, 8);
+#endif
+  return l;
+}
+
+/* A value of type T seen as the 8-byte words an LL all-to-all moves (the last one padded
+ * with zeros). T must be trivially copyable. */
+template <typename T>
+union LLWords {
+  enum { count = (sizeof(T) + 7) / 8 };
+  T value;
+  uint32_t word[count][2];
+  NCCL_HOST_DEVICE_INLINE LLWords() : word() {}
+};
+
+/* For decltype only (C++11's std::declval, without <utility>, which NVRTC lacks). */
+template <typename T>
+NCCL_HOST_DEVICE T&& declval() noexcept;
 
 } // namespace rustccl_device
 
@@ -617,6 +731,187 @@ struct ncclLsaBarrierSession {
   NCCL_HOST_DEVICE_INLINE void wait(Coop c, cuda::memory_order) { wait(c); }
   NCCL_HOST_DEVICE_INLINE void sync(Coop c, cuda::memory_order) { sync(c); }
 #endif
+};
+
+/* ---- the LL all-to-all (NCCL 2.30) ----
+ *
+ * Small messages between the ranks of a team (inside the LSA team) without a barrier: each
+ * 8 bytes of data travel in a 16-byte line beside the epoch they belong to, written straight
+ * into the receiver's buffer; the receiver polls its own buffer until the line carries the
+ * current epoch. A session is made by every thread of a cooperative group, on one block of a
+ * handle (ncclLLA2ACreateRequirement; one group at a time per block on each rank), for
+ * messages of up to maxElts elements per slot range: element word u of slot s lies at line
+ * s + u * maxElts, so nSlots must be at least ncclLLA2ACalcSlots(maxElts, sizeof(T)).
+ *
+ * An epoch: send (or bcast) to slots of peers' buffers, recv from this rank's, then endEpoch.
+ * Each slot is written at most once per epoch, and before endEpoch every thread of the group
+ * together must have sent to every peer of the team and received something every peer sent
+ * (that is what keeps a peer at most one epoch ahead, which the two halves allow). The epoch
+ * goes on across sessions and kernels (saved in the block's header line). Multimem is not
+ * supported (rustccl drives no NVLS): the multimem arguments are taken for NCCL's signature and
+ * ignored, so bcast always writes to each rank with unicast stores. */
+template <typename Coop>
+struct ncclLLA2ASession {
+  Coop coop;
+  ncclTeam team;
+  ncclLLA2AHandle handle;
+  int block;
+  int pitch; /* maxElts: lines between the words of one element */
+  uint32_t epoch;
+  uint32_t slotsOffset; /* lines from the buffer's start to this epoch's half of the block */
+  char* resourceFlatBase;
+  unsigned long long stride;
+  int lsaRank;
+  unsigned int* abortFlag;
+
+  NCCL_HOST_DEVICE_INLINE ncclLLA2ASession(Coop coop_, ncclDevComm const& comm, ncclTeam team_,
+                                           ncclLLA2AHandle handle_, uint32_t block_, int maxElts,
+                                           bool multimem = false, ncclMultimemHandle mmHandle = {})
+      : coop(coop_), team(team_), handle(handle_), block((int)block_), pitch(maxElts), epoch(0), slotsOffset(0),
+        resourceFlatBase(comm.resourceFlatBase), stride(comm.stride), lsaRank(comm.lsaRank),
+        abortFlag(comm.abortFlag) {
+    (void)multimem;
+    (void)mmHandle;
+    /* The saved value is the epoch - 2, so a zeroed buffer starts at epoch 2: never 0, the
+     * epoch of a zeroed line. */
+    epoch = rustccl_device::loadRelaxed(&header()->lo) + 2;
+    slotsOffset = halfOffset();
+  }
+
+  ncclLLA2ASession(ncclLLA2ASession const&) = delete;
+  ncclLLA2ASession& operator=(ncclLLA2ASession const&) = delete;
+
+  NCCL_HOST_DEVICE_INLINE ~ncclLLA2ASession() {
+    if (coop.thread_rank() == 0) rustccl_device::storeRelaxed(&header()->lo, epoch - 2);
+    coop.sync();
+  }
+
+  /* Lines from the buffer's start to this block's header line. */
+  NCCL_HOST_DEVICE_INLINE uint32_t blockOffset() const { return (uint32_t)block * (1 + 2 * handle.nSlots); }
+  /* ... to the half this epoch uses. */
+  NCCL_HOST_DEVICE_INLINE uint32_t halfOffset() const { return blockOffset() + 1 + (epoch & 1) * handle.nSlots; }
+
+  /* The buffer of team rank `peer`. */
+  NCCL_HOST_DEVICE_INLINE rustccl_device::LLLine* lines(int peer) const {
+    int lsaPeer = lsaRank + (peer - team.rank) * team.stride;
+    return (rustccl_device::LLLine*)rustccl_device::slot(resourceFlatBase, lsaPeer, stride, handle.bufHandle);
+  }
+  NCCL_HOST_DEVICE_INLINE rustccl_device::LLLine* header() const { return lines(team.rank) + blockOffset(); }
+
+  /* Writes `data` into slot `slot` of team rank `peer`'s buffer (this rank included). */
+  template <typename T>
+  NCCL_HOST_DEVICE_INLINE void send(int peer, int slot, T data) {
+    rustccl_device::LLWords<T> w;
+    w.value = data;
+    put(peer, slot, w);
+  }
+
+  /* send to every rank of the team (this one included): this rank first, then the ones after
+   * it, so that ranks spread their stores over different peers. */
+  template <typename T>
+  NCCL_HOST_DEVICE_INLINE void bcast(int slot, T data) {
+    rustccl_device::LLWords<T> w;
+    w.value = data;
+    int peer = team.rank;
+    for (int i = 0; i < team.nRanks; i++) {
+      put(peer, slot, w);
+      peer = peer + 1 == team.nRanks ? 0 : peer + 1;
+    }
+  }
+
+  /* Waits for slot `slot` of this rank's buffer to hold this epoch's data, and returns it. */
+  template <typename T>
+  NCCL_HOST_DEVICE_INLINE T recv(int slot) {
+    T v[1];
+    recvUnrolled<1, 1>(slot, 1, 0, v);
+    return v[0];
+  }
+
+  /* Receives elements eltStart, eltStart + eltStride, ... (eltCount of them, at most
+   * MaxEltCount; the first MinEltCount are read whatever eltCount says) into vals, waiting
+   * for all of them at once. */
+  template <int MinEltCount, int MaxEltCount, typename T>
+  NCCL_HOST_DEVICE_INLINE void recvUnrolled(int eltStart, int eltCount, int eltStride, T (&vals)[MaxEltCount]) {
+    typedef rustccl_device::LLWords<T> Words;
+    const rustccl_device::LLLine* buf = lines(team.rank) + slotsOffset + eltStart;
+    rustccl_device::LLLine got[MaxEltCount][Words::count];
+    uint32_t steps = 0;
+    for (;;) {
+      bool all = true;
+      RUSTCCL_DEVICE_UNROLL
+      for (int u = 0; u < MaxEltCount; u++) {
+        if (u < MinEltCount || u < eltCount) {
+          RUSTCCL_DEVICE_UNROLL
+          for (int v = 0; v < Words::count; v++) {
+            got[u][v] = rustccl_device::loadLine(buf + u * eltStride + v * pitch);
+            all = all && got[u][v].loEpoch == epoch && got[u][v].hiEpoch == epoch;
+          }
+        }
+      }
+      if (all || rustccl_device::pollStep(abortFlag, steps)) break;
+    }
+    RUSTCCL_DEVICE_UNROLL
+    for (int u = 0; u < MaxEltCount; u++) {
+      if (u < MinEltCount || u < eltCount) {
+        Words w;
+        RUSTCCL_DEVICE_UNROLL
+        for (int v = 0; v < Words::count; v++) {
+          w.word[v][0] = got[u][v].lo;
+          w.word[v][1] = got[u][v].hi;
+        }
+        vals[u] = w.value;
+      }
+    }
+  }
+
+  /* Receives eltCount elements (eltStart, eltStart + eltStride, ...), Unroll at a time, and
+   * folds them: red(...red(eltToAcc(e0), eltToAcc(e1))..., eltToAcc(eN-1)). eltCount >= 1. */
+  template <int Unroll, typename Elt, typename EltToAcc, typename Reduce>
+  NCCL_HOST_DEVICE_INLINE auto recvReduce(int eltStart, int eltCount, int eltStride, EltToAcc eltToAcc, Reduce red)
+      -> decltype(eltToAcc(rustccl_device::declval<Elt>())) {
+    typedef decltype(eltToAcc(rustccl_device::declval<Elt>())) Acc;
+    Acc acc = Acc();
+    int i = 0;
+    for (; i + Unroll <= eltCount; i += Unroll) {
+      Elt got[Unroll];
+      recvUnrolled<Unroll, Unroll>(eltStart + i * eltStride, Unroll, eltStride, got);
+      RUSTCCL_DEVICE_UNROLL
+      for (int j = 0; j < Unroll; j++) acc = i + j == 0 ? eltToAcc(got[j]) : red(acc, eltToAcc(got[j]));
+    }
+    if (i < eltCount) {
+      Elt got[Unroll];
+      recvUnrolled<1, Unroll>(eltStart + i * eltStride, eltCount - i, eltStride, got);
+      RUSTCCL_DEVICE_UNROLL
+      for (int j = 0; j < Unroll; j++) {
+        if (i + j < eltCount) acc = i + j == 0 ? eltToAcc(got[j]) : red(acc, eltToAcc(got[j]));
+      }
+    }
+    return acc;
+  }
+
+  /* Ends this epoch (see above); the next uses the other half. When the 32-bit epoch is about
+   * to wrap, both halves are cleared (their last two epochs) so that lines from long ago can
+   * never pass for the epochs after the wrap, and epochs 0 and 1 are skipped. */
+  NCCL_HOST_DEVICE_INLINE void endEpoch(Coop) {
+    coop.sync();
+    if (epoch >= 0xfffffffeu) {
+      rustccl_device::LLLine* half = lines(team.rank) + slotsOffset;
+      for (int i = coop.thread_rank(); i < (int)handle.nSlots; i += coop.size())
+        rustccl_device::storeLine(half + i, 0, 0, 0);
+      coop.sync();
+    }
+    epoch = epoch == 0xffffffffu ? 2 : epoch + 1;
+    slotsOffset = halfOffset();
+  }
+
+  /* The 8-byte words of one element into a peer's slot. */
+  template <typename T>
+  NCCL_HOST_DEVICE_INLINE void put(int peer, int slot, rustccl_device::LLWords<T> const& w) {
+    rustccl_device::LLLine* buf = lines(peer) + slotsOffset + slot;
+    RUSTCCL_DEVICE_UNROLL
+    for (int u = 0; u < rustccl_device::LLWords<T>::count; u++)
+      rustccl_device::storeLine(buf + u * pitch, w.word[u][0], w.word[u][1], epoch);
+  }
 };
 
 #endif /* __cplusplus */
