@@ -22,9 +22,9 @@
  *     requirement with GIN signals or counters, and ncclGinBarrierCreateRequirement, return
  *     ncclInvalidUsage.
  * ncclCommQueryProperties (2.29) says so beforehand: multimemSupport false, ginType
- * NCCL_GIN_TYPE_NONE. The device API's LL all-to-all sessions are not in rustccl's
- * nccl_device.h: ncclLLA2ACreateRequirement returns ncclInvalidUsage (ncclLLA2ACalcSlots
- * computes as NCCL's; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them).
+ * NCCL_GIN_TYPE_NONE. The device API's LL all-to-all (2.30: ncclLLA2ACalcSlots,
+ * ncclLLA2ACreateRequirement, nccl_device.h's ncclLLA2ASession) works over the LSA team, with
+ * no multimem bcast; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them.
  *
  * Newer calls exist too and work: ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume,
  * ncclCommMemStats, ncclWinGetUserPtr, ncclGetLsaDevicePointer, ncclGetPeerDevicePointer,

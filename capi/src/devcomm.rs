@@ -183,22 +183,80 @@ pub fn lsa_barrier_requirement(
     let bytes = barrier_bytes(n, team.n_ranks)
         .filter(|b| *b <= u32::MAX as usize)
         .ok_or_else(|| Error::invalid_argument(format!("{n} barriers over {} ranks need over 4 GiB", team.n_ranks)))?;
-    // SAFETY: both checked non-null; the caller's structs of these layouts (nccl_device.h).
-    unsafe {
+    // SAFETY: checked non-null; the caller's struct of this layout (nccl_device.h).
+    let buf_handle = unsafe {
         (*out_handle).n_barriers = n;
-        (*out_handle).buf_handle = 0;
+        std::ptr::addr_of_mut!((*out_handle).buf_handle)
+    };
+    // SAFETY: checked non-null.
+    unsafe { write_requirement(out_req, bytes, buf_handle) };
+    Ok(())
+}
+
+/// `ncclLLA2AHandle` (NCCL 2.30).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct LlA2aHandle {
+    buf_handle: u32,
+    n_slots: u32,
+}
+
+/// Bytes of an LL all-to-all buffer of `blocks` blocks of `slots` slots: per block a header
+/// line and two halves of `slots` 16-byte lines (see nccl_device.h's `ncclLLA2AHandle`).
+fn lla2a_bytes(blocks: c_int, slots: c_int) -> Option<usize> {
+    let (blocks, slots) = (usize::try_from(blocks).ok()?, usize::try_from(slots).ok()?);
+    slots.checked_mul(2)?.checked_add(1)?.checked_mul(blocks)?.checked_mul(16)
+}
+
+/// `ncclLLA2ACreateRequirement`: `nBlocks` blocks of `nSlots` slots, as NCCL 2.30 sizes them
+/// (the sessions live in nccl_device.h). The handle's `bufHandle` is written by
+/// `ncclDevCommCreate`, whose zeroed memory starts every block at its first epoch.
+pub fn lla2a_requirement(
+    blocks: c_int, slots: c_int, out_handle: *mut LlA2aHandle, out_req: *mut DevResourceRequirements,
+) -> Result<(), Error> {
+    if out_handle.is_null() || out_req.is_null() {
+        return Err(Error::invalid_argument("outHandle or outReq is NULL"));
+    }
+    if blocks <= 0 || slots <= 0 {
+        return Err(Error::invalid_argument(format!(
+            "nBlocks {blocks} and nSlots {slots}: both must be at least 1 (nSlots from \
+             ncclLLA2ACalcSlots)"
+        )));
+    }
+    let bytes = lla2a_bytes(blocks, slots).filter(|b| *b <= u32::MAX as usize).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "{blocks} blocks of {slots} slots need over 4 GiB of resource memory per rank"
+        ))
+    })?;
+    // SAFETY: checked non-null; the caller's struct of this layout (nccl_device.h).
+    let buf_handle = unsafe {
+        out_handle.write(LlA2aHandle { buf_handle: 0, n_slots: slots as u32 });
+        std::ptr::addr_of_mut!((*out_handle).buf_handle)
+    };
+    // SAFETY: checked non-null.
+    unsafe { write_requirement(out_req, bytes, buf_handle) };
+    Ok(())
+}
+
+/// A requirement of `bytes` bytes (aligned to [`MIN_ALIGN`], no GIN) whose offset
+/// `ncclDevCommCreate` writes to `*buf_handle`.
+///
+/// # Safety
+/// `out_req` is non-null and writable (the caller's `ncclDevResourceRequirements_t`).
+unsafe fn write_requirement(out_req: *mut DevResourceRequirements, bytes: usize, buf_handle: *mut u32) {
+    // SAFETY: the function's contract.
+    unsafe {
         out_req.write(DevResourceRequirements {
             next: std::ptr::null_mut(),
             buffer_size: bytes,
             buffer_align: MIN_ALIGN,
-            out_buffer_handle: std::ptr::addr_of_mut!((*out_handle).buf_handle),
+            out_buffer_handle: buf_handle,
             gin_signal_count: 0,
             gin_counter_count: 0,
             out_gin_signal_start: std::ptr::null_mut(),
             out_gin_counter_start: std::ptr::null_mut(),
-        });
-    }
-    Ok(())
+        })
+    };
 }
 
 /// The caller's requirements: `size` bytes of them, the initializer's values past that.
@@ -250,7 +308,7 @@ pub(crate) fn no_gin(asked: &str) -> Error {
 }
 
 /// Checks the counts (`lsaLLA2ABlockCount` / `lsaLLA2ASlotCount` are not read: NCCL ignores
-/// them too, its LL all-to-all takes a resource requirement instead), then refuses what needs
+/// them too, its LL all-to-all takes a resource requirement, `lla2a_requirement`), then refuses what needs
 /// hardware rustccl does not drive, in NCCL 2.28.9's order (`ncclDevrCommCreateInternal`): GIN
 /// first (`ncclInvalidUsage`), then multimem on the LSA team and on each team requirement
 /// (`ncclInvalidArgument`). Runs before anything is allocated, so a refusal makes no memory

@@ -4,7 +4,8 @@
 //! message). What needs hardware rustccl does not drive answers as NCCL does without it: GIN
 //! barriers `ncclInvalidUsage` (`devcomm::no_gin`), multicast pointers NULL. One-sided
 //! operations run on the host backend (`rustccl::coll::one_sided`; GPUs refuse them with a
-//! message); LL all-to-all is not written: `ncclInvalidUsage` with a message.
+//! message); LL all-to-all buffers are resource requirements (`devcomm::lla2a_requirement`,
+//! the sessions in nccl_device.h).
 
 use std::os::raw::{c_int, c_void};
 use std::sync::Mutex;
@@ -14,7 +15,7 @@ use rustccl::types::DataType;
 use rustccl::window::signals::WaitSignalDesc;
 use rustccl::Error;
 
-use crate::devcomm::{self, DevComm, DevCommRequirements, DevResourceRequirements, LsaBarrierHandle};
+use crate::devcomm::{self, DevComm, DevCommRequirements, DevResourceRequirements, LlA2aHandle, LsaBarrierHandle};
 use crate::handles::{self, CommHandle};
 use crate::windows;
 use crate::{guard, guard_comm, nccl_api, NcclResult, NcclTeam};
@@ -54,8 +55,6 @@ fn peer_pointer(win: *mut c_void, offset: usize, rank: c_int, out: *mut *mut c_v
     Ok(())
 }
 
-const NO_LLA2A: &str = "LL all-to-all sessions are not in rustccl's nccl_device.h (not written yet): exchange through \
-                        window or resource pointers and LSA barriers";
 /// The one-sided calls' `flags`: reserved, 0 (as NCCL checks).
 fn check_flags(what: &str, flags: u32) -> Result<(), Error> {
     if flags != 0 {
@@ -334,10 +333,11 @@ nccl_api! {
         guard_comm("ncclGinBarrierCreateRequirement", comm, || Err(devcomm::no_gin("ncclGinBarrierCreateRequirement")))
     }
 
+    /// 2.30: the resource memory of an LL all-to-all (`ncclLLA2ASession` in nccl_device.h).
     fn ncclLLA2ACreateRequirement / pncclLLA2ACreateRequirement(
-        _blocks: c_int, _slots: c_int, _handle: *mut c_void, _req: *mut c_void,
+        blocks: c_int, slots: c_int, handle: *mut LlA2aHandle, req: *mut DevResourceRequirements,
     ) -> NcclResult {
-        guard("ncclLLA2ACreateRequirement", || Err(Error::invalid_usage(NO_LLA2A)))
+        guard("ncclLLA2ACreateRequirement", || devcomm::lla2a_requirement(blocks, slots, handle, req))
     }
 
     /// Slots an LL all-to-all needs for `max_elts` elements of `max_elt_size` bytes: one per
