@@ -41,9 +41,13 @@ pub fn build_source(name: &str, source: &Path) -> PathBuf {
 /// at once never replace each other's files), and compiles the program there, linked to it.
 fn compile(name: &str, source: &Path) -> PathBuf {
     let dir = target_dir();
+    // The newer of the two: `cargo test` refreshes deps/ only, `cargo build` the top one, so
+    // either may be stale.
     let lib = [dir.join("libnccl.so"), dir.join("deps/libnccl.so")]
         .into_iter()
-        .find(|p| p.exists())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
         .unwrap_or_else(|| panic!("libnccl.so not built in {}", dir.display()));
     let libdir = dir.join(format!("capi-{name}"));
     std::fs::create_dir_all(&libdir).unwrap();
