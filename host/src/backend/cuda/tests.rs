@@ -171,3 +171,43 @@ fn exec_kernel_with_a_drifted_abi_header_does_not_compile_with_nvrtc() {
     );
     assert!(e.message.contains("RustcclExecStep::flags: offset differs"), "{}", e.message);
 }
+
+/// The device API's user kernels (`tests/gpu/devcomm_kernel.cu`: the LSA barrier;
+/// `tests/gpu/lla2a_kernel.cu`: the LL all-to-all, its templates instantiated here) compile
+/// with NVRTC against `capi/include/nccl_device.h` (no CUDA header: the header declares what it
+/// needs under NVRTC), to CUBIN for sm_90 and for the oldest architecture NVRTC knows, so
+/// ptxas checks the header's inline PTX without a GPU (the GPU scripts run the kernels).
+/// Skipped where NVRTC cannot be found, unless `RUSTCCL_REQUIRE_NVRTC=1` (CI).
+#[test]
+fn user_kernels_on_nccl_device_h_compile_with_nvrtc() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let nvrtc = nvrtc::Nvrtc::get().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("reading {p}: {e}"));
+    let header = read("capi/include/nccl_device.h");
+    let lla2a_instances: String = ["ctaKernel", "warpKernel"]
+        .iter()
+        .flat_map(|k| {
+            ["uint32_t", "unsigned long long", "Big"].map(|t| {
+                format!(
+                    "template __global__ void {k}<{t}>(ncclDevComm, ncclLLA2AHandle, uint32_t, uint32_t, int, Counters*);\n"
+                )
+            })
+        })
+        .collect();
+    let oldest = *nvrtc.archs.first().expect("NVRTC knows no architecture");
+    for (file, extra) in [("tests/gpu/devcomm_kernel.cu", String::new()), ("tests/gpu/lla2a_kernel.cu", lla2a_instances)] {
+        let text = read(file) + &extra;
+        for cc in [90, oldest] {
+            let target = nvrtc.target_for(cc).unwrap_or_else(|| panic!("NVRTC cannot compile for sm_{cc}"));
+            let options = [format!("--gpu-architecture={}", target.arch), "--std=c++17".to_string()];
+            let out = nvrtc.compile_with_log((file, &text), &[("nccl_device.h", &header)], &options, target.cubin);
+            match out {
+                Ok(c) => assert!(!c.image.is_empty(), "{file} for {}: empty image", target.arch),
+                Err(e) => panic!("{file} does not compile for {} against nccl_device.h: {}", target.arch, e.message),
+            }
+        }
+    }
+}
