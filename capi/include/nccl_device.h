@@ -739,9 +739,10 @@ struct ncclLsaBarrierSession {
  * 8 bytes of data travel in a 16-byte line beside the epoch they belong to, written straight
  * into the receiver's buffer; the receiver polls its own buffer until the line carries the
  * current epoch. A session is made by every thread of a cooperative group, on one block of a
- * handle (ncclLLA2ACreateRequirement; one group at a time per block on each rank), for
- * messages of up to maxElts elements per slot range: element word u of slot s lies at line
- * s + u * maxElts, so nSlots must be at least ncclLLA2ACalcSlots(maxElts, sizeof(T)).
+ * handle (ncclLLA2ACreateRequirement; one group at a time per block on each rank), with
+ * slots 0 .. maxElts - 1: the 8-byte word u of the element in slot s lies at line
+ * s + u * maxElts of the half, so nSlots must be at least ncclLLA2ACalcSlots(maxElts,
+ * sizeof(T)) for the largest T sent.
  *
  * An epoch: send (or bcast) to slots of peers' buffers, recv from this rank's, then endEpoch.
  * Each slot is written at most once per epoch, and before endEpoch every thread of the group
