@@ -7,7 +7,7 @@
  *        -L target/gpu -lnccl -lcuda
  *
  * Each rank allocates 1 MiB with ncclMemAlloc, registers it as a symmetric window, checks that
- * a multimem requirement is refused (ncclInvalidUsage), makes a device communicator with one
+ * a multimem requirement is refused (ncclInvalidArgument, as NCCL without NVLS), makes a device communicator with one
  * LSA barrier per block, and launches kernel<<<4, 256>>>. Each round, block b writes a pattern of
  * (rank, round, word) into slice b of its own window (ncclGetLocalPointer), syncs LSA barrier b
  * with every peer's block b, reads slice b of every LSA peer's window (ncclGetLsaPointer) and
@@ -186,7 +186,7 @@ int main() {
     ncclDevComm_t unused;
     memset(&unused, 0, sizeof unused);
     ncclResult_t res = ncclDevCommCreate(comm, &mm, &unused);
-    EXPECT(res == ncclInvalidUsage, "ncclDevCommCreate with lsaMultimem: %s (%d), expected ncclInvalidUsage (%s)",
+    EXPECT(res == ncclInvalidArgument, "ncclDevCommCreate with lsaMultimem: %s (%d), expected ncclInvalidArgument (%s)",
            ncclGetErrorString(res), (int)res, ncclGetLastError(comm));
     if (res == ncclSuccess) NCCL_CHECK(ncclDevCommDestroy(comm, &unused));
   }
