@@ -1,0 +1,42 @@
+/* The per-call profiler tag (ncclCollConfig_t::userProfilerTag) as a C caller sets it: an
+ * ncclAllReduceConfig of 1000 floats tagged 42, then a plain ncclAllReduce of 2000 floats
+ * and a send / receive of 300 floats to the next rank (results checked). Run as NRANKS
+ * processes with RANK, NRANKS and NCCL_TEST_ID (the unique id in hex) under a profiler
+ * plugin (NCCL_PROFILER_PLUGIN): the harness (c_profiler_tag.rs) reads what the plugin saw.
+ * Prints a closing "N passed, M failed" line. */
+#include "test_util.h"
+
+static float a[2000], b[2000];
+
+static void fill(float* x, size_t n, float v) {
+  for (size_t i = 0; i < n; i++) x[i] = v;
+}
+
+int main(void) {
+  ncclUniqueId id;
+  read_rank_env("NCCL_TEST_ID", &id);
+  ncclComm_t comm;
+  OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float me = (float)(rank + 1), sum = (float)(nranks * (nranks + 1) / 2);
+
+  ncclCollConfig_t c = NCCL_COLLCONFIG_INITIALIZER;
+  c.userProfilerTag = 42;
+  fill(a, 1000, me), fill(b, 1000, 0);
+  OK(ncclAllReduceConfig(a, b, 1000, ncclFloat, ncclSum, comm, NULL, &c));
+  CHECK(b[0] == sum && b[999] == sum, "tagged AllReduce: %f", b[0]);
+
+  fill(a, 2000, me), fill(b, 2000, 0);
+  OK(ncclAllReduce(a, b, 2000, ncclFloat, ncclSum, comm, NULL));
+  CHECK(b[0] == sum && b[1999] == sum, "plain AllReduce: %f", b[0]);
+
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  fill(a, 300, me), fill(b, 300, 0);
+  OK(ncclGroupStart());
+  OK(ncclSend(a, 300, ncclFloat, next, comm, NULL));
+  OK(ncclRecv(b, 300, ncclFloat, prev, comm, NULL));
+  OK(ncclGroupEnd());
+  CHECK(b[0] == (float)(prev + 1) && b[299] == (float)(prev + 1), "recv from %d: %f", prev, b[0]);
+
+  OK(ncclCommDestroy(comm));
+  return finish();
+}
