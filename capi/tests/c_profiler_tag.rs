@@ -2,7 +2,8 @@
 //! ranks as processes (host backend) under `plugins/testing/c-profiler/profiler_v7.c`, which
 //! exports NCCL's profiler v7 and v6 and writes what it is given. rustccl must take v7 (the
 //! newest, as NCCL does) and hand it `userTag` 42 on the tagged all-reduce's CollApi and Coll
-//! events, 0 on the plain all-reduce's and on the send / receive's, and no KernelPhase event.
+//! events, 0 on the plain all-reduce's and on the send / receive's, each call's own tag inside
+//! a group (7 and 8), and no KernelPhase event.
 
 mod common;
 
@@ -55,10 +56,14 @@ fn a_c_profiler_v7_gets_the_callers_tag_on_that_call_only() {
             "P2pApi Recv 300 0",
             "P2p Send 300 0",
             "P2p Recv 300 0",
+            "CollApi AllReduce 500 7",
+            "Coll AllReduce 500 7",
+            "CollApi AllReduce 600 8",
+            "Coll AllReduce 600 8",
         ] {
             assert_eq!(lines.iter().filter(|l| **l == expected).count(), 1, "rank {rank}: once \"{expected}\" in\n{seen}");
         }
-        assert_eq!(lines.len(), 10, "init, the eight events, finalize; no KernelPhase:\n{seen}");
+        assert_eq!(lines.len(), 14, "init, the twelve events, finalize; no KernelPhase:\n{seen}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
