@@ -205,12 +205,13 @@ typedef struct ncclCollConfig_v23200 {
   /* A combination of NCCL_CTA_POLICY_*; accepted, not honoured by rustccl. */
   int CTAPolicy;
   /* The caller's tag for the call's profiler events (0: none; values with the top bit set are
-   * NCCL's). rustccl keeps it with the operation; its profiler plugin interfaces have no
-   * field for it yet (NCCL's profiler v7 has). */
+   * NCCL's): a profiler plugin of NCCL's v7 gets it as userTag on the call's CollApi and Coll
+   * events (rustccl's own profiler ABI v3 as user_tag). */
   uint64_t userProfilerTag;
   /* 2.32: an event to record on the stream once the collective is launched (at the outermost
-   * ncclGroupEnd inside a group). On the host backend it must be NULL (an operation has
-   * completed when its call or group returns); on a non-blocking communicator too. */
+   * ncclGroupEnd inside a group); under stream capture each replay of the graph records it.
+   * On the host backend it must be NULL (an operation has completed when its call or group
+   * returns); on a non-blocking communicator too. */
   cudaEvent_t launchCompletionEvent;
 } ncclCollConfig_t;
 

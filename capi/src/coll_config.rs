@@ -16,12 +16,17 @@
 //!   choose among; RING (every collective) and TREE (AllReduce) are rustccl's, the other names
 //!   of NCCL (CollNet, NVLS, PAT, the symmetric kernels) are known but not selectable, so a
 //!   forced selection of only those is refused, as one NCCL cannot honour is;
-//! - `userProfilerTag`: kept with the operation's tasks for the observer (no profiler ABI
-//!   rustccl serves has a field for it: NCCL's is in its profiler v7);
-//! - `launchCompletionEvent`: on a GPU, recorded on the call's stream once the operation is
-//!   enqueued (at the outermost `ncclGroupEnd` inside a group); refused on the host backend,
-//!   which has no CUDA events (its operations have completed when the call or group returns),
-//!   and on non-blocking communicators, whose launches happen in the background;
+//! - `userProfilerTag`: kept with the operation's tasks and handed to profiler plugins on
+//!   the call's CollApi and Coll events (NCCL's C profiler v7 `userTag`, rustccl's profiler
+//!   ABI v3 `user_tag`; older versions have no field for it);
+//! - `launchCompletionEvent`: on a GPU, recorded on the call's stream right after the
+//!   operation is launched (after the outermost `ncclGroupEnd` inside a group), so it
+//!   completes when the operation has; under stream capture as an external event record, a
+//!   node of the graph that records it at each replay. The caller's `cudaEvent_t` is not one
+//!   the backend made (`Streams::record_foreign_event`). Refused, before anything is
+//!   enqueued, on the host backend, which has no CUDA events (its operations have completed
+//!   when the call or group returns), on the HIP backend (not yet), and on non-blocking
+//!   communicators, whose launches happen in the background;
 //! - `nvlsCTAs`, `cgaClusterSize`, `CTAPolicy`, `ext`: accepted and not honoured (no NVLS, no
 //!   thread-block clusters, no zero-CTA path in rustccl's planner), said once per process at
 //!   INFO.
@@ -136,7 +141,7 @@ thread_local! {
 }
 
 fn record(d: &Deferred) -> Result<(), Error> {
-    d.backend.record_event(d.event, d.stream).map_err(|e| e.context("recording ncclCollConfig_t.launchCompletionEvent"))
+    d.backend.record_foreign_event(d.event, d.stream).map_err(|e| e.context("recording ncclCollConfig_t.launchCompletionEvent"))
 }
 
 /// The outermost group of this thread ended (`ok`: its operations were enqueued): records
@@ -161,6 +166,11 @@ fn configured(what: &str, comm: CommHandle, config: *const NcclCollConfig, coll:
             if cc.comm.backend().kind() == BackendKind::Host {
                 return Err(Error::invalid_argument(format!(
                     "{what}: ncclCollConfig_t.launchCompletionEvent must be NULL on the host backend, which has no CUDA events (an operation has completed when its call, or its group's end, returns)"
+                )));
+            }
+            if cc.comm.backend().kind() == BackendKind::Hip {
+                return Err(Error::invalid_usage(format!(
+                    "{what}: ncclCollConfig_t.launchCompletionEvent is not supported on the HIP backend yet (rustccl records a caller's CUDA event only); pass NULL"
                 )));
             }
             if !cc.comm.config().blocking {

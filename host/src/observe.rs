@@ -94,9 +94,9 @@ pub struct OpDescr {
     pub stream: u64,
     /// The API events it was called under.
     pub parents: ApiParents,
-    /// The caller's profiler tag (`ncclCollConfig_t::userProfilerTag`; 0: none). NCCL's
-    /// profiler v7 carries it; the profiler ABIs rustccl serves (C v1-v6, the Rust one) have
-    /// no field for it, so only in-process observers see it.
+    /// The caller's profiler tag (`ncclCollConfig_t::userProfilerTag`; 0: none), handed to
+    /// profiler plugins on the API and Coll / P2p events: NCCL's C profiler v7 (`userTag`) and
+    /// rustccl's profiler ABI v3 (`user_tag`); older versions have no field for it.
     pub user_tag: u64,
 }
 

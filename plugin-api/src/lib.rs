@@ -12,8 +12,9 @@
 //! * [`tuner`]: trait [`tuner::Tuner`], tables `TunerV1` (`rustccl_tuner_v1`) and `TunerV2`
 //!   (`rustccl_tuner_v2`), `export_tuner!(v1 | v2, ...)` (or `export_tuner_v1!` /
 //!   `export_tuner_v2!`), `TunerV1Client` / `TunerV2Client`;
-//! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV2` (`rustccl_profiler_v2`),
-//!   `export_profiler!`, `ProfilerV2Client`; [`profiler_v1`]: the older table and its client;
+//! * [`profiler`]: trait [`profiler::Profiler`], table `ProfilerV3` (`rustccl_profiler_v3`),
+//!   `export_profiler!`, `ProfilerV3Client`; [`profiler_v2`], [`profiler_v1`]: the older
+//!   tables and their clients;
 //! * [`mod@env`]: trait [`env::Env`], table `EnvV1` (`rustccl_env_v1`), `export_env!`,
 //!   `EnvV1Client`: one per process, through which the library resolves every parameter.
 //!
@@ -40,6 +41,7 @@ pub mod export;
 pub mod net;
 pub mod profiler;
 pub mod profiler_v1;
+pub mod profiler_v2;
 pub mod registry;
 pub mod tuner;
 pub mod wire;

@@ -1,4 +1,5 @@
-//! The profiler plugin ABI (rustccl profiler v2), with the semantics of NCCL's profiler v5:
+//! The profiler plugin ABI (rustccl profiler v3), with the semantics of NCCL's profiler v5
+//! and the user tag of NCCL's v7:
 //! the host starts and stops events of a hierarchy (group API → collective / p2p API →
 //! collective / p2p → proxy op → proxy step → net plugin event, collective / p2p → kernel
 //! channel, group API → kernel launch; a collective / p2p also names its group in
@@ -9,17 +10,21 @@
 //! those.
 //!
 //! A plugin implements the safe trait [`Profiler`] and exports it with
-//! [`export_profiler!`](crate::export_profiler)`(v2, ...)` (symbol `rustccl_profiler_v2`, table
-//! [`ProfilerV2`]); the host sees a `&dyn Profiler` through [`ProfilerV2Client`].
+//! [`export_profiler!`](crate::export_profiler)`(v3, ...)` (symbol `rustccl_profiler_v3`, table
+//! [`ProfilerV3`]); the host sees a `&dyn Profiler` through [`ProfilerV3Client`].
 //!
 //! | version | symbol | differences |
 //! |---|---|---|
 //! | 1 | `rustccl_profiler_v1` | event types up to `NetPlugin` (mask `0xff`); the descriptor ends at `net_data`; a Coll / P2p's parent is its Group |
 //! | 2 | `rustccl_profiler_v2` | GroupApi, CollApi, P2pApi, KernelLaunch; the descriptor gains `parent_group` .. `group_depth` |
+//! | 3 | `rustccl_profiler_v3` | the descriptor gains `user_tag` (the caller's profiler tag, NCCL's profiler v7 `userTag`) |
 //!
-//! A plugin built for v1 still loads: [`ProfilerV1Client`](crate::profiler_v1::ProfilerV1Client)
-//! cuts the mask to what v1 knew and hands it v1's descriptor; a plugin may export both
-//! versions (`export_profiler!(v1, ...)` as well) to stay loadable by older hosts.
+//! A plugin built for v1 or v2 still loads: [`ProfilerV1Client`](crate::profiler_v1::ProfilerV1Client)
+//! cuts the mask to what v1 knew and hands it v1's descriptor,
+//! [`ProfilerV2Client`](crate::profiler_v2::ProfilerV2Client) hands it v2's (no tag); a plugin
+//! may export several versions (`export_profiler!(v2, ...)` and `(v1, ...)` as well) to stay
+//! loadable by older hosts. A new field is a new version: the host checks a table's layout at
+//! load, so a field appended to a version's descriptor would refuse every plugin built before.
 //!
 //! Rules (as NCCL's): only `init` may fail in a way that matters (it disables the profiler
 //! for that communicator, and the host does not call `finalize` for it); the host ignores
@@ -189,6 +194,7 @@ pub mod net_plugin_type {
 /// | `n_steps`, `chunk_size`, `is_send` | ProxyOp |
 /// | `step` | ProxyStep |
 /// | `net_plugin_id`, `net_data` | NetPlugin (`net_plugin_id`: see [`net_plugin_type`]; `net_data`: the net plugin's own data, an address) |
+/// | `user_tag` | CollApi, Coll (the call's `ncclCollConfig_t::userProfilerTag` / typed `CollConfig::profiler_tag`); P2pApi, P2p (0: send and receive take no config); 0 = untagged (v3 on) |
 ///
 /// The strings are borrowed for the duration of the call only; a plugin copies what it keeps.
 #[repr(C)]
@@ -221,6 +227,8 @@ pub struct EventDescr<'a> {
     pub stream: usize,
     pub graph_captured: bool,
     pub group_depth: i32,
+    /// The caller's profiler tag (0: untagged). NCCL reserves the values with the top bit set.
+    pub user_tag: u64,
 }
 
 impl<'a> EventDescr<'a> {
@@ -255,6 +263,7 @@ impl<'a> EventDescr<'a> {
             stream: 0,
             graph_captured: false,
             group_depth: 0,
+            user_tag: 0,
         }
     }
 
@@ -306,10 +315,10 @@ pub trait Profiler: Send + Sync {
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError>;
 }
 
-/// The exported table of profiler ABI v2 (`rustccl_profiler_v2`).
+/// The exported table of profiler ABI v3 (`rustccl_profiler_v3`).
 #[repr(C)]
 #[derive(StableAbi)]
-pub struct ProfilerV2 {
+pub struct ProfilerV3 {
     /// The plugin's name, for log lines.
     pub name: RStr<'static>,
     /// Writes the wanted [`event_type`] mask to `event_mask`.
@@ -362,10 +371,10 @@ pub(crate) extern "C" fn finalize_shim<P: ProfilerProvider>(ctx: PluginHandle) -
     call_guarded(|| P::get().finalize(ctx))
 }
 
-impl ProfilerV2 {
+impl ProfilerV3 {
     /// The table whose functions call `P::get()`.
-    pub const fn table<P: ProfilerProvider>(name: &'static str) -> ProfilerV2 {
-        ProfilerV2 {
+    pub const fn table<P: ProfilerProvider>(name: &'static str) -> ProfilerV3 {
+        ProfilerV3 {
             name: RStr::from_str(name),
             init: init_shim::<P>,
             start_event: start_event_shim::<P>,
@@ -377,18 +386,22 @@ impl ProfilerV2 {
 }
 
 /// Exports a profiler from a cdylib at ABI version `v1` (symbol `rustccl_profiler_v1`, table
-/// [`ProfilerV1`](crate::profiler_v1::ProfilerV1)) or `v2` (`rustccl_profiler_v2`, [`ProfilerV2`]):
-/// `export_profiler!(v2, "name", Type, constructor_expr);` (an instance of its own, built on
-/// first use) or `export_profiler!(v2, "name", provider = MyProvider);` (share one
-/// [`ProfilerProvider`] between the v1 and v2 exports). `export_profiler_v1!` /
-/// `export_profiler_v2!` are the same without the version argument.
+/// [`ProfilerV1`](crate::profiler_v1::ProfilerV1)), `v2` (`rustccl_profiler_v2`,
+/// [`ProfilerV2`](crate::profiler_v2::ProfilerV2)) or `v3` (`rustccl_profiler_v3`, [`ProfilerV3`]):
+/// `export_profiler!(v3, "name", Type, constructor_expr);` (an instance of its own, built on
+/// first use) or `export_profiler!(v3, "name", provider = MyProvider);` (share one
+/// [`ProfilerProvider`] between the exports of several versions). `export_profiler_v1!`,
+/// `export_profiler_v2!` and `export_profiler_v3!` are the same without the version argument.
 #[macro_export]
 macro_rules! export_profiler {
     (v1, $($rest:tt)*) => {
         $crate::export_profiler!(@table profiler_v1::ProfilerV1, rustccl_profiler_v1, $($rest)*);
     };
     (v2, $($rest:tt)*) => {
-        $crate::export_profiler!(@table profiler::ProfilerV2, rustccl_profiler_v2, $($rest)*);
+        $crate::export_profiler!(@table profiler_v2::ProfilerV2, rustccl_profiler_v2, $($rest)*);
+    };
+    (v3, $($rest:tt)*) => {
+        $crate::export_profiler!(@table profiler::ProfilerV3, rustccl_profiler_v3, $($rest)*);
     };
     (@table $module:ident :: $table:ident, $symbol:ident, $name:expr, provider = $provider:path) => {
         const _: () = {
@@ -426,12 +439,18 @@ macro_rules! export_profiler_v2 {
     ($($args:tt)*) => { $crate::export_profiler!(v2, $($args)*); };
 }
 
-/// A loaded library's v2 table, seen through the [`Profiler`] trait.
-pub struct ProfilerV2Client {
-    pub table: &'static ProfilerV2,
+/// [`export_profiler!`](crate::export_profiler)`(v3, ...)`.
+#[macro_export]
+macro_rules! export_profiler_v3 {
+    ($($args:tt)*) => { $crate::export_profiler!(v3, $($args)*); };
 }
 
-impl ProfilerV2Client {
+/// A loaded library's v3 table, seen through the [`Profiler`] trait.
+pub struct ProfilerV3Client {
+    pub table: &'static ProfilerV3,
+}
+
+impl ProfilerV3Client {
     pub fn name(&self) -> &'static str {
         self.table.name.as_str()
     }
@@ -441,7 +460,7 @@ pub(crate) fn into<T>(r: PResult<T>) -> Result<T, PluginError> {
     r.into_result()
 }
 
-impl Profiler for ProfilerV2Client {
+impl Profiler for ProfilerV3Client {
     fn init(
         &self,
         comm_id: u64,
@@ -496,7 +515,7 @@ mod tests {
                 return Ok(PluginHandle { id: 0 });
             }
             let what = format!(
-                "{comm} {} {} parent={:?} {} {} {} {} step={}",
+                "{comm} {} {} parent={:?} {} {} {} {} step={} tag={}",
                 event_type::name(d.event_type).unwrap(),
                 d.func,
                 d.parent(),
@@ -504,7 +523,8 @@ mod tests {
                 d.datatype,
                 d.algo,
                 d.proto,
-                d.step
+                d.step,
+                d.user_tag
             );
             Ok(self.events.insert(what))
         }
@@ -531,14 +551,14 @@ mod tests {
             &PROFILER
         }
     }
-    static TABLE: ProfilerV2 = ProfilerV2::table::<Provider>("test-prof");
-    crate::export_profiler!(v2, "macro-test", provider = Provider);
+    static TABLE: ProfilerV3 = ProfilerV3::table::<Provider>("test-prof");
+    crate::export_profiler!(v3, "macro-test", provider = Provider);
 
     extern "C" fn quiet(_level: i32, _subsys: u64, _message: RStr<'_>) {}
 
     #[test]
     fn round_trip_through_table() {
-        let client = ProfilerV2Client { table: &TABLE };
+        let client = ProfilerV3Client { table: &TABLE };
         assert_eq!(client.name(), "test-prof");
         let log = LogFn { log: quiet };
         let err = client.init(1, "fail", 1, 2, 0, log).unwrap_err();
@@ -557,6 +577,7 @@ mod tests {
                     datatype: RStr::from_str("ncclFloat32"),
                     algo: RStr::from_str("RING"),
                     proto: RStr::from_str("SIMPLE"),
+                    user_tag: 42,
                     ..EventDescr::new(event_type::COLL, group, 1)
                 },
             )
@@ -575,11 +596,26 @@ mod tests {
         assert_eq!(
             log,
             vec![
-                format!("9/world/1/2/1 ProxyStep  parent={:?} 0    step=4: ProxyStepSendWait 512", Some(coll)),
-                format!("9/world/1/2/1 ProxyStep  parent={:?} 0    step=4", Some(coll)),
-                "9/world/1/2/1 Coll AllReduce parent=None 1024 ncclFloat32 RING SIMPLE step=-1".to_string(),
+                format!("9/world/1/2/1 ProxyStep  parent={:?} 0    step=4 tag=0: ProxyStepSendWait 512", Some(coll)),
+                format!("9/world/1/2/1 ProxyStep  parent={:?} 0    step=4 tag=0", Some(coll)),
+                "9/world/1/2/1 Coll AllReduce parent=None 1024 ncclFloat32 RING SIMPLE step=-1 tag=42".to_string(),
             ]
         );
+    }
+
+    #[test]
+    fn a_v2_plugin_is_refused_as_v3_and_the_other_way_round() {
+        use crate::export::PluginExport;
+        use crate::profiler_v2::ProfilerV2;
+        use abi_stable::abi_stability::abi_checking::check_layout_compatibility;
+        static V2: ProfilerV2 = ProfilerV2::table::<Provider>("test-prof");
+        static E2: PluginExport<ProfilerV2> = PluginExport::new(&V2);
+        static E3: PluginExport<ProfilerV3> = PluginExport::new(&TABLE);
+        check_layout_compatibility(<ProfilerV3 as StableAbi>::LAYOUT, E3.layout).unwrap();
+        check_layout_compatibility(<ProfilerV2 as StableAbi>::LAYOUT, E2.layout).unwrap();
+        // The tag changed the descriptor: the host must never read a v2 table as v3.
+        assert!(check_layout_compatibility(<ProfilerV3 as StableAbi>::LAYOUT, E2.layout).is_err());
+        assert!(check_layout_compatibility(<ProfilerV2 as StableAbi>::LAYOUT, E3.layout).is_err());
     }
 
     #[test]

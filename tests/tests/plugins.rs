@@ -144,7 +144,7 @@ fn a_profiler_plugin_is_initialised_with_its_event_mask() {
         ("NCCL_PROFILE_EVENT_MASK", "0x3"),
         ("RUSTCCL_PROFILER_TRACE_FILE", &trace_s),
     ]);
-    assert!(r.iter().any(|l| l == "profiler trace v2 mask 0x3"), "{r:?}");
+    assert!(r.iter().any(|l| l == "profiler trace v3 mask 0x3"), "{r:?}");
     let text = std::fs::read_to_string(&trace).expect("the profiler wrote its trace at finalize");
     assert!(text.contains("traceEvents"), "{text}");
     let _ = std::fs::remove_file(trace);

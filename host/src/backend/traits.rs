@@ -219,6 +219,16 @@ pub trait Streams {
     /// Records `event` at the current end of `stream`.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()>;
 
+    /// Records the caller's `event` (one this backend did not create: a `cudaEvent_t` given to
+    /// an `nccl*Config` call as `launchCompletionEvent`) at the current end of `stream`, on
+    /// the stream's device. While `stream` is being captured the record becomes a node of the
+    /// graph (CUDA's external event record), so that every replay records it, as the caller
+    /// of a captured call expects. Backends without such events refuse it.
+    fn record_foreign_event(&self, event: Event, stream: Stream) -> Result<()> {
+        let _ = (event, stream);
+        Err(Error::invalid_usage("recording a caller's event is not supported by this backend"))
+    }
+
     /// Makes work enqueued on `stream` from now on wait until `event` is complete.
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()>;
 

@@ -1,4 +1,4 @@
-//! NCCL's C profiler plugins (`ncclProfiler_v1` … `ncclProfiler_v6`), seen through the core's
+//! NCCL's C profiler plugins (`ncclProfiler_v1` … `ncclProfiler_v7`), seen through the core's
 //! [`Profiler`] trait.
 //!
 //! Each version's table, event descriptor (a tagged union) and state arguments are declared
@@ -14,6 +14,12 @@
 //! - v5, v6: also the API events (GroupApi, CollApi, P2pApi, KernelLaunch) and the group API
 //!   states. Before v5 a collective's parent is its group (`parent_group`); from v5 on it is
 //!   its API event, with the group in `parentGroup`.
+//! - v7: also the caller's profiler tag (`userTag`: `ncclCollConfig_t::userProfilerTag`, 0 when
+//!   untagged) on CollApi, P2pApi, Coll and P2p (send and receive take no config: 0), and on
+//!   Coll `kernelVariant` (an empty string: rustccl's kernels have no variants of NCCL's
+//!   names) and `isSymColl` (false). v7's KernelPhase events (bit `1 << 15`) are never sent:
+//!   rustccl's kernels report no barrier phases, and the mask is cut to the types up to
+//!   KernelLaunch as for v5 and v6.
 //!
 //! The event mask a plugin asks for at `init` is cut to what its version knows. Event and
 //! context handles are the plugin's pointers. Only `init` may fail (its code is checked);
@@ -288,36 +294,70 @@ fn descr_v4(d: &EventDescr<'_>) -> Option<DescrV4> {
     Some(Descr { event_type: d.event_type as u8, parent_obj: parent_before_v5(d), rank: d.rank, u })
 }
 
+fn coll_api_v5(d: &EventDescr<'_>) -> CollApiD {
+    CollApiD {
+        func: c_name(d.func),
+        count: d.count,
+        datatype: c_name(d.datatype),
+        root: d.root,
+        stream: ptr(d.stream),
+        graph_captured: d.graph_captured,
+    }
+}
+
+fn p2p_api_v5(d: &EventDescr<'_>) -> P2pApiD {
+    P2pApiD {
+        func: c_name(d.func),
+        count: d.count,
+        datatype: c_name(d.datatype),
+        stream: ptr(d.stream),
+        graph_captured: d.graph_captured,
+    }
+}
+
+fn coll_v5(d: &EventDescr<'_>) -> CollV5 {
+    CollV5 { v4: coll_v4(d), parent_group: handle_ptr(d.parent_group) }
+}
+
+fn p2p_v5(d: &EventDescr<'_>) -> P2pV5 {
+    P2pV5 { v4: p2p_v4(d), parent_group: handle_ptr(d.parent_group) }
+}
+
 fn descr_v5(d: &EventDescr<'_>) -> Option<DescrV5> {
     let u = match d.event_type {
         ty::GROUP | ty::PROXY_CTRL => UnionV5 { _room: [0; 16] },
         ty::GROUP_API => UnionV5 { group_api: GroupApiD { graph_captured: d.graph_captured, group_depth: d.group_depth } },
-        ty::COLL_API => UnionV5 {
-            coll_api: CollApiD {
-                func: c_name(d.func),
-                count: d.count,
-                datatype: c_name(d.datatype),
-                root: d.root,
-                stream: ptr(d.stream),
-                graph_captured: d.graph_captured,
-            },
-        },
-        ty::P2P_API => UnionV5 {
-            p2p_api: P2pApiD {
-                func: c_name(d.func),
-                count: d.count,
-                datatype: c_name(d.datatype),
-                stream: ptr(d.stream),
-                graph_captured: d.graph_captured,
-            },
-        },
+        ty::COLL_API => UnionV5 { coll_api: coll_api_v5(d) },
+        ty::P2P_API => UnionV5 { p2p_api: p2p_api_v5(d) },
         ty::KERNEL_LAUNCH => UnionV5 { kernel_launch: KernelLaunchD { stream: ptr(d.stream) } },
-        ty::COLL => UnionV5 { coll: CollV5 { v4: coll_v4(d), parent_group: handle_ptr(d.parent_group) } },
-        ty::P2P => UnionV5 { p2p: P2pV5 { v4: p2p_v4(d), parent_group: handle_ptr(d.parent_group) } },
+        ty::COLL => UnionV5 { coll: coll_v5(d) },
+        ty::P2P => UnionV5 { p2p: p2p_v5(d) },
         ty::PROXY_OP => UnionV5 { proxy_op: proxy_op(d) },
         ty::PROXY_STEP => UnionV5 { proxy_step: ProxyStepD { step: d.step } },
         ty::KERNEL_CH => UnionV5 { kernel_ch: kernel_ch_v4(d) },
         ty::NET_PLUGIN => UnionV5 { net_plugin: NetPluginD { id: d.net_plugin_id, data: ptr(d.net_data) } },
+        _ => return None,
+    };
+    Some(Descr { event_type: u64::from(d.event_type), parent_obj: handle_ptr(d.parent), rank: d.rank, u })
+}
+
+/// v7: v5's descriptor with the tag on the API, Coll and P2p events.
+fn descr_v7(d: &EventDescr<'_>) -> Option<DescrV7> {
+    let user_tag = d.user_tag;
+    let u = match d.event_type {
+        ty::GROUP | ty::PROXY_CTRL => UnionV7 { _room: [0; 16] },
+        ty::GROUP_API => UnionV7 { group_api: GroupApiD { graph_captured: d.graph_captured, group_depth: d.group_depth } },
+        ty::COLL_API => UnionV7 { coll_api: CollApiV7 { v5: coll_api_v5(d), user_tag } },
+        ty::P2P_API => UnionV7 { p2p_api: P2pApiV7 { v5: p2p_api_v5(d), user_tag } },
+        ty::KERNEL_LAUNCH => UnionV7 { kernel_launch: KernelLaunchD { stream: ptr(d.stream) } },
+        ty::COLL => UnionV7 {
+            coll: CollV7 { v5: coll_v5(d), kernel_variant: c_name(RStr::from_str("")), is_sym_coll: false, user_tag },
+        },
+        ty::P2P => UnionV7 { p2p: P2pV7 { v5: p2p_v5(d), user_tag } },
+        ty::PROXY_OP => UnionV7 { proxy_op: proxy_op(d) },
+        ty::PROXY_STEP => UnionV7 { proxy_step: ProxyStepD { step: d.step } },
+        ty::KERNEL_CH => UnionV7 { kernel_ch: kernel_ch_v4(d) },
+        ty::NET_PLUGIN => UnionV7 { net_plugin: NetPluginD { id: d.net_plugin_id, data: ptr(d.net_data) } },
         _ => return None,
     };
     Some(Descr { event_type: u64::from(d.event_type), parent_obj: handle_ptr(d.parent), rank: d.rank, u })
@@ -339,7 +379,7 @@ fn args_v1(st: u32, a: &StateArgs) -> Option<ArgsV1> {
     is_proxy_step(st).then_some(ArgsV1 { proxy_op: ProxyOpArgsV1 { trans_size: 0, steps: 0 } })
 }
 
-/// v4 … v6 (`api_states`: v5 on, the group API states too).
+/// v4 … v7 (`api_states`: v5 on, the group API states too).
 fn args_v4(st: u32, a: &StateArgs, api_states: bool) -> Option<ArgsV4> {
     Some(match st {
         s if is_proxy_step(s) || s == state::PROXY_STEP_SEND_PEER_WAIT => ArgsV4 { trans_size: a.trans_size },
@@ -352,7 +392,8 @@ fn args_v4(st: u32, a: &StateArgs, api_states: bool) -> Option<ArgsV4> {
     })
 }
 
-/// The event types each version knows.
+/// The event types each version knows and the core sends (v7's KernelPhase, `1 << 15`,
+/// never: cut from the mask).
 fn known_types(version: u32) -> u32 {
     match version {
         1 | 2 => ty::GROUP | ty::COLL | ty::P2P | ty::PROXY_OP | ty::PROXY_STEP | ty::PROXY_CTRL,
@@ -371,6 +412,7 @@ enum Tables {
     V4(&'static ProfilerV4),
     V5(&'static ProfilerV5),
     V6(&'static ProfilerV6),
+    V7(&'static ProfilerV7),
 }
 
 /// The communicator names given to a plugin's `init`, kept per context it returned until
@@ -445,6 +487,7 @@ impl CProfiler {
             Tables::V4(t) => t.stop_event,
             Tables::V5(t) => t.stop_event,
             Tables::V6(t) => t.stop_event,
+            Tables::V7(t) => t.stop_event,
         }
     }
 
@@ -456,6 +499,7 @@ impl CProfiler {
             Tables::V4(t) => t.finalize,
             Tables::V5(t) => t.finalize,
             Tables::V6(t) => t.finalize,
+            Tables::V7(t) => t.finalize,
         }
     }
 }
@@ -486,6 +530,7 @@ impl Profiler for CProfiler {
                 Tables::V4(t) => (t.init.unwrap())(&mut ctx, &mut mask, name.as_ptr(), comm_id, nn, nr, r, c_abi::logger()),
                 Tables::V5(t) => (t.init.unwrap())(&mut ctx, comm_id, &mut mask, name.as_ptr(), nn, nr, r, c_abi::logger()),
                 Tables::V6(t) => (t.init.unwrap())(&mut ctx, comm_id, &mut mask, name.as_ptr(), nn, nr, r, c_abi::logger()),
+                Tables::V7(t) => (t.init.unwrap())(&mut ctx, comm_id, &mut mask, name.as_ptr(), nn, nr, r, c_abi::logger()),
             }
         };
         c_abi::check(rc, &what)?;
@@ -503,6 +548,7 @@ impl Profiler for CProfiler {
             Tables::V4(t) => start_with(t.start_event, ctx, descr_v4(d)),
             Tables::V5(t) => start_with(t.start_event, ctx, descr_v5(d)),
             Tables::V6(t) => start_with(t.start_event, ctx, descr_v5(d)),
+            Tables::V7(t) => start_with(t.start_event, ctx, descr_v7(d)),
         }
     }
 
@@ -526,6 +572,7 @@ impl Profiler for CProfiler {
             Tables::V4(t) => record_with(t.record_event_state, event, st, args_v4(st, a, false)),
             Tables::V5(t) => record_with(t.record_event_state, event, st, args_v4(st, a, true)),
             Tables::V6(t) => record_with(t.record_event_state, event, st, args_v4(st, a, true)),
+            Tables::V7(t) => record_with(t.record_event_state, event, st, args_v4(st, a, true)),
         }
     }
 
@@ -584,6 +631,7 @@ pub fn find(lib: &Arc<PluginLibrary>) -> Result<Option<ProfilerPlugin>, String> 
             }
         };
     }
+    try_version!(7, ProfilerV7, V7);
     try_version!(6, ProfilerV6, V6);
     try_version!(5, ProfilerV5, V5);
     try_version!(4, ProfilerV4, V4);
@@ -628,6 +676,18 @@ mod tests {
         assert_eq!(size_of::<ArgsV1>(), 16);
         assert_eq!(size_of::<ArgsV4>(), 8);
         assert_eq!(size_of::<Table<InitV5, DescrV5, ArgsV4>>(), 48);
+        // v7 (NCCL 2.32's profiler_v7.h): collApi's userTag 48, p2pApi's 40; coll's
+        // kernelVariant 88, isSymColl 96, userTag 104 (112 bytes); p2p's userTag 48.
+        assert_eq!(offset_of!(CollApiV7, user_tag), 48);
+        assert_eq!(offset_of!(P2pApiV7, user_tag), 40);
+        assert_eq!(offset_of!(CollV7, kernel_variant), 88);
+        assert_eq!(offset_of!(CollV7, is_sym_coll), 96);
+        assert_eq!(offset_of!(CollV7, user_tag), 104);
+        assert_eq!(size_of::<CollV7>(), 112);
+        assert_eq!(offset_of!(P2pV7, user_tag), 48);
+        assert_eq!(offset_of!(DescrV7, u), 24);
+        assert!(size_of::<UnionV7>() >= size_of::<CollV7>());
+        assert_eq!(size_of::<ProfilerV7>(), 48);
     }
 
     #[test]
@@ -661,6 +721,20 @@ mod tests {
         let a = EventDescr::new(ty::COLL_API, PluginHandle { id: 0 }, 0);
         assert!(descr_v4(&a).is_none() && descr_v5(&a).is_some());
         assert!(descr_v2(&EventDescr::new(ty::KERNEL_CH, api, 0)).is_none());
+        // v7 carries the tag on Coll and CollApi; v5 has no room for it.
+        let tagged = EventDescr { user_tag: 42, ..d };
+        let v7 = descr_v7(&tagged).unwrap();
+        // SAFETY: the coll member was written.
+        let c7 = unsafe { v7.u.coll };
+        assert_eq!((c7.user_tag, c7.is_sym_coll, c7.v5.parent_group as usize, c7.v5.v4.count), (42, false, 0x1000, 42));
+        // SAFETY: c_name returns NUL-terminated strings.
+        assert_eq!(unsafe { CStr::from_ptr(c7.kernel_variant) }.to_str(), Ok(""));
+        let api7 = EventDescr { user_tag: 7, ..EventDescr::new(ty::COLL_API, PluginHandle { id: 0 }, 0) };
+        // SAFETY: the collApi member was written.
+        assert_eq!(unsafe { descr_v7(&api7).unwrap().u.coll_api.user_tag }, 7);
+        let p2p_api = EventDescr::new(ty::P2P_API, PluginHandle { id: 0 }, 0);
+        // SAFETY: the p2pApi member was written.
+        assert_eq!(unsafe { descr_v7(&p2p_api).unwrap().u.p2p_api.user_tag }, 0, "untagged");
         assert!(descr_v3(&EventDescr::new(ty::KERNEL_CH, api, 0)).is_some());
     }
 
@@ -692,5 +766,6 @@ mod tests {
         assert!(args_v4(state::PROXY_OP_SEND_POSTED, &a, true).is_none(), "deprecated in v4");
         assert_eq!(known_types(2), 0x3f);
         assert_eq!(known_types(5), ty::ALL);
+        assert_eq!(known_types(7) & (1 << 15), 0, "v7's KernelPhase is never asked for");
     }
 }

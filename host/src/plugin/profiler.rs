@@ -1,8 +1,8 @@
 //! Choosing a communicator's profiler: from `NCCL_PROFILER_PLUGIN`, or under the default
 //! names, or inside the net plugin's library. Optional, like the tuner; its `init` says which
-//! events it wants. A library may export rustccl's table (`rustccl_profiler_v2` or `_v1`) or NCCL's C
-//! tables (`ncclProfiler_v6` … `ncclProfiler_v1`, adapted by [`super::c_profiler`]); the
-//! rustccl table wins, then the newest C version.
+//! events it wants. A library may export rustccl's table (`rustccl_profiler_v3`, `_v2` or `_v1`) or
+//! NCCL's C tables (`ncclProfiler_v7` … `ncclProfiler_v1`, adapted by [`super::c_profiler`]);
+//! the newest rustccl table wins, then the newest C version.
 //!
 //! The events themselves are made by [`super::profiler_events`], from what the core tells a
 //! communicator's observer ([`crate::observe::Observer`], which [`ProfilerInstance`] is).
@@ -11,8 +11,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
 use rustccl_plugin_api::export::{self, PluginKind};
-use rustccl_plugin_api::profiler::{Profiler, ProfilerV2, ProfilerV2Client};
+use rustccl_plugin_api::profiler::{Profiler, ProfilerV3, ProfilerV3Client};
 use rustccl_plugin_api::profiler_v1::{ProfilerV1, ProfilerV1Client};
+use rustccl_plugin_api::profiler_v2::{ProfilerV2, ProfilerV2Client};
 use rustccl_plugin_api::PluginHandle;
 
 use super::library::PluginLibrary;
@@ -78,6 +79,9 @@ pub const C_ABI: &str = "NCCL C profiler ABI";
 
 /// The profiler a library exports, and the family of its table ([`RUST_ABI`] or [`C_ABI`]).
 pub fn from_library(lib: &Arc<PluginLibrary>) -> Result<(ProfilerPlugin, &'static str), String> {
+    if let Some(t) = export::find::<ProfilerV3>(&lib.lib, PluginKind::Profiler, 3)? {
+        return Ok((Plugin::loaded(Arc::new(ProfilerV3Client { table: t }), t.name.as_str(), 3, lib), RUST_ABI));
+    }
     if let Some(t) = export::find::<ProfilerV2>(&lib.lib, PluginKind::Profiler, 2)? {
         return Ok((Plugin::loaded(Arc::new(ProfilerV2Client { table: t }), t.name.as_str(), 2, lib), RUST_ABI));
     }
@@ -87,7 +91,7 @@ pub fn from_library(lib: &Arc<PluginLibrary>) -> Result<(ProfilerPlugin, &'stati
     if let Some(found) = super::c_profiler::find(lib)? {
         return Ok((found, C_ABI));
     }
-    Err("it exports no rustccl profiler (rustccl_profiler_v2, rustccl_profiler_v1) and no NCCL C profiler (ncclProfiler_v6 … v1)".into())
+    Err("it exports no rustccl profiler (rustccl_profiler_v3 … v1) and no NCCL C profiler (ncclProfiler_v7 … v1)".into())
 }
 
 /// What a profiler is told about the communicator at init.

@@ -9,9 +9,9 @@
 //! | event | where | parent |
 //! |---|---|---|
 //! | GroupApi | the calling thread's outermost group (a call outside a group is a group of one); states GroupStartApiStop (first operation) and GroupEndApiStart (group end) | none |
-//! | CollApi / P2pApi | each operation call, stopped when the call returns | GroupApi |
+//! | CollApi / P2pApi | each operation call, stopped when the call returns; `user_tag` the call's profiler tag | GroupApi |
 //! | Group | each communicator's share of a group that runs | none |
-//! | Coll / P2p | each planned task (algorithm, protocol, channels) | CollApi / P2pApi; `parent_group` = Group |
+//! | Coll / P2p | each planned task (algorithm, protocol, channels; `user_tag` its call's) | CollApi / P2pApi; `parent_group` = Group |
 //! | KernelLaunch | device work enqueued on its stream | GroupApi |
 //! | KernelCh | each channel of a Coll / P2p: started when its work starts, KernelChStop (with the stop timer) and stop when it completed | Coll / P2p |
 //! | ProxyOp | the proxy's share of one task on one network connection; a transfer without a network proxy (below) | Coll / P2p |
@@ -216,6 +216,7 @@ impl Observer for ProfilerInstance {
             datatype: RStr::from_str(nccl_type_name(op.dtype)),
             root: rank_field(op.root),
             stream: op.stream as usize,
+            user_tag: op.user_tag,
             ..EventDescr::new(event_type, PluginHandle { id: group_api }, prof.rank)
         };
         Event::start(&prof, &d, None).map(Event::span)
@@ -259,6 +260,7 @@ fn start_op(prof: &Arc<ProfilerInstance>, op: &OpDescr, plan: &OpPlan, group: &O
         datatype: RStr::from_str(nccl_type_name(op.dtype)),
         n_channels: plan.channels as i32,
         parent_group: handle_of(group.as_ref()),
+        user_tag: op.user_tag,
         ..EventDescr::new(ty::COLL, PluginHandle { id: op.parents.api }, prof.rank)
     };
     let d = if spec.p2p {

@@ -1,6 +1,8 @@
 //! [`CollConfig`]: per-call options of a collective (NCCL 2.31's `ncclCollConfig_t`), the
 //! optional last argument of [`Comm::all_reduce_with`](super::Comm::all_reduce_with) and the
-//! other `_with` operations.
+//! other `_with` operations, single or in a group ([`Group::all_reduce_with`](super::Group::all_reduce_with)
+//! ...: each call of a group with its own config, as `nccl*Config` calls between
+//! `ncclGroupStart` and `ncclGroupEnd`).
 
 use crate::coll::options::CollOptions;
 use crate::spec::Collective;
@@ -72,8 +74,8 @@ impl CollConfig {
     }
 
     /// A tag for the call's profiler events (`userProfilerTag`; values with the top bit set
-    /// are NCCL's). Kept with the operation for in-process observers: no profiler plugin
-    /// interface rustccl serves has a field for it yet.
+    /// are NCCL's): profiler plugins get it on the call's API and Coll events (NCCL's C
+    /// profiler v7, rustccl's profiler ABI v3).
     pub fn profiler_tag(mut self, tag: u64) -> CollConfig {
         self.profiler_tag = tag;
         self
@@ -99,9 +101,122 @@ mod with {
     use super::super::pending::Pending;
     use super::super::rank::{Op, Rank};
     use super::super::stream::AsStream;
-    use super::super::Comm;
+    use super::super::{Comm, Group};
     use super::CollConfig;
     use crate::spec::Collective;
+
+    /// The same calls queued in a group ([`Comm::group`]), each with its own config.
+    impl<'scope, 'env> Group<'scope, 'env> {
+        /// Queues an all-reduce with `config` ([`Comm::all_reduce_with`]).
+        ///
+        /// ```
+        /// # std::env::set_var("RUSTCCL_BACKEND", "host");
+        /// # std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+        /// # use rustccl::typed::{CollConfig, Comm, Op, Stream};
+        /// # let comm = Comm::init_all(&[0])?.remove(0);
+        /// let (mut a, mut b) = ([0i32; 2], [0i32; 2]);
+        /// comm.group(|g| {
+        ///     g.all_reduce_with(&[1, 2], &mut a, Op::Sum, &Stream::DEFAULT, &CollConfig::new().profiler_tag(1))?;
+        ///     g.all_reduce_with(&[3, 4], &mut b, Op::Sum, &Stream::DEFAULT, &CollConfig::new().algorithms("RING"))
+        /// })?;
+        /// assert_eq!((a, b), ([1, 2], [3, 4]));
+        /// # Ok::<(), rustccl::typed::Error>(())
+        /// ```
+        pub fn all_reduce_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            op: Op<T>,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::AllReduce)), |r| build::all_reduce(r, send, recv, op))
+        }
+
+        /// Queues a broadcast with `config` ([`Comm::broadcast_with`]).
+        pub fn broadcast_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            root: Rank,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::Broadcast)), |r| build::broadcast(r, send, recv, root))
+        }
+
+        /// Queues a reduce with `config` ([`Comm::reduce_with`]).
+        #[allow(clippy::too_many_arguments)]
+        pub fn reduce_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            op: Op<T>,
+            root: Rank,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::Reduce)), |r| build::reduce(r, send, recv, op, root))
+        }
+
+        /// Queues an all-gather with `config` ([`Comm::all_gather_with`]).
+        pub fn all_gather_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::AllGather)), |r| build::all_gather(r, send, recv))
+        }
+
+        /// Queues a reduce-scatter with `config` ([`Comm::reduce_scatter_with`]).
+        pub fn reduce_scatter_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            op: Op<T>,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::ReduceScatter)), |r| build::reduce_scatter(r, send, recv, op))
+        }
+
+        /// Queues an all-to-all with `config` ([`Comm::all_to_all_with`]).
+        pub fn all_to_all_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::AlltoAll)), |r| build::all_to_all(r, send, recv))
+        }
+
+        /// Queues a gather with `config` ([`Comm::gather_with`]).
+        pub fn gather_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            root: Rank,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::Gather)), |r| build::gather(r, send, recv, root))
+        }
+
+        /// Queues a scatter with `config` ([`Comm::scatter_with`]).
+        pub fn scatter_with<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized, St: AsStream + ?Sized>(
+            &self,
+            send: &'scope S,
+            recv: &'scope mut R,
+            root: Rank,
+            stream: &'scope St,
+            config: &CollConfig,
+        ) -> Result<()> {
+            self.enqueue_with(stream, T::DATA_TYPE, Some((config, Collective::Scatter)), |r| build::scatter(r, send, recv, root))
+        }
+    }
 
     impl Comm {
         /// [`Comm::all_reduce`] with `config` (`ncclAllReduceConfig`).

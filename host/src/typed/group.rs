@@ -208,12 +208,29 @@ impl<'scope, 'env> Group<'scope, 'env> {
     }
 
     fn enqueue<St: AsStream + ?Sized>(&self, stream: &'scope St, dtype: DataType, build: impl FnOnce(&mut Resolver<'scope>) -> Result<Call>) -> Result<()> {
+        self.enqueue_with(stream, dtype, None, build)
+    }
+
+    /// Queues the call `build` makes, with the options of `config` for `coll` if given (the
+    /// group's `_with` operations); a config the call cannot honour is refused before
+    /// anything is queued.
+    pub(super) fn enqueue_with<St: AsStream + ?Sized>(
+        &self,
+        stream: &'scope St,
+        dtype: DataType,
+        config: Option<(&super::CollConfig, crate::spec::Collective)>,
+        build: impl FnOnce(&mut Resolver<'scope>) -> Result<Call>,
+    ) -> Result<()> {
         let comm: &'scope Comm = self.comm;
+        let options = match config {
+            Some((c, coll)) => c.options(coll, coll.spec().name).map_err(|e| comm.refused(e))?,
+            None => Default::default(),
+        };
         let mut r = Resolver::new(&comm.raw, stream).map_err(|e| comm.refused(e))?;
         let call = build(&mut r).map_err(|e| comm.refused(e))?;
         let s = r.raw_stream();
         // A refusal here has cancelled the group already.
-        call.run(&comm.raw, dtype, s)?;
+        crate::coll::options::scoped(options, || call.run(&comm.raw, dtype, s))?;
         let mut state = self.state.borrow_mut();
         state.host.append(&mut r.holds.host);
         #[cfg(feature = "cudarc")]

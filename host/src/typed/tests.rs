@@ -283,6 +283,58 @@ fn cudarc_buffers_and_streams_are_accepted_on_cuda() {
 }
 
 #[test]
+fn a_group_of_configured_collectives_on_two_ranks_as_threads() {
+    host_env();
+    let comms = Comm::init_all(&[0, 1]).unwrap();
+    let ring = CollConfig::new().algorithms("ring").max_channels(1).profiler_tag(9);
+    let tree = CollConfig::new().algorithms("TREE").profiler_tag(5);
+    std::thread::scope(|s| {
+        for comm in comms {
+            let (ring, tree) = (&ring, &tree);
+            s.spawn(move || {
+                let me = comm.rank().get();
+                let (mut sum, mut g, mut b, mut a2a, mut rs, mut part) = ([0i64; 2], [0u32; 4], [0u8; 1], [0u32; 2], [0i32; 1], [0u32; 1]);
+                let mut red = if me == 0 { vec![0.0f32; 1] } else { vec![] };
+                let mut gathered = if me == 1 { vec![0u32; 2] } else { vec![] };
+                let root_data: &[u8] = if me == 0 { &[8] } else { &[] };
+                let scatter_src = if me == 0 { vec![40u32, 41] } else { vec![] };
+                let (ar, ag, red_in, rs_in) = ([me as i64, 1], [me, me + 10], [1.5f32], [1, 2]);
+                let (a2a_in, gather_in) = ([me * 10, me * 10 + 1], [me + 20]);
+                let (tagged, none) = (CollConfig::new().profiler_tag(1), CollConfig::new());
+                comm.group(|grp| {
+                    grp.all_reduce_with(&ar, &mut sum, Op::Sum, S, tree)?;
+                    grp.all_gather_with(&ag, &mut g, S, ring)?;
+                    grp.broadcast_with(root_data, &mut b, Rank::new(0), S, ring)?;
+                    grp.reduce_with(&red_in, &mut red, Op::Sum, Rank::new(0), S, ring)?;
+                    grp.reduce_scatter_with(&rs_in, &mut rs, Op::Sum, S, ring)?;
+                    grp.all_to_all_with(&a2a_in, &mut a2a, S, &tagged)?;
+                    grp.gather_with(&gather_in, &mut gathered, Rank::new(1), S, &none)?;
+                    grp.scatter_with(&scatter_src, &mut part, Rank::new(0), S, &none)
+                })
+                .unwrap();
+                assert_eq!((sum, g, b, a2a, rs, part), ([1, 2], [0, 10, 1, 11], [8], [me, 10 + me], [2 * (me as i32 + 1)], [40 + me]));
+                if me == 0 {
+                    assert_eq!(red, [3.0]);
+                } else {
+                    assert_eq!(gathered, [20, 21]);
+                }
+
+                // A config the call cannot honour is refused inside the group, before anything
+                // is queued; the group then ends with that error.
+                let (mut g2, mine) = ([7u32; 4], [me, me]);
+                let e = comm.group(|grp| grp.all_gather_with(&mine, &mut g2, S, tree)).unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+                assert!(e.message().contains("names no algorithm that AllGather has"), "{}", e.message());
+                assert_eq!(g2, [7; 4]);
+                // The communicator still works.
+                comm.all_reduce(&[1i64, 1], &mut sum, Op::Sum, S).unwrap().wait().unwrap();
+                assert_eq!(sum, [2, 2]);
+            });
+        }
+    });
+}
+
+#[test]
 fn every_collective_with_a_config_on_two_ranks_as_threads() {
     host_env();
     let comms = Comm::init_all(&[0, 1]).unwrap();

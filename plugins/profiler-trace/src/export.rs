@@ -1,6 +1,6 @@
 //! The plugin's exported table: the process-wide [`TraceProfiler`] ([`instance`]) exported
-//! from the `cdylib` as `rustccl_profiler_v2` (and as `rustccl_profiler_v1`, for hosts that
-//! know only v1) under the name [`PLUGIN_NAME`].
+//! from the `cdylib` as `rustccl_profiler_v3` (and as `rustccl_profiler_v2` and `_v1`, for
+//! hosts that know only those) under the name [`PLUGIN_NAME`].
 
 use rustccl_plugin_api::profiler::{Profiler, ProfilerProvider};
 
@@ -24,5 +24,6 @@ impl ProfilerProvider for Provider {
     }
 }
 
+rustccl_plugin_api::export_profiler!(v3, PLUGIN_NAME, provider = Provider);
 rustccl_plugin_api::export_profiler!(v2, PLUGIN_NAME, provider = Provider);
 rustccl_plugin_api::export_profiler!(v1, PLUGIN_NAME, provider = Provider);

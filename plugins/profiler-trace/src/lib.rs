@@ -10,7 +10,7 @@
 //!   JSON (`{"traceEvents":[...]}`, viewable in `chrome://tracing` or Perfetto).
 //! * [`TraceProfiler`], the [`rustccl_plugin_api::profiler::Profiler`] on top of one
 //!   process-wide recorder, exported from the `cdylib` (`librustccl_profiler_trace.so`) as
-//!   `rustccl_profiler_v2` (and `_v1`) under the name [`PLUGIN_NAME`]. Every communicator's events go to
+//!   `rustccl_profiler_v3` (and `_v2`, `_v1`) under the name [`PLUGIN_NAME`]. Every communicator's events go to
 //!   the same trace (each event's `args` carry `rank` and `comm`); the trace is written to
 //!   the file named by [`TRACE_FILE_ENV`] (`RUSTCCL_PROFILER_TRACE_FILE`) when the last
 //!   live communicator is finalised (again, with everything so far, if more communicators
@@ -21,6 +21,8 @@
 //!
 //! The API-level events (group API, collective / p2p API, kernel launch) are recorded too
 //! when the mask asks for them; a collective's parent is then its API event, else its group.
+//! A collective or API event of a tagged call (`EventDescr::user_tag`, the caller's
+//! `userProfilerTag`) has `userTag` in its `args`.
 //! Not yet: a bounded event buffer, and GPU timestamps for kernel-channel events.
 //!
 //! # Output format
@@ -50,7 +52,7 @@
 //!   and the output file ([`TRACE_FILE_ENV`], [`trace_file_from`]);
 //! * [`profiler`]: [`TraceProfiler`], the plugin interface on top of one recorder (event mask,
 //!   per-communicator contexts, writing the trace at the last finalize);
-//! * [`export`]: the plugin's exported tables (`rustccl_profiler_v2`, `_v1`) and its [`instance`].
+//! * [`export`]: the plugin's exported tables (`rustccl_profiler_v3`, `_v2`, `_v1`) and its [`instance`].
 
 pub mod chrome_trace;
 pub mod event;

@@ -130,6 +130,10 @@ impl TraceProfiler {
             EventKind::Group | EventKind::ProxyCtrl | EventKind::KernelLaunch => vec![],
         };
         args.extend(more.into_iter().map(|(k, v)| (k.to_string(), v)));
+        // The caller's profiler tag (rustccl profiler ABI v3, NCCL's v7 `userTag`), when set.
+        if d.user_tag != 0 {
+            args.insert("userTag".into(), d.user_tag.into());
+        }
         args
     }
 
@@ -287,6 +291,27 @@ mod tests {
             .unwrap_err()
             .contains("NCCL_PROFILE_EVENT_MASK=all"));
         assert_eq!(DEFAULT_EVENT_MASK, 0b1111);
+    }
+
+    #[test]
+    fn a_tagged_call_carries_its_tag_in_the_trace() {
+        use abi_stable::std_types::RStr;
+        let p = TraceProfiler::new();
+        let (ctx, _) = p.init(0x43, "tags", 1, 2, 0, LogFn { log: quiet }).unwrap();
+        let coll = |user_tag| EventDescr {
+            func: RStr::from_str("AllReduce"),
+            count: 8,
+            user_tag,
+            ..EventDescr::new(event_type::COLL, PluginHandle { id: 0 }, 0)
+        };
+        let tagged = p.start_event(ctx, &coll(42)).unwrap();
+        let plain = p.start_event(ctx, &coll(0)).unwrap();
+        for h in [tagged, plain] {
+            p.stop_event(h).unwrap();
+        }
+        let (_, spans) = parse(p.recorder());
+        assert_eq!(spans[&tagged.id]["args"]["userTag"], 42);
+        assert!(spans[&plain.id]["args"].get("userTag").is_none(), "untagged: no userTag");
     }
 
     #[test]

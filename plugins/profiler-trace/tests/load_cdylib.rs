@@ -1,4 +1,4 @@
-//! Loads this package's own `cdylib` with libloading, finds `rustccl_profiler_v2` with
+//! Loads this package's own `cdylib` with libloading, finds `rustccl_profiler_v3` with
 //! `rustccl_plugin_api::export::find` as rustccl will, and drives it through the stable ABI
 //! for two communicators; the trace file appears when the last one is finalised.
 //!
@@ -8,8 +8,9 @@ use std::path::PathBuf;
 
 use abi_stable::std_types::RStr;
 use rustccl_plugin_api::export::{find, PluginKind};
-use rustccl_plugin_api::profiler::{event_type, state, EventDescr, Profiler, ProfilerV2, ProfilerV2Client, StateArgs};
+use rustccl_plugin_api::profiler::{event_type, state, EventDescr, Profiler, ProfilerV3, ProfilerV3Client, StateArgs};
 use rustccl_plugin_api::profiler_v1::ProfilerV1;
+use rustccl_plugin_api::profiler_v2::ProfilerV2;
 use rustccl_plugin_api::tuner::TunerV2;
 use rustccl_plugin_api::{LogFn, PluginHandle};
 use serde_json::Value;
@@ -45,10 +46,11 @@ fn dlopen_round_trip_writes_trace_at_last_finalize() {
     // SAFETY: loading our own plugin; its initialisers have no requirements.
     let lib: &'static libloading::Library =
         Box::leak(Box::new(unsafe { libloading::Library::new(cdylib_path()) }.unwrap()));
-    let table = find::<ProfilerV2>(lib, PluginKind::Profiler, 2).unwrap().expect("rustccl_profiler_v2");
-    assert!(find::<ProfilerV1>(lib, PluginKind::Profiler, 1).unwrap().is_some(), "also exported as v1 for older hosts");
+    let table = find::<ProfilerV3>(lib, PluginKind::Profiler, 3).unwrap().expect("rustccl_profiler_v3");
+    assert!(find::<ProfilerV2>(lib, PluginKind::Profiler, 2).unwrap().is_some(), "also exported as v2 for older hosts");
+    assert!(find::<ProfilerV1>(lib, PluginKind::Profiler, 1).unwrap().is_some(), "and as v1");
     assert!(find::<TunerV2>(lib, PluginKind::Tuner, 2).unwrap().is_none());
-    let p = ProfilerV2Client { table };
+    let p = ProfilerV3Client { table };
     assert_eq!(p.name(), "trace");
 
     let (ctx0, mask) = p.init(0x10, "world", 1, 2, 0, LOG).unwrap();
@@ -69,6 +71,7 @@ fn dlopen_round_trip_writes_trace_at_last_finalize() {
                 datatype: RStr::from_str("ncclFloat32"),
                 algo: RStr::from_str("RING"),
                 proto: RStr::from_str("SIMPLE"),
+                user_tag: 42,
                 ..EventDescr::new(event_type::COLL, group, 0)
             },
         )
@@ -113,6 +116,8 @@ fn dlopen_round_trip_writes_trace_at_last_finalize() {
     assert_eq!(span(coll)["name"], "AllReduce");
     assert_eq!(span(coll)["args"]["comm"], "world");
     assert_eq!(span(coll)["args"]["parent"].as_u64(), Some(group.id));
+    assert_eq!(span(coll)["args"]["userTag"], 42, "the caller's tag crosses the v3 table");
+    assert!(span(op)["args"].get("userTag").is_none(), "untagged events have none");
     assert_eq!(span(op)["args"]["parent"].as_u64(), Some(coll.id));
     assert_eq!(span(recv)["name"], "Recv");
     assert_eq!(span(recv)["args"]["rank"], 1);

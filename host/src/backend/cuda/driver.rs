@@ -56,6 +56,7 @@ const SYMBOLS: &[&str] = &[
     "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventRecordWithFlags",
     "cuEventQuery",
     "cuEventSynchronize",
     "cuEventDestroy_v2",

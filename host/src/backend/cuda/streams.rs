@@ -128,6 +128,23 @@ impl Streams for CudaBackend {
         check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
     }
 
+    fn record_foreign_event(&self, event: Event, stream: Stream) -> Result<()> {
+        let place = self.place(stream, None)?;
+        let capturing = self.is_capturing(stream)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        let e = event.0 as usize as sys::CUevent;
+        if capturing {
+            // A plain record under capture only orders the capture and is not replayed; an
+            // external record is a graph node that records the event at each replay.
+            let external = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+            // SAFETY: the caller's live event (the driver reports a bad one) and a stream of
+            // the current context.
+            return check(unsafe { sys::cuEventRecordWithFlags(e, raw_stream(stream), external) }, "cuEventRecordWithFlags");
+        }
+        // SAFETY: as above.
+        check(unsafe { sys::cuEventRecord(e, raw_stream(stream)) }, "cuEventRecord")
+    }
+
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
         let device = self.event_device(event, "stream_wait_event")?;
         let place = self.place(stream, Some(device))?;

@@ -1,4 +1,4 @@
-//! The layouts of NCCL's C profiler tables, descriptors and state arguments, v1 … v6
+//! The layouts of NCCL's C profiler tables, descriptors and state arguments, v1 … v7
 //! (`src/include/plugin/profiler/profiler_vN.h`), as the adapter in [`super`] fills them.
 
 use std::ffi::{c_char, c_int, c_void};
@@ -256,7 +256,42 @@ pub(super) struct KernelLaunchD {
     pub(super) stream: *mut c_void,
 }
 
-/// Room for the largest member of any version's union (v6's CE collective is 96 bytes), so
+/// v7's CollApi: v5's, then the caller's profiler tag (0: untagged).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct CollApiV7 {
+    pub(super) v5: CollApiD,
+    pub(super) user_tag: u64,
+}
+
+/// v7's P2pApi: v5's, then the tag.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct P2pApiV7 {
+    pub(super) v5: P2pApiD,
+    pub(super) user_tag: u64,
+}
+
+/// v7's Coll: v5's, then the kernel variant's name, whether it ran as a symmetric
+/// collective, and the tag.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct CollV7 {
+    pub(super) v5: CollV5,
+    pub(super) kernel_variant: *const c_char,
+    pub(super) is_sym_coll: bool,
+    pub(super) user_tag: u64,
+}
+
+/// v7's P2p: v5's, then the tag.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct P2pV7 {
+    pub(super) v5: P2pV5,
+    pub(super) user_tag: u64,
+}
+
+/// Room for the largest member of any version's union (v7's collective is 112 bytes), so
 /// that every descriptor is at least as large as NCCL's.
 pub(super) type UnionRoom = [u64; 16];
 
@@ -322,11 +357,30 @@ pub(super) union UnionV5 {
     pub(super) _room: UnionRoom,
 }
 
+/// v7: v6's members, the tag on the API, Coll and P2p members (and on the copy-engine
+/// collective, which the core never sends, nor v7's KernelPhase sub-event).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) union UnionV7 {
+    pub(super) group_api: GroupApiD,
+    pub(super) coll_api: CollApiV7,
+    pub(super) p2p_api: P2pApiV7,
+    pub(super) kernel_launch: KernelLaunchD,
+    pub(super) coll: CollV7,
+    pub(super) p2p: P2pV7,
+    pub(super) proxy_op: ProxyOpD,
+    pub(super) proxy_step: ProxyStepD,
+    pub(super) kernel_ch: KernelChV4,
+    pub(super) net_plugin: NetPluginD,
+    pub(super) _room: UnionRoom,
+}
+
 pub(super) type DescrV1 = Descr<u8, UnionV1>;
 pub(super) type DescrV2 = Descr<u8, UnionV2>;
 pub(super) type DescrV3 = Descr<u8, UnionV3>;
 pub(super) type DescrV4 = Descr<u8, UnionV4>;
 pub(super) type DescrV5 = Descr<u64, UnionV5>;
+pub(super) type DescrV7 = Descr<u64, UnionV7>;
 
 // ---------------------------------------------------------------------------------------
 // State arguments.
@@ -346,7 +400,7 @@ pub(super) union ArgsV1 {
     pub(super) appended_proxy_ops: c_int,
 }
 
-/// v4 … v6: `proxyStep.transSize`, `proxyCtrl.appendedProxyOps`, `netPlugin.data`,
+/// v4 … v7: `proxyStep.transSize`, `proxyCtrl.appendedProxyOps`, `netPlugin.data`,
 /// `kernelCh.pTimer`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -364,4 +418,7 @@ pub(super) type ProfilerV4 = Table<InitV4, DescrV4, ArgsV4>;
 pub(super) type ProfilerV5 = Table<InitV5, DescrV5, ArgsV4>;
 /// v6 differs from v5 only in the union's copy-engine members.
 pub(super) type ProfilerV6 = Table<InitV5, DescrV5, ArgsV4>;
+/// v7: the tags, and the Coll's kernel variant and symmetric flag, in the descriptor; its
+/// state arguments name KernelPhase's stop timer too, in the same member as KernelCh's.
+pub(super) type ProfilerV7 = Table<InitV5, DescrV7, ArgsV4>;
 
