@@ -90,6 +90,10 @@ typedef enum {
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
 /* 2.29: orders GIN's network writes into the window; accepted without effect (no GIN). */
 #define NCCL_WIN_STRICT_ORDERING 0x02
+/* 2.32: register the window for GIN only; 2.31: register it for CFT's counted logical
+ * endpoints. Accepted without effect (no GIN, no CFT): the window is an ordinary one. */
+#define NCCL_WIN_GIN_ONLY 0x04
+#define NCCL_WIN_CFT_COUNTED 0x08
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -100,9 +104,29 @@ typedef enum {
 #define NCCL_SHRINK_ABORT 0x01
 #define NCCL_REVOKE_DEFAULT 0x00
 
-/* NCCL 2.30.7's layout. Fields are only ever appended: a caller built against an older
- * header passes a smaller size, and the fields it lacks keep their defaults. */
-typedef struct ncclConfig_v23000 {
+/* ncclConfig_t.hostCftMode (2.31): host-side CFT (Compute Fabric Transport) logical endpoints.
+ * Accepted; rustccl drives no CFT hardware, so every mode behaves as NCCL's on a GPU without
+ * CFT support (the CFT queries below are refused). */
+typedef enum {
+  ncclHostCftDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclHostCftEnable = 1,
+  ncclHostCftDisable = 2,
+  ncclHostCftFallback = 3
+} ncclHostCftMode_t;
+
+/* ncclConfig_t.nvlsHostMode (2.32): which host NVLS (NVLink SHARP) components a communicator
+ * may use, a bitmask. Accepted without effect: rustccl has no NVLS. */
+typedef enum {
+  ncclNvlsHostModeDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclNvlsHostModeEnable = 0,
+  ncclNvlsHostModeDisableTransport = 1 << 0,
+  ncclNvlsHostModeDisableSymmetricMultimem = 1 << 1,
+  ncclNvlsHostModeDisable = INT_MAX
+} ncclNvlsHostMode_t;
+
+/* NCCL 2.32.3's layout (ncclConfig_v23100). Fields are only ever appended: a caller built
+ * against an older header passes a smaller size, and the fields it lacks keep their defaults. */
+typedef struct ncclConfig_v23100 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -130,6 +154,20 @@ typedef struct ncclConfig_v23000 {
   /* 2.30.7: 1 (default) keeps capture-time ordering of communication kernels, 0 leaves it
    * to the caller and needs graphUsageMode 0 or 1. */
   int graphStreamOrdering;
+  /* 2.31: 1 lets this communicator's kernels overlap other such communicators' (implicit
+   * launch order); 0 or unset keeps the usual ordering. Accepted (rustccl orders its launches
+   * per communicator either way); NCCL_LAUNCH_ORDER_IMPLICIT overrides it. */
+  int launchOrderImplicit;
+  /* 2.31: signal indexes per one-sided context (sigIdx < numRmaSig; default 1). Accepted;
+   * rustccl's one-sided calls take sigIdx 0. */
+  int numRmaSig;
+  /* 2.31: 1 sets up one-sided signals at init instead of at the first window registration.
+   * Accepted; NCCL_RMA_EAGER_INIT overrides it. */
+  int rmaEagerInit;
+  /* 2.31: an ncclHostCftMode_t. */
+  int hostCftMode;
+  /* 2.32: an ncclNvlsHostMode_t bitmask. */
+  int nvlsHostMode;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER {                                           \
@@ -141,7 +179,9 @@ typedef struct ncclConfig_v23000 {
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,      \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
-  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT       \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                              \
 }
 
 typedef struct ncclSimInfo_v22200 {
@@ -226,6 +266,9 @@ typedef struct ncclCollConfig_v23200 {
   NCCL_CONFIG_UNDEF_PTR     /* launchCompletionEvent */                      \
 }
 
+/* Sizes ncclRedOp_t as NCCL's header does (ncclMaxRedOp is the largest value of an enum of
+ * this size: 0x7fffffff where enums are 4 bytes). */
+typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
 typedef enum {
   ncclSum = 0,
   ncclProd = 1,
@@ -233,7 +276,7 @@ typedef enum {
   ncclMin = 3,
   ncclAvg = 4,
   ncclNumOps = 5,
-  ncclMaxRedOp = 0x7fffffff
+  ncclMaxRedOp = 0x7fffffff >> (32 - 8 * sizeof(ncclRedOp_dummy_t))
 } ncclRedOp_t;
 
 typedef enum {
@@ -291,6 +334,18 @@ typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
 typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
 typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
 typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
+
+/* CFT (Compute Fabric Transport, 2.31/2.32): CUDA logical endpoints (CUDA 13.3 and GPUs with
+ * logical-endpoint support), which rustccl does not drive. The calls below answer as NCCL's do
+ * on a GPU without CFT support: one-rank CFT teams, and the logical-endpoint queries refused
+ * with ncclInvalidArgument (the message in ncclGetLastError says why). */
+typedef uint32_t ncclCftLeId;
+typedef enum {
+  NCCL_CFT_TEAM_FLAT = 0,
+  NCCL_CFT_TEAM_HIER_MULTIMEM = 1,
+  NCCL_CFT_TEAM_HIER_LSA = 2
+} ncclCftTeamMode_t;
+typedef struct ncclCftBarrierHandle { uint32_t bufHandle; int nBarriers; } ncclCftBarrierHandle_t;
 
 /* NCCL 2.32: encryption of the library's TCP traffic (bootstrap, socket transport) with a
  * pre-shared key of at least 32 bytes; process-global, set before ncclGetUniqueId. Every rank
@@ -421,6 +476,17 @@ NCCL_DECLARE(ncclResult_t, ncclLsaBarrierCreateRequirement, ncclTeam_t team, int
 NCCL_DECLARE(ncclResult_t, ncclGinBarrierCreateRequirement, ncclComm_t comm, ncclTeam_t team, int nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq);
 NCCL_DECLARE(ncclResult_t, ncclLLA2ACreateRequirement, int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle, ncclDevResourceRequirements_t* outReq);
 NCCL_DECLARE(int, ncclLLA2ACalcSlots, int maxElts, int maxEltSize);
+/* CFT (see ncclCftLeId above). Teams: {1 rank, rank 0, stride 1} (NCCL_CFT_TEAM_HIER_LSA: that
+ * team's outer factor by the LSA team, as NCCL computes it); {0, 0, 0} for a bad communicator
+ * or mode. The logical-endpoint queries check their pointers and the window, then return
+ * ncclInvalidArgument (no CFT). The barrier requirement is computed as NCCL's (memory only);
+ * a CFT barrier itself needs a CFT device communicator. */
+NCCL_DECLARE(ncclTeam_t, ncclTeamCft, ncclComm_t comm, ncclCftTeamMode_t mode);
+NCCL_DECLARE(ncclTeam_t, ncclTeamCftMultimem, ncclComm_t comm);
+NCCL_DECLARE(ncclResult_t, ncclGetMultimemDeviceLeInfo, ncclWindow_t window, size_t offset, ncclCftLeId* leId, size_t* leOffset);
+NCCL_DECLARE(ncclResult_t, ncclGetCftDeviceLeInfo, ncclWindow_t window, size_t offset, int peerCft, ncclTeam_t cftTeam, ncclCftLeId* leId, size_t* leOffset);
+NCCL_DECLARE(ncclResult_t, ncclGetPeerDeviceLeInfo, ncclWindow_t window, size_t offset, int peerWorld, ncclCftLeId* leId, size_t* leOffset);
+NCCL_DECLARE(ncclResult_t, ncclCftBarrierCreateRequirement, ncclTeam_t team, int nBarriers, ncclCftBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq);
 
 #undef NCCL_DECLARE
 

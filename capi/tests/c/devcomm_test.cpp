@@ -199,7 +199,7 @@ int main(void) {
     CHECK(strict != NULL, "strict-ordering window");
     OK(ncclCommWindowDeregister(comm, strict));
     ncclWindow_t unknown = NULL;
-    INVALID(ncclCommWindowRegister(comm, mem, 4096, &unknown, 4));
+    INVALID(ncclCommWindowRegister(comm, mem, 4096, &unknown, 0x10)); /* 4 and 8 are 2.31/2.32's flags */
     OK(ncclMemFree(mem));
   }
 
