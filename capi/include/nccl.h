@@ -1,42 +1,46 @@
 /*
- * nccl.h for rustccl's libnccl.so.2: the C interface of NCCL 2.30.7, written by the rustccl
+ * nccl.h for rustccl's libnccl.so.2: the C interface of NCCL 2.32.3, written by the rustccl
  * project from the facts of that ABI (types, values, signatures, struct layouts). Programs
- * built against NVIDIA's nccl.h up to 2.30 run on rustccl; programs built against this header
- * run on either library.
+ * built against NVIDIA's nccl.h up to 2.32.3 run on rustccl (structs from older headers are
+ * read by their size); programs built against this header run on either library.
  *
- * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.28.9 (22809), the NCCL release whose API
- * rustccl implements. Of what 2.27 and 2.28 added, these work on the host backend and on GPUs
- * of one host: symmetric memory windows (ncclCommWindowRegister/Deregister, 2.27), the device
- * API's LSA subset (nccl_device.h: ncclDevCommCreate/Destroy, ncclLsaBarrierCreateRequirement,
- * teams, window and resource pointers, LSA barriers), ncclCommShrink, ncclCommRevoke and
- * ncclAlltoAll/Gather/Scatter. ncclMemAlloc makes memory windows can be made of; it is never
- * multicast memory, as NCCL's is not.
+ * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.32.3 (23203): every call of 2.32.3's
+ * nccl.h, and every host call of the device API (nccl_device.h), works on the hardware rustccl
+ * drives (the host backend, and GPUs of one host), or is refused as NCCL refuses it where the
+ * hardware it needs is missing, with a message in ncclGetLastError naming that hardware.
  *
- * What 2.28 offers only on hardware rustccl does not drive is refused as NCCL refuses it where
- * that hardware is missing, with a message in ncclGetLastError naming it:
+ * Refused, because rustccl drives no such hardware:
  *   - multimem (NVLink SHARP multicast, NVLS): ncclDevCommCreate with lsaMultimem or a team
  *     requirement's multimem set returns ncclInvalidArgument (no multicast object is made);
+ *     ncclGetLsaMultimemDevicePointer and ncclGetMultimemDevicePointer give NULL, as NCCL's do
+ *     without multimem; nvlsHostMode (2.32) is accepted and changes nothing.
  *   - GIN (GPU-initiated networking): ncclDevCommCreate with ginForceEnable, ginSignalCount,
  *     ginCounterCount, ginConnectionType, GIN barriers (railGinBarrierCount,
  *     worldGinBarrierCount, or barrierCount where the LSA team is not every rank) or a resource
  *     requirement with GIN signals or counters, and ncclGinBarrierCreateRequirement, return
- *     ncclInvalidUsage.
+ *     ncclInvalidUsage; NCCL_WIN_STRICT_ORDERING and NCCL_WIN_GIN_ONLY are accepted without
+ *     effect.
+ *   - CFT (Compute Fabric Transport: CUDA logical endpoints, 2.31): ncclGetMultimemDeviceLeInfo,
+ *     ncclGetCftDeviceLeInfo and ncclGetPeerDeviceLeInfo return ncclInvalidArgument after their
+ *     argument checks, and so does ncclDevCommCreate with cftCaps or cftBarrierCount (of a 2.31+
+ *     ncclDevCommRequirements_t); ncclTeamCft and ncclTeamCftMultimem give the one-rank teams
+ *     NCCL gives without CFT; hostCftMode and NCCL_WIN_CFT_COUNTED are accepted without effect.
  * ncclCommQueryProperties (2.29) says so beforehand: multimemSupport false, ginType
- * NCCL_GIN_TYPE_NONE. The device API's LL all-to-all sessions are not in rustccl's
- * nccl_device.h: ncclLLA2ACreateRequirement returns ncclInvalidUsage (ncclLLA2ACalcSlots
- * computes as NCCL's; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them).
+ * NCCL_GIN_TYPE_NONE (its 2.31/2.32 fields, past rustccl's nccl_device.h layout, are left as
+ * the caller initialized them).
  *
- * Newer calls exist too and work: ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume,
- * ncclCommMemStats, ncclWinGetUserPtr, ncclGetLsaDevicePointer, ncclGetPeerDevicePointer,
- * ncclCommQueryProperties (2.29), the ncclParam* API and ncclTimeout (2.30), and the 2.30.7
- * ncclConfig_t fields; ncclGetLsaMultimemDevicePointer and ncclGetMultimemDevicePointer (2.29)
- * give NULL, as NCCL's do without multimem. The one-sided ncclPutSignal/ncclSignal/
- * ncclWaitSignal (2.29) work on the host backend between the ranks of one host (sigIdx, ctx
- * and flags 0, as NCCL; outside groups); GPU backends return ncclInvalidUsage for them (not
- * yet on GPUs).
+ * Not yet everywhere: the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29) work on the
+ * host backend between the ranks of one host (sigIdx, ctx and flags 0; outside groups); GPU
+ * backends return ncclInvalidUsage for them ("not yet on GPUs"). The device API's LL all-to-all
+ * is not in rustccl's nccl_device.h: ncclLLA2ACreateRequirement returns ncclInvalidUsage
+ * (ncclLLA2ACalcSlots computes as NCCL's). ncclCollConfig_t's launchCompletionEvent is refused
+ * on the host backend (its operations have completed when their call returns).
  *
- * From 2.31 / 2.32: the per-collective config calls (ncclAllReduceConfig ... ncclScatterConfig,
- * with ncclCollConfig_t below) work; what rustccl honours of the config is said beside it.
+ * Everything else works: communicators (init, split, shrink, grow, revoke, suspend/resume,
+ * memory statistics), the collectives and their per-call *Config forms (2.31), send/recv,
+ * groups, windows (2.27) and the device API's LSA subset (2.28), ncclSetEncryption (2.32),
+ * the ncclParam* API (2.30), and ncclConfig_t's fields up to 2.32's (those rustccl does not act
+ * on are said once at INFO).
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -50,10 +54,10 @@ extern "C" {
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 32
+#define NCCL_PATCH 3
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23203
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
 /* The CUDA runtime's stream; rustccl's host backend ignores it (NULL is fine). */

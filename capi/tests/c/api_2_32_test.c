@@ -60,6 +60,18 @@ static void test_exports(void) {
   CHECK(missing == 0, "%d of NCCL 2.32.3's functions missing", missing);
 }
 
+/* ncclGetVersion says the newest NCCL whose host API rustccl implements: 2.32.3. */
+static void test_version(void) {
+  int v = 0;
+  OK(ncclGetVersion(&v));
+  CHECK(v == 23203 && v == NCCL_VERSION_CODE && v == NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH) &&
+            NCCL_MAJOR == 2 && NCCL_MINOR == 32 && NCCL_PATCH == 3,
+        "ncclGetVersion %d, NCCL_VERSION_CODE %d", v, (int)NCCL_VERSION_CODE);
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  CHECK(c.version == 23203 && cc.version == 23203, "initializers' versions %u %u", c.version, cc.version);
+}
+
 static void test_layouts(void) {
   CHECK(sizeof(ncclConfig_t) == 120 && offsetof(ncclConfig_t, launchOrderImplicit) == 96 &&
             offsetof(ncclConfig_t, nvlsHostMode) == 112,
@@ -222,6 +234,7 @@ int main(void) {
   ncclUniqueId id;
   read_rank_env("NCCL_TEST_ID", &id);
   test_exports();
+  test_version();
   test_layouts();
   ncclComm_t comm = test_config(id);
   test_windows_and_cft(comm);

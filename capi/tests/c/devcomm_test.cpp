@@ -234,7 +234,7 @@ int main(void) {
   OK(ncclDevCommCreate(comm, &reqs, &dev));
 
   CHECK(dev.magic == NCCL_API_MAGIC && dev.internal != NULL && dev.abortFlag == NULL, "magic %#x", dev.magic);
-  CHECK(dev.version == 22809 && reqs.version == NCCL_VERSION_CODE, "version %u", dev.version);
+  CHECK(dev.version == 23203 && reqs.version == NCCL_VERSION_CODE, "version %u", dev.version);
   CHECK(dev.rank == rank && dev.nRanks == nranks, "rank %d nRanks %d", dev.rank, dev.nRanks);
   CHECK(dev.lsaRank == rank && dev.lsaSize == nranks, "lsaRank %d lsaSize %d", dev.lsaRank, dev.lsaSize);
   CHECK(dev.lsaBarrier.nBarriers == 2, "lsaBarrier.nBarriers %d", dev.lsaBarrier.nBarriers);
