@@ -485,7 +485,13 @@ NCCL_DECLARE(int, ncclLLA2ACalcSlots, int maxElts, int maxEltSize);
  * or mode. The logical-endpoint queries check their pointers and the window, then return
  * ncclInvalidArgument (no CFT). The barrier requirement is computed as NCCL's (memory only);
  * a CFT barrier itself needs a CFT device communicator. */
+#ifdef __cplusplus
+/* C++: the flat team by default, as NCCL's declaration. */
+ncclTeam_t ncclTeamCft(ncclComm_t comm, ncclCftTeamMode_t mode = NCCL_CFT_TEAM_FLAT);
+ncclTeam_t pncclTeamCft(ncclComm_t comm, ncclCftTeamMode_t mode = NCCL_CFT_TEAM_FLAT);
+#else
 NCCL_DECLARE(ncclTeam_t, ncclTeamCft, ncclComm_t comm, ncclCftTeamMode_t mode);
+#endif
 NCCL_DECLARE(ncclTeam_t, ncclTeamCftMultimem, ncclComm_t comm);
 NCCL_DECLARE(ncclResult_t, ncclGetMultimemDeviceLeInfo, ncclWindow_t window, size_t offset, ncclCftLeId* leId, size_t* leOffset);
 NCCL_DECLARE(ncclResult_t, ncclGetCftDeviceLeInfo, ncclWindow_t window, size_t offset, int peerCft, ncclTeam_t cftTeam, ncclCftLeId* leId, size_t* leOffset);
