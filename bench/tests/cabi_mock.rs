@@ -56,7 +56,7 @@ fn c_abi_driver_against_a_one_rank_library() {
     let se = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{so}\n{se}");
     assert!(
-        so.contains("(C ABI ") && so.contains("(ncclGetVersion 22809), host memory, NULL stream)"),
+        so.contains("(C ABI ") && so.contains("(ncclGetVersion 23203), host memory, NULL stream)"),
         "{so}"
     );
     assert!(so.contains("[host memory] NULL stream"), "{so}");

@@ -1,42 +1,48 @@
 /*
- * nccl.h for rustccl's libnccl.so.2: the C interface of NCCL 2.30.7, written by the rustccl
+ * nccl.h for rustccl's libnccl.so.2: the C interface of NCCL 2.32.3, written by the rustccl
  * project from the facts of that ABI (types, values, signatures, struct layouts). Programs
- * built against NVIDIA's nccl.h up to 2.30 run on rustccl; programs built against this header
- * run on either library.
+ * built against NVIDIA's nccl.h up to 2.32.3 run on rustccl (structs from older headers are
+ * read by their size); programs built against this header run on either library.
  *
- * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.28.9 (22809), the NCCL release whose API
- * rustccl implements. Of what 2.27 and 2.28 added, these work on the host backend and on GPUs
- * of one host: symmetric memory windows (ncclCommWindowRegister/Deregister, 2.27), the device
- * API's LSA subset (nccl_device.h: ncclDevCommCreate/Destroy, ncclLsaBarrierCreateRequirement,
- * teams, window and resource pointers, LSA barriers), ncclCommShrink, ncclCommRevoke and
- * ncclAlltoAll/Gather/Scatter. ncclMemAlloc makes memory windows can be made of; it is never
- * multicast memory, as NCCL's is not.
+ * Version. ncclGetVersion and NCCL_VERSION_CODE say 2.32.3 (23203): every call of 2.32.3's
+ * nccl.h, and every host call of the device API (nccl_device.h), works on the hardware rustccl
+ * drives (the host backend, and GPUs of one host), or is refused as NCCL refuses it where the
+ * hardware it needs is missing, with a message in ncclGetLastError naming that hardware.
  *
- * What 2.28 offers only on hardware rustccl does not drive is refused as NCCL refuses it where
- * that hardware is missing, with a message in ncclGetLastError naming it:
+ * Refused, because rustccl drives no such hardware:
  *   - multimem (NVLink SHARP multicast, NVLS): ncclDevCommCreate with lsaMultimem or a team
  *     requirement's multimem set returns ncclInvalidArgument (no multicast object is made);
+ *     ncclGetLsaMultimemDevicePointer and ncclGetMultimemDevicePointer give NULL, as NCCL's do
+ *     without multimem; nvlsHostMode (2.32) is accepted and changes nothing.
  *   - GIN (GPU-initiated networking): ncclDevCommCreate with ginForceEnable, ginSignalCount,
  *     ginCounterCount, ginConnectionType, GIN barriers (railGinBarrierCount,
  *     worldGinBarrierCount, or barrierCount where the LSA team is not every rank) or a resource
  *     requirement with GIN signals or counters, and ncclGinBarrierCreateRequirement, return
- *     ncclInvalidUsage.
+ *     ncclInvalidUsage; NCCL_WIN_STRICT_ORDERING and NCCL_WIN_GIN_ONLY are accepted without
+ *     effect.
+ *   - CFT (Compute Fabric Transport: CUDA logical endpoints, 2.31): ncclGetMultimemDeviceLeInfo,
+ *     ncclGetCftDeviceLeInfo and ncclGetPeerDeviceLeInfo return ncclInvalidArgument after their
+ *     argument checks, and so does ncclDevCommCreate with cftCaps or cftBarrierCount (of a 2.31+
+ *     ncclDevCommRequirements_t); ncclTeamCft and ncclTeamCftMultimem give the one-rank teams
+ *     NCCL gives without CFT; hostCftMode and NCCL_WIN_CFT_COUNTED are accepted without effect.
  * ncclCommQueryProperties (2.29) says so beforehand: multimemSupport false, ginType
- * NCCL_GIN_TYPE_NONE. The device API's LL all-to-all (2.30: ncclLLA2ACalcSlots,
+ * NCCL_GIN_TYPE_NONE (its 2.31/2.32 fields, past rustccl's nccl_device.h layout, are left as
+ * the caller initialized them). The device API's LL all-to-all (2.30: ncclLLA2ACalcSlots,
  * ncclLLA2ACreateRequirement, nccl_device.h's ncclLLA2ASession) works over the LSA team, with
  * no multimem bcast; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them.
  *
- * Newer calls exist too and work: ncclCommGrow and ncclCommGetUniqueId, ncclCommSuspend/Resume,
- * ncclCommMemStats, ncclWinGetUserPtr, ncclGetLsaDevicePointer, ncclGetPeerDevicePointer,
- * ncclCommQueryProperties (2.29), the ncclParam* API and ncclTimeout (2.30), and the 2.30.7
- * ncclConfig_t fields; ncclGetLsaMultimemDevicePointer and ncclGetMultimemDevicePointer (2.29)
- * give NULL, as NCCL's do without multimem. The one-sided ncclPutSignal/ncclSignal/
- * ncclWaitSignal (2.29) work on the host backend between the ranks of one host (sigIdx, ctx
- * and flags 0, as NCCL; outside groups); GPU backends return ncclInvalidUsage for them (not
- * yet on GPUs).
+ * Not yet everywhere: the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29) work on the
+ * host backend between the ranks of one host (sigIdx, ctx and flags 0; outside groups); GPU
+ * backends return ncclInvalidUsage for them ("not yet on GPUs"). The device API's LL all-to-all
+ * is not in rustccl's nccl_device.h: ncclLLA2ACreateRequirement returns ncclInvalidUsage
+ * (ncclLLA2ACalcSlots computes as NCCL's). ncclCollConfig_t's launchCompletionEvent is refused
+ * on the host backend (its operations have completed when their call returns).
  *
- * From 2.31 / 2.32: the per-collective config calls (ncclAllReduceConfig ... ncclScatterConfig,
- * with ncclCollConfig_t below) work; what rustccl honours of the config is said beside it.
+ * Everything else works: communicators (init, split, shrink, grow, revoke, suspend/resume,
+ * memory statistics), the collectives and their per-call *Config forms (2.31), send/recv,
+ * groups, windows (2.27) and the device API's LSA subset (2.28), ncclSetEncryption (2.32),
+ * the ncclParam* API (2.30), and ncclConfig_t's fields up to 2.32's (those rustccl does not act
+ * on are said once at INFO).
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -50,10 +56,10 @@ extern "C" {
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 32
+#define NCCL_PATCH 3
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23203
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
 /* The CUDA runtime's stream; rustccl's host backend ignores it (NULL is fine). */
@@ -90,6 +96,10 @@ typedef enum {
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
 /* 2.29: orders GIN's network writes into the window; accepted without effect (no GIN). */
 #define NCCL_WIN_STRICT_ORDERING 0x02
+/* 2.32: register the window for GIN only; 2.31: register it for CFT's counted logical
+ * endpoints. Accepted without effect (no GIN, no CFT): the window is an ordinary one. */
+#define NCCL_WIN_GIN_ONLY 0x04
+#define NCCL_WIN_CFT_COUNTED 0x08
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -100,9 +110,29 @@ typedef enum {
 #define NCCL_SHRINK_ABORT 0x01
 #define NCCL_REVOKE_DEFAULT 0x00
 
-/* NCCL 2.30.7's layout. Fields are only ever appended: a caller built against an older
- * header passes a smaller size, and the fields it lacks keep their defaults. */
-typedef struct ncclConfig_v23000 {
+/* ncclConfig_t.hostCftMode (2.31): host-side CFT (Compute Fabric Transport) logical endpoints.
+ * Accepted; rustccl drives no CFT hardware, so every mode behaves as NCCL's on a GPU without
+ * CFT support (the CFT queries below are refused). */
+typedef enum {
+  ncclHostCftDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclHostCftEnable = 1,
+  ncclHostCftDisable = 2,
+  ncclHostCftFallback = 3
+} ncclHostCftMode_t;
+
+/* ncclConfig_t.nvlsHostMode (2.32): which host NVLS (NVLink SHARP) components a communicator
+ * may use, a bitmask. Accepted without effect: rustccl has no NVLS. */
+typedef enum {
+  ncclNvlsHostModeDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclNvlsHostModeEnable = 0,
+  ncclNvlsHostModeDisableTransport = 1 << 0,
+  ncclNvlsHostModeDisableSymmetricMultimem = 1 << 1,
+  ncclNvlsHostModeDisable = INT_MAX
+} ncclNvlsHostMode_t;
+
+/* NCCL 2.32.3's layout (ncclConfig_v23100). Fields are only ever appended: a caller built
+ * against an older header passes a smaller size, and the fields it lacks keep their defaults. */
+typedef struct ncclConfig_v23100 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -130,6 +160,20 @@ typedef struct ncclConfig_v23000 {
   /* 2.30.7: 1 (default) keeps capture-time ordering of communication kernels, 0 leaves it
    * to the caller and needs graphUsageMode 0 or 1. */
   int graphStreamOrdering;
+  /* 2.31: 1 lets this communicator's kernels overlap other such communicators' (implicit
+   * launch order); 0 or unset keeps the usual ordering. Accepted (rustccl orders its launches
+   * per communicator either way); NCCL_LAUNCH_ORDER_IMPLICIT overrides it. */
+  int launchOrderImplicit;
+  /* 2.31: signal indexes per one-sided context (sigIdx < numRmaSig; default 1). Accepted;
+   * rustccl's one-sided calls take sigIdx 0. */
+  int numRmaSig;
+  /* 2.31: 1 sets up one-sided signals at init instead of at the first window registration.
+   * Accepted; NCCL_RMA_EAGER_INIT overrides it. */
+  int rmaEagerInit;
+  /* 2.31: an ncclHostCftMode_t. */
+  int hostCftMode;
+  /* 2.32: an ncclNvlsHostMode_t bitmask. */
+  int nvlsHostMode;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER {                                           \
@@ -141,7 +185,9 @@ typedef struct ncclConfig_v23000 {
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,      \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
-  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT       \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,      \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT                              \
 }
 
 typedef struct ncclSimInfo_v22200 {
@@ -227,6 +273,9 @@ typedef struct ncclCollConfig_v23200 {
   NCCL_CONFIG_UNDEF_PTR     /* launchCompletionEvent */                      \
 }
 
+/* Sizes ncclRedOp_t as NCCL's header does (ncclMaxRedOp is the largest value of an enum of
+ * this size: 0x7fffffff where enums are 4 bytes). */
+typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
 typedef enum {
   ncclSum = 0,
   ncclProd = 1,
@@ -234,7 +283,7 @@ typedef enum {
   ncclMin = 3,
   ncclAvg = 4,
   ncclNumOps = 5,
-  ncclMaxRedOp = 0x7fffffff
+  ncclMaxRedOp = 0x7fffffff >> (32 - 8 * sizeof(ncclRedOp_dummy_t))
 } ncclRedOp_t;
 
 typedef enum {
@@ -292,6 +341,18 @@ typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
 typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
 typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
 typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
+
+/* CFT (Compute Fabric Transport, 2.31/2.32): CUDA logical endpoints (CUDA 13.3 and GPUs with
+ * logical-endpoint support), which rustccl does not drive. The calls below answer as NCCL's do
+ * on a GPU without CFT support: one-rank CFT teams, and the logical-endpoint queries refused
+ * with ncclInvalidArgument (the message in ncclGetLastError says why). */
+typedef uint32_t ncclCftLeId;
+typedef enum {
+  NCCL_CFT_TEAM_FLAT = 0,
+  NCCL_CFT_TEAM_HIER_MULTIMEM = 1,
+  NCCL_CFT_TEAM_HIER_LSA = 2
+} ncclCftTeamMode_t;
+typedef struct ncclCftBarrierHandle { uint32_t bufHandle; int nBarriers; } ncclCftBarrierHandle_t;
 
 /* NCCL 2.32: encryption of the library's TCP traffic (bootstrap, socket transport) with a
  * pre-shared key of at least 32 bytes; process-global, set before ncclGetUniqueId. Every rank
@@ -422,6 +483,23 @@ NCCL_DECLARE(ncclResult_t, ncclLsaBarrierCreateRequirement, ncclTeam_t team, int
 NCCL_DECLARE(ncclResult_t, ncclGinBarrierCreateRequirement, ncclComm_t comm, ncclTeam_t team, int nBarriers, ncclGinBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq);
 NCCL_DECLARE(ncclResult_t, ncclLLA2ACreateRequirement, int nBlocks, int nSlots, ncclLLA2AHandle_t* outHandle, ncclDevResourceRequirements_t* outReq);
 NCCL_DECLARE(int, ncclLLA2ACalcSlots, int maxElts, int maxEltSize);
+/* CFT (see ncclCftLeId above). Teams: {1 rank, rank 0, stride 1} (NCCL_CFT_TEAM_HIER_LSA: that
+ * team's outer factor by the LSA team, as NCCL computes it); {0, 0, 0} for a bad communicator
+ * or mode. The logical-endpoint queries check their pointers and the window, then return
+ * ncclInvalidArgument (no CFT). The barrier requirement is computed as NCCL's (memory only);
+ * a CFT barrier itself needs a CFT device communicator. */
+#ifdef __cplusplus
+/* C++: the flat team by default, as NCCL's declaration. */
+ncclTeam_t ncclTeamCft(ncclComm_t comm, ncclCftTeamMode_t mode = NCCL_CFT_TEAM_FLAT);
+ncclTeam_t pncclTeamCft(ncclComm_t comm, ncclCftTeamMode_t mode = NCCL_CFT_TEAM_FLAT);
+#else
+NCCL_DECLARE(ncclTeam_t, ncclTeamCft, ncclComm_t comm, ncclCftTeamMode_t mode);
+#endif
+NCCL_DECLARE(ncclTeam_t, ncclTeamCftMultimem, ncclComm_t comm);
+NCCL_DECLARE(ncclResult_t, ncclGetMultimemDeviceLeInfo, ncclWindow_t window, size_t offset, ncclCftLeId* leId, size_t* leOffset);
+NCCL_DECLARE(ncclResult_t, ncclGetCftDeviceLeInfo, ncclWindow_t window, size_t offset, int peerCft, ncclTeam_t cftTeam, ncclCftLeId* leId, size_t* leOffset);
+NCCL_DECLARE(ncclResult_t, ncclGetPeerDeviceLeInfo, ncclWindow_t window, size_t offset, int peerWorld, ncclCftLeId* leId, size_t* leOffset);
+NCCL_DECLARE(ncclResult_t, ncclCftBarrierCreateRequirement, ncclTeam_t team, int nBarriers, ncclCftBarrierHandle_t* outHandle, ncclDevResourceRequirements_t* outReq);
 
 #undef NCCL_DECLARE
 

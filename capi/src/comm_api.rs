@@ -59,6 +59,11 @@ pub(crate) unsafe fn read_config(config: *const NcclConfig, what: &str) -> Resul
         num_rma_ctx: c.num_rma_ctx,
         max_p2p_peers: c.max_p2p_peers,
         graph_stream_ordering: c.graph_stream_ordering,
+        launch_order_implicit: c.launch_order_implicit,
+        num_rma_sig: c.num_rma_sig,
+        rma_eager_init: c.rma_eager_init,
+        host_cft_mode: c.host_cft_mode,
+        nvls_host_mode: c.nvls_host_mode,
         ..CommConfig::default()
     }))
 }

@@ -259,6 +259,34 @@ unsafe fn write_requirement(out_req: *mut DevResourceRequirements, bytes: usize,
     };
 }
 
+/// Writes a requirement for `bytes` of resource memory aligned to `align`, whose handle
+/// `ncclDevCommCreate` stores at `out_buffer_handle` (no GIN signals or counters): what the
+/// barrier requirements of other kinds (`crate::cft_api`) hand out.
+///
+/// # Safety
+/// `out_req` is non-null and points to an `ncclDevResourceRequirements_t`.
+pub(crate) unsafe fn write_memory_requirement(out_req: *mut DevResourceRequirements, bytes: usize, align: usize, out_buffer_handle: *mut u32) {
+    let req = DevResourceRequirements { buffer_size: bytes, buffer_align: align, out_buffer_handle, ..DevResourceRequirements::none() };
+    // SAFETY: the caller's contract.
+    unsafe { out_req.write(req) };
+}
+
+impl DevResourceRequirements {
+    /// All zeroes and NULLs, as NCCL's requirement calls start from.
+    fn none() -> Self {
+        DevResourceRequirements {
+            next: std::ptr::null_mut(),
+            buffer_size: 0,
+            buffer_align: 0,
+            out_buffer_handle: std::ptr::null_mut(),
+            gin_signal_count: 0,
+            gin_counter_count: 0,
+            out_gin_signal_start: std::ptr::null_mut(),
+            out_gin_counter_start: std::ptr::null_mut(),
+        }
+    }
+}
+
 /// The caller's requirements: `size` bytes of them, the initializer's values past that.
 ///
 /// # Safety
@@ -284,6 +312,8 @@ unsafe fn read_requirements(reqs: *const DevCommRequirements) -> Result<DevCommR
             r.magic
         )));
     }
+    // SAFETY: the caller's struct holds `size` bytes.
+    unsafe { crate::cft_api::refuse_cft_requirements(reqs as *const u8, size)? };
     Ok(r)
 }
 

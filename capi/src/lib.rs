@@ -1,4 +1,4 @@
-//! `libnccl.so.2`: rustccl behind NCCL 2.30.7's C ABI (see `include/nccl.h`). Every function
+//! `libnccl.so.2`: rustccl behind NCCL 2.32.3's C ABI (see `include/nccl.h`). Every function
 //! also exists with the `pnccl` prefix. Arguments are checked as NCCL checks them; a failure
 //! returns the matching `ncclResult_t`, is logged, and is kept for `ncclGetLastError`.
 //!
@@ -9,6 +9,7 @@
 //! longer says `ncclInProgress`.
 
 mod buffers;
+mod cft_api;
 mod comm_api;
 mod coll_api;
 mod coll_config;

@@ -1,4 +1,4 @@
-//! The C types of NCCL 2.30's ABI.
+//! The C types of NCCL 2.32's ABI.
 
 use std::os::raw::{c_char, c_int, c_uint};
 
@@ -11,7 +11,7 @@ pub struct NcclUniqueId {
     pub internal: [c_char; 128],
 }
 
-/// `ncclConfig_t` (`ncclConfig_v23000`; older callers pass a smaller `size`).
+/// `ncclConfig_t` (`ncclConfig_v23100`, NCCL 2.32.3's; older callers pass a smaller `size`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NcclConfig {
@@ -39,7 +39,17 @@ pub struct NcclConfig {
     pub max_p2p_peers: c_int,
     /// 2.30.7.
     pub graph_stream_ordering: c_int,
+    /// 2.31.
+    pub launch_order_implicit: c_int,
+    pub num_rma_sig: c_int,
+    pub rma_eager_init: c_int,
+    pub host_cft_mode: c_int,
+    /// 2.32.
+    pub nvls_host_mode: c_int,
 }
+
+/// NCCL 2.32.3's `sizeof(ncclConfig_t)`.
+const _: () = assert!(std::mem::size_of::<NcclConfig>() == 120);
 
 impl Default for NcclConfig {
     /// `NCCL_CONFIG_INITIALIZER`.
@@ -67,6 +77,11 @@ impl Default for NcclConfig {
             num_rma_ctx: u,
             max_p2p_peers: u,
             graph_stream_ordering: u,
+            launch_order_implicit: u,
+            num_rma_sig: u,
+            rma_eager_init: u,
+            host_cft_mode: u,
+            nvls_host_mode: u,
         }
     }
 }

@@ -60,3 +60,18 @@ fn c_program_grows_two_ranks_to_three() {
     common::expect_clean(children, Duration::from_secs(120), "api_2_30_test grow");
     let _ = std::fs::remove_file(&file);
 }
+
+/// `tests/c/api_2_32_test.c`: every function of NCCL 2.32.3's nccl.h (and the device API's host
+/// calls nccl4py 0.6 binds) exported under both names, the 2.32.3 `ncclConfig_t` and one from
+/// a 2.28 header, the 2.31/2.32 window flags, and the CFT calls refused or answered as NCCL's
+/// without CFT hardware; 1 and 2 processes.
+#[test]
+fn c_program_runs_the_2_31_and_2_32_host_api() {
+    let exe = common::build("api_2_32_test");
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    for n in [1, 2] {
+        let id = rustccl::get_unique_id().unwrap();
+        let children = common::spawn_ranks(&exe, n, &[("NCCL_TEST_ID", id.to_hex())]);
+        common::expect_clean(children, Duration::from_secs(120), &format!("api_2_32_test with {n} ranks"));
+    }
+}

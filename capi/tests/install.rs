@@ -42,9 +42,9 @@ fn an_installed_prefix_builds_and_runs_a_c_program_and_says_which_library_it_is(
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
     assert!(run.status.success(), "the program failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("built for 22809, running 22809") && stdout.contains("all_reduce ok"), "{stdout}");
+    assert!(stdout.contains("built for 23203, running 23203") && stdout.contains("all_reduce ok"), "{stdout}");
     let installed = prefix.join("lib/libnccl.so.2").display().to_string();
-    let banner = stderr.lines().find(|l| l.contains("NCCL version 2.28.9")).unwrap_or_else(|| panic!("no version line:\n{stderr}"));
+    let banner = stderr.lines().find(|l| l.contains("NCCL version 2.32.3")).unwrap_or_else(|| panic!("no version line:\n{stderr}"));
     assert!(banner.contains("rustccl ") && banner.contains(&installed), "the version line does not name {installed}: {banner}");
     let _ = std::fs::remove_dir_all(&prefix);
 }

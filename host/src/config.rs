@@ -19,7 +19,7 @@ pub const MAX_CHANNELS: i32 = 64;
 /// Largest CGA cluster size.
 pub const MAX_CGA_CLUSTER_SIZE: i32 = 8;
 
-/// `ncclConfig_t` (NCCL 2.30's `ncclConfig_v23000`), with strings as Rust strings.
+/// `ncclConfig_t` (NCCL 2.32.3's `ncclConfig_v23100`), with strings as Rust strings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommConfig {
     pub magic: u32,
@@ -46,6 +46,17 @@ pub struct CommConfig {
     pub max_p2p_peers: i32,
     /// 2.30.7: 1 keeps capture-time ordering of communication kernels, 0 leaves it to the caller.
     pub graph_stream_ordering: i32,
+    /// 2.31: 1 lets this communicator's kernels overlap other such communicators' (implicit
+    /// launch order); `NCCL_LAUNCH_ORDER_IMPLICIT` overrides it.
+    pub launch_order_implicit: i32,
+    /// 2.31: one-sided signal indexes per context (`sigIdx < numRmaSig`).
+    pub num_rma_sig: i32,
+    /// 2.31: 1 sets up one-sided signals at init; `NCCL_RMA_EAGER_INIT` overrides it.
+    pub rma_eager_init: i32,
+    /// 2.31: `ncclHostCftMode_t` (1 enable, 2 disable, 3 fallback) for CFT logical endpoints.
+    pub host_cft_mode: i32,
+    /// 2.32: `ncclNvlsHostMode_t`, a bitmask of host NVLS components to leave off.
+    pub nvls_host_mode: i32,
     /// rustccl's own (not in `ncclConfig_t`): milliseconds an operation may wait before it
     /// ends with `Timeout` on every rank; 0 = no limit (the default). The environment's
     /// `NCCL_OP_TIMEOUT_MS` applies when unset.
@@ -76,6 +87,11 @@ impl Default for CommConfig {
             num_rma_ctx: UNDEF_INT,
             max_p2p_peers: UNDEF_INT,
             graph_stream_ordering: UNDEF_INT,
+            launch_order_implicit: UNDEF_INT,
+            num_rma_sig: UNDEF_INT,
+            rma_eager_init: UNDEF_INT,
+            host_cft_mode: UNDEF_INT,
+            nvls_host_mode: UNDEF_INT,
             op_timeout_ms: UNDEF_INT,
         }
     }
@@ -110,20 +126,35 @@ pub struct ResolvedConfig {
     pub max_p2p_peers: Option<i32>,
     /// `graphStreamOrdering` (on when unset, as NCCL).
     pub graph_stream_ordering: bool,
+    /// 2.31/2.32 fields, accepted and not acted on (see `log_unused_fields`):
+    /// `launchOrderImplicit` and `rmaEagerInit` (off when unset, the environment's value
+    /// first, as NCCL), `numRmaSig`, `hostCftMode` and `nvlsHostMode` (`None` when unset).
+    pub launch_order_implicit: bool,
+    pub rma_eager_init: bool,
+    pub num_rma_sig: Option<i32>,
+    pub host_cft_mode: Option<i32>,
+    pub nvls_host_mode: Option<i32>,
 }
 
-/// Logs once per process (INFO) each field of NCCL 2.29/2.30 a caller set that rustccl accepts
-/// but does not act on: it has no one-sided operations (`numRmaCtx`), plans point-to-point
-/// without a peer cap (`maxP2pPeers`), and orders its kernels on the caller's stream whatever
-/// graphs are used (`graphUsageMode`, `graphStreamOrdering`).
+/// Logs once per process (INFO) each field of NCCL 2.29–2.32 a caller set that rustccl accepts
+/// but does not act on: its one-sided operations have one context and one signal index and set
+/// their signals up with the first symmetric window (`numRmaCtx`, `numRmaSig`, `rmaEagerInit`),
+/// it plans point-to-point without a peer cap (`maxP2pPeers`), orders its kernels on the
+/// caller's stream whatever graphs are used (`graphUsageMode`, `graphStreamOrdering`,
+/// `launchOrderImplicit`), and drives no CFT or NVLS hardware (`hostCftMode`, `nvlsHostMode`).
 fn log_unused_fields(c: &CommConfig) {
     use std::sync::atomic::{AtomicBool, Ordering};
-    static LOGGED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+    static LOGGED: [AtomicBool; 9] = [const { AtomicBool::new(false) }; 9];
     let fields = [
         ("graphUsageMode", c.graph_usage_mode, "rustccl orders its work on the caller's stream in every mode"),
         ("numRmaCtx", c.num_rma_ctx, "rustccl has no one-sided operations (ncclPutSignal and co.) yet"),
         ("maxP2pPeers", c.max_p2p_peers, "rustccl does not cap the peers of point-to-point operations"),
         ("graphStreamOrdering", c.graph_stream_ordering, "rustccl keeps capture-time ordering in every case"),
+        ("launchOrderImplicit", c.launch_order_implicit, "rustccl orders each communicator's launches itself in every case"),
+        ("numRmaSig", c.num_rma_sig, "rustccl's one-sided calls have one signal index (sigIdx 0)"),
+        ("rmaEagerInit", c.rma_eager_init, "rustccl sets one-sided signals up with the first symmetric window"),
+        ("hostCftMode", c.host_cft_mode, "rustccl drives no CFT (Compute Fabric Transport) hardware: the CFT queries are refused"),
+        ("nvlsHostMode", c.nvls_host_mode, "rustccl has no NVLS (NVLink SHARP)"),
     ];
     for (flag, (name, v, why)) in LOGGED.iter().zip(fields) {
         if v != UNDEF_INT && !flag.swap(true, Ordering::Relaxed) {
@@ -159,6 +190,25 @@ fn check_positive(name: &str, v: i32) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid_argument(format!("config.{name} = {v}: must be positive")))
+    }
+}
+
+/// The environment's flag `var` (0 or 1) when set and valid, else the caller's value: for the
+/// fields whose variable NCCL lets override the config (2.31's `launchOrderImplicit`,
+/// `rmaEagerInit`).
+fn env_first(env: &dyn EnvSource, field: &str, user: i32, var: &str) -> i32 {
+    match env.get(var).map(|v| (v.trim().parse::<i32>(), v)) {
+        Some((Ok(n @ (0 | 1)), _)) => {
+            if user != UNDEF_INT && user != n {
+                tracing::info!(target: "ENV", "{var}={n} overrides config.{field} = {user}");
+            }
+            n
+        }
+        Some((_, v)) => {
+            tracing::info!(target: "ENV", "{var}={v:?} is not 0 or 1; ignored");
+            user
+        }
+        None => user,
     }
 }
 
@@ -267,6 +317,23 @@ impl CommConfig {
         if c.num_rma_ctx != UNDEF_INT && c.num_rma_ctx < 0 {
             return Err(Error::invalid_argument(format!("config.numRmaCtx = {}: must not be negative", c.num_rma_ctx)));
         }
+        check_flag("launchOrderImplicit", c.launch_order_implicit)?;
+        check_flag("rmaEagerInit", c.rma_eager_init)?;
+        if c.num_rma_sig != UNDEF_INT && c.num_rma_sig < 1 {
+            return Err(Error::invalid_argument(format!("config.numRmaSig = {}: must be at least 1", c.num_rma_sig)));
+        }
+        if !matches!(c.host_cft_mode, UNDEF_INT | 1..=3) {
+            return Err(Error::invalid_argument(format!(
+                "config.hostCftMode = {}: must be ncclHostCftEnable (1), ncclHostCftDisable (2), ncclHostCftFallback (3) or unset",
+                c.host_cft_mode
+            )));
+        }
+        if c.nvls_host_mode != UNDEF_INT && c.nvls_host_mode < 0 {
+            return Err(Error::invalid_argument(format!(
+                "config.nvlsHostMode = {}: must be a combination of the ncclNvlsHostMode_t flags (0 or more) or unset",
+                c.nvls_host_mode
+            )));
+        }
         if !matches!(c.cta_policy, UNDEF_INT | 0 | 1 | 2) {
             return Err(Error::invalid_argument(format!(
                 "config.CTAPolicy = {}: must be NCCL_CTA_POLICY_DEFAULT, _EFFICIENCY or _ZERO",
@@ -307,6 +374,9 @@ impl CommConfig {
             (None, e) => e,
         };
         let undef_to_none = |v: i32| if v == UNDEF_INT { None } else { Some(v) };
+        // NCCL: these two variables override the caller's fields.
+        c.launch_order_implicit = env_first(env, "launchOrderImplicit", c.launch_order_implicit, "NCCL_LAUNCH_ORDER_IMPLICIT");
+        c.rma_eager_init = env_first(env, "rmaEagerInit", c.rma_eager_init, "NCCL_RMA_EAGER_INIT");
         log_unused_fields(&c);
         let op_timeout_ms = pick(env, "op_timeout_ms", c.op_timeout_ms, "NCCL_OP_TIMEOUT_MS", 0, |v| (0..=i32::MAX as i64).contains(&v));
         let op_timeout = (op_timeout_ms > 0).then(|| std::time::Duration::from_millis(op_timeout_ms as u64));
@@ -331,6 +401,11 @@ impl CommConfig {
             // NCCL: below one means every rank.
             max_p2p_peers: undef_to_none(c.max_p2p_peers).filter(|&v| v >= 1),
             graph_stream_ordering: c.graph_stream_ordering != 0,
+            launch_order_implicit: c.launch_order_implicit == 1,
+            rma_eager_init: c.rma_eager_init == 1,
+            num_rma_sig: undef_to_none(c.num_rma_sig),
+            host_cft_mode: undef_to_none(c.host_cft_mode),
+            nvls_host_mode: undef_to_none(c.nvls_host_mode),
         })
     }
 }
@@ -376,6 +451,12 @@ mod tests {
             CommConfig { graph_stream_ordering: 2, ..Default::default() },
             CommConfig { graph_stream_ordering: 0, ..Default::default() },
             CommConfig { num_rma_ctx: -1, ..Default::default() },
+            CommConfig { launch_order_implicit: 2, ..Default::default() },
+            CommConfig { rma_eager_init: -1, ..Default::default() },
+            CommConfig { num_rma_sig: 0, ..Default::default() },
+            CommConfig { host_cft_mode: 0, ..Default::default() },
+            CommConfig { host_cft_mode: 4, ..Default::default() },
+            CommConfig { nvls_host_mode: -1, ..Default::default() },
         ] {
             assert_eq!(c.resolve_with(&env(&[])).unwrap_err().code, crate::error::ResultCode::InvalidArgument, "{c:?}");
         }
@@ -421,6 +502,41 @@ mod tests {
         assert_eq!((r.graph_usage_mode, r.num_rma_ctx, r.max_p2p_peers, r.graph_stream_ordering), (1, Some(4), None, false));
         let c = CommConfig { max_p2p_peers: 3, ..Default::default() };
         assert_eq!(c.resolve_with(&env(&[])).unwrap().max_p2p_peers, Some(3));
+    }
+
+    #[test]
+    fn fields_of_2_31_and_2_32_resolve_and_their_variables_override_them() {
+        let r = CommConfig::default().resolve_with(&env(&[])).unwrap();
+        assert_eq!((r.launch_order_implicit, r.rma_eager_init), (false, false));
+        assert_eq!((r.num_rma_sig, r.host_cft_mode, r.nvls_host_mode), (None, None, None));
+        let c = CommConfig {
+            launch_order_implicit: 1,
+            rma_eager_init: 1,
+            num_rma_sig: 4,
+            host_cft_mode: 3,
+            nvls_host_mode: i32::MAX,
+            ..Default::default()
+        };
+        let r = c.resolve_with(&env(&[])).unwrap();
+        assert_eq!((r.launch_order_implicit, r.rma_eager_init), (true, true));
+        assert_eq!((r.num_rma_sig, r.host_cft_mode, r.nvls_host_mode), (Some(4), Some(3), Some(i32::MAX)));
+        // NCCL: the variables win over the fields (unlike NCCL_MIN_CTAS and co.).
+        let e = env(&[("NCCL_LAUNCH_ORDER_IMPLICIT", "0"), ("NCCL_RMA_EAGER_INIT", "0")]);
+        let r = c.resolve_with(&e).unwrap();
+        assert_eq!((r.launch_order_implicit, r.rma_eager_init), (false, false));
+        let e = env(&[("NCCL_LAUNCH_ORDER_IMPLICIT", "1"), ("NCCL_RMA_EAGER_INIT", "yes")]);
+        let r = CommConfig::default().resolve_with(&e).unwrap();
+        assert_eq!((r.launch_order_implicit, r.rma_eager_init), (true, false), "an invalid value is ignored");
+    }
+
+    #[test]
+    fn a_config_from_an_older_header_is_accepted() {
+        // A program built against 2.28.9's nccl.h: its version, and the 2.30 fields at their
+        // initializer's values (read_config leaves what a smaller struct lacks at the defaults).
+        let old = CommConfig { version: 22809, blocking: 0, min_ctas: 2, ..Default::default() };
+        let r = old.resolve_with(&env(&[])).unwrap();
+        assert!(!r.blocking);
+        assert_eq!(r.min_ctas, 2);
     }
 
     #[test]

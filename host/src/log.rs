@@ -515,7 +515,7 @@ fn replay(lines: Vec<Captured>) {
     }
 }
 
-/// NCCL's version line (`NCCL version 2.28.9 ...`), once per process, when `NCCL_DEBUG` asks
+/// NCCL's version line (`NCCL version 2.32.3 ...`), once per process, when `NCCL_DEBUG` asks
 /// for it (`VERSION` or more): the first communicator's init calls this, as NCCL does, so that
 /// a user sees which library a program loaded.
 pub fn version_banner(line: impl FnOnce() -> String) {

@@ -9,14 +9,14 @@ pub const fn nccl_version(major: i32, minor: i32, patch: i32) -> i32 {
     }
 }
 
-/// The version `ncclGetVersion` and `NCCL_VERSION_CODE` report: NCCL 2.28.9, whose API
-/// rustccl implements on the hardware it drives: symmetric memory windows (2.27), the device
-/// API's LSA subset (2.28), shrink, revoke, AlltoAll/Gather/Scatter. What 2.28 offers only on
-/// hardware rustccl does not drive is refused with the code NCCL returns where that hardware is
-/// missing: multimem (NVLink SHARP multicast) with `ncclInvalidArgument`, GIN (GPU-initiated
-/// networking) with `ncclInvalidUsage`. Most newer calls (2.29, 2.30) exist and work too (not
-/// the one-sided put/signal calls); the structs have 2.30.7's layout ([`ABI_VERSION_CODE`]).
-pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 28, 9);
+/// The version `ncclGetVersion` and `NCCL_VERSION_CODE` report: NCCL 2.32.3, the newest
+/// release whose host API rustccl implements: every call of its `nccl.h` (and every device-API
+/// host call nccl4py binds) works on the hardware rustccl drives, or is refused with the code
+/// NCCL returns where the hardware it needs is missing: multimem (NVLink SHARP multicast)
+/// `ncclInvalidArgument`, GIN (GPU-initiated networking) `ncclInvalidUsage`, CFT (Compute Fabric
+/// Transport logical endpoints) `ncclInvalidArgument`, each with a message naming it (see the
+/// top of `capi/include/nccl.h` and docs/STATUS.md). The structs have 2.32.3's layout.
+pub const NCCL_VERSION_CODE: i32 = nccl_version(2, 32, 3);
 
 /// `major.minor.patch` of [`NCCL_VERSION_CODE`] (the form of NCCL's "NCCL version" line).
 pub fn nccl_version_string() -> String {
@@ -38,8 +38,9 @@ pub fn loaded_from() -> Option<String> {
     found.then(|| unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
 }
 
-/// The NCCL release whose C declarations and struct layouts `nccl.h` follows (2.30.7).
-pub const ABI_VERSION_CODE: i32 = nccl_version(2, 30, 7);
+/// The NCCL release whose C declarations and struct layouts `nccl.h` follows (2.32.3, the
+/// version reported).
+pub const ABI_VERSION_CODE: i32 = nccl_version(2, 32, 3);
 
 /// rustccl's own version, as the crate says it.
 pub const RUSTCCL_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -61,15 +62,15 @@ mod tests {
     use super::*;
     #[test]
     fn version_string_and_library_path() {
-        assert_eq!(nccl_version_string(), "2.28.9");
+        assert_eq!(nccl_version_string(), "2.32.3");
         let path = loaded_from().expect("dladdr names the test executable");
         assert!(std::path::Path::new(&path).exists(), "{path}");
     }
 
     #[test]
     fn version_code_matches_nccl_formula() {
-        assert_eq!(NCCL_VERSION_CODE, 22809);
-        assert_eq!(ABI_VERSION_CODE, 23007);
+        assert_eq!(NCCL_VERSION_CODE, 23203);
+        assert_eq!(ABI_VERSION_CODE, 23203);
         assert_eq!(nccl_version(2, 8, 4), 2804);
         assert_eq!(nccl_version(2, 14, 0), 21400);
     }

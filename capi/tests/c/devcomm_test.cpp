@@ -199,7 +199,7 @@ int main(void) {
     CHECK(strict != NULL, "strict-ordering window");
     OK(ncclCommWindowDeregister(comm, strict));
     ncclWindow_t unknown = NULL;
-    INVALID(ncclCommWindowRegister(comm, mem, 4096, &unknown, 4));
+    INVALID(ncclCommWindowRegister(comm, mem, 4096, &unknown, 0x10)); /* 4 and 8 are 2.31/2.32's flags */
     OK(ncclMemFree(mem));
   }
 
@@ -234,7 +234,7 @@ int main(void) {
   OK(ncclDevCommCreate(comm, &reqs, &dev));
 
   CHECK(dev.magic == NCCL_API_MAGIC && dev.internal != NULL && dev.abortFlag == NULL, "magic %#x", dev.magic);
-  CHECK(dev.version == 22809 && reqs.version == NCCL_VERSION_CODE, "version %u", dev.version);
+  CHECK(dev.version == 23203 && reqs.version == NCCL_VERSION_CODE, "version %u", dev.version);
   CHECK(dev.rank == rank && dev.nRanks == nranks, "rank %d nRanks %d", dev.rank, dev.nRanks);
   CHECK(dev.lsaRank == rank && dev.lsaSize == nranks, "lsaRank %d lsaSize %d", dev.lsaRank, dev.lsaSize);
   CHECK(dev.lsaBarrier.nBarriers == 2, "lsaBarrier.nBarriers %d", dev.lsaBarrier.nBarriers);

@@ -26,19 +26,19 @@ static float* fbuf(size_t n) { return (float*)calloc(n, sizeof(float)); }
 static void test_errors(void) {
   int v = 0;
   OK(ncclGetVersion(&v));
-  /* NCCL 2.28.9: the library's number, and the header's (known when the program compiles). */
-  CHECK(v == 22809 && v == NCCL_VERSION_CODE, "ncclGetVersion %d, NCCL_VERSION_CODE %d", v, (int)NCCL_VERSION_CODE);
-  _Static_assert(NCCL_VERSION_CODE == 22809, "nccl.h says NCCL 2.28.9");
-  _Static_assert(NCCL_MAJOR == 2 && NCCL_MINOR == 28 && NCCL_PATCH == 9, "NCCL_MAJOR.MINOR.PATCH 2.28.9");
+  /* NCCL 2.32.3: the library's number, and the header's (known when the program compiles). */
+  CHECK(v == 23203 && v == NCCL_VERSION_CODE, "ncclGetVersion %d, NCCL_VERSION_CODE %d", v, (int)NCCL_VERSION_CODE);
+  _Static_assert(NCCL_VERSION_CODE == 23203, "nccl.h says NCCL 2.32.3");
+  _Static_assert(NCCL_MAJOR == 2 && NCCL_MINOR == 32 && NCCL_PATCH == 3, "NCCL_MAJOR.MINOR.PATCH 2.32.3");
   _Static_assert(NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH) == NCCL_VERSION_CODE, "NCCL_VERSION of the parts");
   _Static_assert(NCCL_VERSION(2, 8, 4) == 2804 && NCCL_VERSION(2, 9, 0) == 20900, "NCCL_VERSION's two formulas");
   CHECK(strcmp(NCCL_SUFFIX, "") == 0, "NCCL_SUFFIX \"%s\"", NCCL_SUFFIX);
   {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    CHECK(config.version == 22809, "NCCL_CONFIG_INITIALIZER's version %u", config.version);
+    CHECK(config.version == 23203, "NCCL_CONFIG_INITIALIZER's version %u", config.version);
   }
-  CHECK(v >= NCCL_VERSION(2, 27, 0) && v >= NCCL_VERSION(2, 28, 0) && v < NCCL_VERSION(2, 29, 0),
-        "a program picking windows (2.27) and the device API (2.28) by version finds them, and not 2.29's calls");
+  CHECK(v >= NCCL_VERSION(2, 27, 0) && v >= NCCL_VERSION(2, 28, 0) && v >= NCCL_VERSION(2, 31, 2) && v < NCCL_VERSION(2, 33, 0),
+        "a program picking windows (2.27), the device API (2.28) and 2.29-2.32's calls by version finds them");
   CHECK(ncclGetVersion(NULL) == ncclInvalidArgument, "NULL version");
   CHECK(strlen(ncclGetLastError(NULL)) > 0, "last error after a failure");
   CHECK(strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0, "string of ncclSuccess");

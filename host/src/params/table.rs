@@ -1,4 +1,5 @@
-//! The table of parameters rustccl reads (NCCL 2.30's parameter registry): each with its
+//! The table of parameters rustccl reads (NCCL 2.30's parameter registry, with the 2.31–2.32
+//! variables rustccl accepts): each with its
 //! name, type, default, whether NCCL documents it (published) and what it does in rustccl.
 //! The query API (`ncclParamBind`, `ncclParamGet*`, `ncclParamGetParameter`,
 //! `ncclParamGetAllParameterKeys`, `ncclParamDumpAll`) reads values through it.
@@ -108,6 +109,8 @@ pub static PARAMS: &[Param] = &[
     p("NCCL_MAX_CTAS", Int, Some("64"), true, "Most channels (CTAs) a collective uses"),
     p("NCCL_COMM_SPLIT_SHARE_RESOURCES", Int, Some("0"), true, "Default of config.splitShare"),
     p("NCCL_COMM_SHRINK_SHARE_RESOURCES", Int, Some("0"), true, "Default of config.shrinkShare"),
+    p("NCCL_LAUNCH_ORDER_IMPLICIT", Int, Some("0"), true, "2.31: 1 asks for implicit launch order (overrides config.launchOrderImplicit); accepted, rustccl orders each communicator's launches itself"),
+    p("NCCL_RMA_EAGER_INIT", Int, Some("0"), true, "2.31: 1 sets one-sided signals up at init (overrides config.rmaEagerInit); accepted, rustccl sets them up with the first symmetric window"),
     p("NCCL_SHM_DISABLE", Int, Some("0"), true, "1: no shared-memory transport between ranks of one host"),
     p("NCCL_P2P_DISABLE", Int, Some("0"), true, "1: no peer-to-peer (CUDA IPC) transport between GPUs"),
     p("NCCL_P2P_LL_THRESHOLD", Int, Some("16384"), true, "Point-to-point messages up to this many bytes use LL on GPUs"),

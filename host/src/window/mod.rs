@@ -32,6 +32,12 @@ pub const WIN_COLL_SYMMETRIC: u32 = 1;
 /// `NCCL_WIN_STRICT_ORDERING` (2.29): orders the network's (GIN's) writes into the window.
 /// Accepted, as NCCL accepts it, and without effect: rustccl has no GIN.
 pub const WIN_STRICT_ORDERING: u32 = 2;
+/// `NCCL_WIN_GIN_ONLY` (2.32): register the window for GIN alone. Accepted without effect (no
+/// GIN): the window is registered as an ordinary one.
+pub const WIN_GIN_ONLY: u32 = 4;
+/// `NCCL_WIN_CFT_COUNTED` (2.31): bind the window to CFT's counted logical endpoints. Accepted
+/// without effect (no CFT hardware), as NCCL where the GPU has no CFT support.
+pub const WIN_CFT_COUNTED: u32 = 8;
 /// `NCCL_WIN_REQUIRED_ALIGNMENT`: a window starts this far into its allocation, or a multiple.
 pub const WIN_ALIGNMENT: usize = 4096;
 /// Offsets in the space are multiples of this (NCCL's cuMem granularity, 2 MiB on GPUs).
@@ -196,10 +202,10 @@ impl Windows {
             if ptr.0 == 0 || bytes == 0 {
                 return Err(Error::invalid_argument(format!("a window needs a buffer and a size (got {ptr}, {bytes} bytes)")));
             }
-            if flags & !(WIN_COLL_SYMMETRIC | WIN_STRICT_ORDERING) != 0 {
+            if flags & !(WIN_COLL_SYMMETRIC | WIN_STRICT_ORDERING | WIN_GIN_ONLY | WIN_CFT_COUNTED) != 0 {
                 return Err(Error::invalid_argument(format!(
-                    "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0), NCCL_WIN_COLL_SYMMETRIC (1) and \
-                     NCCL_WIN_STRICT_ORDERING (2) exist"
+                    "window flags {flags:#x}: only NCCL_WIN_DEFAULT (0), NCCL_WIN_COLL_SYMMETRIC (1), \
+                     NCCL_WIN_STRICT_ORDERING (2), NCCL_WIN_GIN_ONLY (4) and NCCL_WIN_CFT_COUNTED (8) exist"
                 )));
             }
             self.local_part(x, ptr, bytes).map(|(mem, known)| (ptr, mem, known))

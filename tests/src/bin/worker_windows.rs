@@ -106,8 +106,9 @@ pub fn windows(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         (plain, 4096, 0, ResultCode::InvalidArgument),
         // (The allocation's real size: a GPU rounds it up to its granularity.)
         (mem, b.window_memory_or_err("windows test")?.symmetric_memory(mem)?.bytes + 1, 0, ResultCode::InvalidArgument),
-        // (4: no such flag; 2 is NCCL_WIN_STRICT_ORDERING, accepted.)
-        (mem, 4096, 4, ResultCode::InvalidArgument),
+        // (0x10: no such flag; 2, 4 and 8 are NCCL_WIN_STRICT_ORDERING, 2.32's _GIN_ONLY and
+        // 2.31's _CFT_COUNTED, accepted.)
+        (mem, 4096, 0x10, ResultCode::InvalidArgument),
     ];
     for (i, (p, len, flags, kind)) in bad.into_iter().enumerate() {
         // Rank 0 alone asks for the bad window; the others ask for a good one.
