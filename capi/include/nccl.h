@@ -378,7 +378,10 @@ NCCL_DECLARE(ncclResult_t, ncclScatterConfig, const void* sendbuff, void* recvbu
  * elements from localbuff (in an NCCL_WIN_COLL_SYMMETRIC window) at peerWinOffset of peer's
  * part of peerWin, then adds one signal from this rank at peer; ncclSignal adds the signal
  * alone; ncclWaitSignal waits for opCnt more signals (since this rank's last wait) from each
- * descriptor's peer. sigIdx, ctx and flags must be 0. Host backend only for now. */
+ * descriptor's peer. sigIdx, ctx and flags must be 0. Host backend and CUDA (a copy-engine
+ * copy, then a kernel's release add; the wait a kernel that an abort or a dead peer ends);
+ * capturable in CUDA graphs. Inside a group they run at ncclGroupEnd in call order, before the
+ * group's collectives, as NCCL schedules them. */
 NCCL_DECLARE(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);

@@ -261,7 +261,7 @@ nccl_api! {
 
     /// 2.29: `count` elements from `localbuff` (in an `NCCL_WIN_COLL_SYMMETRIC` window of
     /// `comm`) into rank `peer`'s part of `peerWin` at `peerWinOffset`, then a signal to
-    /// `peer` (`Communicator::put_signal`). Host backend; GPUs refuse ("not yet on GPUs").
+    /// `peer` (`Communicator::put_signal`). Host backend and CUDA; in groups too.
     fn ncclPutSignal / pncclPutSignal(
         localbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, peer_win: *mut c_void, offset: usize,
         sig_idx: c_int, ctx: c_int, flags: u32, comm: CommHandle, stream: *mut c_void,
