@@ -515,8 +515,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<SignalArgs>(), 16);
         assert_eq!(std::mem::size_of::<WaitSignalArgs>(), 32 + 8 * SIGNAL_WAIT_MAX);
         // The signals fit between the inboxes and the copy-engine flags.
-        assert!(SYM_RES_INBOX + 4 * SYM_MAX_BLOCKS as u64 * 4095 <= SYM_RES_SIGNALS);
-        assert!(SYM_RES_SIGNALS_SEEN + 8 * 16384 <= SYM_RES_CE);
+        const { assert!(SYM_RES_INBOX + 4 * SYM_MAX_BLOCKS as u64 * 4095 <= SYM_RES_SIGNALS) };
+        const { assert!(SYM_RES_SIGNALS_SEEN + 8 * 16384 <= SYM_RES_CE) };
         // No padding bytes: `as_bytes` relies on it.
         for s in abi_structs() {
             assert_eq!(s.fields.iter().map(|f| f.size).sum::<usize>(), s.size, "{}", s.c_name);

@@ -23,6 +23,8 @@
 //! * `exec.cu`: the collective interpreter, one launch per group on a device, running the
 //!   planner's steps with the Simple, LL and LL128 protocols (see [`exec`]); the header of
 //!   its ABI with the host, `rustccl_exec_abi.h`, is generated from [`exec`].
+//! * `one_sided.cu`: the one-sided operations' signal and wait kernels, a unit of their own
+//!   (see [`one_sided`]), on the same generated header.
 //!
 //! **Not yet:** hipRTC compilation and cache size limits.
 

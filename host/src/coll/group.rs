@@ -49,13 +49,15 @@ impl Queued {
 /// schedules a group's RMA tasks ahead of its other plans).
 pub(crate) struct Deferred {
     comm: Communicator,
-    run: Box<dyn FnOnce(&Communicator) -> Result<()>>,
+    run: DeferredRun,
 }
+
+/// What a deferred operation does when its group ends, on its communicator.
+pub(crate) type DeferredRun = Box<dyn FnOnce(&Communicator) -> Result<()>>;
 
 /// Queues `run` on `comm` to run at the end of the calling thread's group; gives it back when
 /// the thread is not in a group (the caller runs it at once).
-#[allow(clippy::type_complexity)]
-pub(crate) fn defer(comm: &Communicator, run: Box<dyn FnOnce(&Communicator) -> Result<()>>) -> Option<Box<dyn FnOnce(&Communicator) -> Result<()>>> {
+pub(crate) fn defer(comm: &Communicator, run: DeferredRun) -> Option<DeferredRun> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {

@@ -113,7 +113,7 @@ impl Communicator {
 
     /// Runs `op` now, or at the end of the calling thread's group.
     fn run_or_defer(&self, op: OneSided, stream: Stream) -> Result<()> {
-        let run: Box<dyn FnOnce(&Communicator) -> Result<()>> = Box::new(move |c: &Communicator| c.run_one_sided(op, stream));
+        let run: super::group::DeferredRun = Box::new(move |c: &Communicator| c.run_one_sided(op, stream));
         match super::group::defer(self, run) {
             Some(run) => run(self),
             None => Ok(()),
