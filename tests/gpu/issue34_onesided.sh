@@ -9,13 +9,15 @@
 #     in one call; the bad arguments refused, the communicator usable after them;
 #  3. (group, under MPS) the same inside ncclGroupStart/End, mixed with an all_reduce, and a
 #     group with a refused call that runs nothing;
-#  4. (death, under MPS) rank 1 SIGKILLed while rank 0 waits for its signal: the wait's kernel
+#  4. (graph, under MPS) a round's puts and wait captured into a CUDA graph and replayed 8
+#     times with fresh data and poisoned destinations each time, then an uncaptured round;
+#  5. (death, under MPS) rank 1 SIGKILLed while rank 0 waits for its signal: the wait's kernel
 #     ends (the watchdog's abort) and the failure is reported within seconds, not a hang.
 # Each section notes its RESULT/ERROR lines; the INIT lines of rank 0 say where the one-sided
 # kernels came from (compiled by NVRTC, or the kernel cache).
-# SKIP lists sections to leave out: sanitizer ring group death. Only summary.txt and
+# SKIP lists sections to leave out: sanitizer ring group graph death. Only summary.txt and
 # logs.tgz come back. RUSTCCL_BACKEND=host runs the same sections on the host backend (a dry
-# run of the script and worker where there is no GPU: SKIP=sanitizer).
+# run of the script and worker where there is no GPU: SKIP="sanitizer graph").
 #   tests/gpu/issue34_onesided.sh
 set -u
 . tests/gpu/env.sh
@@ -37,6 +39,7 @@ note "MPS started: $started_mps"
 want ring && two ring 120 one-sided NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
 want ring && note "ring rank 0, one-sided kernels: $(grep -h -E 'one-sided kernels' $OUT/ring.0.log | head -2 | cut -c1-200 | tr '\n' ' ')"
 want group && two group 120 one-sided-group
+want graph && two graph 120 one-sided-graph
 want death && two death 90 one-sided-death
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
 tar czf $FINAL_OUT/logs.tgz -C $OUT . 2>/dev/null

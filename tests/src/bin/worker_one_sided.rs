@@ -17,6 +17,13 @@
 //!   an all_reduce and the wait (the one-sided calls run first, in call order, then the
 //!   all_reduce; both results checked); then a group with a refused call, which runs nothing
 //!   and ends with that error; then a last plain round. `RESULT one-sided-group ok <rounds>`.
+//! - `one-sided-graph` (CUDA only): a round's two puts and the wait captured into a CUDA graph
+//!   (`cuStreamBeginCapture`, global mode) on the rank's stream, then replayed `GRAPH_REPLAYS`
+//!   times: before each replay the rank writes fresh random bytes into its source part and
+//!   poisons its receive part, the ranks meet at a barrier, and after it the received bytes
+//!   must be the left neighbour's of that replay (the wait's expected count, kept on the device,
+//!   runs on from replay to replay). An uncaptured round before (the warm-up) and after. `RESULT one-sided-graph ok
+//!   <replays>`.
 //! - `one-sided-death`: the last rank is SIGKILLed while the others wait for its signal: they
 //!   get an error within seconds, not a hang (on a GPU the wait's kernel ends and the failure
 //!   is the communicator's asynchronous error). `RESULT one-sided-death ok <ms> <code>`.
@@ -277,6 +284,65 @@ pub fn group(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     b.free(recv)?;
     ring.finish()?;
     println!("RESULT one-sided-group ok {}", ROUNDS + 2);
+    Ok(())
+}
+
+/// Replays of the captured round (`one-sided-graph`).
+const GRAPH_REPLAYS: usize = 8;
+
+pub fn graph(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    use crate::worker_graph::{check_symbols, cu, raw, Graph};
+    use cudarc::driver::sys;
+    let ring = Ring::new(nranks, rank, ids)?;
+    let (comm, b, s) = (&ring.comm, &ring.b, ring.stream);
+    if !b.capabilities().cuda_handles {
+        return Err(Error::invalid_usage(format!(
+            "one-sided-graph captures CUDA graphs: it needs the cuda backend (RUSTCCL_BACKEND=cuda), not {}",
+            b.kind().name()
+        )));
+    }
+    check_symbols()?;
+    // A warm-up round uncaptured (the first device work makes the control block and loads the
+    // kernels: allocations a capture in global mode does not allow).
+    ring.round(ROUNDS + 1)?;
+    // The captured round writes into part 0; the data of replay k is the "round" k's.
+    let part = Ring::part(0);
+    // SAFETY: the rank's live stream, not capturing.
+    cu(unsafe { sys::cuStreamBeginCapture_v2(raw(s), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCapture")?;
+    let calls = ring.puts(0).and_then(|_| ring.wait_left(2));
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above, whatever the calls did; writes one handle.
+    let end = unsafe { sys::cuStreamEndCapture(raw(s), &mut graph) };
+    let mut g = Graph { graph, exec: std::ptr::null_mut() };
+    calls.map_err(|e| e.context("a one-sided call failed while its stream was captured"))?;
+    cu(end, "cuStreamEndCapture (the capture was invalidated)")?;
+    check(!g.graph.is_null(), || "cuStreamEndCapture returned no graph".into())?;
+    // SAFETY: a live graph; writes one handle.
+    cu(unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }, "cuGraphInstantiateWithFlags")?;
+    for replay in 0..GRAPH_REPLAYS {
+        ring.write_source(replay)?;
+        b.memset(DevicePtr(ring.mem.0 + part as u64), POISON, 2 * BLOCK, s)?;
+        b.synchronize(s)?;
+        // Every rank's receive part is poisoned before any replay's put reaches it, and every
+        // rank checked the last replay's bytes before they are overwritten.
+        comm.barrier()?;
+        // SAFETY: a live executable graph, launched on the rank's live stream.
+        cu(unsafe { sys::cuGraphLaunch(g.exec, raw(s)) }, "cuGraphLaunch")?;
+        let mut got = vec![0u8; 2 * BLOCK];
+        b.synchronize(s)?;
+        b.copy_from_device(&mut got, DevicePtr(ring.mem.0 + part as u64), s)?;
+        let want = ring.data(ring.left(), replay);
+        check(got == want, || {
+            let i = (0..got.len()).find(|&i| got[i] != want[i]).unwrap_or(0);
+            format!("replay {replay}: byte {i} from rank {} is {:#x}, not {:#x}", ring.left(), got[i], want[i])
+        })?;
+        comm.barrier()?;
+    }
+    g.destroy()?;
+    // Uncaptured calls go on counting after the replays.
+    ring.round(1)?;
+    ring.finish()?;
+    println!("RESULT one-sided-graph ok {GRAPH_REPLAYS}");
     Ok(())
 }
 
