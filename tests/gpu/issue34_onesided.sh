@@ -3,6 +3,9 @@
 # (tests/gpu/build.sh): ncclPutSignal / ncclSignal / ncclWaitSignal on the CUDA backend,
 # 2 ranks as processes on one GPU (the one-sided worker, tests/src/bin/worker_one_sided.rs,
 # its window in device memory, every operation on a stream of its own):
+#  0. (compile) the collective kernels compile (the kernel cache's keys cover every device
+#     source, one_sided.cu included, so a cache from before this change misses; the group
+#     section's all_reduce needs one of them);
 #  1. (sanitizer, before MPS: compute-sanitizer runs no MPS clients) memcheck on the ring;
 #  2. (ring, under MPS) rounds of a ring of puts and waits, the bytes checked against fresh
 #     random data over poisoned destinations; signals without data waited for on every peer
@@ -15,9 +18,9 @@
 #     ends (the watchdog's abort) and the failure is reported within seconds, not a hang.
 # Each section notes its RESULT/ERROR lines; the INIT lines of rank 0 say where the one-sided
 # kernels came from (compiled by NVRTC, or the kernel cache).
-# SKIP lists sections to leave out: sanitizer ring group graph death. Only summary.txt and
+# SKIP lists sections to leave out: compile sanitizer ring group graph death. Only summary.txt and
 # logs.tgz come back. RUSTCCL_BACKEND=host runs the same sections on the host backend (a dry
-# run of the script and worker where there is no GPU: SKIP="sanitizer graph").
+# run of the script and worker where there is no GPU: SKIP="compile sanitizer graph").
 #   tests/gpu/issue34_onesided.sh
 set -u
 . tests/gpu/env.sh
@@ -25,6 +28,10 @@ export RUSTCCL_BACKEND=${RUSTCCL_BACKEND:-cuda}
 results issue34_onesided
 restore_kcache
 nvidia-smi -L >> $S
+if want compile; then
+    timeout 400 $G/rank-worker compile-kernels 1 0 none > $OUT/compile.log 2>&1
+    note "kernels: rc $? $(grep -E '^(RESULT|ERROR)' $OUT/compile.log | cut -c1-300 | tr '\n' ' ')"
+fi
 if want sanitizer; then
     port=$((29600 + RANDOM % 300))
     for r in 0 1; do
@@ -38,7 +45,7 @@ nvidia-cuda-mps-control -d 2>/dev/null && started_mps=1
 note "MPS started: $started_mps"
 want ring && two ring 120 one-sided NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
 want ring && note "ring rank 0, one-sided kernels: $(grep -h -E 'one-sided kernels' $OUT/ring.0.log | head -2 | cut -c1-200 | tr '\n' ' ')"
-want group && two group 120 one-sided-group
+want group && two group 240 one-sided-group
 want graph && two graph 120 one-sided-graph
 want death && two death 90 one-sided-death
 [ $started_mps = 1 ] && echo quit | nvidia-cuda-mps-control
