@@ -32,11 +32,10 @@
  * no multimem bcast; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them.
  *
  * Not yet everywhere: the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29) work on the
- * host backend between the ranks of one host (sigIdx, ctx and flags 0; outside groups); GPU
- * backends return ncclInvalidUsage for them ("not yet on GPUs"). The device API's LL all-to-all
- * is not in rustccl's nccl_device.h: ncclLLA2ACreateRequirement returns ncclInvalidUsage
- * (ncclLLA2ACalcSlots computes as NCCL's). ncclCollConfig_t's launchCompletionEvent is refused
- * on the host backend (its operations have completed when their call returns).
+ * host backend and CUDA between the ranks of one host (sigIdx, ctx and flags 0; inside groups
+ * too, run before the group's collectives); HIP, which has no symmetric windows, returns
+ * ncclInvalidUsage. ncclCollConfig_t's launchCompletionEvent is refused on the host backend
+ * (its operations have completed when their call returns).
  *
  * Everything else works: communicators (init, split, shrink, grow, revoke, suspend/resume,
  * memory statistics), the collectives and their per-call *Config forms (2.31), send/recv,
@@ -440,7 +439,10 @@ NCCL_DECLARE(ncclResult_t, ncclScatterConfig, const void* sendbuff, void* recvbu
  * elements from localbuff (in an NCCL_WIN_COLL_SYMMETRIC window) at peerWinOffset of peer's
  * part of peerWin, then adds one signal from this rank at peer; ncclSignal adds the signal
  * alone; ncclWaitSignal waits for opCnt more signals (since this rank's last wait) from each
- * descriptor's peer. sigIdx, ctx and flags must be 0. Host backend only for now. */
+ * descriptor's peer. sigIdx, ctx and flags must be 0. Host backend and CUDA (a copy-engine
+ * copy, then a kernel's release add; the wait a kernel that an abort or a dead peer ends);
+ * capturable in CUDA graphs. Inside a group they run at ncclGroupEnd in call order, before the
+ * group's collectives, as NCCL schedules them. */
 NCCL_DECLARE(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
 NCCL_DECLARE(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);

@@ -3,8 +3,8 @@
 //! where the backend has symmetric memory (the host backend and CUDA; others refuse with a
 //! message). What needs hardware rustccl does not drive answers as NCCL does without it: GIN
 //! barriers `ncclInvalidUsage` (`devcomm::no_gin`), multicast pointers NULL. One-sided
-//! operations run on the host backend (`rustccl::coll::one_sided`; GPUs refuse them with a
-//! message); LL all-to-all buffers are resource requirements (`devcomm::lla2a_requirement`,
+//! operations run on the host backend and CUDA (`rustccl::coll::one_sided`; HIP refuses them
+//! with a message); LL all-to-all buffers are resource requirements (`devcomm::lla2a_requirement`,
 //! the sessions in nccl_device.h).
 
 use std::os::raw::{c_int, c_void};
@@ -260,7 +260,7 @@ nccl_api! {
 
     /// 2.29: `count` elements from `localbuff` (in an `NCCL_WIN_COLL_SYMMETRIC` window of
     /// `comm`) into rank `peer`'s part of `peerWin` at `peerWinOffset`, then a signal to
-    /// `peer` (`Communicator::put_signal`). Host backend; GPUs refuse ("not yet on GPUs").
+    /// `peer` (`Communicator::put_signal`). Host backend and CUDA; in groups too.
     fn ncclPutSignal / pncclPutSignal(
         localbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, peer_win: *mut c_void, offset: usize,
         sig_idx: c_int, ctx: c_int, flags: u32, comm: CommHandle, stream: *mut c_void,

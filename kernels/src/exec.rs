@@ -210,6 +210,17 @@ abi_constants! {
     /// Symmetric resource memory: byte offset of the barrier inboxes, u32
     /// `[SYM_MAX_BLOCKS][nranks]`: rank p's arrival for block b is at `b * nranks + p`.
     SYM_RES_INBOX: u64 = 128 => RUSTCCL_SYM_RES_INBOX "ull";
+    /// Symmetric resource memory: byte offset of the one-sided operations' signal counters
+    /// (`ncclPutSignal`, `ncclSignal`), u64 `[nranks]`: counter p counts the signals rank p
+    /// sent this rank (only p adds to it, with release order; `one_sided.cu`). After the
+    /// barrier inboxes (`[SYM_MAX_BLOCKS][nranks]` u32 end below it up to 4095 ranks).
+    SYM_RES_SIGNALS: u64 = 512 << 10 => RUSTCCL_SYM_RES_SIGNALS "ull";
+    /// Symmetric resource memory: byte offset of the one-sided waits' running expected
+    /// counts, u64 `[nranks]`: the signals from rank p this rank's waits (`ncclWaitSignal`)
+    /// consumed so far, kept on the device so that a wait replayed in a graph counts on.
+    SYM_RES_SIGNALS_SEEN: u64 = 640 << 10 => RUSTCCL_SYM_RES_SIGNALS_SEEN "ull";
+    /// One-sided waits: peers one wait launch waits for at most (its threads).
+    SIGNAL_WAIT_MAX: usize = 32 => RUSTCCL_SIGNAL_WAIT_MAX "";
     /// Symmetric resource memory: byte offset of the copy-engine collectives' flags, u32
     /// `[nranks]` (rank p's arrival at `p`), written and waited for by stream memory
     /// operations (`coll::symmetric`; the kernels do not touch them).
@@ -360,6 +371,31 @@ abi_structs! {
         pub nranks: u32,
     }
 
+    /// The parameter of `rustccl_signal` (`one_sided.cu`): one signal to a peer.
+    pub struct SignalArgs => RustcclSignalArgs {
+        /// The peer's counter for this rank (flat range: `SYM_RES_SIGNALS + 8 * rank` of the
+        /// peer's resource memory), which the kernel adds 1 to, release at system scope.
+        pub counter: u64,
+        /// The control block (unused by the signal, which never waits; kept for symmetry).
+        pub control: u64,
+    }
+
+    /// The parameter of `rustccl_wait_signal` (`one_sided.cu`): waits for `counts[i]` more
+    /// signals from each `peers[i]` (distinct peers) than this rank's waits consumed so far.
+    pub struct WaitSignalArgs => RustcclWaitSignalArgs {
+        /// This rank's counters (flat range: `SYM_RES_SIGNALS` of its resource memory).
+        pub counters: u64,
+        /// This rank's running expected counts (`SYM_RES_SIGNALS_SEEN`).
+        pub seen: u64,
+        /// The control block (`ExecControl`: the abort flag is polled while waiting).
+        pub control: u64,
+        /// Entries of `peers` and `counts` in use (1 to SIGNAL_WAIT_MAX).
+        pub n: u32,
+        pub pad: u32,
+        pub peers: [u32; SIGNAL_WAIT_MAX],
+        pub counts: [u32; SIGNAL_WAIT_MAX],
+    }
+
     /// The kernel's one parameter.
     pub struct ExecArgs => RustcclExecArgs {
         pub steps: u64,
@@ -427,6 +463,8 @@ mod tests {
         include_str!("device/proto_simple.h"),
         include_str!("device/proto_ll.h"),
         include_str!("device/proto_ll128.h"),
+        // The one-sided kernels' unit uses the header too (its own structs' fields).
+        include_str!("device/one_sided.cu"),
     );
 
     /// The prefixes of the ABI's macros: only the generated header defines them.
@@ -468,10 +506,17 @@ mod tests {
                 "RustcclExecControl",
                 "RustcclExecCall",
                 "RustcclSymArgs",
+                "RustcclSignalArgs",
+                "RustcclWaitSignalArgs",
                 "RustcclExecArgs"
             ]
         );
         assert_eq!(std::mem::size_of::<SymArgs>(), 80);
+        assert_eq!(std::mem::size_of::<SignalArgs>(), 16);
+        assert_eq!(std::mem::size_of::<WaitSignalArgs>(), 32 + 8 * SIGNAL_WAIT_MAX);
+        // The signals fit between the inboxes and the copy-engine flags.
+        const { assert!(SYM_RES_INBOX + 4 * SYM_MAX_BLOCKS as u64 * 4095 <= SYM_RES_SIGNALS) };
+        const { assert!(SYM_RES_SIGNALS_SEEN + 8 * 16384 <= SYM_RES_CE) };
         // No padding bytes: `as_bytes` relies on it.
         for s in abi_structs() {
             assert_eq!(s.fields.iter().map(|f| f.size).sum::<usize>(), s.size, "{}", s.c_name);

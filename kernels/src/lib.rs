@@ -23,6 +23,8 @@
 //! * `exec.cu`: the collective interpreter, one launch per group on a device, running the
 //!   planner's steps with the Simple, LL and LL128 protocols (see [`exec`]); the header of
 //!   its ABI with the host, `rustccl_exec_abi.h`, is generated from [`exec`].
+//! * `one_sided.cu`: the one-sided operations' signal and wait kernels, a unit of their own
+//!   (see [`one_sided`]), on the same generated header.
 //!
 //! **Not yet:** hipRTC compilation and cache size limits.
 
@@ -37,6 +39,7 @@ use std::sync::OnceLock;
 use sha2::{Digest, Sha256};
 
 pub mod exec;
+pub mod one_sided;
 pub mod symmetric;
 
 /// The device sources as (file name, text), in include order: the headers, then
@@ -62,6 +65,7 @@ pub fn sources() -> &'static [(&'static str, &'static str)] {
             ("proto_ll128.h", include_str!("device/proto_ll128.h")),
             ("symmetric.h", include_str!("device/symmetric.h")),
             (exec::EXEC_SOURCE, include_str!("device/exec.cu")),
+            (one_sided::SOURCE, include_str!("device/one_sided.cu")),
         ];
         let dir = std::env::var_os(SOURCE_DIR_ENV).filter(|d| !d.is_empty()).map(PathBuf::from);
         embedded
@@ -385,7 +389,7 @@ mod tests {
         want.extend(own_headers);
         let headers: Vec<&str> = headers().map(|(n, _)| n).collect();
         assert_eq!(headers, want);
-        want.push("exec.cu");
+        want.extend(["exec.cu", "one_sided.cu"]);
         assert_eq!(names, want);
         for h in own_headers {
             assert!(text_of("exec.cu").contains(&format!("#include \"{h}\"")), "{h}");

@@ -29,3 +29,16 @@ fn a_peer_dying_while_others_wait_for_its_signal_is_an_error_not_a_hang() {
         assert!(ms < 15_000, "the wait took {ms} ms to fail");
     }
 }
+
+/// The calls inside groups (`ncclGroupStart`/`End`): rounds of the ring whose puts, a signal
+/// and the wait are one group; a group mixing them with an all_reduce (both results right);
+/// a group with a refused call runs nothing and ends with its error.
+#[test]
+fn puts_signals_and_waits_run_inside_groups() {
+    for n in [2, 3] {
+        let ranks: Vec<i32> = (0..n).collect();
+        let out = finish_all(spawn("one-sided-group", n, &ranks, &ids_arg(&[new_id()]), &[]), Duration::from_secs(120));
+        assert_all_ok(&out);
+        assert!(out.iter().all(|o| o.results() == ["one-sided-group ok 7"]), "{n} ranks: {out:?}");
+    }
+}

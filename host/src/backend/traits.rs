@@ -349,6 +349,16 @@ pub trait SymmetricKernels {
         blocks: u32,
         stream: Stream,
     ) -> Result<()>;
+
+    /// Launches the one-sided signal (`kernels/src/device/one_sided.cu`) on `stream`: adds 1
+    /// to the peer's counter at `args.counter` (release, system scope) once the work before
+    /// it on the stream is done (a put's copy).
+    fn launch_signal(&self, device: usize, args: &rustccl_kernels::exec::SignalArgs, stream: Stream) -> Result<()>;
+
+    /// Launches the one-sided wait on `stream`: the work after it waits until each of
+    /// `args.peers` sent `args.counts` more signals than this rank's waits consumed so far,
+    /// or the control block says abort.
+    fn launch_wait_signal(&self, device: usize, args: &rustccl_kernels::exec::WaitSignalArgs, stream: Stream) -> Result<()>;
 }
 
 /// Symmetric memory, what windows (`crate::window`) are made of: allocations every process of

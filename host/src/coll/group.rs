@@ -43,10 +43,42 @@ impl Queued {
     }
 }
 
+/// A one-sided operation (`coll::one_sided`) called inside a group, checked and resolved
+/// when called: it runs at the group's end, with the group's other one-sided operations in
+/// call order, before the group's collectives and point-to-point operations (as NCCL
+/// schedules a group's RMA tasks ahead of its other plans).
+pub(crate) struct Deferred {
+    comm: Communicator,
+    run: DeferredRun,
+}
+
+/// What a deferred operation does when its group ends, on its communicator.
+pub(crate) type DeferredRun = Box<dyn FnOnce(&Communicator) -> Result<()>>;
+
+/// Queues `run` on `comm` to run at the end of the calling thread's group; gives it back when
+/// the thread is not in a group (the caller runs it at once).
+pub(crate) fn defer(comm: &Communicator, run: DeferredRun) -> Option<DeferredRun> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Some(run);
+        }
+        g.deferred.push(Deferred { comm: comm.handle(), run });
+        None
+    })
+}
+
+/// Runs a group's one-sided operations in call order; the first failure ends the group.
+fn run_deferred(deferred: Vec<Deferred>) -> Result<()> {
+    deferred.into_iter().try_for_each(|d| (d.run)(&d.comm))
+}
+
 #[derive(Default)]
 struct GroupState {
     depth: u32,
     tasks: Vec<Queued>,
+    /// The one-sided operations called in the group, in call order.
+    deferred: Vec<Deferred>,
     /// The first operation refused inside the group: the group then runs nothing and its
     /// end returns this error (a group's operations succeed or fail together).
     error: Option<Error>,
@@ -74,9 +106,9 @@ pub fn depth() -> u32 {
     GROUP.with(|g| g.borrow().depth)
 }
 
-/// Leaves one level of grouping; the queued tasks when it was the outermost (or the error
-/// that cancelled them).
-fn leave(what: &str) -> Result<Option<Vec<Queued>>> {
+/// Leaves one level of grouping; the queued tasks and one-sided operations when it was the
+/// outermost (or the error that cancelled them).
+fn leave(what: &str) -> Result<Option<(Vec<Queued>, Vec<Deferred>)>> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
@@ -89,10 +121,11 @@ fn leave(what: &str) -> Result<Option<Vec<Queued>>> {
             return Ok(None);
         }
         let tasks = std::mem::take(&mut g.tasks);
+        let deferred = std::mem::take(&mut g.deferred);
         g.blocking = None;
         match g.error.take() {
             Some(e) => Err(e.context(format!("{what}: an operation in the group was refused, so none ran"))),
-            None => Ok(Some(tasks)),
+            None => Ok(Some((tasks, deferred))),
         }
     })
 }
@@ -112,10 +145,13 @@ pub(crate) fn fail(e: &Error) {
 /// returns `InProgress`.
 pub fn group_end() -> Result<()> {
     let r = match leave("group_end") {
-        Ok(Some(tasks)) if !tasks.is_empty() => {
+        Ok(Some((tasks, deferred))) if !tasks.is_empty() || !deferred.is_empty() => run_deferred(deferred).and_then(|_| {
+            if tasks.is_empty() {
+                return Ok(());
+            }
             profiler_events::group_end_api_start();
             start(tasks)
-        }
+        }),
         Ok(_) => Ok(()),
         Err(e) => Err(e),
     };
@@ -128,7 +164,7 @@ pub fn group_end() -> Result<()> {
 pub fn group_simulate_end() -> Result<f32> {
     let left = leave("group_simulate_end");
     profiler_events::group_ended(depth);
-    let tasks = left?.unwrap_or_default();
+    let (tasks, _one_sided) = left?.unwrap_or_default();
     let mut total = 0.0f32;
     for q in &tasks {
         total += plan::estimate(&q.comm, &q.task)?;

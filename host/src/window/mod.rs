@@ -170,8 +170,10 @@ pub struct Windows {
     ce_epoch: u32,
     /// The copy-engine flags were set to let every wait pass (the communicator failed).
     ce_released: bool,
-    /// The one-sided waits' running expected counts (`signals`).
+    /// The one-sided waits' running expected counts (`signals`; host backend).
     expected: signals::Expected,
+    /// Whether the resource memory has the host backend's layout (else the kernels').
+    host_layout: bool,
 }
 
 /// Where a symmetric collective finds its buffers and memory (pure data, in `work`: the
@@ -385,7 +387,8 @@ impl Windows {
         }
         // The kernels' layout on devices; the host needs the epoch, the scalar, one inbox per
         // rank and the one-sided signal counters (no LL scratch, no copy-engine flags).
-        let bytes = if x.backend.capabilities().host_addressable {
+        self.host_layout = x.backend.capabilities().host_addressable;
+        let bytes = if self.host_layout {
             signals::host_resource_bytes(x.nranks).next_multiple_of(WIN_ALIGNMENT)
         } else {
             rustccl_kernels::exec::SYM_RES_BYTES as usize
@@ -443,10 +446,18 @@ impl Windows {
 
     /// Where rank `owner` counts the one-sided signals from rank `from` (a flat-range
     /// address of a 64-bit counter in its resource memory; `signals`), once the resource
-    /// memory exists. Only for host-addressable memory (the host layout).
+    /// memory exists.
     pub fn signal_counter(&self, owner: usize, from: usize) -> Option<u64> {
         let (_, res) = self.resources.as_ref()?;
-        (owner < res.nranks && from < res.nranks).then(|| res.flat(owner) + signals::counters_at(res.nranks) + 8 * from as u64)
+        (owner < res.nranks && from < res.nranks).then(|| res.flat(owner) + signals::counters_at(res.nranks, self.host_layout) + 8 * from as u64)
+    }
+
+    /// Where this rank's device-side running expected counts start (u64 per peer, the
+    /// kernels' layout: `SYM_RES_SIGNALS_SEEN`), once the resource memory exists; `None` in
+    /// the host layout, whose waits count on the host ([`Windows::expected`]).
+    pub fn signals_seen(&self) -> Option<u64> {
+        let (_, res) = self.resources.as_ref()?;
+        (!self.host_layout).then(|| res.flat(res.rank) + rustccl_kernels::exec::SYM_RES_SIGNALS_SEEN)
     }
 
     /// The one-sided waits' running expected counts.

@@ -80,6 +80,8 @@ fn main() {
         "windows-mismatch" => worker_windows::mismatch(nranks, rank, &ids),
         "one-sided" => worker_one_sided::one_sided(nranks, rank, &ids),
         "one-sided-death" => worker_one_sided::death(nranks, rank, &ids),
+        "one-sided-group" => worker_one_sided::group(nranks, rank, &ids),
+        "one-sided-graph" => worker_one_sided::graph(nranks, rank, &ids),
         "routes-group" => worker_routes::group(nranks, rank, &ids),
         "routes-nonblocking" => worker_routes::nonblocking(nranks, rank, &ids),
         "routes-disagree" => worker_routes::disagree(nranks, rank, &ids),

@@ -66,7 +66,7 @@ const GRAPH_SYMBOLS: [&str; 8] = [
 // ---- CUDA helpers -----------------------------------------------------------------------------
 
 /// `Ok` for `CUDA_SUCCESS`, else an error naming the call and the driver's error.
-fn cu(r: sys::CUresult, what: &str) -> Result<(), Error> {
+pub(crate) fn cu(r: sys::CUresult, what: &str) -> Result<(), Error> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
@@ -82,13 +82,13 @@ fn cu(r: sys::CUresult, what: &str) -> Result<(), Error> {
     Err(Error::cuda(format!("{what} failed: {name} ({}): {desc}", r as u32)))
 }
 
-fn raw(s: Stream) -> sys::CUstream {
+pub(crate) fn raw(s: Stream) -> sys::CUstream {
     s.as_raw() as usize as sys::CUstream
 }
 
 /// Fails cleanly (instead of cudarc panicking on first call) when the driver lacks a graph
 /// entry point. The cuda backend has already loaded the driver library when this runs.
-fn check_symbols() -> Result<(), Error> {
+pub(crate) fn check_symbols() -> Result<(), Error> {
     // SAFETY: the library is loaded already (the backend loaded it), so this finds it.
     let lib = unsafe { sys::culib() };
     for name in GRAPH_SYMBOLS {
@@ -102,13 +102,13 @@ fn check_symbols() -> Result<(), Error> {
 
 /// A captured, instantiated graph; destroyed on drop (errors then ignored: `destroy` is the
 /// checked way).
-struct Graph {
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
+pub(crate) struct Graph {
+    pub(crate) graph: sys::CUgraph,
+    pub(crate) exec: sys::CUgraphExec,
 }
 
 impl Graph {
-    fn destroy(mut self) -> Result<(), Error> {
+    pub(crate) fn destroy(mut self) -> Result<(), Error> {
         let (g, e) = (std::mem::replace(&mut self.graph, std::ptr::null_mut()), std::mem::replace(&mut self.exec, std::ptr::null_mut()));
         // SAFETY: handles made by cuGraphInstantiateWithFlags / cuStreamEndCapture, not yet
         // destroyed (nulled above, so Drop does nothing); no launch of them is in flight (the

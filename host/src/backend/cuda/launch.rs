@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use rustccl_kernels::DeviceOp;
 
-use rustccl_kernels::exec::{ExecArgs, ExecEntry, SymArgs};
+use rustccl_kernels::exec::{ExecArgs, ExecEntry, SignalArgs, SymArgs, WaitSignalArgs};
 use rustccl_kernels::symmetric::SymKernel;
 
 use super::driver::{check, Ctx, CtxGuard};
@@ -191,7 +191,35 @@ impl Kernels for CudaBackend {
     }
 }
 
+/// Launches `f` (loaded in `place.ctx`) on one block of `threads` threads with the one
+/// parameter `args` on `stream`.
+fn launch_one_block<T>(place: Place, f: sys::CUfunction, threads: u32, args: &T, name: &str, stream: Stream) -> Result<()> {
+    let _g = CtxGuard::enter(place.ctx)?;
+    // The driver reads the parameter from where `params[0]` points: the struct itself.
+    let mut params = [args as *const T as *mut c_void];
+    // SAFETY: the kernel takes one struct of `T`'s layout by value (checked in
+    // rustccl_kernels::exec against the generated header); the driver copies it before
+    // returning; the memory it names stays mapped until the communicator's work is done. `f`
+    // is a CUfunction loaded in `place.ctx`, now current.
+    check(
+        unsafe { sys::cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, 0, raw_stream(stream), params.as_mut_ptr(), std::ptr::null_mut()) },
+        name,
+    )
+}
+
 impl SymmetricKernels for CudaBackend {
+    fn launch_signal(&self, device: usize, args: &SignalArgs, stream: Stream) -> Result<()> {
+        let place = place_on(self, stream, device)?;
+        let f = self.kernels.one_sided(place.ctx, self.devices[device].cc, self.driver_version)?.signal.0;
+        launch_one_block(place, f, rustccl_kernels::one_sided::SIGNAL_THREADS, args, rustccl_kernels::one_sided::SIGNAL_KERNEL, stream)
+    }
+
+    fn launch_wait_signal(&self, device: usize, args: &WaitSignalArgs, stream: Stream) -> Result<()> {
+        let place = place_on(self, stream, device)?;
+        let f = self.kernels.one_sided(place.ctx, self.devices[device].cc, self.driver_version)?.wait.0;
+        launch_one_block(place, f, rustccl_kernels::exec::SIGNAL_WAIT_MAX as u32, args, rustccl_kernels::one_sided::WAIT_KERNEL, stream)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn launch_symmetric(
         &self,

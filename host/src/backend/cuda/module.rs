@@ -40,6 +40,18 @@ pub(crate) struct Kernels {
     /// Read under a shared lock (launches on several threads do not wait for each other);
     /// cached launches hold the function and do not look it up at all.
     exec: RwLock<HashMap<(usize, DeviceOp, DataType), ExecFunc>>,
+    /// The one-sided operations' kernels (`one_sided.cu`), by context: compiled once per
+    /// architecture (then the disk cache), loaded once per context.
+    one_sided: RwLock<HashMap<usize, OneSidedFuncs>>,
+}
+
+/// The one-sided kernels of one context (their module stays loaded).
+#[derive(Clone, Copy)]
+pub(crate) struct OneSidedFuncs {
+    /// `rustccl_signal`.
+    pub signal: Func,
+    /// `rustccl_wait_signal`.
+    pub wait: Func,
 }
 
 /// The interpreter of one (operator, type) in one context (its module stays loaded): a
@@ -96,12 +108,7 @@ impl Kernels {
         let unit = Unit { name: rustccl_kernels::exec::EXEC_SOURCE, defines: &defines, what: &what };
         let image = compile_or_load(cc, driver_version, &unit)?;
         let _g = CtxGuard::enter(ctx)?;
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is a CUBIN, or NUL-terminated PTX, that outlives the call.
-        check(
-            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void) },
-            &format!("cuModuleLoadData({what})"),
-        )?;
+        let module = load_module(&image, &what)?;
         let mut funcs = [Func(std::ptr::null_mut()); 4];
         let (mut regs, mut local_bytes) = (0, 0);
         for entry in ExecEntry::ALL {
@@ -149,6 +156,44 @@ impl Kernels {
         let e = ExecFunc { funcs, sym, regs, local_bytes };
         Ok(*self.exec.write().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(e))
     }
+}
+
+impl Kernels {
+    /// The one-sided operations' kernels in context `ctx` (`one_sided.cu`).
+    pub(crate) fn one_sided(&self, ctx: Ctx, cc: i32, driver_version: i32) -> Result<OneSidedFuncs> {
+        if let Some(f) = self.one_sided.read().unwrap_or_else(|p| p.into_inner()).get(&ctx.key()) {
+            return Ok(*f);
+        }
+        let what = "one-sided kernels";
+        let unit = Unit { name: rustccl_kernels::one_sided::SOURCE, defines: &[], what };
+        let image = compile_or_load(cc, driver_version, &unit)?;
+        let _g = CtxGuard::enter(ctx)?;
+        let module = load_module(&image, what)?;
+        let function = |name: &str| -> Result<Func> {
+            let c = CString::new(name).expect("no NUL");
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: the module was just loaded and is never unloaded; writes one handle.
+            check(unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) }, &format!("cuModuleGetFunction({name})"))?;
+            Ok(Func(f))
+        };
+        let f = OneSidedFuncs {
+            signal: function(rustccl_kernels::one_sided::SIGNAL_KERNEL)?,
+            wait: function(rustccl_kernels::one_sided::WAIT_KERNEL)?,
+        };
+        Ok(*self.one_sided.write().unwrap_or_else(|p| p.into_inner()).entry(ctx.key()).or_insert(f))
+    }
+}
+
+/// Loads a compiled image (CUBIN, or NUL-terminated PTX) into the current context; the
+/// module is never unloaded.
+fn load_module(image: &[u8], what: &str) -> Result<sys::CUmodule> {
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `image` is a CUBIN, or NUL-terminated PTX, that outlives the call.
+    check(
+        unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void) },
+        &format!("cuModuleLoadData({what})"),
+    )?;
+    Ok(module)
 }
 
 /// A compilation unit among the kernel sources, with its extra options.
@@ -337,9 +382,24 @@ fn report_options(cc: i32, op: DeviceOp, dtype: DataType, extra: &[&str]) -> Res
     Ok((nvrtc, target, options))
 }
 
+/// Compiles the one-sided kernels (`one_sided.cu`) for compute capability `cc` with ptxas'
+/// verbose report (no device, no cache): the compile check of the unit.
+pub fn compile_one_sided_report(cc: i32) -> Result<ExecCompile> {
+    let unit = Unit { name: rustccl_kernels::one_sided::SOURCE, defines: &[], what: "one-sided kernels" };
+    let nvrtc = Nvrtc::get()?;
+    let (target, mut options) = target_and_options(nvrtc, cc, &unit)?;
+    options.push(ptxas::VERBOSE_OPTION.to_string());
+    let headers: Vec<(&str, &str)> = rustccl_kernels::headers().collect();
+    compile_unit_with(nvrtc, unit.name, &target, &options, &headers)
+}
+
 /// Compiles `exec.cu` with `options` and the named `headers`: what ptxas reported.
 fn compile_with(nvrtc: &Nvrtc, target: &nvrtc::Target, options: &[String], headers: &[(&str, &str)]) -> Result<ExecCompile> {
-    let name = rustccl_kernels::exec::EXEC_SOURCE;
+    compile_unit_with(nvrtc, rustccl_kernels::exec::EXEC_SOURCE, target, options, headers)
+}
+
+/// Compiles the unit `name` with `options` and the named `headers`: what ptxas reported.
+fn compile_unit_with(nvrtc: &Nvrtc, name: &str, target: &nvrtc::Target, options: &[String], headers: &[(&str, &str)]) -> Result<ExecCompile> {
     let text = rustccl_kernels::source(name).expect("every unit is embedded");
     let out = nvrtc.compile_with_log((name, text), headers, options, target.cubin)?;
     Ok(ExecCompile { arch: target.arch.clone(), image_bytes: out.image.len(), functions: ptxas::parse(&out.log), log: out.log })

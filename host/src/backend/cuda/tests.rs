@@ -211,3 +211,20 @@ fn user_kernels_on_nccl_device_h_compile_with_nvrtc() {
         }
     }
 }
+
+/// The one-sided kernels (`one_sided.cu`: the signal's release add, the wait's acquire loads
+/// and abort polling) compile with NVRTC for sm_90, both entry points, without local memory.
+/// Skipped where NVRTC cannot be found, unless `RUSTCCL_REQUIRE_NVRTC=1`.
+#[test]
+fn one_sided_kernels_compile_with_nvrtc() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let c = module::compile_one_sided_report(90).unwrap_or_else(|e| panic!("one_sided.cu: {}", e.message));
+    assert_eq!(c.arch, "sm_90");
+    for k in [rustccl_kernels::one_sided::SIGNAL_KERNEL, rustccl_kernels::one_sided::WAIT_KERNEL] {
+        let f = c.functions.iter().find(|f| f.entry && f.name == k).unwrap_or_else(|| panic!("no ptxas report for {k} in:\n{}", c.log));
+        assert!(f.no_local_memory(), "{k} uses local memory:\n{}", c.log);
+        eprintln!("{k} sm_90: {:?} registers per thread", f.registers);
+    }
+}

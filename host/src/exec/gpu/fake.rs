@@ -42,6 +42,10 @@ pub(crate) enum Call {
     StreamWait { addr: DevicePtr, value: u32, stream: Stream },
     LaunchSymmetric { op: DeviceOp, dtype: DataType, kernel: SymKernel, args: SymArgs, blocks: u32, stream: Stream },
     LaunchExec(Stream),
+    /// The one-sided signal (`one_sided.cu`).
+    LaunchSignal { args: rustccl_kernels::exec::SignalArgs, stream: Stream },
+    /// The one-sided wait.
+    LaunchWaitSignal { args: Box<rustccl_kernels::exec::WaitSignalArgs>, stream: Stream },
     LaunchExecKernel(Stream),
     /// A copy from pinned memory (an image): its destination and bytes.
     Upload(DevicePtr, usize),
@@ -283,6 +287,14 @@ impl Kernels for FakeDevice {
 impl SymmetricKernels for FakeDevice {
     fn launch_symmetric(&self, _device: usize, op: DeviceOp, dtype: DataType, kernel: SymKernel, args: &SymArgs, blocks: u32, stream: Stream) -> Result<()> {
         self.log().calls.push(Call::LaunchSymmetric { op, dtype, kernel, args: *args, blocks, stream });
+        Ok(())
+    }
+    fn launch_signal(&self, _device: usize, args: &rustccl_kernels::exec::SignalArgs, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::LaunchSignal { args: *args, stream });
+        Ok(())
+    }
+    fn launch_wait_signal(&self, _device: usize, args: &rustccl_kernels::exec::WaitSignalArgs, stream: Stream) -> Result<()> {
+        self.log().calls.push(Call::LaunchWaitSignal { args: Box::new(*args), stream });
         Ok(())
     }
 }

@@ -28,8 +28,9 @@
 //! ([`sequence`]: capture check, control block, the wait for the communicator's last launch,
 //! the enqueue, the event after it). The entry points, each given the backend, the device and
 //! the communicator's [`ExecState`] (`engine::Engine::with_device` hands them out):
-//! `launch`, `cached::CachedLaunch::launch`, `run_symmetric`, and
-//! `copy_engine_ready` then `run_copy_engine`. Everything here goes through the
+//! `launch`, `cached::CachedLaunch::launch`, `run_symmetric`,
+//! `copy_engine_ready` then `run_copy_engine`, and the one-sided operations'
+//! `one_sided::run_signal` and `one_sided::run_wait`. Everything here goes through the
 //! `DeviceBackend` trait, so CUDA and a later HIP backend share it.
 
 pub mod cached;
@@ -37,6 +38,7 @@ pub mod copy_engine;
 pub mod encode;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod one_sided;
 pub mod ops;
 pub mod sequence;
 pub mod state;

@@ -191,6 +191,26 @@ mod tests {
         assert!(super::super::symmetric::launches() >= before + 3, "each launch is counted");
     }
 
+    /// The one-sided operations take the launch sequence like a kernel: a put (copy, signal)
+    /// and a wait on another stream follow the last launch and record the event; captured,
+    /// they are recorded into the graph (as NCCL's are), with no wait and no event.
+    #[test]
+    fn one_sided_operations_go_through_the_launch_sequence_and_may_be_captured() {
+        use super::super::one_sided::{run_signal, run_wait, PutCopy};
+        let (fake, backend) = backend();
+        let mut state = ExecState::default();
+        let put = PutCopy { src: 0x5000_0000, dst: 0x4000_0000, bytes: 64 };
+        run_signal(&backend, 0, &mut state, Some(put), 0x4020_0000 + 8, A).unwrap();
+        assert_eq!(kinds(&calls(&fake)), ["capture?", "control", "copy", "signal", "create-event", "record-event"]);
+        run_wait(&backend, 0, &mut state, 0x5020_0000, 0x5030_0000, &[(0, 1)], B).unwrap();
+        assert_eq!(kinds(&calls(&fake)), ["capture?", "wait-event", "wait-signal", "record-event"]);
+        fake.capturing.store(true, Ordering::Relaxed);
+        run_signal(&backend, 0, &mut state, None, 0x4020_0000 + 8, A).unwrap();
+        run_wait(&backend, 0, &mut state, 0x5020_0000, 0x5030_0000, &[(0, 2), (2, 1)], A).unwrap();
+        assert_eq!(kinds(&calls(&fake)), ["capture?", "signal", "capture?", "wait-signal"]);
+        assert_eq!(state.last, Some(B), "captured launches do not become the last launch");
+    }
+
     /// A captured symmetric kernel: the capture check, the control block, the kernel — no wait
     /// for the last launch, no event; and it does not become the last launch.
     #[test]
@@ -316,6 +336,8 @@ mod tests {
                 Call::LaunchExecKernel(_) => "exec-kernel",
                 Call::Upload(..) => "upload",
                 Call::HostCallback(_) => "host-callback",
+                Call::LaunchSignal { .. } => "signal",
+                Call::LaunchWaitSignal { .. } => "wait-signal",
             })
             .collect()
     }
