@@ -26,10 +26,11 @@
  *     ncclDevCommRequirements_t); ncclTeamCft and ncclTeamCftMultimem give the one-rank teams
  *     NCCL gives without CFT; hostCftMode and NCCL_WIN_CFT_COUNTED are accepted without effect.
  * ncclCommQueryProperties (2.29) says so beforehand: multimemSupport false, ginType
- * NCCL_GIN_TYPE_NONE (its 2.31/2.32 fields, past rustccl's nccl_device.h layout, are left as
- * the caller initialized them). The device API's LL all-to-all (2.30: ncclLLA2ACalcSlots,
- * ncclLLA2ACreateRequirement, nccl_device.h's ncclLLA2ASession) works over the LSA team, with
- * no multimem bcast; lsaLLA2ABlockCount/SlotCount are ignored, as NCCL ignores them.
+ * NCCL_GIN_TYPE_NONE, no GIN types in ginSupport (2.31's fields: commHash, ginMinStride,
+ * ginConnectionType, ginSupport, devCommRuntimeVersionSize). The device API's LL all-to-all
+ * (2.30: ncclLLA2ACalcSlots, ncclLLA2ACreateRequirement, nccl_device.h's ncclLLA2ASession)
+ * works over the LSA team, with no multimem bcast; lsaLLA2ABlockCount/SlotCount are ignored,
+ * as NCCL ignores them.
  *
  * Not yet everywhere: the one-sided ncclPutSignal/ncclSignal/ncclWaitSignal (2.29) work on the
  * host backend and CUDA between the ranks of one host (sigIdx, ctx and flags 0; inside groups
@@ -357,7 +358,9 @@ typedef struct ncclCftBarrierHandle { uint32_t bufHandle; int nBarriers; } ncclC
  * pre-shared key of at least 32 bytes; process-global, set before ncclGetUniqueId. Every rank
  * must use the same key; a rank with another key, or none, is refused at init. The environment
  * can give the key instead: NCCL_ENCRYPTION_PSK (the key) or NCCL_ENCRYPTION_PSK_FILE (a file
- * holding it). rustccl does not check `magic`. */
+ * holding it). As NCCL: a NULL config means mode NONE (no key), a magic other than
+ * NCCL_API_MAGIC is ncclInvalidArgument, and min(size, sizeof) bytes are read (the
+ * initializer's values past them). */
 typedef enum { NCCL_ENCRYPTION_MODE_NONE = 0, NCCL_ENCRYPTION_MODE_PSK = 1 } ncclEncryptionMode_t;
 typedef struct {
   size_t size;

@@ -1,9 +1,10 @@
 /*
  * nccl_device.h for rustccl's libnccl.so.2: the LSA subset of NCCL's device API (2.28, with
- * 2.29's requirements layout and 2.30's LL all-to-all), written by the rustccl project. It is
- * what a program compiles its own kernels with: device communicators (ncclDevCommCreate),
- * teams, pointers into peers' symmetric windows, cooperative groups, the LSA barrier and LL
- * all-to-all sessions (ncclLLA2ASession: messages between LSA ranks with no barrier).
+ * 2.32.3's requirements and properties layouts and 2.30's LL all-to-all), written by the
+ * rustccl project. It is what a program compiles its own kernels with: device communicators
+ * (ncclDevCommCreate), teams, pointers into peers' symmetric windows, cooperative groups, the
+ * LSA barrier and LL all-to-all sessions (ncclLLA2ASession: messages between LSA ranks with no
+ * barrier).
  *
  * Compilers. The structs and host declarations are C and C++. Everything inline needs C++11:
  * with a CUDA compiler (nvcc, clang, NVRTC) every function is __host__ __device__, and device
@@ -26,6 +27,7 @@
  *     code NCCL returns where that hardware is missing, and a message in ncclGetLastError
  *     naming it: multimem ncclInvalidArgument, GIN ncclInvalidUsage (see nccl.h's header).
  *     ncclCommQueryProperties reports multimemSupport false and ginType NCCL_GIN_TYPE_NONE.
+ *     CFT (2.31: cftCaps, cftBarrierCount) is refused too, with ncclInvalidArgument.
  *   - LL all-to-all: no multimem bcast (the session's multimem arguments are ignored: bcast
  *     stores to each rank); the session keeps its own fields (NCCL's has a base struct).
  *   - The LSA team is every rank when the ranks share a host and the backend has symmetric
@@ -109,17 +111,43 @@ struct ncclMultimemHandle {
 typedef enum {
   NCCL_GIN_CONNECTION_NONE = 0,
   NCCL_GIN_CONNECTION_FULL = 1,
-  NCCL_GIN_CONNECTION_RAIL = 2
+  NCCL_GIN_CONNECTION_RAIL = 2,
+  NCCL_GIN_CONNECTION_CUSTOM_STRIDE = 3 /* 2.31: every ginCustomStride-th rank */
 } ncclGinConnectionType_t;
 
-/* NCCL 2.29's layout. Initialize with NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER, then set what the
- * kernels need. rustccl accepts resourceRequirementsList, teamRequirementsList (without
- * multimem), lsaBarrierCount, and barrierCount where the LSA team is every rank (it then
- * counts as LSA barriers: the barriers of comm.lsaBarrier are max(lsaBarrierCount,
- * barrierCount)); ginContextCount, the GIN hints that ask for nothing, and lsaLLA2ABlockCount /
- * lsaLLA2ASlotCount (which NCCL ignores too) are ignored. Multimem (lsaMultimem) is refused with
- * ncclInvalidArgument, GIN (ginForceEnable, ginSignalCount, ginCounterCount,
- * ginConnectionType, GIN barriers) with ncclInvalidUsage. */
+/* GIN backends (ncclCommProperties' ginType, ginSupport[], and the requirements' ginType, where
+ * NCCL_GIN_TYPE_NONE asks for any). rustccl has none: it reports NCCL_GIN_TYPE_NONE. */
+typedef enum {
+  NCCL_GIN_TYPE_NONE = 0,
+  NCCL_GIN_TYPE_PROXY = 2,
+  NCCL_GIN_TYPE_GDAKI = 3,
+  NCCL_GIN_TYPE_GPI = 4,
+  NCCL_GIN_TYPE_EFA_GDA = 5, /* 2.31 */
+  NCCL_GIN_MAX_TYPES = 6
+} ncclGinType_t;
+
+/* The requirements' cftCaps (2.31), a bitmask. CFT is not supported: anything but
+ * NCCL_CFT_NONE is refused (see below). */
+typedef enum {
+  NCCL_CFT_NONE = 0x0,
+  NCCL_CFT = 0x1,
+  NCCL_CFT_MULTIMEM = 0x2
+} ncclCftCap_t;
+
+/* NCCL 2.32.3's layout (2.31's; 120 bytes). Initialize with NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER,
+ * then set what the kernels need. Requirements from older headers (2.29/2.30: 72 to 96 bytes)
+ * are read up to their size, the initializer's values past it. rustccl accepts
+ * resourceRequirementsList, teamRequirementsList (without multimem), lsaBarrierCount, and
+ * barrierCount where the LSA team is every rank (it then counts as LSA barriers: the barriers
+ * of comm.lsaBarrier are max(lsaBarrierCount, barrierCount)). Ignored, as NCCL ignores them
+ * where no GIN is asked for: ginContextCount, ginExclusiveContexts, ginQueueDepth,
+ * ginTrafficClass, ginStrongSignalsRequired, ginVaSignalsRequired, ginCustomStride and ginType;
+ * lsaLLA2ABlockCount / lsaLLA2ASlotCount are ignored too (NCCL ignores them). useRuntimeVersion
+ * is accepted either way: rustccl's ncclDevComm has one layout, of
+ * ncclCommProperties.devCommRuntimeVersionSize (= sizeof(ncclDevComm_t)) bytes. Refused:
+ * multimem (lsaMultimem) with ncclInvalidArgument, GIN (ginForceEnable, ginSignalCount,
+ * ginCounterCount, ginConnectionType, GIN barriers) with ncclInvalidUsage, CFT (cftCaps,
+ * cftBarrierCount) with ncclInvalidArgument. */
 struct ncclDevCommRequirements {
   size_t size;
   unsigned int magic;
@@ -149,6 +177,13 @@ struct ncclDevCommRequirements {
 
   bool ginStrongSignalsRequired;
   bool ginVaSignalsRequired;
+
+  /* 2.31 */
+  int ginCustomStride;          /* with NCCL_GIN_CONNECTION_CUSTOM_STRIDE */
+  ncclGinType_t ginType;        /* the GIN backend wanted; NCCL_GIN_TYPE_NONE: any */
+  bool useRuntimeVersion;       /* lay outDevComm out as this library's version does */
+  int cftCaps;                  /* ncclCftCap_t bits */
+  int cftBarrierCount;
 };
 
 #define NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER {                               \
@@ -173,7 +208,12 @@ struct ncclDevCommRequirements {
     NCCL_CONFIG_UNDEF_INT,                       /* ginTrafficClass */         \
     0,                                           /* worldGinBarrierCount */    \
     true,                                        /* ginStrongSignalsRequired */\
-    true                                         /* ginVaSignalsRequired */    \
+    true,                                        /* ginVaSignalsRequired */    \
+    1,                                           /* ginCustomStride */         \
+    NCCL_GIN_TYPE_NONE,                          /* ginType */                 \
+    false,                                       /* useRuntimeVersion */       \
+    NCCL_CFT_NONE,                               /* cftCaps */                 \
+    0                                            /* cftBarrierCount */         \
 }
 
 /* Memory a kernel needs in every rank's resource memory (a list, through next).
@@ -233,13 +273,13 @@ struct ncclDevComm {
   unsigned long long reserved[8];
 };
 
-/* What a communicator offers (NCCL 2.29's layout): ncclCommQueryProperties fills it. */
-typedef enum {
-  NCCL_GIN_TYPE_NONE = 0,
-  NCCL_GIN_TYPE_PROXY = 2,
-  NCCL_GIN_TYPE_GDAKI = 3,
-  NCCL_GIN_TYPE_GPI = 4,
-} ncclGinType_t;
+/* What a communicator offers (NCCL 2.31's layout, 144 bytes, which 2.32.3 keeps):
+ * ncclCommQueryProperties fills it, writing only `size` bytes (a struct from a 2.29/2.30 header
+ * gets its own fields). NCCL 2.32 also reports CFT support past devCommRuntimeVersionSize
+ * (cftSupport, cftMulticastSupport, cftCountedSupport); their layout in NCCL's header could not
+ * be confirmed here, so they are not declared: a struct from NCCL's 2.32 header keeps the
+ * zeroes its initializer gave them (no CFT), which is rustccl's answer. */
+#define NCCL_GIN_MAX_ACTIVE_BACKENDS 4
 typedef struct ncclCommProperties {
   size_t size;
   unsigned int magic;
@@ -252,8 +292,14 @@ typedef struct ncclCommProperties {
   bool multimemSupport;   /* always false: no NVLS */
   ncclGinType_t ginType;  /* always NCCL_GIN_TYPE_NONE */
   int nLsaTeams;
-  bool hostRmaSupport;    /* always false: no ncclPutSignal & co. */
-  ncclGinType_t railedGinType;
+  bool hostRmaSupport;    /* ncclPutSignal & co. reach every rank: the host backend, one host */
+  ncclGinType_t railedGinType; /* always NCCL_GIN_TYPE_NONE */
+  /* 2.31 */
+  unsigned long long commHash;        /* the same on every rank of the communicator */
+  int ginMinStride;                   /* 0: no GIN */
+  ncclGinConnectionType_t ginConnectionType; /* always NCCL_GIN_CONNECTION_NONE */
+  bool ginSupport[64];                /* [t]: GIN type t available; all false */
+  size_t devCommRuntimeVersionSize;   /* bytes of the ncclDevComm ncclDevCommCreate writes */
 } ncclCommProperties_t;
 #define NCCL_COMM_PROPERTIES_INITIALIZER {sizeof(ncclCommProperties_t), NCCL_API_MAGIC, NCCL_VERSION_CODE}
 
@@ -297,12 +343,19 @@ ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle
 
 #if __cplusplus >= 201103L && (defined(__LP64__) || defined(_WIN64))
 static_assert(sizeof(ncclWindow_vidmem) == 32, "ncclWindow_vidmem layout");
-static_assert(sizeof(ncclCommProperties_t) == 56, "ncclCommProperties layout (NCCL 2.29)");
-static_assert(sizeof(ncclDevCommRequirements) == 96, "ncclDevCommRequirements layout (NCCL 2.29)");
+static_assert(sizeof(ncclCommProperties_t) == 144, "ncclCommProperties layout (NCCL 2.31/2.32)");
+static_assert(sizeof(ncclDevCommRequirements) == 120, "ncclDevCommRequirements layout (NCCL 2.31/2.32)");
 static_assert(sizeof(ncclDevResourceRequirements) == 56, "ncclDevResourceRequirements layout");
 static_assert(sizeof(ncclTeamRequirements) == 32, "ncclTeamRequirements layout");
 static_assert(sizeof(ncclDevComm) == 136, "ncclDevComm layout");
 static_assert(sizeof(ncclLLA2AHandle) == 8, "ncclLLA2AHandle layout (NCCL 2.30)");
+#if !defined(__CUDACC_RTC__) /* offsetof comes from nccl.h's <stddef.h> */
+static_assert(offsetof(ncclCommProperties_t, commHash) == 56 && offsetof(ncclCommProperties_t, ginSupport) == 72 &&
+                  offsetof(ncclCommProperties_t, devCommRuntimeVersionSize) == 136,
+              "ncclCommProperties 2.31 fields");
+static_assert(offsetof(ncclDevCommRequirements, ginCustomStride) == 96 && offsetof(ncclDevCommRequirements, cftCaps) == 108,
+              "ncclDevCommRequirements 2.31 fields");
+#endif
 #endif
 
 /* libcu++ needs C++17. */

@@ -74,25 +74,13 @@ fn cft_team(comm: CommHandle, mode: c_int, what: &str) -> NcclTeam {
     }
 }
 
-/// `ncclDevCommRequirements_t`'s 2.31 fields `cftCaps` and `cftBarrierCount`, at their offsets
-/// in NCCL's layout (after 2.29's fields, `ginCustomStride`, `ginType` and `useRuntimeVersion`).
-const REQS_CFT_CAPS: usize = 108;
-const REQS_CFT_BARRIER_COUNT: usize = 112;
-
-/// `ncclDevCommCreate`'s check for CFT in a caller's requirements of `size` bytes (a program
-/// built against a 2.31+ header): CFT capabilities or CFT barriers cannot be had here, and a
-/// device communicator without them would leave the caller's CFT kernels without endpoints,
-/// so the call is refused (`ncclInvalidArgument`, as the CFT queries) before anything is made.
-///
-/// # Safety
-/// `reqs` points to at least `size` readable bytes.
-pub(crate) unsafe fn refuse_cft_requirements(reqs: *const u8, size: usize) -> Result<(), Error> {
-    for (at, field) in [(REQS_CFT_CAPS, "cftCaps"), (REQS_CFT_BARRIER_COUNT, "cftBarrierCount")] {
-        if size < at + 4 {
-            continue;
-        }
-        // SAFETY: within the caller's `size` bytes.
-        let v = unsafe { (reqs.add(at) as *const c_int).read_unaligned() };
+/// `ncclDevCommCreate`'s check of the requirements' 2.31 fields `cftCaps` and `cftBarrierCount`
+/// (0 where the caller's header predates them): CFT capabilities or CFT barriers cannot be had
+/// here, and a device communicator without them would leave the caller's CFT kernels without
+/// endpoints, so the call is refused (`ncclInvalidArgument`, as NCCL without CFT support, and
+/// as the CFT queries) before anything is made.
+pub(crate) fn refuse_cft_requirements(cft_caps: c_int, cft_barrier_count: c_int) -> Result<(), Error> {
+    for (v, field) in [(cft_caps, "cftCaps"), (cft_barrier_count, "cftBarrierCount")] {
         if v != 0 {
             return Err(no_cft(&format!("ncclDevCommCreate (reqs->{field} = {v})")));
         }

@@ -27,6 +27,7 @@ const API_MAGIC: c_uint = 0xcafe_beef;
 /// `NCCL_VERSION_CODE` of nccl.h (written into each device communicator).
 const VERSION_CODE: c_uint = rustccl::version::NCCL_VERSION_CODE as c_uint;
 /// The smallest requirements layout with a `size` field (2.29.2's: up to `ginCounterCount`).
+/// Later headers add fields at the end: 2.29.7 (88 bytes), 2.30 (96), 2.31–2.32.3 (120).
 const MIN_REQS_SIZE: usize = 72;
 /// Resources are aligned to this at least (the barriers' 32-bit words, and room for vectors).
 const MIN_ALIGN: usize = 16;
@@ -57,7 +58,7 @@ pub struct TeamRequirements {
     out_multimem_handle: *mut c_void,
 }
 
-/// `ncclDevCommRequirements` (NCCL 2.29's layout; C `bool`s read as bytes).
+/// `ncclDevCommRequirements` (NCCL 2.32.3's layout, 2.31's; C `bool`s read as bytes).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct DevCommRequirements {
@@ -83,6 +84,12 @@ pub struct DevCommRequirements {
     world_gin_barrier_count: c_int,
     gin_strong_signals_required: u8,
     gin_va_signals_required: u8,
+    // 2.31
+    gin_custom_stride: c_int,
+    gin_type: c_int,
+    use_runtime_version: u8,
+    cft_caps: c_int,
+    cft_barrier_count: c_int,
 }
 
 impl DevCommRequirements {
@@ -111,6 +118,11 @@ impl DevCommRequirements {
             world_gin_barrier_count: 0,
             gin_strong_signals_required: 1,
             gin_va_signals_required: 1,
+            gin_custom_stride: 1,
+            gin_type: 0,
+            use_runtime_version: 0,
+            cft_caps: 0,
+            cft_barrier_count: 0,
         }
     }
 }
@@ -143,7 +155,9 @@ pub struct DevComm {
 
 const _: () = assert!(std::mem::size_of::<DevResourceRequirements>() == 56);
 const _: () = assert!(std::mem::size_of::<TeamRequirements>() == 32);
-const _: () = assert!(std::mem::size_of::<DevCommRequirements>() == 96);
+const _: () = assert!(std::mem::size_of::<DevCommRequirements>() == 120);
+const _: () = assert!(std::mem::offset_of!(DevCommRequirements, gin_custom_stride) == 96);
+const _: () = assert!(std::mem::offset_of!(DevCommRequirements, cft_caps) == 108);
 const _: () = assert!(std::mem::size_of::<DevComm>() == 136);
 
 /// What a device communicator's `internal` names.
@@ -312,8 +326,12 @@ unsafe fn read_requirements(reqs: *const DevCommRequirements) -> Result<DevCommR
             r.magic
         )));
     }
-    // SAFETY: the caller's struct holds `size` bytes.
-    unsafe { crate::cft_api::refuse_cft_requirements(reqs as *const u8, size)? };
+    crate::cft_api::refuse_cft_requirements(r.cft_caps, r.cft_barrier_count)?;
+    if r.use_runtime_version != 0 {
+        // NCCL then lays the device communicator out as its own version does; rustccl's has one
+        // layout, of `devCommRuntimeVersionSize` bytes, so nothing changes.
+        tracing::debug!(target: "INIT", "ncclDevCommCreate: useRuntimeVersion (one ncclDevComm layout, {} bytes)", std::mem::size_of::<DevComm>());
+    }
     Ok(r)
 }
 
@@ -591,9 +609,11 @@ pub unsafe fn destroy(comm: CommHandle, dev: *const DevComm) -> Result<(), Error
     }
 }
 
-/// NCCL 2.29's `ncclCommProperties` (nccl_device/core.h), rustccl's answers in it.
+/// NCCL 2.31's `ncclCommProperties` (nccl_device/core.h; 2.32.3 keeps it), rustccl's answers
+/// in it. NCCL 2.32 reports CFT support past `devCommRuntimeVersionSize`; rustccl writes
+/// nothing there, so a 2.32 caller keeps its initializer's zeroes: no CFT, rustccl's answer.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct CommProperties {
     pub size: usize,
     pub magic: c_uint,
@@ -608,14 +628,24 @@ pub struct CommProperties {
     pub n_lsa_teams: c_int,
     pub host_rma_support: bool,
     pub railed_gin_type: c_int,
+    // 2.31
+    pub comm_hash: u64,
+    pub gin_min_stride: c_int,
+    pub gin_connection_type: c_int,
+    pub gin_support: [bool; 64],
+    pub dev_comm_runtime_version_size: usize,
 }
 
-const _: () = assert!(std::mem::size_of::<CommProperties>() == 56);
+const _: () = assert!(std::mem::size_of::<CommProperties>() == 144);
+const _: () = assert!(std::mem::offset_of!(CommProperties, comm_hash) == 56);
+const _: () = assert!(std::mem::offset_of!(CommProperties, gin_support) == 72);
+const _: () = assert!(std::mem::offset_of!(CommProperties, dev_comm_runtime_version_size) == 136);
 
 /// `ncclCommQueryProperties`: the communicator's rank, size and device, and what of the
 /// device API it offers (LSA device communicators where the LSA team is every rank; no
-/// multimem, no GIN, no host one-sided operations). Only the caller's `size` bytes are
-/// written; `size` and `magic` come from `NCCL_COMM_PROPERTIES_INITIALIZER`.
+/// multimem, no GIN; the host one-sided calls where they reach every rank). Only the caller's
+/// `size` bytes are written, so a struct from a 2.29/2.30 header gets its own fields; `size`
+/// and `magic` come from `NCCL_COMM_PROPERTIES_INITIALIZER`.
 ///
 /// # Safety
 /// `props` is NULL or points to at least its own `size` bytes.
@@ -624,8 +654,10 @@ pub unsafe fn query_properties(comm: CommHandle, props: *mut CommProperties) -> 
     if props.is_null() {
         return Err(Error::invalid_argument("props is NULL"));
     }
-    // SAFETY: non-null; every layout starts with its size (the caller's contract).
-    let (size, magic) = unsafe { ((props as *const usize).read_unaligned(), (*props).magic) };
+    // SAFETY: non-null; every layout starts with its size and magic (the caller's contract).
+    let (size, magic) = unsafe {
+        ((props as *const usize).read_unaligned(), std::ptr::addr_of!((*props).magic).read_unaligned())
+    };
     // As NCCL (and as ncclDevCommCreate's requirements): a wrong magic is invalid usage.
     if magic != API_MAGIC {
         return Err(Error::invalid_usage(format!(
@@ -652,13 +684,36 @@ pub unsafe fn query_properties(comm: CommHandle, props: *mut CommProperties) -> 
         nvml_dev: c.comm.device()?,
         device_api_support: lsa_world,
         multimem_support: false,
-        gin_type: 0,
+        gin_type: GIN_TYPE_NONE,
         n_lsa_teams: if lsa_world { 1 } else { c.comm.count()? },
-        host_rma_support: false,
-        railed_gin_type: 0,
+        host_rma_support: host_rma_support(&c.comm, lsa_world),
+        railed_gin_type: GIN_TYPE_NONE,
+        // Named by the unique id (or the parent and color): the same on every rank.
+        comm_hash: c.comm.hash(),
+        // NCCL says 1 or the ranks per host where GIN connects; no GIN here.
+        gin_min_stride: 0,
+        gin_connection_type: GIN_CONNECTION_NONE,
+        gin_support: [false; 64],
+        // What ncclDevCommCreate writes, with or without useRuntimeVersion: rustccl's
+        // ncclDevComm has one layout. Programs for NCCL >= 2.31 allocate the device
+        // communicator with this size (DeepEP: malloc(props.devCommRuntimeVersionSize)).
+        dev_comm_runtime_version_size: std::mem::size_of::<DevComm>(),
     };
     let n = size.min(std::mem::size_of::<CommProperties>());
     // SAFETY: the caller's struct holds `size` ≥ `n` bytes.
     unsafe { std::ptr::copy_nonoverlapping(std::ptr::addr_of!(p) as *const u8, props as *mut u8, n) };
     Ok(())
+}
+
+/// `NCCL_GIN_TYPE_NONE` and `NCCL_GIN_CONNECTION_NONE`: no GIN backend, no GIN connections.
+const GIN_TYPE_NONE: c_int = 0;
+const GIN_CONNECTION_NONE: c_int = 0;
+
+/// `hostRmaSupport`: whether NCCL's host one-sided calls (`ncclPutSignal`, `ncclSignal`,
+/// `ncclWaitSignal`) work on this communicator. rustccl runs them on the host backend between
+/// the ranks of one host (`coll/one_sided.rs`), so: the host backend where the LSA team is
+/// every rank. GPU backends refuse them for now, so they say false (a program that checks
+/// first then takes another way).
+fn host_rma_support(comm: &rustccl::Communicator, lsa_world: bool) -> bool {
+    lsa_world && comm.backend().kind() == rustccl::backend::BackendKind::Host
 }

@@ -4,7 +4,8 @@
  * names; the 2.32.3 ncclConfig_t (its five 2.31/2.32 fields, a config from an older header);
  * the 2.31/2.32 window flags; and the CFT calls, which answer as NCCL's do on a GPU without
  * CFT support (one-rank teams, logical-endpoint queries and CFT device communicator
- * requirements refused with a message).
+ * requirements refused with a message); nccl_device.h's 2.32.3 layouts; ncclSetEncryption's
+ * NULL, magic and size rules.
  *
  * NRANKS processes with RANK, NRANKS and NCCL_TEST_ID (a unique id in hex) in the
  * environment; the ranks share a host. */
@@ -197,37 +198,67 @@ static void test_windows_and_cft(ncclComm_t comm) {
   OK(ncclMemFree(mem));
 }
 
-/* ncclDevCommRequirements_t as a 2.31+ header lays it out: 2.29's fields, then ginCustomStride,
- * ginType, useRuntimeVersion, cftCaps and cftBarrierCount (120 bytes). CFT is refused before
- * anything is made; the same requirements without CFT make a device communicator. */
-struct reqs_2_32 {
-  ncclDevCommRequirements_t base;
-  int ginCustomStride;
-  int ginType;
-  bool useRuntimeVersion;
-  int cftCaps;
-  int cftBarrierCount;
-};
-
+/* ncclDevCommRequirements_t as nccl_device.h now declares it, 2.32.3's layout: 2.30's fields,
+ * then ginCustomStride, ginType, useRuntimeVersion, cftCaps and cftBarrierCount (120 bytes).
+ * CFT is refused before anything is made; the same requirements without CFT make a device
+ * communicator. */
 static void test_devcomm_cft(ncclComm_t comm) {
-  CHECK(sizeof(struct reqs_2_32) == 120 && offsetof(struct reqs_2_32, cftCaps) == 108, "2.32 requirements layout");
-  ncclDevCommRequirements_t init = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
-  struct reqs_2_32 r = {init, 1, 0, false, 0, 0};
-  r.base.size = sizeof r;
-  r.cftCaps = 1;
+  CHECK(sizeof(ncclDevCommRequirements_t) == 120 && offsetof(ncclDevCommRequirements_t, ginCustomStride) == 96 &&
+            offsetof(ncclDevCommRequirements_t, useRuntimeVersion) == 104 && offsetof(ncclDevCommRequirements_t, cftCaps) == 108 &&
+            offsetof(ncclDevCommRequirements_t, cftBarrierCount) == 112,
+        "2.32 requirements layout");
+  CHECK(sizeof(ncclCommProperties_t) == 144 && offsetof(ncclCommProperties_t, commHash) == 56 &&
+            offsetof(ncclCommProperties_t, ginSupport) == 72 && offsetof(ncclCommProperties_t, devCommRuntimeVersionSize) == 136,
+        "2.31/2.32 properties layout");
+  CHECK(NCCL_GIN_TYPE_EFA_GDA == 5 && NCCL_GIN_MAX_TYPES == 6 && NCCL_GIN_CONNECTION_CUSTOM_STRIDE == 3 && NCCL_CFT == 1 &&
+            NCCL_CFT_MULTIMEM == 2,
+        "2.31 enum values");
+  ncclDevCommRequirements_t r = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+  r.cftCaps = NCCL_CFT;
   ncclDevComm_t dc;
-  INVALID(ncclDevCommCreate(comm, &r.base, &dc));
+  INVALID(ncclDevCommCreate(comm, &r, &dc));
   SAYS("reqs->cftCaps = 1");
-  r.cftCaps = 0;
+  r.cftCaps = NCCL_CFT_NONE;
   r.cftBarrierCount = 4;
-  INVALID(ncclDevCommCreate(comm, &r.base, &dc));
+  INVALID(ncclDevCommCreate(comm, &r, &dc));
   SAYS("reqs->cftBarrierCount = 4");
   r.cftBarrierCount = 0;
   if (ncclTeamLsa(comm).nRanks == nranks) {
-    OK(ncclDevCommCreate(comm, &r.base, &dc));
+    OK(ncclDevCommCreate(comm, &r, &dc));
     CHECK(dc.rank == rank && dc.nRanks == nranks, "device communicator from 2.32-sized requirements");
     OK(ncclDevCommDestroy(comm, &dc));
   }
+}
+
+/* ncclSetEncryption's rules (NCCL 2.32's): a NULL configuration is mode NONE; a magic other than
+ * NCCL_API_MAGIC is ncclInvalidArgument; a struct is read up to its size, the initializer's
+ * values past it (a size that stops before `mode`: NONE). Run after the communicator is gone,
+ * ending with no key (the key is process-global). */
+static void test_encryption(void) {
+  const char* key = "0123456789abcdef0123456789abcdef-test";
+  OK(ncclSetEncryption(NULL));
+  ncclEncryptionConfig_t c = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  CHECK(c.magic == NCCL_API_MAGIC && c.mode == NCCL_ENCRYPTION_MODE_NONE && c.psk == NULL, "encryption initializer");
+  OK(ncclSetEncryption(&c));
+  c.mode = NCCL_ENCRYPTION_MODE_PSK;
+  c.psk = key;
+  c.magic = 0;
+  INVALID(ncclSetEncryption(&c));
+  SAYS("NCCL_API_MAGIC");
+  c.magic = NCCL_API_MAGIC;
+  c.size = 16; /* stops before mode: NONE, whatever mode says */
+  OK(ncclSetEncryption(&c));
+  c.size = sizeof c;
+  c.psk = "short";
+  INVALID(ncclSetEncryption(&c));
+  c.psk = NULL;
+  INVALID(ncclSetEncryption(&c));
+  c.psk = key;
+  c.mode = 9;
+  INVALID(ncclSetEncryption(&c));
+  c.mode = NCCL_ENCRYPTION_MODE_PSK;
+  OK(ncclSetEncryption(&c));
+  OK(ncclSetEncryption(NULL)); /* off again */
 }
 
 int main(void) {
@@ -240,5 +271,6 @@ int main(void) {
   test_windows_and_cft(comm);
   test_devcomm_cft(comm);
   OK(ncclCommDestroy(comm));
+  test_encryption();
   return finish();
 }

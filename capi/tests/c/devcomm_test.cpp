@@ -72,6 +72,11 @@ static void test_bad_requirements(ncclComm_t comm) {
     r.ginConnectionType = NCCL_GIN_CONNECTION_RAIL;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
     r = reqs;
+    r.ginConnectionType = NCCL_GIN_CONNECTION_CUSTOM_STRIDE; /* 2.31 */
+    r.ginCustomStride = 2;
+    USAGE(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "reqs->ginConnectionType");
+    r = reqs;
     r.ginForceEnable = true;
     USAGE(ncclDevCommCreate(comm, &r, &dev));
     SAYS(comm, "ginForceEnable");
@@ -86,8 +91,32 @@ static void test_bad_requirements(ncclComm_t comm) {
     r.ginQueueDepth = 64;
     r.lsaLLA2ABlockCount = 1;
     r.lsaLLA2ASlotCount = 16;
+    /* 2.31's GIN hints ask for nothing without a GIN connection either (as NCCL: the backend
+     * and stride only choose among GIN connections). */
+    r.ginExclusiveContexts = true;
+    r.ginCustomStride = 4;
+    r.ginType = NCCL_GIN_TYPE_GDAKI;
+    r.ginStrongSignalsRequired = false;
     OK(ncclDevCommCreate(comm, &r, &dev));
     OK(ncclDevCommDestroy(comm, &dev));
+  }
+  /* CFT (2.31: cftCaps, cftBarrierCount): no logical endpoints here, so ncclInvalidArgument,
+   * as NCCL on a GPU without CFT support, before anything is made. */
+  {
+    ncclDevCommRequirements_t r = reqs;
+    CHECK(sizeof r == 120 && r.cftCaps == NCCL_CFT_NONE && r.ginCustomStride == 1 && r.ginType == NCCL_GIN_TYPE_NONE &&
+              !r.useRuntimeVersion && r.cftBarrierCount == 0,
+          "2.32 requirements and their initializer (%zu bytes)", sizeof r);
+    r.cftCaps = NCCL_CFT;
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "reqs->cftCaps = 1");
+    r.cftCaps = NCCL_CFT | NCCL_CFT_MULTIMEM;
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    r = reqs;
+    r.cftBarrierCount = 2;
+    INVALID(ncclDevCommCreate(comm, &r, &dev));
+    SAYS(comm, "reqs->cftBarrierCount = 2");
+    SAYS(comm, "CFT");
   }
   {
     ncclGinBarrierHandle_t* noHandle = NULL;
@@ -139,6 +168,91 @@ static void test_bad_requirements(ncclComm_t comm) {
   INVALID(ncclDevCommDestroy(comm, &zero));
 }
 
+/* 2.31's properties: the communicator's hash (the same on every rank: gathered and compared),
+ * no GIN, and the size of the device communicator ncclDevCommCreate writes. A struct from a
+ * 2.29/2.30 header (56 bytes) gets its own fields and nothing past them. */
+static void test_properties_2_31(ncclComm_t comm, const ncclCommProperties_t& props) {
+  CHECK(sizeof props == 144, "2.31 properties: %zu bytes", sizeof props);
+  CHECK(props.commHash != 0, "commHash");
+  CHECK(props.ginMinStride == 0 && props.ginConnectionType == NCCL_GIN_CONNECTION_NONE && props.railedGinType == NCCL_GIN_TYPE_NONE,
+        "no GIN: stride %d, connection %d", props.ginMinStride, (int)props.ginConnectionType);
+  int anyGin = 0;
+  for (int t = 0; t < 64; t++) anyGin |= props.ginSupport[t];
+  CHECK(!anyGin, "ginSupport all false");
+  CHECK(props.devCommRuntimeVersionSize == sizeof(ncclDevComm_t), "devCommRuntimeVersionSize %zu, expected %zu",
+        props.devCommRuntimeVersionSize, sizeof(ncclDevComm_t));
+  unsigned long long* hashes = NULL;
+  OK(ncclMemAlloc((void**)&hashes, 2 * 8 * nranks));
+  hashes[0] = props.commHash;
+  OK(ncclAllGather(hashes, hashes + nranks, 1, ncclUint64, comm, NULL)); /* host backend: done on return */
+  for (int p = 0; p < nranks; p++)
+    CHECK(hashes[nranks + p] == props.commHash, "rank %d's commHash %llx, this rank's %llx", p, hashes[nranks + p],
+          props.commHash);
+  OK(ncclMemFree(hashes));
+
+  unsigned char old[144];
+  memset(old, 0xee, sizeof old);
+  ncclCommProperties_t init = NCCL_COMM_PROPERTIES_INITIALIZER;
+  memcpy(old, &init, 24);
+  size_t oldSize = 56;
+  memcpy(old, &oldSize, sizeof oldSize);
+  OK(ncclCommQueryProperties(comm, (ncclCommProperties_t*)old));
+  ncclCommProperties_t got;
+  memcpy(&got, old, sizeof got);
+  int untouched = 1;
+  for (size_t i = 56; i < sizeof old; i++) untouched &= old[i] == 0xee;
+  CHECK(got.rank == rank && got.nRanks == nranks && got.deviceApiSupport && untouched,
+        "a 56-byte (2.29/2.30) properties struct: rank %d, nothing written past it %d", got.rank, untouched);
+}
+
+/* What programs for NCCL >= 2.31 do (DeepEP, and others): ask for the runtime's layout and
+ * allocate the device communicator with devCommRuntimeVersionSize bytes. Guard bytes past that
+ * size catch a library writing more than it said. The device communicator then works. */
+static void test_runtime_version_devcomm(ncclComm_t comm, const ncclCommProperties_t& props) {
+  ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+  reqs.useRuntimeVersion = true;
+  reqs.lsaBarrierCount = 1;
+  size_t size = props.devCommRuntimeVersionSize;
+  CHECK(size >= 24, "devCommRuntimeVersionSize %zu", size);
+  const size_t guard = 256;
+  unsigned char* mem = (unsigned char*)malloc(size + guard);
+  memset(mem + size, 0x5a, guard);
+  ncclDevComm_t* dc = (ncclDevComm_t*)mem;
+  OK(ncclDevCommCreate(comm, &reqs, dc));
+  int intact = 1;
+  for (size_t i = 0; i < guard; i++) intact &= mem[size + i] == 0x5a;
+  CHECK(intact, "ncclDevCommCreate wrote past devCommRuntimeVersionSize (%zu bytes)", size);
+  if (size >= sizeof(ncclDevComm_t)) {
+    CHECK(dc->magic == NCCL_API_MAGIC && dc->rank == rank && dc->nRanks == nranks && dc->lsaBarrier.nBarriers == 1,
+          "runtime-version device communicator: rank %d of %d", dc->rank, dc->nRanks);
+    {
+      ncclLsaBarrierSession<ncclCoopThread> bar(ncclCoopThread(), *dc, ncclTeamTagLsa(), 0);
+      bar.sync(ncclCoopThread());
+    }
+    OK(ncclDevCommDestroy(comm, dc));
+  }
+  free(mem);
+}
+
+/* Requirements from older headers are read up to their size: 2.30's (96 bytes) and 2.29.7's
+ * (88), with 2.31 fields past that size asking for CFT, which are not read. */
+static void test_older_requirements(ncclComm_t comm) {
+  const size_t sizes[] = {96, 88};
+  for (size_t size : sizes) {
+    ncclDevCommRequirements_t r = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+    r.size = size;
+    r.version = 23007;
+    r.lsaBarrierCount = 2;
+    r.cftCaps = NCCL_CFT; /* past size */
+    r.cftBarrierCount = 3;
+    if (size == 88) r.ginTrafficClass = 12345; /* past size: not read either */
+    ncclDevComm_t dc;
+    OK(ncclDevCommCreate(comm, &r, &dc));
+    CHECK(dc.lsaBarrier.nBarriers == 2, "%zu-byte requirements: %d barriers", size, dc.lsaBarrier.nBarriers);
+    OK(ncclDevCommDestroy(comm, &dc));
+  }
+}
+
 int main(void) {
   ncclUniqueId id;
   read_rank_env("NCCL_TEST_ID", &id);
@@ -161,12 +275,14 @@ int main(void) {
   /* The communicator's properties (2.29). */
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
   OK(ncclCommQueryProperties(comm, &props));
+  /* Host one-sided calls reach every rank here (host backend, one host). */
   CHECK(props.rank == rank && props.nRanks == nranks && props.deviceApiSupport && !props.multimemSupport &&
-            props.ginType == NCCL_GIN_TYPE_NONE && props.nLsaTeams == 1 && !props.hostRmaSupport,
+            props.ginType == NCCL_GIN_TYPE_NONE && props.nLsaTeams == 1 && props.hostRmaSupport,
         "properties: rank %d of %d, device API %d, multimem %d, gin %d, %d LSA teams, host RMA %d", props.rank,
         props.nRanks, props.deviceApiSupport, props.multimemSupport, (int)props.ginType, props.nLsaTeams,
         props.hostRmaSupport);
   INVALID(ncclCommQueryProperties(comm, NULL));
+  test_properties_2_31(comm, props);
   ncclCommProperties_t bad = props;
   bad.magic = 0;
   USAGE(ncclCommQueryProperties(comm, &bad)); /* as NCCL, and as ncclDevCommCreate's magic */
@@ -355,6 +471,9 @@ int main(void) {
     }
     CHECK(1, "a wait with the abort flag set returned");
   }
+
+  test_runtime_version_devcomm(comm, props);
+  test_older_requirements(comm);
 
   /* A second device communicator: the 2.29.2 requirements size (fields past it are not read),
    * and barrierCount counted as LSA barriers (the LSA team is every rank). */
