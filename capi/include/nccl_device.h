@@ -292,7 +292,7 @@ typedef struct ncclCommProperties {
   bool multimemSupport;   /* always false: no NVLS */
   ncclGinType_t ginType;  /* always NCCL_GIN_TYPE_NONE */
   int nLsaTeams;
-  bool hostRmaSupport;    /* ncclPutSignal & co. reach every rank: the host backend, one host */
+  bool hostRmaSupport;    /* ncclPutSignal & co. reach every rank: host backend or CUDA, one host */
   ncclGinType_t railedGinType; /* always NCCL_GIN_TYPE_NONE */
   /* 2.31 */
   unsigned long long commHash;        /* the same on every rank of the communicator */

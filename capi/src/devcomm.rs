@@ -710,10 +710,9 @@ const GIN_TYPE_NONE: c_int = 0;
 const GIN_CONNECTION_NONE: c_int = 0;
 
 /// `hostRmaSupport`: whether NCCL's host one-sided calls (`ncclPutSignal`, `ncclSignal`,
-/// `ncclWaitSignal`) work on this communicator. rustccl runs them on the host backend between
-/// the ranks of one host (`coll/one_sided.rs`), so: the host backend where the LSA team is
-/// every rank. GPU backends refuse them for now, so they say false (a program that checks
-/// first then takes another way).
+/// `ncclWaitSignal`) work on this communicator. rustccl runs them between the ranks of one host
+/// (`coll/one_sided.rs`) on the host backend and on GPU backends with symmetric kernels (CUDA;
+/// not HIP), so: where the LSA team is every rank and the backend is one of those.
 fn host_rma_support(comm: &rustccl::Communicator, lsa_world: bool) -> bool {
-    lsa_world && comm.backend().kind() == rustccl::backend::BackendKind::Host
+    lsa_world && (comm.backend().kind() == rustccl::backend::BackendKind::Host || comm.backend().symmetric_kernels().is_some())
 }

@@ -16,7 +16,7 @@ results issue34_config
 restore_kcache
 nvidia-smi -L >> $S
 
-nvcc -O2 -arch=native -I capi/include -o /tmp/issue34_config tests/gpu/issue34_config.cu -L$G -lnccl > $OUT/build.log 2>&1
+nvcc -O2 -arch=native -I capi/include -o /tmp/issue34_config_prog tests/gpu/issue34_config.cu -L$G -lnccl > $OUT/build.log 2>&1
 note "build: rc $? $(head -c 600 $OUT/build.log | tr '\n' ' ')"
 cc -std=gnu99 -Wall -Werror -shared -fPIC -o /tmp/libc_tagger.so plugins/testing/c-profiler/profiler_v7.c > $OUT/plugin_build.log 2>&1
 note "profiler plugin build: rc $? $(head -c 300 $OUT/plugin_build.log | tr '\n' ' ')"
@@ -31,7 +31,7 @@ run() {
     shift
     for r in 0 1; do
         env RANK=$r NRANKS=2 SEED=$seed NCCL_COMM_ID=127.0.0.1:$port LD_LIBRARY_PATH=$PWD/$G:$LD_LIBRARY_PATH "$@" \
-            timeout 120 /tmp/issue34_config > $OUT/$name.$r.log 2>&1 &
+            timeout 120 /tmp/issue34_config_prog > $OUT/$name.$r.log 2>&1 &
     done
     wait
     note "$name: $(grep -h -E 'RESULT|ERROR|FAIL' $OUT/$name.*.log | head -6 | cut -c1-300 | tr '\n' ' ')"

@@ -86,6 +86,16 @@ pub(crate) fn raw(s: Stream) -> sys::CUstream {
     s.as_raw() as usize as sys::CUstream
 }
 
+/// Makes `stream`'s context current on this thread for the test's own graph calls (the
+/// driver's graph API works on the current context; the backend's calls then find it current).
+pub(crate) fn make_context_current(stream: Stream) -> Result<(), Error> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: a live stream; writes one handle.
+    cu(unsafe { sys::cuStreamGetCtx(raw(stream), &mut ctx) }, "cuStreamGetCtx")?;
+    // SAFETY: the stream's (primary) context, alive for the process.
+    cu(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")
+}
+
 /// Fails cleanly (instead of cudarc panicking on first call) when the driver lacks a graph
 /// entry point. The cuda backend has already loaded the driver library when this runs.
 pub(crate) fn check_symbols() -> Result<(), Error> {
@@ -448,13 +458,7 @@ pub fn graph(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
     check_symbols()?;
     let dev = comm.device()? as usize;
     let stream = be.create_stream(dev)?;
-    // Make the stream's context current on this thread for the graph calls (the backend's
-    // own calls then find it current already).
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: a live stream; writes one handle.
-    cu(unsafe { sys::cuStreamGetCtx(raw(stream), &mut ctx) }, "cuStreamGetCtx")?;
-    // SAFETY: the stream's (primary) context, alive for the process.
-    cu(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
+    make_context_current(stream)?;
 
     let (n, me) = (nranks as usize, rank as usize);
     let pair = |count: usize, out: usize| -> Result<(Buf, Buf), Error> {

@@ -291,7 +291,7 @@ pub fn group(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
 const GRAPH_REPLAYS: usize = 8;
 
 pub fn graph(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
-    use crate::worker_graph::{check_symbols, cu, raw, Graph};
+    use crate::worker_graph::{check_symbols, cu, make_context_current, raw, Graph};
     use cudarc::driver::sys;
     let ring = Ring::new(nranks, rank, ids)?;
     let (comm, b, s) = (&ring.comm, &ring.b, ring.stream);
@@ -302,6 +302,7 @@ pub fn graph(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         )));
     }
     check_symbols()?;
+    make_context_current(s)?;
     // A warm-up round uncaptured (the first device work makes the control block and loads the
     // kernels: allocations a capture in global mode does not allow).
     ring.round(ROUNDS + 1)?;
