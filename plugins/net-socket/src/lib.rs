@@ -22,6 +22,7 @@ pub mod connect;
 pub mod device;
 pub mod plugin;
 pub use rustccl_plugin_api::registry;
+pub mod sealing;
 pub mod striping;
 pub mod wire;
 pub mod worker;
