@@ -35,7 +35,7 @@ fn default_is_the_built_in_socket_with_one_line_saying_why() {
     assert!(log.contains("NET/Plugin: could not find: librustccl-net.so, libnccl-net.so"), "{log}");
     let using: Vec<&str> = log.lines().filter(|l| l.contains("NET/Plugin: using")).collect();
     assert_eq!(using.len(), 1, "{log}");
-    assert!(using[0].contains("Socket (rustccl net ABI v2) from built in"), "{log}");
+    assert!(using[0].contains("Socket (rustccl net ABI v3) from built in"), "{log}");
     assert!(!log.contains("WARN"), "nothing worth a warning happened:\n{log}");
     assert!(!log.to_lowercase().contains("failed to find symbol"));
 }
