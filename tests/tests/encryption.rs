@@ -312,3 +312,27 @@ fn encryption_speed() {
         println!("{bytes} {plain:.3} {enc:.3} {:.2}", enc / plain);
     }
 }
+
+/// A net plugin that cannot take the key (the test plugin "Loopback", rustccl net ABI v1) is
+/// outside the encryption boundary, as NCCL 2.32 leaves non-Socket transports: it is used
+/// (the bootstrap stays encrypted) and one INFO line says so.
+#[test]
+fn a_plugin_that_cannot_take_the_key_is_outside_the_boundary_and_says_so() {
+    // This process's root has the key too (as in the tests above).
+    rustccl::set_encryption(Some(KEY.as_bytes())).unwrap();
+    let path = built_lib("librustccl_test_net_named.so");
+    let ids = ids_arg(&[new_id()]);
+    let env = [
+        ("NCCL_ENCRYPTION_PSK", KEY),
+        ("NCCL_NET_PLUGIN", path.as_str()),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,NET,PLUGIN"),
+    ];
+    let out = spawn("plugins", 1, &[0], &ids, &env).pop().unwrap().finish(LIMIT);
+    assert!(out.ok(), "{out:?}");
+    assert!(out.results()[0].starts_with("net Loopback v1 /"), "{:?}", out.results());
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("cannot take the encryption key")).collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(said[0].contains("Loopback") && said[0].contains("outside rustccl's encryption boundary"), "{}", said[0]);
+    assert!(!out.stderr.contains(&KEY[..16]), "the key is in the log");
+}

@@ -275,3 +275,42 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
     );
     Ok(inst)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustccl_plugin_api::net::NetProvider;
+
+    /// The socket plugin behind tables of each version, under the names asked for.
+    struct SocketBehind;
+    impl NetProvider for SocketBehind {
+        fn get() -> &'static dyn Net {
+            rustccl_net_socket::instance()
+        }
+    }
+    static SOCKET_V2: NetV2 = NetV2::table::<SocketBehind>("Socket");
+    static OTHER_V2: NetV2 = NetV2::table::<SocketBehind>("OtherTcp");
+    static SOCKET_V3: NetV3 = NetV3::table::<SocketBehind>("Socket");
+
+    fn plugin(api: Arc<dyn Net>, name: &str, v: u32) -> (NetPlugin, NetAbi) {
+        (Plugin::builtin(api, name, v), NetAbi::Rustccl(v))
+    }
+
+    /// With a key: a plugin that takes it passes; a Socket plugin that cannot is refused
+    /// with the reason; any other plugin that cannot passes (outside the boundary, said at
+    /// INFO). Without a key every plugin passes.
+    #[test]
+    fn the_encryption_boundary_refuses_only_a_socket_plugin_without_the_key() {
+        let (v3, a3) = plugin(Arc::new(NetV3Client { table: &SOCKET_V3 }), "Socket", 3);
+        let (v2, a2) = plugin(Arc::new(NetV2Client { table: &SOCKET_V2 }), "Socket", 2);
+        let (other, ao) = plugin(Arc::new(NetV2Client { table: &OTHER_V2 }), "OtherTcp", 2);
+        assert!(encryption_boundary(&v3, a3, true).is_ok());
+        let why = encryption_boundary(&v2, a2, true).unwrap_err();
+        assert!(why.contains("cannot take it") && why.contains("rustccl net ABI v2") && why.contains("v3"), "{why}");
+        assert!(encryption_boundary(&other, ao, true).is_ok(), "outside the boundary, as NCCL");
+        for (p, a) in [(&v3, a3), (&v2, a2), (&other, ao)] {
+            assert!(encryption_boundary(p, a, false).is_ok());
+        }
+        assert!(builtin_socket().api.takes_encryption_key());
+    }
+}
