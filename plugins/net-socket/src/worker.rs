@@ -558,8 +558,8 @@ impl Worker {
                     if task.action == Action::Recv {
                         // SAFETY: as in `pass`: `clen <= left`, so these bytes lie inside the
                         // buffer given to `irecv`, which no other thread writes. They hold
-                        // ciphertext until the receive's owner opens the record; a record
-                        // that fails fails the receive.
+                        // ciphertext until this thread opens the record (below); a record
+                        // that fails authentication fails the connection and the receive.
                         let dst = unsafe {
                             std::slice::from_raw_parts_mut(
                                 (task.base + task.chunk.offset + task.moved) as *mut u8,
