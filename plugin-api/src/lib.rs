@@ -6,8 +6,9 @@
 //! `rustccl_<kind>_v<N>` (see [`export`]), and a client per version that implements the
 //! trait by calling a loaded table (adapting older versions to the current trait):
 //!
-//! * [`net`]: trait [`net::Net`], tables `NetV1` (`rustccl_net_v1`) and `NetV2`
-//!   (`rustccl_net_v2`: v1 plus `make_vdevice`, NCCL's merged NICs), `export_net!(v1 | v2, ...)`
+//! * [`net`]: trait [`net::Net`], tables `NetV1` (`rustccl_net_v1`), `NetV2`
+//!   (`rustccl_net_v2`: v1 plus `make_vdevice`, NCCL's merged NICs) and `NetV3`
+//!   (`rustccl_net_v3`: v2 plus `init_v3`, the encryption key at init), `export_net!(v1 | v2 | v3, ...)`
 //!   (or `export_net_v1!`), `NetV1Client` / `NetV2Client`;
 //! * [`tuner`]: trait [`tuner::Tuner`], tables `TunerV1` (`rustccl_tuner_v1`) and `TunerV2`
 //!   (`rustccl_tuner_v2`), `export_tuner!(v1 | v2, ...)` (or `export_tuner_v1!` /

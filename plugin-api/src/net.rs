@@ -7,6 +7,14 @@
 //! |---|---|---|---|
 //! | 1 | `rustccl_net_v1` | [`NetV1`] | |
 //! | 2 | `rustccl_net_v2` | [`NetV2`]: the v1 table, then `make_vdevice` | NCCL's `makeVDevice` (v9+) |
+//! | 3 | `rustccl_net_v3` | [`NetV3`]: the v2 table, then `init_v3` | the encryption key at init ([`NetInitArgs`]) |
+//!
+//! Encryption (v3): a host with an encryption key (`NCCL_ENCRYPTION_PSK`, `ncclSetEncryption`)
+//! gives it to [`Net::init_with_key`]; a plugin whose TCP traffic rustccl's record layer can
+//! encrypt (the socket plugin, loaded as a library or built in) says so with
+//! [`Net::takes_encryption_key`] and uses the key for that communicator's connections. Older
+//! tables cannot take a key: the host knows it ([`NetClient`]'s `takes_encryption_key` is
+//! false) and decides (see `host/src/plugin/net.rs`). The key is never logged.
 //!
 //! A plugin implements the safe trait [`Net`] and exports it with
 //! [`export_net!`](crate::export_net)`(v2, ...)` (or `v1`: a v1 table has no `make_vdevice`,
@@ -79,6 +87,25 @@ pub struct NetCommConfig {
 impl Default for NetCommConfig {
     fn default() -> Self {
         NetCommConfig { traffic_class: -1 }
+    }
+}
+
+/// What `init` of a v3 table takes: v1's settings and the process's encryption key.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct NetInitArgs<'a> {
+    pub config: NetCommConfig,
+    /// The pre-shared key the plugin's TCP traffic must be encrypted with; empty: none. A
+    /// secret: never log or keep it longer than the context it was given for.
+    pub encryption_key: RSlice<'a, u8>,
+}
+
+impl std::fmt::Debug for NetInitArgs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetInitArgs")
+            .field("config", &self.config)
+            .field("encryption_key", &if self.encryption_key.is_empty() { "(none)" } else { "(set; not shown)" })
+            .finish()
     }
 }
 
@@ -243,6 +270,24 @@ pub trait Net: Send + Sync {
         let _ = (ctx, devs);
         Err(PluginError::invalid_usage(VDEVICE_NOT_SUPPORTED))
     }
+    /// Whether [`init_with_key`](Self::init_with_key) encrypts the plugin's traffic with the
+    /// key it is given. The default: no (the key is ignored).
+    fn takes_encryption_key(&self) -> bool {
+        false
+    }
+    /// `init` with the process's encryption key (`None`: none), which a plugin that
+    /// [`takes_encryption_key`](Self::takes_encryption_key) uses for this context's
+    /// connections. The default ignores the key and calls `init`.
+    fn init_with_key(
+        &self,
+        comm_id: u64,
+        config: &NetCommConfig,
+        key: Option<&[u8]>,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
+        let _ = key;
+        self.init(comm_id, config, log)
+    }
 }
 
 /// The message of [`Net::make_vdevice`]'s default: the plugin cannot fuse devices.
@@ -291,6 +336,20 @@ pub struct NetV2 {
     /// reads the signature; [`MakeVDeviceFn`] is the same type).
     pub make_vdevice: extern "C" fn(ctx: PluginHandle, devs: RSlice<'_, i32>) -> PResult<i32>,
 }
+
+/// The exported table of net ABI v3 (`rustccl_net_v3`): v2's functions, then `init_v3`,
+/// which takes the encryption key ([`NetInitArgs`]).
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct NetV3 {
+    pub base: NetV2,
+    /// `init_v3(comm_id, args, log) -> context`: [`Net::init_with_key`] (written out, as
+    /// `make_vdevice`; [`InitV3Fn`] is the same type).
+    pub init_v3: extern "C" fn(comm_id: u64, args: &NetInitArgs<'_>, log: LogFn) -> PResult<PluginHandle>,
+}
+
+/// The type of [`NetV3::init_v3`].
+pub type InitV3Fn = extern "C" fn(comm_id: u64, args: &NetInitArgs<'_>, log: LogFn) -> PResult<PluginHandle>;
 
 /// The type of [`NetV2::make_vdevice`].
 pub type MakeVDeviceFn = extern "C" fn(ctx: PluginHandle, devs: RSlice<'_, i32>) -> PResult<i32>;
@@ -369,6 +428,10 @@ extern "C" fn close_listen_shim<P: NetProvider>(listen: PluginHandle) -> PResult
 extern "C" fn finalize_shim<P: NetProvider>(ctx: PluginHandle) -> PResult<()> {
     call_guarded(|| P::get().finalize(ctx))
 }
+extern "C" fn init_v3_shim<P: NetProvider>(comm_id: u64, args: &NetInitArgs<'_>, log: LogFn) -> PResult<PluginHandle> {
+    let key = (!args.encryption_key.is_empty()).then(|| args.encryption_key.as_slice());
+    call_guarded(|| P::get().init_with_key(comm_id, &args.config, key, log))
+}
 extern "C" fn make_vdevice_shim<P: NetProvider>(ctx: PluginHandle, devs: RSlice<'_, i32>) -> PResult<i32> {
     call_guarded(|| P::get().make_vdevice(ctx, devs.as_slice()))
 }
@@ -406,8 +469,16 @@ impl NetV2 {
     }
 }
 
-/// Exports a net plugin from a cdylib at ABI version `v2` (symbol `rustccl_net_v2`, table
-/// [`NetV2`]) or `v1` (`rustccl_net_v1`, [`NetV1`]):
+impl NetV3 {
+    /// The v3 table whose functions call `P::get()`.
+    pub const fn table<P: NetProvider>(name: &'static str) -> NetV3 {
+        NetV3 { base: NetV2::table::<P>(name), init_v3: init_v3_shim::<P> }
+    }
+}
+
+/// Exports a net plugin from a cdylib at ABI version `v3` (symbol `rustccl_net_v3`, table
+/// [`NetV3`]: a plugin that takes the encryption key), `v2` (`rustccl_net_v2`, [`NetV2`]) or
+/// `v1` (`rustccl_net_v1`, [`NetV1`]):
 /// `export_net!(v2, "Name", Type, constructor_expr);`. Export v2 unless the plugin must load
 /// into hosts older than v2. [`export_net_v1!`](crate::export_net_v1) is `export_net!(v1, ...)`.
 #[macro_export]
@@ -417,6 +488,9 @@ macro_rules! export_net {
     };
     (v2, $name:expr, $ty:ty, $ctor:expr) => {
         $crate::export_net!(@table NetV2, rustccl_net_v2, $name, $ty, $ctor);
+    };
+    (v3, $name:expr, $ty:ty, $ctor:expr) => {
+        $crate::export_net!(@table NetV3, rustccl_net_v3, $name, $ty, $ctor);
     };
     (@table $table:ident, $symbol:ident, $name:expr, $ty:ty, $ctor:expr) => {
         const _: () = {
@@ -455,6 +529,10 @@ pub trait NetTable: Sync + 'static {
     fn base(&self) -> &NetV1;
     /// `make_vdevice`, when this version has it.
     fn make_vdevice(&self) -> Option<MakeVDeviceFn>;
+    /// `init_v3` (init with the encryption key), when this version has it.
+    fn init_v3(&self) -> Option<InitV3Fn> {
+        None
+    }
 }
 
 impl NetTable for NetV1 {
@@ -475,6 +553,18 @@ impl NetTable for NetV2 {
     }
 }
 
+impl NetTable for NetV3 {
+    fn base(&self) -> &NetV1 {
+        &self.base.base
+    }
+    fn make_vdevice(&self) -> Option<MakeVDeviceFn> {
+        Some(self.base.make_vdevice)
+    }
+    fn init_v3(&self) -> Option<InitV3Fn> {
+        Some(self.init_v3)
+    }
+}
+
 /// A loaded library's table, seen through the [`Net`] trait.
 pub struct NetClient<T: NetTable> {
     pub table: &'static T,
@@ -484,6 +574,8 @@ pub struct NetClient<T: NetTable> {
 pub type NetV1Client = NetClient<NetV1>;
 /// A loaded library's v2 table.
 pub type NetV2Client = NetClient<NetV2>;
+/// A loaded library's v3 table (takes the encryption key).
+pub type NetV3Client = NetClient<NetV3>;
 
 impl<T: NetTable> NetClient<T> {
     pub fn name(&self) -> &'static str {
@@ -563,6 +655,24 @@ impl<T: NetTable> Net for NetClient<T> {
     }
     fn finalize(&self, ctx: PluginHandle) -> Result<(), PluginError> {
         into((self.table.base().finalize)(ctx))
+    }
+    fn takes_encryption_key(&self) -> bool {
+        self.table.init_v3().is_some()
+    }
+    fn init_with_key(
+        &self,
+        comm_id: u64,
+        config: &NetCommConfig,
+        key: Option<&[u8]>,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
+        match self.table.init_v3() {
+            Some(f) => {
+                let args = NetInitArgs { config: *config, encryption_key: RSlice::from_slice(key.unwrap_or(&[])) };
+                into(f(comm_id, &args, log))
+            }
+            None => self.init(comm_id, config, log),
+        }
     }
     fn make_vdevice(&self, ctx: PluginHandle, devs: &[i32]) -> Result<i32, PluginError> {
         match self.table.make_vdevice() {
@@ -778,5 +888,67 @@ mod tests {
         assert!(check_layout_compatibility(<NetV2 as StableAbi>::LAYOUT, <NetV1 as StableAbi>::LAYOUT).is_err());
         assert!(check_layout_compatibility(<NetV1 as StableAbi>::LAYOUT, <NetV2 as StableAbi>::LAYOUT).is_err());
         assert!(check_layout_compatibility(<NetV2 as StableAbi>::LAYOUT, <NetV2 as StableAbi>::LAYOUT).is_ok());
+        assert!(check_layout_compatibility(<NetV3 as StableAbi>::LAYOUT, <NetV2 as StableAbi>::LAYOUT).is_err());
+        assert!(check_layout_compatibility(<NetV2 as StableAbi>::LAYOUT, <NetV3 as StableAbi>::LAYOUT).is_err());
+        assert!(check_layout_compatibility(<NetV3 as StableAbi>::LAYOUT, <NetV3 as StableAbi>::LAYOUT).is_ok());
+    }
+
+    /// Through a v3 table the key reaches the plugin's `init_with_key`; through v2 and v1
+    /// tables of the same plugin it cannot (the client says so) and plain `init` runs.
+    #[test]
+    fn the_key_goes_through_v3_only_and_is_never_printed() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static KEY_LEN: AtomicUsize = AtomicUsize::new(0);
+        struct Keyed;
+        impl Net for Keyed {
+            fn init(&self, _: u64, _: &NetCommConfig, _: LogFn) -> Result<PluginHandle, PluginError> {
+                KEY_LEN.store(0, Ordering::SeqCst);
+                Ok(PluginHandle { id: 1 })
+            }
+            fn takes_encryption_key(&self) -> bool {
+                true
+            }
+            fn init_with_key(&self, _: u64, c: &NetCommConfig, key: Option<&[u8]>, _: LogFn) -> Result<PluginHandle, PluginError> {
+                assert_eq!(c.traffic_class, 5);
+                KEY_LEN.store(key.map_or(1000, <[u8]>::len), Ordering::SeqCst);
+                Ok(PluginHandle { id: 3 })
+            }
+            fn devices(&self, _: PluginHandle) -> Result<i32, PluginError> { Ok(1) }
+            fn properties(&self, _: PluginHandle, _: i32) -> Result<NetProperties, PluginError> { Err(no("properties")) }
+            fn listen(&self, _: PluginHandle, _: i32) -> Result<(NetHandle, PluginHandle), PluginError> { Err(no("listen")) }
+            fn connect(&self, _: PluginHandle, _: i32, _: &NetHandle) -> Result<Option<PluginHandle>, PluginError> { Err(no("connect")) }
+            fn accept(&self, _: PluginHandle) -> Result<Option<PluginHandle>, PluginError> { Err(no("accept")) }
+            fn reg_mr(&self, _: PluginHandle, _: usize, _: usize, _: u32) -> Result<PluginHandle, PluginError> { Err(no("reg_mr")) }
+            fn dereg_mr(&self, _: PluginHandle, _: PluginHandle) -> Result<(), PluginError> { Err(no("dereg_mr")) }
+            unsafe fn isend(&self, _: PluginHandle, _: usize, _: usize, _: i32, _: PluginHandle) -> Result<Option<PluginHandle>, PluginError> { Err(no("isend")) }
+            unsafe fn irecv(&self, _: PluginHandle, _: &[RecvBuffer]) -> Result<Option<PluginHandle>, PluginError> { Err(no("irecv")) }
+            fn test(&self, _: PluginHandle, _: &mut [usize]) -> Result<bool, PluginError> { Err(no("test")) }
+            fn close_send(&self, _: PluginHandle) -> Result<(), PluginError> { Err(no("close_send")) }
+            fn close_recv(&self, _: PluginHandle) -> Result<(), PluginError> { Err(no("close_recv")) }
+            fn close_listen(&self, _: PluginHandle) -> Result<(), PluginError> { Err(no("close_listen")) }
+            fn finalize(&self, _: PluginHandle) -> Result<(), PluginError> { Ok(()) }
+        }
+        struct KeyedProvider;
+        impl NetProvider for KeyedProvider {
+            fn get() -> &'static dyn Net {
+                &Keyed
+            }
+        }
+        static K3: NetV3 = NetV3::table::<KeyedProvider>("Keyed");
+        static K2: NetV2 = NetV2::table::<KeyedProvider>("Keyed");
+        let config = NetCommConfig { traffic_class: 5 };
+        let log = LogFn { log: quiet };
+        let v3 = NetV3Client { table: &K3 };
+        assert!(v3.takes_encryption_key());
+        assert_eq!(v3.init_with_key(1, &config, Some(&[7u8; 40]), log).unwrap().id, 3);
+        assert_eq!(KEY_LEN.load(Ordering::SeqCst), 40);
+        v3.init_with_key(1, &config, None, log).unwrap();
+        assert_eq!(KEY_LEN.load(Ordering::SeqCst), 1000, "no key arrives as None");
+        let v2 = NetV2Client { table: &K2 };
+        assert!(!v2.takes_encryption_key());
+        assert_eq!(v2.init_with_key(1, &config, Some(&[7u8; 40]), log).unwrap().id, 1, "v2: plain init");
+        let args = NetInitArgs { config, encryption_key: RSlice::from_slice(b"0123456789abcdef0123456789abcdef") };
+        let shown = format!("{args:?}");
+        assert!(shown.contains("(set; not shown)") && !shown.contains("0123"), "{shown}");
     }
 }

@@ -109,6 +109,13 @@ impl Psk {
         }
         Ok(Psk(bytes.to_vec()))
     }
+
+    /// The key's bytes, to hand to a component that encrypts with it (the socket plugin
+    /// loaded as a library of its own, through its init; see rustccl-plugin-api's net v3).
+    /// Never log them.
+    pub fn expose_secret(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 impl fmt::Debug for Psk {
@@ -408,6 +415,13 @@ impl Opener {
     }
 }
 
+impl Sealer {
+    /// Bytes on the wire of a record of `plain` bytes of plaintext.
+    pub const fn record_bytes(plain: usize) -> usize {
+        RECORD_HEADER_BYTES + plain + TAG_BYTES
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,6 +523,14 @@ mod tests {
         i2.sealer.seal_into(b"second", &mut old).unwrap();
         let (h, mut body) = split(&old);
         assert_eq!(r.opener.open_in_place(h, &mut body).unwrap_err().kind, ErrorKind::Tampered);
+    }
+
+    #[test]
+    fn record_bytes_counts_the_framing() {
+        let (mut i, _) = sessions(key(1), key(1));
+        let mut rec = Vec::new();
+        i.sealer.seal_into(b"first", &mut rec).unwrap();
+        assert_eq!(Sealer::record_bytes(5), rec.len());
     }
 
     #[test]

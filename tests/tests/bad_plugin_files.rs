@@ -76,7 +76,7 @@ fn run_with_env(extra: &[(&str, &str)], file: &str, reason: &str) -> String {
 fn assert_socket(log: &str) {
     let using: Vec<&str> = log.lines().filter(|l| l.contains("NET/Plugin: using")).collect();
     assert_eq!(using.len(), 1, "{log}");
-    assert!(using[0].contains("Socket (rustccl net ABI v2) from built in"), "{log}");
+    assert!(using[0].contains("Socket (rustccl net ABI v3) from built in"), "{log}");
 }
 
 #[test]

@@ -73,10 +73,10 @@ fn a_plugin_whose_init_fails_is_skipped_for_the_next() {
 #[test]
 fn malformed_tables_are_refused_with_the_reason() {
     let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("malformed"))]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert!(log.contains("its ncclNetPlugin_v11 table (CTcp) is malformed: NULL test"), "{log}");
     let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("null-name"))]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert!(log.contains("its ncclNetPlugin_v11 table is malformed: its name is NULL"), "{log}");
 }
 
@@ -91,7 +91,7 @@ fn a_version_newer_than_known_is_refused_and_the_next_candidate_used() {
 #[test]
 fn a_device_offload_network_is_refused() {
     let (r, log) = run(&[("NCCL_NET_PLUGIN", &ctcp("offload"))]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert!(log.contains("device 0 is a device-offload network (netDeviceType 1)"), "{log}");
 }
 

@@ -7,7 +7,11 @@
 //!   a known pattern the ranks all-gather with a key, and holds it without one;
 //! * a rank with another key, and one with none, are refused at init on every rank at once;
 //! * a byte changed in flight (a relay in front of the bootstrap root) fails init on every
-//!   rank, never wrong data;
+//!   rank, never wrong data; a byte changed on a data socket of the socket transport (its
+//!   test hook, `RUSTCCL_TEST_FLIP_DATA_BYTE`) fails the all_reduce on every rank, never wrong
+//!   data;
+//! * the socket transport loaded as a library of its own (`NCCL_NET_PLUGIN`) gets the key
+//!   through its init (rustccl net ABI v3) and encrypts too;
 //! * `encryption_speed` (ignored by default): the all_reduce sweep with and without a key.
 
 use std::io::{Read, Write};
@@ -27,6 +31,19 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// so that 2 ranks already cross the veth; the socket transport carries their traffic
 /// (`NCCL_SHM_DISABLE=1` besides, as the issue asks).
 fn run_across(nodes: &Nodes, scenario: &str, nranks: usize, port: u16, key: Option<&str>, env: &[(&str, &str)]) -> Vec<Outcome> {
+    run_across_with(nodes, scenario, nranks, port, key, env, |_, _| {})
+}
+
+/// [`run_across`], and `per_rank` adds to each rank's command.
+fn run_across_with(
+    nodes: &Nodes,
+    scenario: &str,
+    nranks: usize,
+    port: u16,
+    key: Option<&str>,
+    env: &[(&str, &str)],
+    per_rank: impl Fn(i32, &mut std::process::Command),
+) -> Vec<Outcome> {
     let comm_id = format!("{}:{port}", nodes.addr[0]);
     let procs = (0..nranks as i32)
         .map(|rank| {
@@ -38,6 +55,7 @@ fn run_across(nodes: &Nodes, scenario: &str, nranks: usize, port: u16, key: Opti
             for (k, v) in env {
                 cmd.env(k, v);
             }
+            per_rank(rank, &mut cmd);
             spawn_command(rank, cmd)
         })
         .collect();
@@ -105,21 +123,75 @@ fn holds(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Runs the pattern all-gather across the namespaces while capturing the first one's veth:
+/// the ranks' outcomes and whether the capture holds the plaintext pattern.
+fn pattern_on_the_wire(nodes: &Nodes, port: u16, key: Option<&str>, env: &[(&str, &str)]) -> (Vec<Outcome>, bool) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let tap = capture(nodes.ns[0].clone(), nodes.dev[0].clone(), stop.clone());
+    let out = run_across(nodes, "encrypt-pattern", 2, port, key, env);
+    stop.store(true, Ordering::Release);
+    let seen = tap.join().unwrap();
+    assert_all_ok(&out);
+    assert!(seen.len() > 4 << 20, "the capture saw only {} bytes", seen.len());
+    let plain = holds(&seen, PATTERN);
+    println!("key {}: captured {} bytes, pattern {}", key.is_some(), seen.len(), if plain { "seen" } else { "not seen" });
+    (out, plain)
+}
+
 #[test]
 fn the_veth_carries_no_plaintext_with_a_key_and_does_without() {
     let Some(nodes) = Nodes::for_test("rcap", 216) else { return };
     for (key, port) in [(None, 29533), (Some(KEY), 29534)] {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tap = capture(nodes.ns[0].clone(), nodes.dev[0].clone(), stop.clone());
-        let out = run_across(&nodes, "encrypt-pattern", 2, port, key, &[]);
-        stop.store(true, Ordering::Release);
-        let seen = tap.join().unwrap();
-        assert_all_ok(&out);
-        assert!(seen.len() > 4 << 20, "the capture saw only {} bytes", seen.len());
-        let plain = holds(&seen, PATTERN);
-        println!("key {}: captured {} bytes, pattern {}", key.is_some(), seen.len(), if plain { "seen" } else { "not seen" });
+        let (_, plain) = pattern_on_the_wire(&nodes, port, key, &[]);
         assert_eq!(plain, key.is_none(), "with key {key:?}: pattern seen = {plain}");
     }
+}
+
+/// `plugins/net-socket` built as a library and loaded through `NCCL_NET_PLUGIN` has its own
+/// copy of the record layer, which the host's key never reaches in-process: the host gives
+/// it the key through the plugin's init (rustccl net ABI v3), and the wire holds no
+/// plaintext. (Before net ABI v3 the library took its v2 table, had no key and sent the
+/// pattern in the clear.)
+#[test]
+fn the_socket_plugin_loaded_as_a_library_gets_the_key() {
+    let Some(nodes) = Nodes::for_test("rlib", 218) else { return };
+    let lib = built_lib("librustccl_net_socket.so");
+    let env = [("NCCL_NET_PLUGIN", lib.as_str()), ("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "NET,INIT")];
+    let (out, plain) = pattern_on_the_wire(&nodes, 29535, Some(KEY), &env);
+    for o in &out {
+        let using = format!("NET/Plugin: using Socket (rustccl net ABI v3) from {lib}");
+        assert!(o.stderr.contains(&using), "rank {}: no '{using}' in its log:\n{}", o.rank, o.stderr);
+        assert!(!o.stderr.contains(&KEY[..16]), "rank {}: the key is in the log", o.rank);
+    }
+    assert!(!plain, "the pattern crossed the veth in the clear through the plugin library");
+}
+
+/// A byte of a data socket's stream changed on its way (the socket transport's test hook
+/// on rank 0: every send connection of rank 0 alters one byte of its data socket 0, past
+/// the handshake and the first record's header; without a key that byte, the third of an
+/// f32, makes rank 1's sums wrong): the all_reduce fails on every rank, the
+/// rank that read the byte says the record failed authentication, and none delivers a wrong
+/// sum; within seconds.
+#[test]
+fn a_byte_changed_on_a_data_socket_fails_the_all_reduce_on_every_rank_never_wrong_data() {
+    let Some(nodes) = Nodes::for_test("rflp", 219) else { return };
+    let t0 = Instant::now();
+    let out = run_across_with(&nodes, "encrypt-checked", 2, 29536, Some(KEY), &[], |rank, cmd| {
+        if rank == 0 {
+            cmd.env("RUSTCCL_TEST_FLIP_DATA_BYTE", "100002");
+        }
+    });
+    let took = t0.elapsed();
+    for o in &out {
+        let (code, msg) = o.error().unwrap_or_else(|| panic!("rank {} did not fail: {o:?}", o.rank));
+        println!("rank {}: {code}: {msg}", o.rank);
+        assert_eq!(code, "RemoteError", "rank {}: {msg}", o.rank);
+        assert!(!msg.contains("wrong data"), "rank {}: {msg}", o.rank);
+    }
+    // Rank 1 read the altered record and says so (a warning; which rank's failure each
+    // rank's error names first depends on timing: its own, or the other's news).
+    assert!(out[1].stderr.contains("failed authentication"), "rank 1's log: {}", out[1].stderr);
+    assert!(took < Duration::from_secs(15), "the failure took {took:?}");
 }
 
 #[test]
@@ -240,4 +312,28 @@ fn encryption_speed() {
     for (bytes, plain, enc) in &table {
         println!("{bytes} {plain:.3} {enc:.3} {:.2}", enc / plain);
     }
+}
+
+/// A net plugin that cannot take the key (the test plugin "Loopback", rustccl net ABI v1) is
+/// outside the encryption boundary, as NCCL 2.32 leaves non-Socket transports: it is used
+/// (the bootstrap stays encrypted) and one INFO line says so.
+#[test]
+fn a_plugin_that_cannot_take_the_key_is_outside_the_boundary_and_says_so() {
+    // This process's root has the key too (as in the tests above).
+    rustccl::set_encryption(Some(KEY.as_bytes())).unwrap();
+    let path = built_lib("librustccl_test_net_named.so");
+    let ids = ids_arg(&[new_id()]);
+    let env = [
+        ("NCCL_ENCRYPTION_PSK", KEY),
+        ("NCCL_NET_PLUGIN", path.as_str()),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,NET,PLUGIN"),
+    ];
+    let out = spawn("plugins", 1, &[0], &ids, &env).pop().unwrap().finish(LIMIT);
+    assert!(out.ok(), "{out:?}");
+    assert!(out.results()[0].starts_with("net Loopback v1 /"), "{:?}", out.results());
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("cannot take the encryption key")).collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(said[0].contains("Loopback") && said[0].contains("outside rustccl's encryption boundary"), "{}", said[0]);
+    assert!(!out.stderr.contains(&KEY[..16]), "the key is in the log");
 }

@@ -30,12 +30,12 @@ fn ok_run(env: &[(&str, &str)]) -> (Vec<String>, String) {
 #[test]
 fn default_is_the_built_in_socket_with_one_line_saying_why() {
     let (r, log) = ok_run(&[]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert_eq!(r[1], "tuner none");
     assert!(log.contains("NET/Plugin: could not find: librustccl-net.so, libnccl-net.so"), "{log}");
     let using: Vec<&str> = log.lines().filter(|l| l.contains("NET/Plugin: using")).collect();
     assert_eq!(using.len(), 1, "{log}");
-    assert!(using[0].contains("Socket (rustccl net ABI v2) from built in"), "{log}");
+    assert!(using[0].contains("Socket (rustccl net ABI v3) from built in"), "{log}");
     assert!(!log.contains("WARN"), "nothing worth a warning happened:\n{log}");
     assert!(!log.to_lowercase().contains("failed to find symbol"));
 }
@@ -43,7 +43,7 @@ fn default_is_the_built_in_socket_with_one_line_saying_why() {
 #[test]
 fn none_disables_external_plugins() {
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", "none"), ("NCCL_TUNER_PLUGIN", "none")]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert!(log.contains("external plugins disabled (NCCL_NET_PLUGIN=none)"), "{log}");
 }
 
@@ -76,7 +76,7 @@ fn a_name_is_found_under_both_file_name_patterns() {
 #[test]
 fn a_missing_plugin_warns_once_and_falls_back() {
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", "nosuchplugin")]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     let warn: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
     assert_eq!(warn.len(), 1, "{log}");
     assert!(warn[0].contains("skipped nosuchplugin: no such library (tried nosuchplugin, librustccl-net-nosuchplugin.so, libnccl-net-nosuchplugin.so)"), "{log}");
@@ -89,16 +89,16 @@ fn a_plugin_whose_init_fails_is_skipped_for_the_next() {
     assert!(r[0].starts_with("net Loopback"), "{r:?}");
     assert!(log.contains("init failed: test plugin: init fails on purpose"), "{log}");
     let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_net_init_fails.so"))]);
-    assert_eq!(r[0], "net Socket v2 built in", "falls back to the built-in");
+    assert_eq!(r[0], "net Socket v3 built in", "falls back to the built-in");
 }
 
 #[test]
 fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_not_a_plugin.so"))]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert!(log.contains("exports no rustccl net plugin"), "{log}");
     let (r, log) = ok_run(&[("NCCL_NET_PLUGIN", &built_lib("librustccl_test_bad_layout.so"))]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     assert!(log.contains("does not match this rustccl's net v1 ABI"), "{log}");
     let (_, log) = ok_run(&[("NCCL_NET_PLUGIN", "/etc/hostname")]);
     assert!(log.contains("skipped /etc/hostname"), "{log}");
@@ -108,7 +108,7 @@ fn libraries_that_are_not_plugins_are_refused_with_the_reason() {
 fn nccl_net_picks_by_name_and_an_unknown_name_fails_init_clearly() {
     let named = built_lib("librustccl_test_net_named.so");
     let (r, _) = ok_run(&[("NCCL_NET_PLUGIN", &named), ("NCCL_NET", "socket")]);
-    assert_eq!(r[0], "net Socket v2 built in", "case-insensitive name match skips Loopback");
+    assert_eq!(r[0], "net Socket v3 built in", "case-insensitive name match skips Loopback");
     let (_, _, out) = run(&[("NCCL_NET", "IB")]);
     let (code, msg) = out.error().expect("init must fail");
     assert_eq!(code, "InvalidUsage");
@@ -176,13 +176,13 @@ fn ib_comes_before_socket_when_it_has_a_device_and_nccl_net_chooses() {
     assert!(!log.contains("WARN"), "{log}");
 
     let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("RUSTCCL_TEST_IB_DEVICES", "0")]);
-    assert_eq!(r[0], "net Socket v2 built in", "IB without a device is passed over: {log}");
+    assert_eq!(r[0], "net Socket v3 built in", "IB without a device is passed over: {log}");
     assert!(log.contains("it has no usable device (devices() = 0)"), "the log says why: {log}");
     assert!(!log.contains("WARN"), "an IB transport without a port is no warning: {log}");
 
     for name in ["Socket", "socket"] {
         let (r, _) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET", name)]);
-        assert_eq!(r[0], "net Socket v2 built in", "NCCL_NET={name} even though IB has devices");
+        assert_eq!(r[0], "net Socket v3 built in", "NCCL_NET={name} even though IB has devices");
     }
     let (r, _) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("NCCL_NET", "ib")]);
     assert!(r[0].starts_with("net IB v2 "), "NCCL_NET=ib: {r:?}");
@@ -238,7 +238,7 @@ fn the_ib_transport_beside_the_worker_is_passed_over_quietly_without_rdma() {
     }
     let beside = worker_path().parent().unwrap().join("librustccl_net_ib.so");
     let (r, log) = ok_run(&[]);
-    assert_eq!(r[0], "net Socket v2 built in", "{log}");
+    assert_eq!(r[0], "net Socket v3 built in", "{log}");
     let skipped: Vec<&str> = log.lines().filter(|l| l.contains(&format!("NET/Plugin: skipped IB ({})", beside.display()))).collect();
     assert_eq!(skipped.len(), 1, "one line says why IB was passed over: {log}");
     assert!(skipped[0].contains("INFO"), "{log}");
@@ -259,7 +259,7 @@ fn the_ib_transports_warnings_are_info_only_when_it_was_probed_unasked_and_unusa
     let lines = |log: &str| log.lines().filter(|l| l.contains(warn.1)).map(str::to_string).collect::<Vec<_>>();
 
     let (r, log) = ok_run(&[("LD_LIBRARY_PATH", &ld), ("RUSTCCL_TEST_IB_DEVICES", "0"), warn]);
-    assert_eq!(r[0], "net Socket v2 built in");
+    assert_eq!(r[0], "net Socket v3 built in");
     let l = lines(&log);
     assert!(l.len() == 1 && l[0].contains(" INFO "), "unasked and unusable: INFO\n{log}");
     assert!(!log.contains("WARN"), "{log}");

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use rustccl_plugin_api::export::{self, PluginKind};
-use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client, NetV2, NetV2Client};
+use rustccl_plugin_api::net::{Net, NetCommConfig, NetV1, NetV1Client, NetV2, NetV2Client, NetV3, NetV3Client};
 use rustccl_plugin_api::PluginHandle;
 
 use super::c_net::{self, CNet};
@@ -23,7 +23,7 @@ use super::{Plugin, Skipped};
 use crate::error::{Error, Result};
 
 /// Net ABI versions this host understands, newest first.
-pub const NET_ABI_VERSIONS: &[u32] = &[2, 1];
+pub const NET_ABI_VERSIONS: &[u32] = &[3, 2, 1];
 
 /// A net plugin, built in or loaded.
 pub type NetPlugin = Plugin<dyn Net>;
@@ -78,6 +78,10 @@ pub fn builtin_socket() -> NetPlugin {
 
 /// Finds the newest net table a library exports: rustccl's, else NCCL's C tables newest first.
 pub fn from_library(lib: &Arc<PluginLibrary>) -> std::result::Result<LoadedNet, String> {
+    if let Some(t) = export::find::<NetV3>(&lib.lib, PluginKind::Net, 3)? {
+        let plugin: NetPlugin = Plugin::loaded(Arc::new(NetV3Client { table: t }), t.base.base.name.as_str(), 3, lib);
+        return Ok(LoadedNet { plugin, abi: NetAbi::Rustccl(3) });
+    }
     if let Some(t) = export::find::<NetV2>(&lib.lib, PluginKind::Net, 2)? {
         let plugin: NetPlugin = Plugin::loaded(Arc::new(NetV2Client { table: t }), t.base.name.as_str(), 2, lib);
         return Ok(LoadedNet { plugin, abi: NetAbi::Rustccl(2) });
@@ -108,6 +112,38 @@ pub fn from_library(lib: &Arc<PluginLibrary>) -> std::result::Result<LoadedNet, 
         c_net::NEWEST,
         c_net::OLDEST
     ))
+}
+
+/// What a configured encryption key means for net plugin `plugin` (table `abi`): a plugin
+/// that takes the key (rustccl net ABI v3, or the built-in Socket) encrypts its TCP traffic
+/// with it. One that cannot is, as in NCCL 2.32 (which encrypts only the TCP traffic its own
+/// socket code carries, "non-Socket transports remain outside that protection boundary"),
+/// outside rustccl's encryption boundary: one INFO line per plugin and process says so. The
+/// exception: a plugin named Socket that cannot take the key (rustccl's socket plugin from a
+/// build before net ABI v3, or another TCP plugin by that name) would send the traffic the
+/// user asked to encrypt in the clear, so it is refused (the next candidate, in the end the
+/// built-in Socket, which encrypts, is tried).
+fn encryption_boundary(plugin: &NetPlugin, abi: NetAbi, keyed: bool) -> std::result::Result<(), String> {
+    if !keyed || plugin.api.takes_encryption_key() {
+        return Ok(());
+    }
+    if plugin.name.eq_ignore_ascii_case("Socket") {
+        return Err(format!(
+            "an encryption key is configured (NCCL_ENCRYPTION_PSK or ncclSetEncryption) and this TCP plugin cannot take it              ({abi} has no encryption key at init; rustccl net ABI v3 does): its traffic would go unencrypted; use a              librustccl_net_socket.so built with net ABI v3, or leave NCCL_NET_PLUGIN unset for the built-in Socket"
+        ));
+    }
+    static NOTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut noted = NOTED.lock().unwrap_or_else(|p| p.into_inner());
+    let what = format!("{} ({})", plugin.name, plugin.origin);
+    if !noted.contains(&what) {
+        tracing::info!(
+            target: "NET",
+            "NET/Plugin: {what} ({abi}) cannot take the encryption key: its traffic is outside rustccl's encryption \
+             boundary, as NCCL leaves non-Socket transports (the bootstrap stays encrypted)"
+        );
+        noted.push(what);
+    }
+    Ok(())
 }
 
 /// One INFO line per library (and process) that exports NCCL's CollNet, which rustccl does not
@@ -193,13 +229,17 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
     plugins.push((builtin_socket(), NetAbi::Rustccl(NET_ABI_VERSIONS[0]), false, builtin_why.to_string()));
 
     let config = NetCommConfig { traffic_class: traffic_class.unwrap_or(-1) };
+    let key = rustccl_securewire::process_key();
     let candidates: Vec<Candidate> =
         plugins.iter().map(|(p, ..)| Candidate { name: p.name.clone(), origin: p.origin.clone() }).collect();
     let mut ctx = None;
     let choice = net_order::choose(&candidates, want, |i| {
         let api = &plugins[i].0.api;
         let mut probe = || {
-            let c = api.init(comm_id, &config, super::logger()).map_err(|e| format!("init failed: {}", e.message))?;
+            encryption_boundary(&plugins[i].0, plugins[i].1, key.is_some())?;
+            let c = api
+                .init_with_key(comm_id, &config, key.as_deref().map(|k| k.expose_secret()), super::logger())
+                .map_err(|e| format!("init failed: {}", e.message))?;
             match api.devices(c) {
                 Ok(n) if n > 0 => {
                     ctx = Some(c);
@@ -234,4 +274,43 @@ pub fn select(comm_id: u64, want: Option<&str>, traffic_class: Option<i32>) -> R
         inst.plugin.name, inst.abi, inst.plugin.origin, inst.devices
     );
     Ok(inst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustccl_plugin_api::net::NetProvider;
+
+    /// The socket plugin behind tables of each version, under the names asked for.
+    struct SocketBehind;
+    impl NetProvider for SocketBehind {
+        fn get() -> &'static dyn Net {
+            rustccl_net_socket::instance()
+        }
+    }
+    static SOCKET_V2: NetV2 = NetV2::table::<SocketBehind>("Socket");
+    static OTHER_V2: NetV2 = NetV2::table::<SocketBehind>("OtherTcp");
+    static SOCKET_V3: NetV3 = NetV3::table::<SocketBehind>("Socket");
+
+    fn plugin(api: Arc<dyn Net>, name: &str, v: u32) -> (NetPlugin, NetAbi) {
+        (Plugin::builtin(api, name, v), NetAbi::Rustccl(v))
+    }
+
+    /// With a key: a plugin that takes it passes; a Socket plugin that cannot is refused
+    /// with the reason; any other plugin that cannot passes (outside the boundary, said at
+    /// INFO). Without a key every plugin passes.
+    #[test]
+    fn the_encryption_boundary_refuses_only_a_socket_plugin_without_the_key() {
+        let (v3, a3) = plugin(Arc::new(NetV3Client { table: &SOCKET_V3 }), "Socket", 3);
+        let (v2, a2) = plugin(Arc::new(NetV2Client { table: &SOCKET_V2 }), "Socket", 2);
+        let (other, ao) = plugin(Arc::new(NetV2Client { table: &OTHER_V2 }), "OtherTcp", 2);
+        assert!(encryption_boundary(&v3, a3, true).is_ok());
+        let why = encryption_boundary(&v2, a2, true).unwrap_err();
+        assert!(why.contains("cannot take it") && why.contains("rustccl net ABI v2") && why.contains("v3"), "{why}");
+        assert!(encryption_boundary(&other, ao, true).is_ok(), "outside the boundary, as NCCL");
+        for (p, a) in [(&v3, a3), (&v2, a2), (&other, ao)] {
+            assert!(encryption_boundary(p, a, false).is_ok());
+        }
+        assert!(builtin_socket().api.takes_encryption_key());
+    }
 }

@@ -37,9 +37,8 @@ use socket2::Socket;
 use crate::connect::{set_liveness, Established, SEND_FLAGS};
 use crate::striping::{stripe_from, Reassembly, DEFAULT_MIN_CHUNK};
 use crate::wire::{Header, HEADER_BYTES};
-use crate::worker::{
-    Action, Control, Dispatch, Link, Pool, SockCrypto, Task, Transfer, Workers, RECORD_PLAIN,
-};
+use crate::sealing::{seal_chunks, BufferPool, RECORD_PLAIN};
+use crate::worker::{Action, Control, Dispatch, Link, Pool, Task, Transfer, Workers};
 
 /// Which end of the connection this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +116,13 @@ struct Shared {
     link: Arc<Link>,
     dispatch: Dispatch,
     state: Mutex<State>,
+    /// Encrypted sender: each data socket's sealer. `post_send` seals a message's chunks
+    /// under this lock (never under `state`'s, which helper thread 0 takes), so that the
+    /// sealing overlaps the helper threads' writes of earlier messages, and records reach
+    /// each socket in the order of their nonces ([`crate::sealing`]).
+    sealers: Option<Mutex<Vec<rustccl_securewire::Sealer>>>,
+    /// Encrypted sender: the record buffers.
+    buffers: Arc<BufferPool>,
 }
 
 impl Comm {
@@ -139,12 +145,14 @@ impl Comm {
         let nsocks = est.data.len();
         // Encrypted: each socket's key in the one direction the connection carries data.
         let label = |i: usize| crate::connect::socket_label(i as u32);
-        let crypto = est.keys.as_ref().map(|k| {
-            (0..est.data.len())
-                .map(|i| match dir {
-                    Direction::Send => SockCrypto::seal(k.sealer(&label(i))),
-                    Direction::Recv => SockCrypto::open(k.opener(&label(i), RECORD_PLAIN)),
-                })
+        let sealers = est
+            .keys
+            .as_ref()
+            .filter(|_| dir == Direction::Send)
+            .map(|k| Mutex::new((0..nsocks).map(|i| k.sealer(&label(i))).collect()));
+        let openers = est.keys.as_ref().filter(|_| dir == Direction::Recv).map(|k| {
+            (0..nsocks)
+                .map(|i| k.opener(&label(i), RECORD_PLAIN))
                 .collect()
         });
         let ctrl_label = crate::connect::socket_label(crate::wire::CONTROL_SOCKET);
@@ -158,7 +166,7 @@ impl Comm {
             .as_ref()
             .filter(|_| dir == Direction::Recv)
             .map(|k| k.opener(&ctrl_label, HEADER_BYTES));
-        let (dispatch, workers) = Workers::prepare(link.clone(), est.data, est.nthreads, crypto)?;
+        let (dispatch, workers) = Workers::prepare(link.clone(), est.data, est.nthreads, openers)?;
         let shared = Arc::new(Shared {
             dir,
             peer: est.peer,
@@ -180,6 +188,8 @@ impl Comm {
                 seal,
                 open,
             }),
+            sealers,
+            buffers: Arc::default(),
         });
         let pool = workers.start(Some(shared.clone()))?;
         Ok(Comm {
@@ -300,6 +310,11 @@ impl Shared {
 
     /// See [`Comm::post_send`] (whose caller vouches for the buffer).
     fn post_send(&self, id: u64, data: usize, size: usize, tag: i32) -> Result<bool, PluginError> {
+        // Encrypted: held until the message's records are handed to the helper threads.
+        let mut sealers = self
+            .sealers
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
         let mut st = self.lock();
         if let Some(e) = self.failure(&st) {
             return Err(e);
@@ -338,6 +353,36 @@ impl Shared {
         let plan = Reassembly::new_from(size, self.nsocks, DEFAULT_MIN_CHUNK, first)
             .map_err(|e| PluginError::internal(e.to_string()))?;
         let transfer = Transfer::new(plan);
+        st.ops.insert(
+            id,
+            Op::Send {
+                size,
+                header_end,
+                transfer: transfer.clone(),
+            },
+        );
+        self.flush_headers(&mut st);
+        if !st.outbox.is_empty() {
+            self.dispatch.wake_control();
+        }
+        let sealed = match sealers.as_deref_mut() {
+            None => None,
+            Some(sealers) => {
+                drop(st);
+                // SAFETY: the caller of `isend` vouches that `data..data + size` is valid and
+                // unchanged until the request completes; it is only read here.
+                let message = unsafe { std::slice::from_raw_parts(data as *const u8, size) };
+                match seal_chunks(sealers, &chunks, message, &self.buffers) {
+                    Ok(sealed) => Some(sealed),
+                    Err(e) => {
+                        let why = format!("peer {}: {e}", self.peer);
+                        self.link.fail(why.clone());
+                        return Err(PluginError::remote(why));
+                    }
+                }
+            }
+        };
+        let mut sealed = sealed.map(Vec::into_iter);
         let tasks = chunks
             .into_iter()
             .map(|chunk| Task {
@@ -346,21 +391,10 @@ impl Shared {
                 base: data,
                 transfer: transfer.clone(),
                 moved: 0,
+                sealed: sealed.as_mut().and_then(Iterator::next),
             })
             .collect();
-        st.ops.insert(
-            id,
-            Op::Send {
-                size,
-                header_end,
-                transfer,
-            },
-        );
         self.submit(tasks);
-        self.flush_headers(&mut st);
-        if !st.outbox.is_empty() {
-            self.dispatch.wake_control();
-        }
         Ok(true)
     }
 
@@ -563,6 +597,7 @@ impl Shared {
                 base: buf.data,
                 transfer: transfer.clone(),
                 moved: 0,
+                sealed: None,
             })
             .collect();
         self.submit(tasks);

@@ -10,8 +10,9 @@
 //! The dialer is done when every socket is connected and has written its hello: it does not
 //! wait for the acceptor, so one thread may finish `connect` before it starts `accept`.
 //!
-//! With the process's encryption key ([`rustccl_securewire::process_key`], set in-process
-//! by the host from `NCCL_ENCRYPTION_PSK`/`_FILE` or `ncclSetEncryption`), each hello has the
+//! With an encryption key (the context's: the host's, given at init through net ABI v3, or
+//! [`rustccl_securewire::process_key`], set in-process by the host from
+//! `NCCL_ENCRYPTION_PSK`/`_FILE` or `ncclSetEncryption`), each hello has the
 //! secure magic and is followed by the dialer's 32 fresh random bytes and the socket's key
 //! confirmation. Both sides derive the connection's keys from the key and (listen magic,
 //! connection id, random bytes): one per socket, in the one direction data flows (dialer to
@@ -174,10 +175,11 @@ impl Dialer {
         listen_magic: u64,
         config: SocketConfig,
         traffic_class: i32,
+        key: Option<Arc<Psk>>,
     ) -> io::Result<Dialer> {
         let nsocks = config.nsocks();
         let conn_id = random_u64()?;
-        let secure = match sw::process_key() {
+        let secure = match key {
             Some(psk) => {
                 let nonce: [u8; 32] = sw::random().map_err(|e| io::Error::other(e.message))?;
                 Some((
@@ -301,7 +303,8 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// Listens on `ip` (an ephemeral port) with a fresh random magic.
-    pub fn bind(ip: std::net::IpAddr) -> io::Result<Acceptor> {
+    /// With `key`, it accepts only connections encrypted with it.
+    pub fn bind(ip: std::net::IpAddr, key: Option<Arc<Psk>>) -> io::Result<Acceptor> {
         let want = SocketAddr::new(ip, 0);
         let listener = tcp_socket(&want)?;
         listener.bind(&SockAddr::from(want))?;
@@ -318,7 +321,7 @@ impl Acceptor {
             magic: random_u64()?,
             arriving: Vec::new(),
             groups: HashMap::new(),
-            key: sw::process_key(),
+            key,
             seen: HashSet::new(),
         })
     }
@@ -516,7 +519,7 @@ mod tests {
 
     #[test]
     fn dial_then_accept_groups_sockets_and_refuses_strangers() {
-        let mut acceptor = Acceptor::bind("127.0.0.1".parse().unwrap()).unwrap();
+        let mut acceptor = Acceptor::bind("127.0.0.1".parse().unwrap(), None).unwrap();
         let mut warnings = Vec::new();
         // A stranger with a wrong magic, and one that is not ours at all.
         let config = SocketConfig {
@@ -524,12 +527,12 @@ mod tests {
             nsocks_per_thread: 2,
             liveness: None,
         };
-        let mut stale = Dialer::start(acceptor.addr(), acceptor.magic() ^ 1, config, -1).unwrap();
+        let mut stale = Dialer::start(acceptor.addr(), acceptor.magic() ^ 1, config, -1, None).unwrap();
         until(|| stale.progress().unwrap().then_some(()));
         let mut junk = std::net::TcpStream::connect(acceptor.addr()).unwrap();
         junk.write_all(&[7u8; HELLO_BYTES]).unwrap();
 
-        let mut dialer = Dialer::start(acceptor.addr(), acceptor.magic(), config, -1).unwrap();
+        let mut dialer = Dialer::start(acceptor.addr(), acceptor.magic(), config, -1, None).unwrap();
         until(|| dialer.progress().unwrap().then_some(()));
         let sent = dialer.finish();
         let got = until(|| acceptor.progress(&mut |w| warnings.push(w)).unwrap());
@@ -575,7 +578,7 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
-        let mut d = Dialer::start(port, 1, SocketConfig::default(), -1).unwrap();
+        let mut d = Dialer::start(port, 1, SocketConfig::default(), -1, None).unwrap();
         let err = until(|| d.progress().err());
         assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
     }

@@ -2,7 +2,8 @@
 //!
 //! [`SocketNet`] implements [`rustccl_plugin_api::net::Net`] over TCP with `socket2`. The
 //! host can use it directly as a built-in plugin ([`instance`]); the crate's `cdylib`
-//! (`librustccl_net_socket.so`) exports the same plugin as `rustccl_net_v1`.
+//! (`librustccl_net_socket.so`) exports the same plugin as `rustccl_net_v3` (which takes the
+//! host's encryption key at init), `_v2` and `_v1`.
 //!
 //! * **Devices** ([`device`]): one per usable network interface, chosen with the bootstrap's
 //!   rules (`NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY`), loopback as the last resort.
@@ -22,6 +23,7 @@ pub mod connect;
 pub mod device;
 pub mod plugin;
 pub use rustccl_plugin_api::registry;
+pub mod sealing;
 pub mod striping;
 pub mod wire;
 pub mod worker;
@@ -32,8 +34,9 @@ pub use striping::{
     StripeError, DEFAULT_MIN_CHUNK, MAX_SOCKETS, MAX_THREADS,
 };
 
-// v2 for today's hosts (make_vdevice: the trait's "not supported", sockets are not fused),
-// v1 for hosts that predate v2. Each export builds its instance on first use, so a process
-// has one.
+// v3 for today's hosts (the encryption key at init), v2 for hosts that predate v3
+// (make_vdevice: the trait's "not supported", sockets are not fused), v1 for hosts that
+// predate v2. Each export builds its instance on first use, so a process has one.
+rustccl_plugin_api::export_net!(v3, "Socket", SocketNet, SocketNet::new());
 rustccl_plugin_api::export_net!(v2, "Socket", SocketNet, SocketNet::new());
 rustccl_plugin_api::export_net!(v1, "Socket", SocketNet, SocketNet::new());

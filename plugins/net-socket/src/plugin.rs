@@ -71,6 +71,8 @@ struct Context {
     log: LogFn,
     traffic_class: i32,
     devices: Arc<Vec<Device>>,
+    /// The encryption key of this context's connections (see [`Net::init_with_key`]).
+    key: Option<Arc<rustccl_securewire::Psk>>,
 }
 
 struct Listen {
@@ -253,6 +255,22 @@ impl SocketNet {
             .ok_or_else(|| registry::unknown("connection", comm))
     }
 
+    fn init_keyed(
+        &self,
+        _comm_id: u64,
+        config: &NetCommConfig,
+        key: Option<Arc<rustccl_securewire::Psk>>,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
+        let devices = self.devices(&log)?;
+        Ok(self.contexts.insert(Context {
+            log,
+            traffic_class: config.traffic_class,
+            devices,
+            key,
+        }))
+    }
+
     /// Closes a connection: stops its threads, forgets its requests and registrations.
     fn close_comm(&self, id: u64, comm: Arc<Comm>) {
         comm.close();
@@ -262,18 +280,35 @@ impl SocketNet {
 }
 
 impl Net for SocketNet {
+    /// Without a key given: the process's, if this copy of the record layer has one (the
+    /// built-in plugin shares the host's; see [`rustccl_securewire::process_key`]).
     fn init(
         &self,
-        _comm_id: u64,
+        comm_id: u64,
         config: &NetCommConfig,
         log: LogFn,
     ) -> Result<PluginHandle, PluginError> {
-        let devices = self.devices(&log)?;
-        Ok(self.contexts.insert(Context {
-            log,
-            traffic_class: config.traffic_class,
-            devices,
-        }))
+        self.init_keyed(comm_id, config, rustccl_securewire::process_key(), log)
+    }
+
+    fn takes_encryption_key(&self) -> bool {
+        true
+    }
+
+    /// The host's key (net ABI v3): a plugin loaded as a library of its own has its own copy
+    /// of the record layer, whose process key the host never set, so the key comes here.
+    fn init_with_key(
+        &self,
+        comm_id: u64,
+        config: &NetCommConfig,
+        key: Option<&[u8]>,
+        log: LogFn,
+    ) -> Result<PluginHandle, PluginError> {
+        let key = key
+            .map(|k| rustccl_securewire::Psk::new(k).map(Arc::new))
+            .transpose()
+            .map_err(|e| PluginError::invalid_argument(format!("NET/Socket : {e}")))?;
+        self.init_keyed(comm_id, config, key, log)
     }
 
     fn devices(&self, ctx: PluginHandle) -> Result<i32, PluginError> {
@@ -307,7 +342,7 @@ impl Net for SocketNet {
     ) -> Result<(NetHandle, PluginHandle), PluginError> {
         let c = self.context(ctx)?;
         let d = self.device(&c, dev)?;
-        let acceptor = Acceptor::bind(d.addr).map_err(|e| {
+        let acceptor = Acceptor::bind(d.addr, c.key.clone()).map_err(|e| {
             let e = format!("NET/Socket : cannot listen on {} ({}): {e}", d.name, d.addr);
             c.log.warn(subsys::NET, &e);
             PluginError::system(e)
@@ -351,7 +386,7 @@ impl Net for SocketNet {
                 let info = ListenInfo::decode(handle, PROTO_MAGIC, MAKER)
                     .map_err(|e| PluginError::invalid_argument(format!("connect: {e}")))?;
                 let config = self.settings()?.config;
-                let dialer = Dialer::start(info.addr, info.magic, config, c.traffic_class)
+                let dialer = Dialer::start(info.addr, info.magic, config, c.traffic_class, c.key.clone())
                     .map_err(|e| {
                         let e = format!(
                             "NET/Socket : cannot connect to {} from dev {dev} ({}): {e}",

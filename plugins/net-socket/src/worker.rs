@@ -79,8 +79,31 @@ pub struct Task {
     /// Address of the message's first byte (unused for [`Action::Discard`]).
     pub base: usize,
     pub transfer: Arc<Transfer>,
-    /// Bytes of the chunk moved so far.
+    /// Bytes of the chunk moved so far (of `sealed`'s bytes, when it has them).
     pub moved: usize,
+    /// Encrypted send: the chunk's records, sealed by the thread that posted the send; the
+    /// task writes these bytes instead of the chunk's.
+    pub sealed: Option<Sealed>,
+}
+
+/// A chunk's records ([`crate::sealing`]): `len` bytes at `start` in `bytes`. The task holds
+/// the buffer, so it stays valid until the task is done or dropped, whatever happens to the
+/// request.
+#[derive(Debug)]
+pub struct Sealed {
+    pub bytes: Arc<crate::sealing::SealedBuf>,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Task {
+    /// The address and length of the bytes a send task writes.
+    fn send_region(&self) -> (usize, usize) {
+        match &self.sealed {
+            Some(s) => (s.bytes.as_ptr() as usize + s.start, s.len),
+            None => (self.base + self.chunk.offset, self.chunk.len),
+        }
+    }
 }
 
 /// State shared by a connection and its helper threads.
@@ -204,21 +227,23 @@ pub struct Workers {
 impl Workers {
     /// Prepares `nthreads` threads for the data sockets `data` (socket `i` on thread
     /// `i % nthreads`), and the [`Dispatch`] that feeds them.
-    /// With `crypto` (one per data socket), the sockets carry sealed records.
+    /// With `openers` (one per data socket), the sockets bring sealed records, which the
+    /// threads read apart and open (the receiving end of an encrypted connection; its sending
+    /// end writes records like any bytes, see [`Sealed`]).
     pub fn prepare(
         link: Arc<Link>,
         data: Vec<Socket>,
         nthreads: usize,
-        crypto: Option<Vec<SockCrypto>>,
+        openers: Option<Vec<rustccl_securewire::Opener>>,
     ) -> io::Result<(Dispatch, Workers)> {
         let nthreads = nthreads.clamp(1, data.len().max(1));
         let mut owned: Vec<Vec<(usize, Socket)>> = (0..nthreads).map(|_| Vec::new()).collect();
-        let mut crypt: Vec<Vec<Option<SockCrypto>>> = (0..nthreads).map(|_| Vec::new()).collect();
-        let mut crypto = crypto.map(|c| c.into_iter());
+        let mut crypt: Vec<Vec<Option<Framing>>> = (0..nthreads).map(|_| Vec::new()).collect();
+        let mut openers = openers.map(Vec::into_iter);
         for (i, sock) in data.into_iter().enumerate() {
             sock.set_nonblocking(true)?;
             owned[i % nthreads].push((i, sock));
-            crypt[i % nthreads].push(crypto.as_mut().and_then(|c| c.next()));
+            crypt[i % nthreads].push(openers.as_mut().and_then(Iterator::next).map(Framing::new));
         }
         let mut crypt = crypt.into_iter();
         let mut inboxes = Vec::new();
@@ -241,6 +266,8 @@ impl Workers {
                 sockets,
                 control: None,
                 scratch: Vec::new(),
+                flip: test_flip_offset(),
+                written: 0,
             });
         }
         let dispatch = Dispatch { inboxes };
@@ -308,6 +335,7 @@ const POLL_TIMEOUT_MS: u16 = 1000;
 
 /// Largest piece dropped per read when discarding.
 const SCRATCH_BYTES: usize = 1 << 20;
+const _: () = assert!(crate::sealing::RECORD_PLAIN <= SCRATCH_BYTES, "a discarded record is opened in scratch");
 
 /// One helper thread.
 struct Worker {
@@ -318,11 +346,27 @@ struct Worker {
     sockets: Vec<(usize, Socket)>,
     /// Pending tasks of each socket, same order as `sockets`.
     queues: Vec<VecDeque<Task>>,
-    /// Each socket's record layer when the connection is encrypted, same order.
-    crypto: Vec<Option<SockCrypto>>,
+    /// Each socket's record framing when it receives an encrypted stream, same order.
+    crypto: Vec<Option<Framing>>,
     /// Thread 0: the connection's control socket.
     control: Option<Arc<dyn Control>>,
     scratch: Vec<u8>,
+    /// Test hook ([`FLIP_VAR`]): the offset in data socket 0's outgoing stream of the byte to
+    /// change as it leaves; `written`: that stream's bytes written so far.
+    flip: Option<u64>,
+    written: u64,
+}
+
+/// A test hook: with `RUSTCCL_TEST_FLIP_DATA_BYTE=<n>`, every send connection of the process
+/// changes (xor 1) the byte at offset `n` of its data socket 0's stream as it writes it, as
+/// an attacker on the wire would, so that tests can check that a byte altered in flight
+/// fails the operation (encrypted: on every rank, never wrong data). Read once; never set
+/// outside tests.
+pub const FLIP_VAR: &str = "RUSTCCL_TEST_FLIP_DATA_BYTE";
+
+fn test_flip_offset() -> Option<u64> {
+    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    *AT.get_or_init(|| std::env::var(FLIP_VAR).ok().and_then(|v| v.trim().parse().ok()))
 }
 
 /// What one non-blocking pass over a socket did.
@@ -379,24 +423,38 @@ impl Worker {
     /// Moves as many bytes as socket `s` takes right now, task after task.
     fn pass(&mut self, s: usize) -> Result<Pass, String> {
         if self.crypto[s].is_some() {
-            return self.pass_sealed(s);
+            return self.pass_framed(s);
         }
         let mut progressed = false;
         while let Some(task) = self.queues[s].front_mut() {
             let sock = &self.sockets[s].1;
             let left = task.chunk.len - task.moved;
+            let (send_at, send_len) = task.send_region();
             let result = match task.action {
                 Action::Send => {
                     // SAFETY: the task's bytes lie inside the buffer given to `isend`, which
                     // the caller keeps valid and unchanged until the request completes or the
-                    // connection is closed; closing joins this thread first.
+                    // connection is closed (closing joins this thread first), or inside the
+                    // sealed records the task itself holds.
                     let bytes = unsafe {
                         std::slice::from_raw_parts(
-                            (task.base + task.chunk.offset + task.moved) as *const u8,
-                            left,
+                            (send_at + task.moved) as *const u8,
+                            send_len - task.moved,
                         )
                     };
-                    sock.send_with_flags(bytes, SEND_FLAGS)
+                    match self.flip.filter(|_| self.sockets[s].0 == 0) {
+                        None => sock.send_with_flags(bytes, SEND_FLAGS),
+                        Some(at) => {
+                            let (result, flipped) = send_flipping(sock, bytes, self.written, at);
+                            if let Ok(n) = result {
+                                self.written += n as u64;
+                                if flipped {
+                                    self.flip = None;
+                                }
+                            }
+                            result
+                        }
+                    }
                 }
                 Action::Recv => {
                     // SAFETY: the task's bytes lie inside the buffer given to `irecv` (the
@@ -419,11 +477,15 @@ impl Worker {
                     (&*sock).read(&mut self.scratch[..n]).and_then(eof_is_error)
                 }
             };
+            let end = match task.action {
+                Action::Send => send_len,
+                Action::Recv | Action::Discard => task.chunk.len,
+            };
             match step(result, task.action, self.link.peer, self.sockets[s].0)? {
                 Step::Moved(n) => {
                     progressed = true;
                     task.moved += n;
-                    if task.moved == task.chunk.len {
+                    if task.moved == end {
                         self.finish_front(s)?;
                     }
                 }
@@ -450,178 +512,96 @@ impl Worker {
             .map_err(|e| format!("internal error on connection to {}: {e}", self.link.peer))
     }
 
-    /// [`pass`](Self::pass) on an encrypted socket: the sender seals at most
-    /// [`RECORD_PLAIN`] bytes of the front task into a record and writes it out before it
-    /// counts them moved; the receiver reads a whole record, opens it (a record that fails
-    /// authentication fails the connection) and copies its plaintext into the tasks in order.
-    /// A sender's record never spans two tasks, and both sides cut messages into the same
-    /// chunks in the same order, so records and tasks line up.
-    fn pass_sealed(&mut self, s: usize) -> Result<Pass, String> {
+    /// [`pass`](Self::pass) on a socket that receives an encrypted stream: reads each
+    /// record's length prefix, then its ciphertext straight into the task's buffer (no
+    /// copy; into scratch when discarding), then its tag, and opens the record there (a
+    /// record that fails authentication fails the connection, never giving wrong data). A
+    /// sender's record never spans two chunks and both sides cut messages into the same
+    /// chunks in the same order ([`crate::sealing`]), so a record longer than what is left of
+    /// its chunk was altered in flight: it fails the connection too.
+    fn pass_framed(&mut self, s: usize) -> Result<Pass, String> {
         let mut progressed = false;
         let peer = self.link.peer;
         let index = self.sockets[s].0;
         while let Some(task) = self.queues[s].front_mut() {
             let sock = &self.sockets[s].1;
             let left = task.chunk.len - task.moved;
-            let crypto = self.crypto[s].as_mut().expect("an encrypted socket");
-            let result: io::Result<usize> = match (task.action, crypto) {
-                (
-                    Action::Send,
-                    SockCrypto::Seal {
-                        sealer,
-                        out,
-                        sent,
-                        plain,
-                    },
-                ) => {
-                    if *sent == out.len() {
-                        let n = left.min(RECORD_PLAIN);
-                        // SAFETY: as in `pass`: the task's bytes lie inside the buffer given
-                        // to `isend`, valid and unchanged until the request completes.
-                        let bytes = unsafe {
-                            std::slice::from_raw_parts(
-                                (task.base + task.chunk.offset + task.moved) as *const u8,
-                                n,
+            let f = self.crypto[s].as_mut().expect("a framed socket");
+            let result: io::Result<usize> = if f.hgot < f.head.len() {
+                (&*sock).read(&mut f.head[f.hgot..]).and_then(eof_is_error).map(|k| {
+                    f.hgot += k;
+                    0
+                })
+            } else {
+                let clen = match f.clen {
+                    Some(c) => c,
+                    None => {
+                        let body = f.opener.body_len(f.head).map_err(|e| tampered(peer, index, e))?;
+                        let c = body - TAG_BYTES;
+                        if c == 0 || c > left {
+                            return Err(tampered(
+                                peer,
+                                index,
+                                rustccl_securewire::Error {
+                                    kind: rustccl_securewire::ErrorKind::Tampered,
+                                    message: format!(
+                                        "a record of {c} bytes where {left} bytes of the chunk are left (altered in flight?)"
+                                    ),
+                                },
+                            ));
+                        }
+                        f.clen = Some(c);
+                        c
+                    }
+                };
+                if f.cgot < clen {
+                    if task.action == Action::Recv {
+                        // SAFETY: as in `pass`: `clen <= left`, so these bytes lie inside the
+                        // buffer given to `irecv`, which no other thread writes. They hold
+                        // ciphertext until this thread opens the record (below); a record
+                        // that fails authentication fails the connection and the receive.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                (task.base + task.chunk.offset + task.moved) as *mut u8,
+                                clen,
                             )
                         };
-                        out.clear();
-                        sealer
-                            .seal_into(bytes, out)
-                            .map_err(|e| format!("peer {peer}: data socket {index}: {e}"))?;
-                        *sent = 0;
-                        *plain = n;
-                    }
-                    sock.send_with_flags(&out[*sent..], SEND_FLAGS).map(|k| {
-                        *sent += k;
-                        if *sent == out.len() {
-                            std::mem::take(plain)
-                        } else {
-                            0
-                        }
-                    })
-                }
-                (
-                    Action::Recv | Action::Discard,
-                    SockCrypto::Open {
-                        opener,
-                        head,
-                        hgot,
-                        body,
-                        bgot,
-                        plain,
-                        taken,
-                        tag,
-                        tgot,
-                        direct,
-                    },
-                ) => {
-                    if *taken < *plain {
-                        let n = left.min(*plain - *taken);
-                        if task.action == Action::Recv {
-                            // SAFETY: as in `pass`: the task's bytes lie inside the buffer
-                            // given to `irecv`, which no other thread writes.
-                            let dst = unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    (task.base + task.chunk.offset + task.moved) as *mut u8,
-                                    n,
-                                )
-                            };
-                            dst.copy_from_slice(&body[*taken..*taken + n]);
-                        }
-                        *taken += n;
-                        Ok(n)
-                    } else if *hgot < head.len() {
-                        (&*sock)
-                            .read(&mut head[*hgot..])
-                            .and_then(eof_is_error)
-                            .map(|k| {
-                                *hgot += k;
-                                0
-                            })
+                        (&*sock).read(&mut dst[f.cgot..])
                     } else {
-                        let n = opener
-                            .body_len(*head)
-                            .map_err(|e| tampered(peer, index, e))?;
-                        let clen = n - TAG_BYTES;
-                        if *bgot == 0 && *tgot == 0 {
-                            // A record that fits the task is read straight into the task's
-                            // buffer and decrypted there (no copy); others through `body`.
-                            *direct = task.action == Action::Recv && clen <= left;
-                            if !*direct {
-                                body.resize(n, 0);
-                            }
+                        // A whole record fits (RECORD_PLAIN <= SCRATCH_BYTES): it is opened
+                        // there too, which keeps the stream's nonces in step.
+                        if self.scratch.is_empty() {
+                            self.scratch = vec![0; SCRATCH_BYTES];
                         }
-                        if *direct {
-                            // SAFETY: as in `pass`: `clen <= left`, so these bytes lie inside
-                            // the buffer given to `irecv`, which no other thread writes. Until
-                            // the record is authenticated they hold ciphertext; a record that
-                            // fails fails the connection, and with it the receive.
-                            let dst = unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    (task.base + task.chunk.offset + task.moved) as *mut u8,
-                                    clen,
-                                )
-                            };
-                            if *bgot < clen {
-                                (&*sock)
-                                    .read(&mut dst[*bgot..])
-                                    .and_then(eof_is_error)
-                                    .map(|k| {
-                                        *bgot += k;
-                                        0
-                                    })
-                            } else {
-                                (&*sock)
-                                    .read(&mut tag[*tgot..])
-                                    .and_then(eof_is_error)
-                                    .and_then(|k| {
-                                        *tgot += k;
-                                        if *tgot < TAG_BYTES {
-                                            return Ok(0);
-                                        }
-                                        opener.open_detached(*head, dst, *tag).map_err(|e| {
-                                            io::Error::new(
-                                                io::ErrorKind::InvalidData,
-                                                tampered(peer, index, e),
-                                            )
-                                        })?;
-                                        (*hgot, *bgot, *tgot) = (0, 0, 0);
-                                        Ok(clen)
-                                    })
-                            }
-                        } else {
-                            (&*sock)
-                                .read(&mut body[*bgot..])
-                                .and_then(eof_is_error)
-                                .map(|k| (k, ()))
-                                .map(|(k, ())| {
-                                    *bgot += k;
-                                    k
-                                })
-                                .and_then(|_| {
-                                    if *bgot == body.len() {
-                                        let len = opener
-                                            .open_in_place(*head, body)
-                                            .map_err(|e| {
-                                                io::Error::new(
-                                                    io::ErrorKind::InvalidData,
-                                                    tampered(peer, index, e),
-                                                )
-                                            })?
-                                            .len();
-                                        *plain = len;
-                                        *taken = 0;
-                                        *hgot = 0;
-                                        *bgot = 0;
-                                    }
-                                    Ok(0)
-                                })
-                        }
+                        (&*sock).read(&mut self.scratch[f.cgot..clen])
                     }
+                    .and_then(eof_is_error)
+                    .map(|k| {
+                        f.cgot += k;
+                        0
+                    })
+                } else {
+                    (&*sock).read(&mut f.tag[f.tgot..]).and_then(eof_is_error).map(|k| {
+                        f.tgot += k;
+                        if f.tgot < TAG_BYTES {
+                            return Ok(0);
+                        }
+                        let start = task.chunk.offset + task.moved;
+                        let (head, tag) = (f.head, f.tag);
+                        (f.hgot, f.clen, f.cgot, f.tgot) = (0, None, 0, 0);
+                        let dst = if task.action == Action::Recv {
+                            // SAFETY: as above: the record's bytes lie in the task's part of
+                            // the receive buffer, which only this thread writes.
+                            unsafe { std::slice::from_raw_parts_mut((task.base + start) as *mut u8, clen) }
+                        } else {
+                            &mut self.scratch[..clen]
+                        };
+                        f.opener.open_detached(head, dst, tag).map_err(|e| {
+                            io::Error::new(io::ErrorKind::InvalidData, tampered(peer, index, e))
+                        })?;
+                        Ok(clen)
+                    }).and_then(|r| r)
                 }
-                _ => return Err(format!(
-                    "internal error on connection to {peer}: a task against its socket's direction"
-                )),
             };
             match step(result, task.action, peer, index)? {
                 Step::Moved(n) => {
@@ -678,62 +658,29 @@ impl Worker {
 
 use rustccl_securewire::TAG_BYTES;
 
-/// Plaintext bytes per record on an encrypted data socket: large enough that sealing and the
-/// 20 bytes of framing per record cost little, small enough to stay in cache.
-pub const RECORD_PLAIN: usize = 256 * 1024;
-
-/// An encrypted data socket's record layer, in the direction the socket carries data.
-pub enum SockCrypto {
-    /// Sending: the record being written (`sent` of its bytes so far), sealed from `plain`
-    /// bytes of the front task.
-    Seal {
-        sealer: rustccl_securewire::Sealer,
-        out: Vec<u8>,
-        sent: usize,
-        plain: usize,
-    },
-    /// Receiving: the record being read (its length prefix `head`, `hgot` bytes of it; its
-    /// body, `bgot` bytes), then, once opened, its `plain` bytes at the front of `body`,
-    /// `taken` of them copied out.
-    Open {
-        opener: rustccl_securewire::Opener,
-        head: [u8; rustccl_securewire::RECORD_HEADER_BYTES],
-        hgot: usize,
-        body: Vec<u8>,
-        bgot: usize,
-        plain: usize,
-        taken: usize,
-        /// A record read straight into the task's buffer: its tag, `tgot` bytes of it.
-        tag: [u8; TAG_BYTES],
-        tgot: usize,
-        direct: bool,
-    },
+/// A socket that receives an encrypted stream: its opener, and where it is in the record
+/// it reads: its length prefix (`hgot` bytes of `head`), its ciphertext (`cgot` of `clen`
+/// bytes, once the prefix is in), its tag (`tgot` bytes).
+pub struct Framing {
+    opener: rustccl_securewire::Opener,
+    head: [u8; rustccl_securewire::RECORD_HEADER_BYTES],
+    hgot: usize,
+    clen: Option<usize>,
+    cgot: usize,
+    tag: [u8; TAG_BYTES],
+    tgot: usize,
 }
 
-impl SockCrypto {
-    /// The sending side of a socket.
-    pub fn seal(sealer: rustccl_securewire::Sealer) -> SockCrypto {
-        SockCrypto::Seal {
-            sealer,
-            out: Vec::new(),
-            sent: 0,
-            plain: 0,
-        }
-    }
-
-    /// The receiving side of a socket.
-    pub fn open(opener: rustccl_securewire::Opener) -> SockCrypto {
-        SockCrypto::Open {
+impl Framing {
+    fn new(opener: rustccl_securewire::Opener) -> Framing {
+        Framing {
             opener,
-            head: [0; 4],
+            head: [0; rustccl_securewire::RECORD_HEADER_BYTES],
             hgot: 0,
-            body: Vec::new(),
-            bgot: 0,
-            plain: 0,
-            taken: 0,
+            clen: None,
+            cgot: 0,
             tag: [0; TAG_BYTES],
             tgot: 0,
-            direct: false,
         }
     }
 }
@@ -778,6 +725,23 @@ fn step(
 
 fn tampered(peer: std::net::SocketAddr, index: usize, e: rustccl_securewire::Error) -> String {
     format!("peer {peer}: data socket {index}: {e}; the connection is dropped")
+}
+
+/// The test hook's write ([`FLIP_VAR`]): `bytes` start at offset `written` of the stream; the
+/// byte at offset `at` goes out changed. Returns the write's result and whether it wrote the
+/// changed byte.
+fn send_flipping(sock: &Socket, bytes: &[u8], written: u64, at: u64) -> (io::Result<usize>, bool) {
+    let end = written + bytes.len() as u64;
+    if at < written || at >= end {
+        return (sock.send_with_flags(bytes, SEND_FLAGS), false);
+    }
+    if at > written {
+        let upto = (at - written) as usize;
+        return (sock.send_with_flags(&bytes[..upto], SEND_FLAGS), false);
+    }
+    let result = sock.send_with_flags(&[bytes[0] ^ 1], SEND_FLAGS);
+    let flipped = matches!(result, Ok(1));
+    (result, flipped)
 }
 
 /// A read of 0 bytes into a non-empty buffer is the peer closing the stream.
@@ -838,6 +802,7 @@ mod tests {
                 base,
                 transfer: t.clone(),
                 moved: 0,
+                sealed: None,
             })
             .collect()
     }

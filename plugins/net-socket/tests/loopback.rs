@@ -447,7 +447,7 @@ fn a_bad_header_fails_the_connection() {
     let ctx = net.init(1, &NetCommConfig::default(), QUIET).unwrap();
     let (handle, listen) = net.listen(ctx, 0).unwrap();
     let info = ListenInfo::decode(&handle, PROTO_MAGIC, MAKER).unwrap();
-    let mut dialer = Dialer::start(info.addr, info.magic, SocketConfig::default(), -1).unwrap();
+    let mut dialer = Dialer::start(info.addr, info.magic, SocketConfig::default(), -1, None).unwrap();
     let deadline = Instant::now() + DEADLINE;
     let recv = loop {
         dialer.progress().unwrap();

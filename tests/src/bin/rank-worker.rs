@@ -50,6 +50,7 @@ fn main() {
         "net-traffic" => net_traffic(nranks, rank, &ids),
         "encrypt-pattern" => worker_encrypt::pattern(nranks, rank, &ids),
         "encrypt-sweep" => worker_encrypt::sweep(nranks, rank, &ids),
+        "encrypt-checked" => worker_encrypt::checked_all_reduce(nranks, rank, &ids),
         "plugins" => plugins(nranks, rank, &ids),
         "tuned-sizes" => tuned_sizes(nranks, rank, &ids),
         "profiled" => worker_profiler::profiled(nranks, rank, &ids),

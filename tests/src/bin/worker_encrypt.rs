@@ -1,5 +1,6 @@
-//! Workers of tests/tests/encryption.rs: traffic with a known plaintext pattern, and the
-//! all_reduce sweep of the encryption benchmark.
+//! Workers of tests/tests/encryption.rs: traffic with a known plaintext pattern, a checked
+//! all_reduce (for a byte altered in flight), and the all_reduce sweep of the encryption
+//! benchmark.
 
 use std::time::Instant;
 
@@ -59,5 +60,34 @@ pub fn sweep(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
         println!("RESULT sweep {bytes} {:.3}", bytes as f64 / best / 1e9);
         mib *= 2;
     }
+    comm.destroy()
+}
+
+/// All-reduces 8 MiB of f32 (rank r contributes r + 1 + i % 7 at element i) and checks every
+/// element: `RESULT checked ok`, or the error (an altered byte must give an error, never a
+/// wrong sum: `Internal` "wrong data" is what the test must not see).
+pub fn checked_all_reduce(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error> {
+    let comm = Communicator::init_rank_scalable(nranks, rank, ids, crate::worker_coll::test_device(rank), &CommConfig::default())?;
+    let be = comm.backend().clone();
+    let dev = comm.device()? as usize;
+    let stream = be.create_stream(dev)?;
+    let count = 2 << 20;
+    let mine: Vec<f32> = (0..count).map(|i| (rank + 1) as f32 + (i % 7) as f32).collect();
+    let buf = be.alloc(dev, count * 4)?;
+    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+    be.copy_to_device(buf, &bytes, stream)?;
+    comm.all_reduce(buf, buf, count, DataType::Float32, ReduceOp::Sum, stream)?;
+    let mut out = vec![0u8; count * 4];
+    be.copy_from_device(&mut out, buf, stream)?;
+    be.synchronize(stream)?;
+    let ranks_sum = (nranks * (nranks + 1) / 2) as f32;
+    for (i, v) in out.chunks(4).enumerate() {
+        let got = f32::from_le_bytes(v.try_into().unwrap());
+        let want = ranks_sum + (nranks as usize * (i % 7)) as f32;
+        if got != want {
+            return Err(Error::internal(format!("all_reduce delivered wrong data: element {i} is {got}, not {want}")));
+        }
+    }
+    println!("RESULT checked ok");
     comm.destroy()
 }
