@@ -23,7 +23,7 @@
 //!   operation is launched (after the outermost `ncclGroupEnd` inside a group), so it
 //!   completes when the operation has; under stream capture as an external event record, a
 //!   node of the graph that records it at each replay. The caller's `cudaEvent_t` is not one
-//!   the backend made (`Streams::record_foreign_event`). Refused, before anything is
+//!   the backend made (`ForeignEvents::record_foreign_event`). Refused, before anything is
 //!   enqueued, on the host backend, which has no CUDA events (its operations have completed
 //!   when the call or group returns), on the HIP backend (not yet), and on non-blocking
 //!   communicators, whose launches happen in the background;
@@ -141,7 +141,7 @@ thread_local! {
 }
 
 fn record(d: &Deferred) -> Result<(), Error> {
-    d.backend.record_foreign_event(d.event, d.stream).map_err(|e| e.context("recording ncclCollConfig_t.launchCompletionEvent"))
+    d.backend.foreign_events_or_err("ncclCollConfig_t.launchCompletionEvent")?.record_foreign_event(d.event, d.stream).map_err(|e| e.context("recording ncclCollConfig_t.launchCompletionEvent"))
 }
 
 /// The outermost group of this thread ended (`ok`: its operations were enqueued): records
@@ -168,11 +168,9 @@ fn configured(what: &str, comm: CommHandle, config: *const NcclCollConfig, coll:
                     "{what}: ncclCollConfig_t.launchCompletionEvent must be NULL on the host backend, which has no CUDA events (an operation has completed when its call, or its group's end, returns)"
                 )));
             }
-            if cc.comm.backend().kind() == BackendKind::Hip {
-                return Err(Error::invalid_usage(format!(
-                    "{what}: ncclCollConfig_t.launchCompletionEvent is not supported on the HIP backend yet (rustccl records a caller's CUDA event only); pass NULL"
-                )));
-            }
+            // A backend that cannot record a caller's event (HIP for now) refuses before
+            // anything is launched.
+            cc.comm.backend().foreign_events_or_err(&format!("{what}: ncclCollConfig_t.launchCompletionEvent (pass NULL)"))?;
             if !cc.comm.config().blocking {
                 return Err(Error::invalid_usage(format!(
                     "{what}: ncclCollConfig_t.launchCompletionEvent is not supported on a non-blocking communicator (its launches happen in the background); pass NULL"

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 use memory::{Allocation, Kind, Table};
 use shm::SharedRegion;
 
-use super::{BackendKind, BufferSharing, DeviceBackend, DevicePtr, Event, HostAccess, HostMapped, Kernels, Memory, ShareHandle, Sharing, Stream, Streams, SymmetricKernels, WindowMemory};
+use super::{BackendKind, BufferSharing, DeviceBackend, DevicePtr, Event, ForeignEvents, HostAccess, HostMapped, Kernels, Memory, ShareHandle, Sharing, Stream, Streams, SymmetricKernels, WindowMemory};
 use crate::error::{Error, Result};
 
 pub use shm::SHM_DIR;
@@ -211,6 +211,10 @@ impl DeviceBackend for HostBackend {
 
     fn host_access(&self) -> Option<&dyn HostAccess> {
         Some(self)
+    }
+
+    fn foreign_events(&self) -> Option<&dyn ForeignEvents> {
+        None
     }
 }
 

@@ -4,7 +4,7 @@
 //! (`Arc<dyn DeviceBackend>`): what every backend has is its supertraits — [`Memory`],
 //! [`Streams`] (events and stream capture included), [`Sharing`] (memory other processes map)
 //! — and what only some have are optional groups it hands out (`None` where it lacks one):
-//! [`Kernels`], [`SymmetricKernels`], [`WindowMemory`], [`BufferSharing`], [`HostAccess`]
+//! [`Kernels`], [`SymmetricKernels`], [`WindowMemory`], [`BufferSharing`], [`HostAccess`], [`ForeignEvents`]
 //! (see `traits.rs`). A backend implements what it can do; nothing in it refuses.
 //!
 //! Collectives are not backend operations: they run through the collective executors, which
@@ -44,7 +44,7 @@ pub use cuda::CudaBackend;
 pub use hip::HipBackend;
 pub use host::HostBackend;
 pub use share::ShareHandle;
-pub use traits::{BufferSharing, DeviceBackend, HostAccess, Kernels, Memory, Sharing, Streams, SymmetricKernels, WindowMemory};
+pub use traits::{BufferSharing, DeviceBackend, ForeignEvents, HostAccess, Kernels, Memory, Sharing, Streams, SymmetricKernels, WindowMemory};
 
 /// Host work a device stream runs in its order ([`Kernels::launch_host_callback`]).
 pub struct HostCallback(pub Box<dyn Fn() + Send + Sync>);

@@ -74,6 +74,10 @@ pub trait DeviceBackend: Memory + Streams + Sharing + Send + Sync + std::fmt::De
     /// Host addresses of the backend's memory, for backends whose memory the CPU addresses
     /// (then [`Capabilities::host_addressable`] is true).
     fn host_access(&self) -> Option<&dyn HostAccess>;
+
+    /// Recording events the backend did not make (the caller's `cudaEvent_t`), for
+    /// `ncclCollConfig_t.launchCompletionEvent` (CUDA; the host backend has no events to give).
+    fn foreign_events(&self) -> Option<&dyn ForeignEvents>;
 }
 
 /// The optional groups, named in the error of a caller that needs one the backend lacks.
@@ -84,6 +88,7 @@ enum Group {
     WindowMemory,
     BufferSharing,
     HostAccess,
+    ForeignEvents,
 }
 
 impl Group {
@@ -97,6 +102,7 @@ impl Group {
                 "zero-copy point-to-point (registered buffers are received through the connections' buffers there)"
             }
             Group::HostAccess => "host-addressable memory (its memory is a device's: copy it to the host to read it)",
+            Group::ForeignEvents => "recording a caller's event (it has no such events: its operations are done when their call returns, or its API has none)",
         }
     }
 }
@@ -137,6 +143,11 @@ impl dyn DeviceBackend + '_ {
     /// [`DeviceBackend::host_access`], or the error that `what` needs host addresses.
     pub fn host_access_or_err(&self, what: &str) -> Result<&dyn HostAccess> {
         self.group_or_err(self.host_access(), Group::HostAccess, what)
+    }
+
+    /// [`DeviceBackend::foreign_events`], or the error that `what` needs to record a caller's event.
+    pub fn foreign_events_or_err(&self, what: &str) -> Result<&dyn ForeignEvents> {
+        self.group_or_err(self.foreign_events(), Group::ForeignEvents, what)
     }
 }
 
@@ -218,16 +229,6 @@ pub trait Streams {
 
     /// Records `event` at the current end of `stream`.
     fn record_event(&self, event: Event, stream: Stream) -> Result<()>;
-
-    /// Records the caller's `event` (one this backend did not create: a `cudaEvent_t` given to
-    /// an `nccl*Config` call as `launchCompletionEvent`) at the current end of `stream`, on
-    /// the stream's device. While `stream` is being captured the record becomes a node of the
-    /// graph (CUDA's external event record), so that every replay records it, as the caller
-    /// of a captured call expects. Backends without such events refuse it.
-    fn record_foreign_event(&self, event: Event, stream: Stream) -> Result<()> {
-        let _ = (event, stream);
-        Err(Error::invalid_usage("recording a caller's event is not supported by this backend"))
-    }
 
     /// Makes work enqueued on `stream` from now on wait until `event` is complete.
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()>;
@@ -407,6 +408,15 @@ pub trait BufferSharing {
 
 /// Host addresses of device memory, for backends whose memory the CPU addresses (the host
 /// backend, whose collectives CPU threads run; [`DeviceBackend::host_access`]).
+/// Events the caller made (a `cudaEvent_t` given to an `nccl*Config` call as
+/// `launchCompletionEvent`), recorded on the caller's stream.
+pub trait ForeignEvents {
+    /// Records the caller's `event` at the current end of `stream`, on the stream's device.
+    /// While `stream` is being captured the record becomes a node of the graph (CUDA's external
+    /// event record), so that every replay records it, as the caller of a captured call expects.
+    fn record_foreign_event(&self, event: Event, stream: Stream) -> Result<()>;
+}
+
 pub trait HostAccess {
     /// The host address of device memory `ptr..ptr+bytes`; the range must lie in one live
     /// allocation (else `InvalidArgument`).

@@ -61,7 +61,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use cudarc::driver::sys;
 
-use super::{BackendKind, BufferSharing, DeviceBackend, HostAccess, Kernels, SymmetricKernels, WindowMemory};
+use super::{BackendKind, BufferSharing, DeviceBackend, ForeignEvents, HostAccess, Kernels, SymmetricKernels, WindowMemory};
 use crate::error::{Error, Result};
 use driver::{check, Ctx, CtxGuard};
 use crate::backend::gpu_memory::Table;
@@ -304,6 +304,10 @@ impl DeviceBackend for CudaBackend {
 
     fn host_access(&self) -> Option<&dyn HostAccess> {
         None
+    }
+
+    fn foreign_events(&self) -> Option<&dyn ForeignEvents> {
+        Some(self)
     }
 }
 

@@ -5,7 +5,7 @@ use cudarc::driver::sys;
 
 use super::driver::{self, check, Ctx, CtxGuard};
 use super::{CudaBackend, Place};
-use crate::backend::{DevicePtr, Event, Stream, Streams};
+use crate::backend::{DevicePtr, Event, ForeignEvents, Stream, Streams};
 use crate::error::{Error, Result};
 
 pub(super) fn raw_stream(stream: Stream) -> sys::CUstream {
@@ -128,23 +128,6 @@ impl Streams for CudaBackend {
         check(unsafe { sys::cuEventRecord(event.0 as usize as sys::CUevent, raw_stream(stream)) }, "cuEventRecord")
     }
 
-    fn record_foreign_event(&self, event: Event, stream: Stream) -> Result<()> {
-        let place = self.place(stream, None)?;
-        let capturing = self.is_capturing(stream)?;
-        let _g = CtxGuard::enter(place.ctx)?;
-        let e = event.0 as usize as sys::CUevent;
-        if capturing {
-            // A plain record under capture only orders the capture and is not replayed; an
-            // external record is a graph node that records the event at each replay.
-            let external = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
-            // SAFETY: the caller's live event (the driver reports a bad one) and a stream of
-            // the current context.
-            return check(unsafe { sys::cuEventRecordWithFlags(e, raw_stream(stream), external) }, "cuEventRecordWithFlags");
-        }
-        // SAFETY: as above.
-        check(unsafe { sys::cuEventRecord(e, raw_stream(stream)) }, "cuEventRecord")
-    }
-
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
         let device = self.event_device(event, "stream_wait_event")?;
         let place = self.place(stream, Some(device))?;
@@ -200,5 +183,24 @@ impl Streams for CudaBackend {
         // SAFETY: writes one enum.
         check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) }, "cuStreamIsCapturing")?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}
+
+impl ForeignEvents for CudaBackend {
+    fn record_foreign_event(&self, event: Event, stream: Stream) -> Result<()> {
+        let place = self.place(stream, None)?;
+        let capturing = self.is_capturing(stream)?;
+        let _g = CtxGuard::enter(place.ctx)?;
+        let e = event.0 as usize as sys::CUevent;
+        if capturing {
+            // A plain record under capture only orders the capture and is not replayed; an
+            // external record is a graph node that records the event at each replay.
+            let external = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+            // SAFETY: the caller's live event (the driver reports a bad one) and a stream of
+            // the current context.
+            return check(unsafe { sys::cuEventRecordWithFlags(e, raw_stream(stream), external) }, "cuEventRecordWithFlags");
+        }
+        // SAFETY: as above.
+        check(unsafe { sys::cuEventRecord(e, raw_stream(stream)) }, "cuEventRecord")
     }
 }

@@ -36,7 +36,7 @@ use std::ffi::{c_char, c_int, CStr};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::gpu_memory::Table;
-use super::{BackendKind, BufferSharing, DeviceBackend, HostAccess, Kernels, SymmetricKernels, WindowMemory};
+use super::{BackendKind, BufferSharing, DeviceBackend, ForeignEvents, HostAccess, Kernels, SymmetricKernels, WindowMemory};
 use crate::error::{Error, Result};
 use runtime::Runtime;
 
@@ -265,6 +265,10 @@ impl DeviceBackend for HipBackend {
     }
 
     fn host_access(&self) -> Option<&dyn HostAccess> {
+        None
+    }
+
+    fn foreign_events(&self) -> Option<&dyn ForeignEvents> {
         None
     }
 }

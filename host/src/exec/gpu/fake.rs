@@ -9,7 +9,7 @@ use rustccl_kernels::symmetric::SymKernel;
 use rustccl_kernels::DeviceOp;
 
 use crate::backend::{
-    BackendKind, BufferSharing, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, HostAccess, HostCallback, HostMapped, Kernels, Memory,
+    BackendKind, BufferSharing, Capabilities, DeviceBackend, DevicePtr, Event, ExecKernel, ExecLaunch, ForeignEvents, HostAccess, HostCallback, HostMapped, Kernels, Memory,
     ShareHandle, Sharing, Stream, Streams, SymmetricKernels, WindowMemory,
 };
 use crate::error::{Error, Result};
@@ -124,6 +124,10 @@ impl DeviceBackend for FakeDevice {
         None
     }
     fn host_access(&self) -> Option<&dyn HostAccess> {
+        None
+    }
+
+    fn foreign_events(&self) -> Option<&dyn ForeignEvents> {
         None
     }
 }
