@@ -288,29 +288,21 @@ fn a_byte_changed_in_flight_fails_init_on_every_rank_never_wrong_data() {
 }
 
 /// The benchmark of docs/PERFORMANCE.md: all_reduce 1 MiB-1 GiB between the namespaces over
-/// the socket transport, without and with a key. `cargo test --release -p rustccl-tests
+/// the socket transport, without and with a key, in alternating rounds in the same two ranks
+/// (`SWEEP_MAX_MIB`, `SWEEP_ROUNDS`: the worker's docs). `cargo test --release -p rustccl-tests
 /// --test encryption -- --ignored --nocapture encryption_speed`.
 #[test]
 #[ignore]
 fn encryption_speed() {
     let Some(nodes) = Nodes::for_test("rspd", 217) else { return };
     let max = std::env::var("SWEEP_MAX_MIB").unwrap_or_else(|_| "1024".into());
-    let mut table: Vec<(String, f64, f64)> = Vec::new();
-    for (key, port) in [(None, 29551), (Some(KEY), 29552)] {
-        let out = run_across(&nodes, "encrypt-sweep", 2, port, key, &[("SWEEP_MAX_MIB", max.as_str())]);
-        assert_all_ok(&out);
-        for line in out[0].results() {
-            let mut p = line.split(' ').skip(1);
-            let (bytes, gbs) = (p.next().unwrap().to_string(), p.next().unwrap().parse::<f64>().unwrap());
-            match key {
-                None => table.push((bytes, gbs, 0.0)),
-                Some(_) => table.iter_mut().find(|r| r.0 == bytes).unwrap().2 = gbs,
-            }
-        }
-    }
-    println!("bytes plain_GB/s encrypted_GB/s ratio");
-    for (bytes, plain, enc) in &table {
-        println!("{bytes} {plain:.3} {enc:.3} {:.2}", enc / plain);
+    let rounds = std::env::var("SWEEP_ROUNDS").unwrap_or_else(|_| "3".into());
+    let env = [("SWEEP_MAX_MIB", max.as_str()), ("SWEEP_ROUNDS", rounds.as_str()), ("SWEEP_PSK", KEY)];
+    let out = run_across(&nodes, "encrypt-sweep", 2, 29551, None, &env);
+    assert_all_ok(&out);
+    println!("bytes plain_GB/s encrypted_GB/s ratio (medians of {rounds} alternating rounds), rank 0 CPU s/GB plain encrypted");
+    for line in out[0].results() {
+        println!("{}", line.trim_start_matches("sweep "));
     }
 }
 

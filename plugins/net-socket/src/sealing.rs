@@ -31,10 +31,11 @@ const POOLED: usize = 16;
 pub struct BufferPool(Mutex<Vec<Vec<u8>>>);
 
 impl BufferPool {
-    fn take(&self, capacity: usize) -> Vec<u8> {
+    /// A buffer of `len` bytes (their values left from its last use: sealing overwrites
+    /// them all; only a buffer's growth is zeroed).
+    fn take(&self, len: usize) -> Vec<u8> {
         let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-        v.clear();
-        v.reserve(capacity);
+        v.resize(len, 0);
         v
     }
 
@@ -81,14 +82,17 @@ pub fn seal_chunks(
         .sum();
     let mut out = pool.take(wire);
     let mut spans = Vec::with_capacity(chunks.len());
+    let mut at = 0;
     for c in chunks {
-        let start = out.len();
+        let start = at;
         for piece in message[c.offset..c.end()].chunks(RECORD_PLAIN) {
-            sealers[c.socket].seal_into(piece, &mut out)?;
+            let end = at + Sealer::record_bytes(piece.len());
+            sealers[c.socket].seal_to(piece, &mut out[at..end])?;
+            at = end;
         }
-        spans.push((start, out.len() - start));
+        spans.push((start, at - start));
     }
-    debug_assert_eq!(out.len(), wire, "the buffer never grows (its records stay put)");
+    debug_assert_eq!(at, wire, "the records fill the buffer");
     let bytes = Arc::new(SealedBuf { bytes: out, pool: pool.clone() });
     Ok(spans
         .into_iter()
