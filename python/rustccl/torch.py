@@ -71,10 +71,11 @@ _COMPLEX_PARTS = {torch.complex64: "float32", torch.complex128: "float64"}
 
 def _reduce_op(op):
     """rustccl's name for a torch ReduceOp (or the options' reduceOp)."""
-    name = _REDUCE_OPS.get(getattr(op, "op", op))
+    kind = getattr(op, "op", op)
+    name = _REDUCE_OPS.get(kind)
     if name is None:
         raise ValueError(
-            f"rustccl backend: reduce operation {op} is not supported; use SUM, PRODUCT, "
+            f"rustccl backend: reduce operation {kind} is not supported; use SUM, PRODUCT, "
             "MAX, MIN or AVG (PREMUL_SUM and the bitwise operators have no rustccl equivalent)"
         )
     return name
