@@ -69,6 +69,10 @@ def test_fsdp_losses_match_gloo():
     run_ranks("fsdp")
 
 
+def test_device_backend_map():
+    run_ranks("mapping")
+
+
 def test_bitwise_op_is_refused_with_message():
     outs = run_ranks("bad_op")
     assert all("not supported; use SUM" in o for o in outs)

@@ -250,6 +250,7 @@ def main():
         pg = dist.new_group(backend="rustccl")
         if nccl:
             compare_collectives(pg, dist.group.WORLD, device)
+            _check_mapping(dist.new_group(backend="cpu:rustccl,cuda:nccl"))
         else:
             _compare_cuda_against_cpu(pg, device)
     else:
@@ -278,6 +279,12 @@ def main():
             check("default group all_reduce", t, torch.full((4,), size * (size + 1) / 2))
             if dist.get_backend() != "rustccl":
                 raise AssertionError(f"get_backend() says {dist.get_backend()}")
+        elif scenario == "mapping":
+            # a device_type -> backend map: CPU tensors to rustccl, CUDA ones to another
+            # backend (NCCL in practice; Gloo here, as NCCL refuses a machine without GPUs)
+            dist.destroy_process_group()
+            dist.init_process_group("cpu:rustccl,cuda:gloo")
+            _check_mapping(dist.group.WORLD)
         elif scenario == "bad_op":
             t = torch.ones(4, dtype=torch.int32)
             try:
@@ -293,6 +300,17 @@ def main():
     dist.barrier()
     print(f"RANK {dist.get_rank()} OK {scenario}", flush=True)
     dist.destroy_process_group()
+
+
+def _check_mapping(pg):
+    """CPU tensors of a "cpu:rustccl,cuda:..." group run on rustccl, with the right sums."""
+    backend = pg._get_backend(torch.device("cpu"))
+    if not isinstance(backend, rustccl.torch.RustcclBackend):
+        raise AssertionError(f"CPU tensors go to {backend}, not rustccl")
+    size = dist.get_world_size(pg)
+    t = torch.full((4,), float(dist.get_rank(pg) + 1))
+    dist.all_reduce(t, group=pg)
+    check("mapped group all_reduce", t, torch.full((4,), size * (size + 1) / 2))
 
 
 def _compare_cuda_against_cpu(pg, device):
