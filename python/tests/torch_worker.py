@@ -41,7 +41,7 @@ def compare_collectives(pg, ref, device):
 
     for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16,
                   torch.uint8):
-        for n in (1, 3, 1000, 70000):
+        for n in (1, 1000, 70000) if dtype == torch.float32 else (3, 1000):
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
                 if dtype == torch.uint8 and op == dist.ReduceOp.SUM:
                     continue
@@ -54,7 +54,7 @@ def compare_collectives(pg, ref, device):
     both("all_reduce product", lambda g: _ar_op(g, rank, device, dist.ReduceOp.PRODUCT))
     both("all_reduce async", lambda g: _ar_async(g, rank, device))
 
-    for n in (1, 5, 4097):
+    for n in (1, 4097):
         def ag(g, n=n):
             out = torch.empty(n * size, device=device)
             dist.all_gather_into_tensor(out, data(rank, n, torch.float32, device), group=g)
