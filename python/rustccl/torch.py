@@ -33,6 +33,7 @@ import datetime
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._C import Future as _CFuture
 from torch._C._distributed_c10d import _create_work_from_future
 
 import rustccl
@@ -71,6 +72,8 @@ _COMPLEX_PARTS = {torch.complex64: "float32", torch.complex128: "float64"}
 
 def _reduce_op(op):
     """rustccl's name for a torch ReduceOp (or the options' reduceOp)."""
+    if op == _RedOp.SUM:  # the common case first: a dict lookup of a pybind enum costs more
+        return "sum"
     kind = getattr(op, "op", op)
     name = _REDUCE_OPS.get(kind)
     if name is None:
@@ -107,7 +110,7 @@ def _check_dense(t):
 
 def _done_work(result):
     """A Work that has completed, whose future holds `result` (host memory)."""
-    fut = torch.futures.Future()
+    fut = _CFuture([])  # the C++ future itself: a third of torch.futures.Future's cost
     fut.set_result(result)
     return _create_work_from_future(fut)
 
