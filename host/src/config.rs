@@ -61,6 +61,11 @@ pub struct CommConfig {
     /// ends with `Timeout` on every rank; 0 = no limit (the default). The environment's
     /// `NCCL_OP_TIMEOUT_MS` applies when unset.
     pub op_timeout_ms: i32,
+    /// rustccl's own (not in `ncclConfig_t`): the backend of this communicator (and of the
+    /// children it splits or shrinks into); `None` = `RUSTCCL_BACKEND` or the automatic choice
+    /// ([`select_backend`](crate::backend::select_backend)). Lets one process hold a host and
+    /// a GPU communicator at once (the Python package's `backend=` argument).
+    pub backend: Option<crate::backend::BackendKind>,
 }
 
 impl Default for CommConfig {
@@ -93,6 +98,7 @@ impl Default for CommConfig {
             host_cft_mode: UNDEF_INT,
             nvls_host_mode: UNDEF_INT,
             op_timeout_ms: UNDEF_INT,
+            backend: None,
         }
     }
 }

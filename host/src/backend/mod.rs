@@ -231,10 +231,24 @@ pub fn backend_kind_from_name(name: Option<&str>) -> Result<BackendKind> {
 /// Without a CUDA driver, "cuda" is an `UnhandledCudaError` that says so ("no CUDA driver:
 /// libcuda.so.1 not found ...", or `cuInit`'s error), never a panic.
 pub fn backend_from_name(name: Option<&str>) -> Result<Arc<dyn DeviceBackend>> {
-    match backend_kind_from_name(name)? {
+    backend_of_kind(backend_kind_from_name(name)?)
+}
+
+/// The process's backend of `kind` (one per process, as [`backend_from_name`]).
+pub fn backend_of_kind(kind: BackendKind) -> Result<Arc<dyn DeviceBackend>> {
+    match kind {
         BackendKind::Host => Ok(HostBackend::shared()?),
         BackendKind::Cuda => Ok(CudaBackend::shared()?),
         BackendKind::Hip => Ok(HipBackend::shared()?),
+    }
+}
+
+/// The backend a communicator asks for ([`CommConfig::backend`](crate::config::CommConfig)):
+/// that kind when given, else [`select_backend`]'s choice.
+pub fn backend_for(kind: Option<BackendKind>) -> Result<Arc<dyn DeviceBackend>> {
+    match kind {
+        Some(k) => backend_of_kind(k),
+        None => select_backend(),
     }
 }
 

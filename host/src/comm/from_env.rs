@@ -214,7 +214,7 @@ impl Communicator {
 
     fn from_env_inner(config: &CommConfig) -> Result<Communicator> {
         let env = LaunchEnv::detect()?;
-        let backend = backend::select_backend()?;
+        let backend = backend::backend_for(config.backend)?;
         let device = if backend.capabilities().virtual_devices {
             0
         } else {

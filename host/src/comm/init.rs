@@ -144,7 +144,7 @@ impl Communicator {
         let resolved = config.resolve()?;
         let shared = match origin.shared {
             Some(s) => s,
-            None => Arc::new(SharedResources { backend: backend::select_backend()? }),
+            None => Arc::new(SharedResources { backend: backend::backend_for(config.backend)? }),
         };
         let count = shared.backend.device_count()?;
         if device < 0 || device as usize >= count {

@@ -9,6 +9,10 @@
 //! done under this table's lock, but not the backend's: an operation of another thread that
 //! resolves an address of the replaced registrations at that instant would be refused with
 //! `InvalidArgument`, never run on unregistered memory.)
+//!
+//! Public for the Python package (python/src/communicator.rs), which passes host buffers to
+//! the raw API and must register them the same way: one table per process, so a buffer the
+//! typed API and Python use at once is registered once.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -47,7 +51,7 @@ pub struct HostHold {
 /// # Safety
 /// The memory must stay valid (and, if an operation writes it, not otherwise accessed) until
 /// the hold is dropped.
-pub(crate) unsafe fn hold(backend: &Arc<dyn DeviceBackend>, ptr: *const u8, bytes: usize) -> Result<(DevicePtr, Option<HostHold>)> {
+pub unsafe fn hold(backend: &Arc<dyn DeviceBackend>, ptr: *const u8, bytes: usize) -> Result<(DevicePtr, Option<HostHold>)> {
     let start = ptr as usize;
     let addr = DevicePtr(start as u64);
     if bytes == 0 {

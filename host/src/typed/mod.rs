@@ -189,7 +189,7 @@ mod device_buffer;
 mod element;
 mod error;
 mod group;
-mod host_mem;
+pub mod host_mem;
 mod ops;
 mod pending;
 mod rank;
