@@ -15,8 +15,8 @@
 //!
 //! * Handshake ([`Handshake`]): each side sends a [`HELLO_BYTES`] hello (magic and 32 fresh
 //!   random bytes). Both derive, with HKDF-SHA256 (salt: a fixed label; key material: the
-//!   PSK; info: both nonces in initiator/responder order and a label), one AES-256-GCM key
-//!   per direction and a key confirmation per direction. Each side then sends its
+//!   PSK; info: both nonces in initiator/responder order and a label), one secret per
+//!   direction and a key confirmation per direction. Each side then sends its
 //!   confirmation and checks the peer's: a peer with another key fails that check on both
 //!   sides before any payload moves; a peer with no key sends plaintext where a hello must
 //!   be ([`looks_like_plaintext_peer`] lets callers say so clearly).
@@ -25,6 +25,13 @@
 //!   never reused: a key lives for one connection and direction, and the counter refuses to
 //!   wrap). A flipped bit, a replayed, dropped or reordered record fails authentication, and
 //!   the caller ends the connection: never wrong data.
+//! * Key updates ([`REKEY_RECORDS`]): a direction's AES-256-GCM key is its secret expanded
+//!   with HKDF for each generation of [`REKEY_RECORDS`] records, and both sides move to the
+//!   next generation at the same record, with no message. AES-GCM's confidentiality bound
+//!   grows with the square of the blocks one key encrypts (TLS 1.3 rekeys after about 2^24.5
+//!   full records for a 2^-57 margin); a generation encrypts at most 2^16 records of at most
+//!   256 KiB (2^30 blocks), below 2^-68 each, whatever a training job sends over one
+//!   connection.
 //!
 //! The key itself: [`Psk`] (at least [`MIN_PSK_BYTES`] bytes, as NCCL requires), never
 //! printed (its `Debug` hides it) and wiped on drop. The process's key ([`set_process_key`],
@@ -34,7 +41,7 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
-use aws_lc_rs::hkdf::{KeyType, Salt, HKDF_SHA256};
+use aws_lc_rs::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 
 /// Shortest key accepted (NCCL's rule for its PSK mode).
@@ -53,6 +60,9 @@ pub const RECORD_HEADER_BYTES: usize = 4;
 pub const TAG_BYTES: usize = 16;
 
 const HKDF_SALT: &[u8] = b"rustccl securewire v1 salt";
+
+/// Records sealed (and opened) under one key of a direction before both sides derive the next.
+pub const REKEY_RECORDS: u64 = 1 << 16;
 
 /// What went wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,23 +218,23 @@ impl Keys {
             .expect("HKDF-SHA256 gives up to 8160 bytes");
     }
 
-    fn aead(&self, label: &[u8]) -> LessSafeKey {
-        let mut key = [0u8; 32];
-        self.expand(label, &mut key);
-        let k = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &key).expect("a 32-byte AES-256 key"));
-        key.fill(0);
-        k
+    /// The key schedule of the direction named `label`, at its first record.
+    fn direction(&self, label: &[u8]) -> Direction {
+        let mut secret = [0u8; 32];
+        self.expand(&[b"secret ", label].concat(), &mut secret);
+        let secret = Prk::new_less_safe(HKDF_SHA256, &secret);
+        Direction { key: generation_key(&secret, 0), secret, counter: 0 }
     }
 
     /// The sealer of the direction named `label` (e.g. "i->r", "data 3").
     pub fn sealer(&self, label: &str) -> Sealer {
-        Sealer { key: self.aead(label.as_bytes()), counter: 0 }
+        Sealer { dir: self.direction(label.as_bytes()) }
     }
 
     /// The opener of the direction named `label`; records longer than `max_plain` bytes of
     /// plaintext are refused before any memory is spent on them.
     pub fn opener(&self, label: &str, max_plain: usize) -> Opener {
-        Opener { key: self.aead(label.as_bytes()), counter: 0, max_plain }
+        Opener { dir: self.direction(label.as_bytes()), max_plain }
     }
 
     /// The key confirmation the side `label` sends.
@@ -310,10 +320,52 @@ fn nonce(counter: u64) -> Nonce {
     Nonce::assume_unique_for_key(n)
 }
 
-/// The sending half of a direction: seals records, counting their nonces.
-pub struct Sealer {
+/// The AES-256-GCM key of generation `generation` of a direction whose secret is `secret`.
+fn generation_key(secret: &Prk, generation: u64) -> LessSafeKey {
+    let mut key = [0u8; 32];
+    secret
+        .expand(&[b"rustccl securewire v1 key ".as_slice(), &generation.to_be_bytes()], Len(key.len()))
+        .and_then(|okm| okm.fill(&mut key))
+        .expect("HKDF-SHA256 gives up to 8160 bytes");
+    let k = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &key).expect("a 32-byte AES-256 key"));
+    key.fill(0);
+    k
+}
+
+/// One direction's key schedule: its secret, the current generation's key and the next
+/// record's counter (its nonce).
+struct Direction {
+    secret: Prk,
     key: LessSafeKey,
     counter: u64,
+}
+
+impl Direction {
+    /// The next record's nonce, or `Exhausted` (`what`: "sent" / "received").
+    fn nonce(&self, what: &str) -> Result<Nonce, Error> {
+        if self.counter == u64::MAX {
+            return Err(Error::new(ErrorKind::Exhausted, format!("the connection {what} 2^64-1 records: its nonces are spent")));
+        }
+        Ok(nonce(self.counter))
+    }
+
+    /// A record done: the next counter, and the next generation's key at its first record.
+    fn advance(&mut self) {
+        self.counter += 1;
+        if self.counter.is_multiple_of(REKEY_RECORDS) {
+            self.key = generation_key(&self.secret, self.counter / REKEY_RECORDS);
+        }
+    }
+
+    fn set_counter(&mut self, counter: u64) {
+        self.counter = counter;
+        self.key = generation_key(&self.secret, counter / REKEY_RECORDS);
+    }
+}
+
+/// The sending half of a direction: seals records, counting their nonces.
+pub struct Sealer {
+    dir: Direction,
 }
 
 impl Sealer {
@@ -329,9 +381,7 @@ impl Sealer {
     /// into the record (no copy of it first): a sender that keeps its record buffers sized
     /// writes each byte once.
     pub fn seal_to(&mut self, plain: &[u8], record: &mut [u8]) -> Result<(), Error> {
-        if self.counter == u64::MAX {
-            return Err(Error::new(ErrorKind::Exhausted, "the connection sent 2^64-1 records: its nonces are spent"));
-        }
+        let nonce = self.dir.nonce("sent")?;
         let body = plain.len() + TAG_BYTES;
         let len = u32::try_from(body)
             .map_err(|_| Error::new(ErrorKind::Oversized, format!("a {}-byte record is too long", plain.len())))?;
@@ -344,24 +394,24 @@ impl Sealer {
         let header = len.to_le_bytes();
         let (head, body) = record.split_at_mut(RECORD_HEADER_BYTES);
         head.copy_from_slice(&header);
-        self.key
-            .seal_in_place_scatter(nonce(self.counter), Aad::from(header), &mut [], plain, body)
+        self.dir
+            .key
+            .seal_in_place_scatter(nonce, Aad::from(header), &mut [], plain, body)
             .map_err(|_| Error::new(ErrorKind::Oversized, "AES-GCM refused to seal a record"))?;
-        self.counter += 1;
+        self.dir.advance();
         Ok(())
     }
 
     /// Sets the counter (tests of exhaustion).
     #[doc(hidden)]
     pub fn set_counter_for_tests(&mut self, counter: u64) {
-        self.counter = counter;
+        self.dir.set_counter(counter);
     }
 }
 
 /// The receiving half of a direction: opens records in order.
 pub struct Opener {
-    key: LessSafeKey,
-    counter: u64,
+    dir: Direction,
     max_plain: usize,
 }
 
@@ -386,16 +436,14 @@ impl Opener {
         if self.body_len(header)? != body.len() {
             return Err(Error::new(ErrorKind::Tampered, "a record's length does not match its header"));
         }
-        if self.counter == u64::MAX {
-            return Err(Error::new(ErrorKind::Exhausted, "the connection received 2^64-1 records: its nonces are spent"));
-        }
-        let plain = self.key.open_in_place(nonce(self.counter), Aad::from(header), body).map_err(|_| {
+        let nonce = self.dir.nonce("received")?;
+        let plain = self.dir.key.open_in_place(nonce, Aad::from(header), body).map_err(|_| {
             Error::new(
                 ErrorKind::Tampered,
                 "a record failed authentication (altered, replayed or reordered in flight, or sent with another key)",
             )
         })?;
-        self.counter += 1;
+        self.dir.advance();
         Ok(plain)
     }
 
@@ -411,25 +459,24 @@ impl Opener {
         if self.body_len(header)? != ciphertext.len() + TAG_BYTES {
             return Err(Error::new(ErrorKind::Tampered, "a record's length does not match its header"));
         }
-        if self.counter == u64::MAX {
-            return Err(Error::new(ErrorKind::Exhausted, "the connection received 2^64-1 records: its nonces are spent"));
-        }
-        self.key
-            .open_in_place_separate_tag(nonce(self.counter), Aad::from(header), &tag, ciphertext)
+        let nonce = self.dir.nonce("received")?;
+        self.dir
+            .key
+            .open_in_place_separate_tag(nonce, Aad::from(header), &tag, ciphertext)
             .map_err(|_| {
                 Error::new(
                     ErrorKind::Tampered,
                     "a record failed authentication (altered, replayed or reordered in flight, or sent with another key)",
                 )
             })?;
-        self.counter += 1;
+        self.dir.advance();
         Ok(())
     }
 
     /// Sets the counter (tests of exhaustion).
     #[doc(hidden)]
     pub fn set_counter_for_tests(&mut self, counter: u64) {
-        self.counter = counter;
+        self.dir.set_counter(counter);
     }
 }
 
@@ -564,14 +611,40 @@ mod tests {
         assert_eq!(r.opener.open_in_place(h, &mut body).unwrap(), b"last");
         assert_eq!(i.sealer.seal_into(b"one more", &mut Vec::new()).unwrap_err().kind, ErrorKind::Exhausted);
     }
-}
 
-#[cfg(test)]
-mod speed {
-    use super::*;
+    #[test]
+    fn both_sides_move_to_the_next_key_at_the_same_record_and_the_key_changes() {
+        let psk = Arc::new(Psk::new(&[5; 32]).unwrap());
+        let keys = Keys::derive(&psk, b"rekey");
+        let (mut s, mut o) = (keys.sealer("x"), keys.opener("x", 64));
+        s.set_counter_for_tests(REKEY_RECORDS - 2);
+        o.set_counter_for_tests(REKEY_RECORDS - 2);
+        let mut records = Vec::new();
+        for i in 0..4u8 {
+            let mut rec = Vec::new();
+            s.seal_into(&[i; 40], &mut rec).unwrap();
+            records.push(rec);
+        }
+        for (i, rec) in records.iter().enumerate() {
+            let head: [u8; RECORD_HEADER_BYTES] = rec[..RECORD_HEADER_BYTES].try_into().unwrap();
+            let mut body = rec[RECORD_HEADER_BYTES..].to_vec();
+            assert_eq!(o.open_in_place(head, &mut body).unwrap(), &[i as u8; 40], "record {i} across the update");
+        }
+        // The record at the boundary is sealed with generation 1's key, not generation 0's
+        // (same nonce, other ciphertext): a schedule that never moved would fail here.
+        let dir = keys.direction(b"x");
+        let mut old = vec![2u8; 40];
+        let tag = dir.key.seal_in_place_separate_tag(nonce(REKEY_RECORDS), Aad::from(records[2][..4].try_into().unwrap_or([0; 4])), &mut old).unwrap();
+        assert_ne!(&records[2][RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 40], &old[..]);
+        assert_ne!(&records[2][RECORD_HEADER_BYTES + 40..], tag.as_ref());
+        // An opener still on generation 0 at that record fails it.
+        let mut stale = keys.opener("x", 64);
+        stale.dir.counter = REKEY_RECORDS;
+        let head: [u8; RECORD_HEADER_BYTES] = records[2][..RECORD_HEADER_BYTES].try_into().unwrap();
+        let mut body = records[2][RECORD_HEADER_BYTES..].to_vec();
+        assert_eq!(stale.open_in_place(head, &mut body).unwrap_err().kind, ErrorKind::Tampered);
+    }
 
-    /// `cargo test --release -p rustccl-securewire -- --ignored --nocapture seal_speed`: what
-    /// sealing and opening 256 KiB records costs on one core.
     #[test]
     fn seal_to_takes_exactly_a_records_bytes_and_its_record_opens_like_seal_intos() {
         let psk = Arc::new(Psk::new(&[9; 32]).unwrap());
@@ -591,7 +664,14 @@ mod speed {
         let head: [u8; RECORD_HEADER_BYTES] = rec[..RECORD_HEADER_BYTES].try_into().unwrap();
         assert_eq!(o.open_in_place(head, &mut rec[RECORD_HEADER_BYTES..]).unwrap(), plain);
     }
+}
 
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// `cargo test --release -p rustccl-securewire -- --ignored --nocapture seal_speed`: what
+    /// sealing and opening 256 KiB records costs on one core.
     #[test]
     #[ignore]
     fn seal_speed() {
