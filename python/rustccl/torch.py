@@ -123,13 +123,14 @@ class _CudaWork(dist._Work):
     stream, after the operation when that is the stream it ran on.
     """
 
-    def __init__(self, result, event):
+    def __init__(self, result, event, device):
         super().__init__()
         self._result = result
         self._event = event
+        self._device = device
 
     def wait(self, timeout=None):
-        torch.cuda.current_stream(self._event.device).wait_event(self._event)
+        torch.cuda.current_stream(self._device).wait_event(self._event)
         return True
 
     def is_completed(self):
@@ -238,7 +239,7 @@ class RustcclBackend(_C10dBackend):
         if t.is_cuda:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(t.device))
-            return _CudaWork(result, event)
+            return _CudaWork(result, event, t.device)
         return _done_work(result)
 
     # -- collectives ---------------------------------------------------------------------

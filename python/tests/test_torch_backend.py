@@ -17,6 +17,8 @@ rustccl = pytest.importorskip("rustccl")
 if not hasattr(rustccl, "Communicator"):
     pytest.skip("rustccl's native API (python/src) is not built", allow_module_level=True)
 
+from ranks import run_ranks  # noqa: E402  (after the skips: it imports rustccl)
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_worker.py")
 TIMEOUT_S = 60
 
@@ -27,61 +29,50 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(scenario, nranks=2, env=None):
-    """Runs the worker's scenario on `nranks` processes; returns their outputs."""
+def run_torch_ranks(scenario, nranks=2, backend="host"):
+    """Runs the worker's scenario as `nranks` processes (tests/ranks.py: killed and failed
+    after TIMEOUT_S); checks each rank finished it; returns their outputs."""
     port = _free_port()
-    procs = []
-    for rank in range(nranks):
-        e = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nranks),
-                 LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 OMP_NUM_THREADS="1", RUSTCCL_BACKEND="host", **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, WORKER, scenario], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            outs.append(out)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"scenario {scenario} did not finish in {TIMEOUT_S} s")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {rank} of {scenario} failed:\n{out}"
+    code = f"""
+import runpy
+sys.argv = [{WORKER!r}, {scenario!r}]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+    outs = run_ranks(
+        nranks, code, timeout=TIMEOUT_S, backend=backend,
+        env=lambda r: dict(RANK=r, LOCAL_RANK=r, WORLD_SIZE=nranks, LOCAL_WORLD_SIZE=nranks,
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=1),
+    )
+    for rank, out in enumerate(outs):
         assert f"RANK {rank} OK {scenario}" in out, out
     return outs
 
 
 def test_collectives_match_gloo():
-    run_ranks("collectives")
+    run_torch_ranks("collectives")
 
 
 def test_ddp_losses_match_gloo():
-    run_ranks("ddp")
+    run_torch_ranks("ddp")
 
 
 def test_fsdp_losses_match_gloo():
-    run_ranks("fsdp")
+    run_torch_ranks("fsdp")
 
 
 def test_device_backend_map():
-    run_ranks("mapping")
+    run_torch_ranks("mapping")
 
 
 def test_bitwise_op_is_refused_with_message():
-    outs = run_ranks("bad_op")
+    outs = run_torch_ranks("bad_op")
     assert all("not supported; use SUM" in o for o in outs)
 
 
 def test_init_process_group_under_torchrun():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(_free_port()), WORKER, "default"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", RUSTCCL_BACKEND="host")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "RANK 0 OK default" in p.stdout and "RANK 1 OK default" in p.stdout
@@ -89,5 +80,4 @@ def test_init_process_group_under_torchrun():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_tensors_match_nccl():
-    env = {"RUSTCCL_BACKEND": ""}  # each communicator names its backend itself
-    run_ranks("cuda", env=env)
+    run_torch_ranks("cuda", backend=None)  # each communicator names its backend
