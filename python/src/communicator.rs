@@ -265,6 +265,7 @@ fn size_error(what: &str, got: usize, expected: usize, why: &str) -> PyErr {
 #[pymethods]
 impl PyCommunicator {
     #[new]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     #[pyo3(signature = (nranks, unique_id, rank, *, device = 0, backend = None, blocking = true, op_timeout_ms = None))]
     fn new(
         py: Python<'_>,
