@@ -168,6 +168,35 @@ def compare_collectives(pg, ref, device):
             return out
         both("scatter", scatter)
 
+    def coalesced_all_reduce(g):
+        ts = [data(rank, n, torch.float32, device, salt=n) for n in (3, 100, 5000)]
+        with dist._coalescing_manager(group=g, async_ops=True) as cm:
+            for t in ts:
+                dist.all_reduce(t, group=g)
+        cm.wait()
+        return ts
+    both("coalesced all_reduce", coalesced_all_reduce)
+
+    def coalesced_all_gather(g):
+        ins = [data(rank, n, torch.float32, device, salt=n) for n in (3, 100)]
+        outs = [torch.empty(n * size, device=device) for n in (3, 100)]
+        with dist._coalescing_manager(group=g, async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.all_gather_into_tensor(o, i, group=g)
+        cm.wait()
+        return outs
+    both("coalesced all_gather_into_tensor", coalesced_all_gather)
+
+    def coalesced_reduce_scatter(g):
+        ins = [data(rank, n * size, torch.float32, device, salt=n) for n in (3, 100)]
+        outs = [torch.empty(n, device=device) for n in (3, 100)]
+        with dist._coalescing_manager(group=g, async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.reduce_scatter_tensor(o, i, group=g)
+        cm.wait()
+        return outs
+    both("coalesced reduce_scatter_tensor", coalesced_reduce_scatter)
+
     dist.barrier(group=pg)
 
 
