@@ -1,8 +1,12 @@
 """torch.distributed on CPU tensors: Gloo against the "rustccl" backend, same script, same
 processes (issue 36).
 
-    torchrun --nproc-per-node 2 python/bench/torch_vs_gloo.py [--ops all_reduce,all_gather,broadcast]
-        [--min-bytes 8] [--max-bytes 256M] [--step 32] [--rounds 5] [--budget 0.1] [--json out.json]
+    python -m torch.distributed.run --nproc-per-node 2 python/bench/torch_vs_gloo.py
+        [--ops all_reduce,all_gather,broadcast] [--min-bytes 8] [--max-bytes 256M] [--step 32]
+        [--rounds 5] [--budget 0.1] [--max-calls 2000] [--json out.json]
+
+(`python -m torch.distributed.run` is torchrun run by this Python: in a virtual environment
+the `torchrun` on PATH may be another Python's, without rustccl.)
 
 Each rank holds two process groups over the same ranks, one per backend, and times each
 (operation, size) on both in alternation (Gloo then rustccl, --rounds times), after warm-up
