@@ -80,4 +80,7 @@ def test_init_process_group_under_torchrun():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_tensors_match_nccl():
+    """Two GPUs or more: every collective against NCCL's, and "cpu:rustccl,cuda:nccl". One
+    GPU: all_reduce, all_gather_into_tensor and broadcast against Gloo on the same data in
+    host memory, two ranks on the GPU (start MPS first, as tests/gpu/*.sh do)."""
     run_torch_ranks("cuda", backend=None)  # each communicator names its backend
