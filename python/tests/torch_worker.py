@@ -241,17 +241,21 @@ def ddp_losses(pg, steps=5):
     return torch.stack(losses), params
 
 
-def fsdp_losses(pg, steps=4):
+def fsdp_losses(pg, steps=4, version=2):
+    """Losses of a small model under FSDP2 (fully_shard, per layer) or FSDP1."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 4))
-    mesh = DeviceMesh.from_group(pg, "cpu")
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if version == 2:
+        mesh = DeviceMesh.from_group(pg, "cpu")
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = FullyShardedDataParallel(model, process_group=pg, device_id=torch.device("cpu"))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + dist.get_rank())
     losses = []
@@ -294,10 +298,11 @@ def main():
             check("DDP parameters", got_p, want_p)
             print(f"RANK {dist.get_rank()} losses {got_l.tolist()}")
         elif scenario == "fsdp":
-            got = fsdp_losses(pg)
-            want = fsdp_losses(dist.group.WORLD)
-            check("FSDP losses", got, want)
-            print(f"RANK {dist.get_rank()} losses {got.tolist()}")
+            for version in (2, 1):
+                got = fsdp_losses(pg, version=version)
+                want = fsdp_losses(dist.group.WORLD, version=version)
+                check(f"FSDP{version} losses", got, want)
+                print(f"RANK {dist.get_rank()} FSDP{version} losses {got.tolist()}")
         elif scenario == "default":
             # init_process_group("rustccl") itself (the launcher's default group)
             dist.destroy_process_group()
