@@ -4,6 +4,7 @@
 # run PyTorch's NCCL process group or nccl4py on rustccl (`python -m rustccl.preload -- ...`),
 # with no Rust toolchain on their machine.
 #   python/build-wheel.sh [extra maturin build options]
+# Needs cargo, maturin (1.x) and binutils (strip, readelf, objdump).
 #
 # What goes into the package directory first (git-ignored; pyproject.toml's `include` puts them
 # in the wheel):
@@ -50,8 +51,10 @@ compat="manylinux_2_${glibc_minor:?no GLIBC symbol version found in libnccl.so.2
 # differently from capi's, and crates that are also cdylibs (net-socket) have no hash in their
 # file names, so in one directory each build would overwrite the other's and every later
 # `cargo build`/`cargo test` (and the next wheel) would compile rustccl again.
+# RUSTCCL_WHEEL_TARGET_DIR moves it (CI keeps it in its cache, as the fuzz targets' build).
+wheel_target_dir=${RUSTCCL_WHEEL_TARGET_DIR:-$target_dir/python-wheel}
 echo "== maturin build --release --compatibility $compat"
 rm -f "$py"/dist/rustccl-*.whl
 (cd "$py" && maturin build --release --strip --compatibility "$compat" \
-    --target-dir "$target_dir/python-wheel" --out "$py/dist" "$@")
+    --target-dir "$wheel_target_dir" --out "$py/dist" "$@")
 ls -l "$py"/dist/rustccl-*.whl
