@@ -347,3 +347,46 @@ def test_destroyed_communicator_refuses_work():
     with pytest.raises(rustccl.RustcclError) as e:
         c.all_reduce(np.zeros(2))
     assert e.value.result in (4, 5) and e.value.message
+
+
+def test_non_blocking_communicator_completes_host_calls():
+    outs = run_ranks(
+        2,
+        """
+        import time
+        comm = rustccl.Communicator(size, uid, rank, blocking=False)
+        deadline = time.monotonic() + 20
+        while isinstance(comm.async_error(), rustccl.InProgressError):   # init runs
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert comm.async_error() is None
+        a = np.full(4, rank + 1.0, np.float32)
+        comm.all_reduce(a)                 # host memory: complete when it returns
+        assert (a == 3.0).all(), a
+        with rustccl.group():
+            comm.all_reduce(a)
+        assert (a == 6.0).all(), a
+        print("ok")
+        """,
+    )
+    assert outs == ["ok\n", "ok\n"]
+
+
+def test_init_from_env_with_torchrun_variables():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outs = run_ranks(
+        2,
+        """
+        comm = rustccl.init_from_env(backend="host")
+        a = np.array([comm.rank + 1], np.int64)
+        comm.all_reduce(a)
+        print(comm.rank, comm.size, a[0])
+        """,
+        env=lambda r: dict(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                           TORCHELASTIC_USE_AGENT_STORE=None, NCCL_COMM_ID=None),
+    )
+    assert outs == ["0 2 3\n", "1 2 3\n"]
