@@ -335,9 +335,15 @@ def test_bad_arguments_raise_invalid_argument_with_a_message(comm):
     bad(comm, lambda: rustccl.Communicator(2, rustccl.get_unique_id(), 5, backend="host"), "rank 5")
     bad(comm, lambda: rustccl.Communicator(1, rustccl.get_unique_id(), 0, backend="tpu"), "backend")
     # A refused call inside a group fails the group's end too (nothing half-runs).
-    with pytest.raises(rustccl.InvalidArgumentError):
+    out = np.full(8, 5.0, np.float32)
+    with pytest.raises(rustccl.InvalidArgumentError, match="recvbuf has 7"):
         with rustccl.group():
-            comm.all_reduce(a, np.zeros(7, np.float32))
+            comm.all_reduce(np.ones(8, np.float32), out)
+            try:
+                comm.all_reduce(a, np.zeros(7, np.float32))
+            except rustccl.InvalidArgumentError:
+                pass
+    assert (out == 5.0).all(), "the group's other operation did not run"
     comm.all_reduce(a)  # and the communicator still works
 
 
