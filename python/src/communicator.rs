@@ -115,20 +115,22 @@ pub struct PyCommunicator {
     backend: Arc<dyn DeviceBackend>,
     /// The stream of host-memory operations (host backend), made once.
     host_stream: Option<Stream>,
+    /// The device it was made for (children are made for it too, even after an abort).
+    device: i32,
     /// Set once destroyed or aborted (nothing left to do on garbage collection).
     closed: AtomicBool,
 }
 
 impl PyCommunicator {
-    fn wrap(comm: Communicator) -> PyResult<PyCommunicator> {
+    /// `device`: the communicator's (not asked of it: a non-blocking one may still be in init).
+    fn wrap(comm: Communicator, device: i32) -> PyResult<PyCommunicator> {
         let backend = Arc::clone(comm.backend());
         let host_stream = if backend.capabilities().host_addressable {
-            let device = comm.device().unwrap_or(0).max(0) as usize;
-            Some(backend.create_stream(device).py_err()?)
+            Some(backend.create_stream(device.max(0) as usize).py_err()?)
         } else {
             None
         };
-        Ok(PyCommunicator { comm: Arc::new(comm), backend, host_stream, closed: AtomicBool::new(false) })
+        Ok(PyCommunicator { comm: Arc::new(comm), backend, host_stream, device, closed: AtomicBool::new(false) })
     }
 
     fn is_host(&self) -> bool {
@@ -285,7 +287,7 @@ impl PyCommunicator {
             ..CommConfig::default()
         };
         let comm = py.detach(|| Communicator::init_rank_config(nranks, &id, rank, device, &config)).py_err()?;
-        PyCommunicator::wrap(comm)
+        PyCommunicator::wrap(comm, device)
     }
 
     /// A communicator of every process of the job from the launcher's variables (torchrun,
@@ -295,7 +297,8 @@ impl PyCommunicator {
     fn from_env(py: Python<'_>, backend: Option<&str>) -> PyResult<PyCommunicator> {
         let config = CommConfig { backend: backend_kind(backend)?, ..CommConfig::default() };
         let comm = py.detach(|| Communicator::from_env_config(&config)).py_err()?;
-        PyCommunicator::wrap(comm)
+        let device = comm.device().py_err()?;
+        PyCommunicator::wrap(comm, device)
     }
 
     #[getter]
@@ -601,7 +604,7 @@ impl PyCommunicator {
         };
         let comm = &self.comm;
         let child = py.detach(|| comm.split(color, key, None)).py_err()?;
-        child.map(PyCommunicator::wrap).transpose()
+        child.map(|c| PyCommunicator::wrap(c, self.device)).transpose()
     }
 
     /// `ncclCommShrink`: a communicator of the ranks not in `exclude`; `abort=True` first
@@ -611,7 +614,7 @@ impl PyCommunicator {
         let flags = if abort { ShrinkFlags::Abort } else { ShrinkFlags::Default };
         let comm = &self.comm;
         let child = py.detach(|| comm.shrink(&exclude, None, flags)).py_err()?;
-        PyCommunicator::wrap(child)
+        PyCommunicator::wrap(child, self.device)
     }
 
     /// `ncclCommAbort`: stops everything now; peers see this rank as failed.

@@ -290,11 +290,11 @@ def test_dlpack_buffers_and_their_deleter(comm):
 
 def test_torch_cpu_tensors_through_dlpack(comm):
     torch = pytest.importorskip("torch")
-    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.float8_e4m3fn, torch.float8_e5m2):
         t = torch.arange(5).to(dtype)
         out = torch.zeros(5, dtype=dtype)
-        comm.all_reduce(t, out)
-        assert torch.equal(out, t)
+        comm.all_reduce(t, out, "max")
+        assert torch.equal(out.float(), t.float()), (dtype, out)
     comm.all_reduce(t)  # in place
 
 
@@ -335,9 +335,15 @@ def test_bad_arguments_raise_invalid_argument_with_a_message(comm):
     bad(comm, lambda: rustccl.Communicator(2, rustccl.get_unique_id(), 5, backend="host"), "rank 5")
     bad(comm, lambda: rustccl.Communicator(1, rustccl.get_unique_id(), 0, backend="tpu"), "backend")
     # A refused call inside a group fails the group's end too (nothing half-runs).
-    with pytest.raises(rustccl.InvalidArgumentError):
+    out = np.full(8, 5.0, np.float32)
+    with pytest.raises(rustccl.InvalidArgumentError, match="recvbuf has 7"):
         with rustccl.group():
-            comm.all_reduce(a, np.zeros(7, np.float32))
+            comm.all_reduce(np.ones(8, np.float32), out)
+            try:
+                comm.all_reduce(a, np.zeros(7, np.float32))
+            except rustccl.InvalidArgumentError:
+                pass
+    assert (out == 5.0).all(), "the group's other operation did not run"
     comm.all_reduce(a)  # and the communicator still works
 
 
@@ -347,3 +353,46 @@ def test_destroyed_communicator_refuses_work():
     with pytest.raises(rustccl.RustcclError) as e:
         c.all_reduce(np.zeros(2))
     assert e.value.result in (4, 5) and e.value.message
+
+
+def test_non_blocking_communicator_completes_host_calls():
+    outs = run_ranks(
+        2,
+        """
+        import time
+        comm = rustccl.Communicator(size, uid, rank, blocking=False)
+        deadline = time.monotonic() + 20
+        while isinstance(comm.async_error(), rustccl.InProgressError):   # init runs
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert comm.async_error() is None
+        a = np.full(4, rank + 1.0, np.float32)
+        comm.all_reduce(a)                 # host memory: complete when it returns
+        assert (a == 3.0).all(), a
+        with rustccl.group():
+            comm.all_reduce(a)
+        assert (a == 6.0).all(), a
+        print("ok")
+        """,
+    )
+    assert outs == ["ok\n", "ok\n"]
+
+
+def test_init_from_env_with_torchrun_variables():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outs = run_ranks(
+        2,
+        """
+        comm = rustccl.init_from_env(backend="host")
+        a = np.array([comm.rank + 1], np.int64)
+        comm.all_reduce(a)
+        print(comm.rank, comm.size, a[0])
+        """,
+        env=lambda r: dict(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                           TORCHELASTIC_USE_AGENT_STORE=None, NCCL_COMM_ID=None),
+    )
+    assert outs == ["0 2 3\n", "1 2 3\n"]
