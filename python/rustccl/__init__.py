@@ -61,6 +61,8 @@ def group():
         raise
     group_end()
 
+from .paths import include_dir, library_path
+
 
 def init_from_env(*, backend=None):
     """This process's communicator of the job a launcher started: torchrun (RANK, WORLD_SIZE,
@@ -89,6 +91,8 @@ __all__ = [
     "group",
     "group_end",
     "group_start",
+    "include_dir",
     "init_from_env",
+    "library_path",
     "version",
 ]
