@@ -220,42 +220,13 @@ def _rs_expected(rank, n, size, device):
     return sum(data(r, n, torch.float32, device, salt=rank) for r in range(size))
 
 
-def ddp_losses(pg, steps=5):
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def _small_model():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
-    ddp = DDP(model, process_group=pg, bucket_cap_mb=0.001)  # several buckets
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    gen = torch.Generator().manual_seed(100 + dist.get_rank())
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(8, 16, generator=gen)
-        y = torch.randn(8, 4, generator=gen)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return torch.stack(losses), params
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def fsdp_losses(pg, steps=4, version=2):
-    """Losses of a small model under FSDP2 (fully_shard, per layer) or FSDP1."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
-    if version == 2:
-        mesh = DeviceMesh.from_group(pg, "cpu")
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    else:
-        model = FullyShardedDataParallel(model, process_group=pg, device_id=torch.device("cpu"))
+def _train(model, steps):
+    """`steps` SGD steps on this rank's random batches; the losses."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + dist.get_rank())
     losses = []
@@ -268,6 +239,30 @@ def fsdp_losses(pg, steps=4, version=2):
         opt.step()
         losses.append(loss.detach())
     return torch.stack(losses)
+
+
+def ddp_losses(pg, steps=5):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = _small_model()
+    losses = _train(DDP(model, process_group=pg, bucket_cap_mb=0.001), steps)  # several buckets
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return losses, params
+
+
+def fsdp_losses(pg, steps=4, version=2):
+    """Losses of a small model under FSDP2 (fully_shard, per layer) or FSDP1."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    model = _small_model()
+    if version == 2:
+        mesh = DeviceMesh.from_group(pg, "cpu")
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = FullyShardedDataParallel(model, process_group=pg, device_id=torch.device("cpu"))
+    return _train(model, steps)
 
 
 def main():
