@@ -65,7 +65,7 @@ pub struct CommConfig {
     /// children it splits or shrinks into); `None` = `RUSTCCL_BACKEND` or the automatic choice
     /// ([`select_backend`](crate::backend::select_backend)). Lets one process hold a host and
     /// a GPU communicator at once (the Python package's `backend=` argument).
-    pub backend: Option<crate::backend::BackendKind>,
+    pub backend: Option<BackendKind>,
 }
 
 impl Default for CommConfig {
@@ -551,5 +551,51 @@ mod tests {
         let r = old.resolve_with(&env(&[])).unwrap();
         assert!(r.blocking, "blocking did not exist before 2.14");
         assert_eq!(r.min_ctas, 1, "minCTAs did not exist before 2.17");
+    }
+}
+
+/// Which implementation a backend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Host,
+    Cuda,
+    Hip,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 3] = [BackendKind::Host, BackendKind::Cuda, BackendKind::Hip];
+
+    /// The name `RUSTCCL_BACKEND` uses ("host", "cuda", "hip").
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
+        }
+    }
+
+    /// The kind named `name`, ignoring case and surrounding spaces.
+    pub fn from_name(name: &str) -> Option<BackendKind> {
+        let name = name.trim();
+        BackendKind::ALL.into_iter().find(|k| k.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The byte that identifies this kind in a serialised share handle (`backend::ShareHandle`).
+    pub fn code(self) -> u8 {
+        match self {
+            BackendKind::Host => 1,
+            BackendKind::Cuda => 2,
+            BackendKind::Hip => 3,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<BackendKind> {
+        BackendKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }

@@ -115,51 +115,9 @@ pub struct SymmetricMemory {
     pub handle: ShareHandle,
 }
 
-/// Which implementation a backend is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BackendKind {
-    Host,
-    Cuda,
-    Hip,
-}
-
-impl BackendKind {
-    pub const ALL: [BackendKind; 3] = [BackendKind::Host, BackendKind::Cuda, BackendKind::Hip];
-
-    /// The name `RUSTCCL_BACKEND` uses ("host", "cuda", "hip").
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::Host => "host",
-            BackendKind::Cuda => "cuda",
-            BackendKind::Hip => "hip",
-        }
-    }
-
-    /// The kind named `name`, ignoring case and surrounding spaces.
-    pub fn from_name(name: &str) -> Option<BackendKind> {
-        let name = name.trim();
-        BackendKind::ALL.into_iter().find(|k| k.name().eq_ignore_ascii_case(name))
-    }
-
-    /// The byte that identifies this kind in a serialised [`ShareHandle`].
-    pub fn code(self) -> u8 {
-        match self {
-            BackendKind::Host => 1,
-            BackendKind::Cuda => 2,
-            BackendKind::Hip => 3,
-        }
-    }
-
-    pub fn from_code(code: u8) -> Option<BackendKind> {
-        BackendKind::ALL.into_iter().find(|k| k.code() == code)
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Which implementation a backend is (defined with the configuration, which names one per
+/// communicator: `CommConfig::backend`).
+pub use crate::config::BackendKind;
 
 /// The environment variable that picks the backend.
 pub const BACKEND_ENV: &str = "RUSTCCL_BACKEND";
