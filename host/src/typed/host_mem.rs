@@ -1,6 +1,7 @@
 //! Host slices on the host backend. The backend only runs on memory it knows, so a slice an
-//! operation uses is registered with it ([`DeviceBackend::register_host`]) while the operation
-//! may touch it, and unregistered when its last user is done.
+//! operation uses is registered with it
+//! ([`Memory::register_host`](crate::backend::Memory::register_host)) while the operation may
+//! touch it, and unregistered when its last user is done.
 //!
 //! One slice may be used by several operations at once (a group sending one buffer to every
 //! peer), and slices may overlap (shared borrows of one array): registrations are shared and
