@@ -18,8 +18,10 @@
 //! 3. [`Route::Symmetric`]: both buffers in symmetric windows — the copy engines (broadcast
 //!    from [`CE_MIN`], all_gather when forced; never inside a graph capture), a symmetric
 //!    kernel, or, on a backend whose collectives run on CPUs, their CPU twins;
-//! 4. [`Route::SingleCopy`] and [`Route::Board`]: small collectives (and large all_gathers) of
-//!    a communicator whose ranks share one host, on its board in shared memory;
+//! 4. [`Route::SingleCopy`] and [`Route::Board`]: a communicator whose ranks share one host
+//!    runs its small collectives on its board in shared memory, and its large all_gathers,
+//!    all_reduces, reduce_scatters and broadcasts by copies straight between the ranks'
+//!    buffers (the board carries their handshakes);
 //! 5. [`Route::Planned`]: the planner (algorithm, protocol, channels), through the plan cache.
 //!
 //! `NCCL_ALGO` / `NCCL_PROTO` keep a task off the board (the user asked for an algorithm);
@@ -51,7 +53,8 @@ pub(crate) enum Route {
     Symmetric(SymWay),
     /// The board of small collectives in shared memory.
     Board,
-    /// all_gather by one copy straight from the peers' buffers (on the board).
+    /// Copies straight between the ranks' buffers (on the board): large all_gathers,
+    /// all_reduces, reduce_scatters and broadcasts.
     SingleCopy,
     /// The planner, with the choice already made for the task, if one was (the tuner's).
     Planned(Option<Choice>),
@@ -199,6 +202,9 @@ pub(crate) fn route(task: &Task, caps: &Caps, place: &mut dyn Placement, tuner: 
         }
         if bytes <= settings.board_limit(task.kind.reduces()) {
             return Ok(Route::Board);
+        }
+        if single && matches!(task.kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Broadcast { .. }) {
+            return Ok(Route::SingleCopy);
         }
     }
     Ok(planned)
@@ -433,7 +439,7 @@ mod tests {
     }
 
     #[test]
-    fn the_board_takes_small_calls_and_single_copies_large_all_gathers() {
+    fn the_board_takes_small_calls_and_single_copies_large_gathers_reductions_and_broadcasts() {
         let s = settings();
         let ar = |n| task(CollKind::AllReduce, n);
         assert_eq!(go(&ar(8), &HOST, &mut Place::default(), None, &s), Route::Board);
@@ -448,7 +454,14 @@ mod tests {
         assert_eq!(go(&ag, &HOST, &mut Place::default(), None, &s), Route::SingleCopy);
         let no_read = Caps { board: Some(BoardCaps { single_copy: false }), ..HOST };
         assert_eq!(go(&ag, &no_read, &mut Place::default(), None, &s), Route::Planned(None));
-        assert_eq!(go(&task(CollKind::Broadcast { root: 0 }, 64 << 10), &HOST, &mut Place::default(), None, &s), Route::Planned(None), "broadcast never single-copies");
+        // The other large collectives too, from the same size of a rank's send buffer.
+        for kind in [CollKind::AllReduce, CollKind::Broadcast { root: 1 }] {
+            assert_eq!(go(&task(kind.clone(), 64 << 10), &HOST, &mut Place::default(), None, &s), Route::SingleCopy, "{kind:?}");
+            assert_eq!(go(&task(kind.clone(), (64 << 10) - 1), &HOST, &mut Place::default(), None, &s), Route::Planned(None), "{kind:?}");
+            assert_eq!(go(&task(kind.clone(), 64 << 10), &no_read, &mut Place::default(), None, &s), Route::Planned(None), "{kind:?}");
+        }
+        assert_eq!(go(&task(CollKind::ReduceScatter, 16 << 10), &HOST, &mut Place::default(), None, &s), Route::SingleCopy, "4 ranks × 64 KiB sent");
+        assert_eq!(go(&task(CollKind::Reduce { root: 0 }, 64 << 10), &HOST, &mut Place::default(), None, &s), Route::Planned(None), "reduce never single-copies");
         // What keeps a task off it: no board, NCCL_ALGO/PROTO, NCCL_SHM_DISABLE, the size setting.
         for (caps, s2) in [
             (Caps { board: None, ..HOST }, s),

@@ -335,6 +335,12 @@ mod tests {
         }
     }
 
+    /// [`ctx`] of a call in place on `buf`.
+    fn in_place(buf: &mut [f32], sig: OpSig) -> OpCtx {
+        let c = ctx(&[], buf, sig);
+        OpCtx { src: c.dst, src_len: c.dst_len, ..c }
+    }
+
     const SIG: OpSig = OpSig(1 << 60 | 8 << 56 | 1 << 52 | 0xf_ffff << 32 | 4);
 
     fn call(coll: Collective, count: usize, seq: u64, ctx: OpCtx) -> HostCall {
@@ -423,6 +429,64 @@ mod tests {
         drive_all(&sides, &mut [&mut op0, &mut op1]).unwrap();
         assert_eq!(recv, vec![vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; 2]);
         assert_eq!((b[0].single_copies(), b[1].single_copies()), (1, 1));
+    }
+
+    /// all_reduce (in and out of place, PreMulSum with each rank's own scalar), reduce_scatter
+    /// and broadcast (in place from rank 1, out of place from rank 2) by single copies of three ranks, at sizes that
+    /// take several chunks and uneven slices.
+    #[test]
+    fn single_copies_of_three_ranks_reduce_scatter_and_broadcast_straight_between_buffers() {
+        let n = 3;
+        let b = boards(n);
+        let sides = sides(&b);
+        let count = 3 * 40_000 + 7;
+        let input = |r: usize| -> Vec<f32> { (0..count).map(|i| (i % 977) as f32 + 1000.0 * r as f32).collect() };
+        let scaled = |r: usize, mut c: OpCtx| {
+            c.reducer = Reducer::new(DataType::Float32, DevOp::PreMulSum { scalar: r as f64 + 1.0 });
+            c
+        };
+        let send: Vec<Vec<f32>> = (0..n).map(input).collect();
+        let expect: Vec<f32> = (0..count).map(|i| (0..n).map(|r| (r as f32 + 1.0) * send[r][i]).sum()).collect();
+        // Out of place, then in place, then a reduce_scatter and a broadcast, in one queue per rank.
+        let mut out = vec![vec![f32::NAN; count]; n];
+        let mut inplace: Vec<Vec<f32>> = (0..n).map(input).collect();
+        let rs_count = count / n;
+        let mut rs_out = vec![vec![f32::NAN; rs_count]; n];
+        let mut bcast: Vec<Vec<f32>> = (0..n).map(|r| if r == 1 { input(1) } else { vec![f32::NAN; count] }).collect();
+        let mut bcast_out = vec![vec![f32::NAN; count]; n];
+        let mut ops: Vec<Vec<SingleCopyOp>> = Vec::new();
+        let (mut out_it, mut inplace_it, mut rs_it, mut bcast_it) = (out.iter_mut(), inplace.iter_mut(), rs_out.iter_mut(), bcast.iter_mut());
+        let mut bcast_out_it = bcast_out.iter_mut();
+        for r in 0..n {
+            let o = out_it.next().unwrap();
+            let ar = call(Collective::AllReduce, count, 1, scaled(r, ctx(&send[r], o, SIG)));
+            let ip = inplace_it.next().unwrap();
+            let ip_ctx = in_place(ip, OpSig(2));
+            let ar_in_place = call(Collective::AllReduce, count, 2, scaled(r, ip_ctx));
+            let rs = call(Collective::ReduceScatter, rs_count, 3, ctx(&send[r], rs_it.next().unwrap(), OpSig(3)));
+            let bc_buf = bcast_it.next().unwrap();
+            let bc = HostCall { root: 1, ..call(Collective::Broadcast, count, 4, in_place(bc_buf, OpSig(4))) };
+            let bc_out = HostCall { root: 2, ..call(Collective::Broadcast, count, 5, ctx(&send[r], bcast_out_it.next().unwrap(), OpSig(5))) };
+            ops.push([ar, ar_in_place, rs, bc, bc_out].into_iter().map(|c| SingleCopyOp::new(&b[r], c)).collect());
+        }
+        let mut queues: Vec<Queue<'_>> = Vec::new();
+        for (side, rank_ops) in sides.iter().zip(ops.iter_mut()) {
+            let mut q = Queue::new(side);
+            q.ops.extend(rank_ops.iter_mut().map(|o| o as &mut dyn HostOp));
+            queues.push(q);
+        }
+        drive(&mut queues).unwrap();
+        drop(queues);
+        drop(ops);
+        for r in 0..n {
+            assert!(out[r] == expect, "rank {r}: all_reduce out of place");
+            assert!(inplace[r] == expect, "rank {r}: all_reduce in place");
+            let sums: Vec<f32> = (0..rs_count).map(|i| (0..n).map(|p| send[p][r * rs_count + i]).sum()).collect();
+            assert!(rs_out[r] == sums, "rank {r}: reduce_scatter");
+            assert!(bcast[r] == send[1], "rank {r}: broadcast");
+            assert!(bcast_out[r] == send[2], "rank {r}: broadcast out of place");
+        }
+        assert!(b.iter().all(|b| b.single_copies() == 5));
     }
 
     /// The flat range of `n` ranks' windows in one process: per rank a slot of `STRIDE` bytes
