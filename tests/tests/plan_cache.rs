@@ -56,16 +56,18 @@ fn the_board_of_small_collectives_serves_calls_of_every_shape() {
     run(3, &[("RUSTCCL_HOST_SMALL_BYTES", "32768")]);
 }
 
-/// all_gather calls copied straight from the peers' buffers (`rustccl::coll::single_copy`,
-/// process_vm_readv): every call of at least 4 bytes per rank, then only the large ones (the
-/// default threshold), then none (turned off); every result checked.
+/// Calls copied straight between the ranks' buffers (`rustccl::exec::host::single_copy`,
+/// process_vm_readv/writev): every all_gather, all_reduce, reduce_scatter and broadcast of at
+/// least 4 bytes per rank (broadcasts 32), then only the large ones (the default thresholds),
+/// then none (turned off); every result checked.
 #[test]
-fn single_copies_from_the_peers_buffers_serve_calls_of_every_shape() {
-    // 3 rounds × (3 out of place + 3 + 3 in place and out of place) all_gather calls.
+fn single_copies_between_the_ranks_buffers_serve_calls_of_every_shape() {
+    // Per round: 16 all_reduces (PreMulSum by value and by address, in place and out of place
+    // among them), 9 all_gathers, 3 reduce_scatters, 4 broadcasts of 70 and 280 KB.
     let every = run(3, &[("RUSTCCL_HOST_SINGLE_COPY_BYTES", "4")]);
-    assert!(every.iter().all(|&c| c == 27), "every all_gather should copy once: {every:?}");
+    assert!(every.iter().all(|&c| c == 3 * 32), "every call of those kinds should copy once: {every:?}");
     let large = run(2, &[]);
-    assert!(large.iter().all(|&c| c == 6), "only the two 280 KB all_gathers of each round: {large:?}");
+    assert!(large.iter().all(|&c| c == 3 * 6), "the four all_gathers of 70 and 280 KB and the two 280 KB broadcasts of each round: {large:?}");
     let off = run(2, &[("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")]);
     assert!(off.iter().all(|&c| c == 0), "{off:?}");
 }

@@ -41,6 +41,11 @@ pub const LL_MAX: u64 = 256 << 10;
 /// broadcast takes the copy engines from this many bytes (one H200, 2 ranks: the ring 14 µs
 /// at 4 MiB against 18; 62 at 32 MiB against 52).
 pub const CE_MIN: u64 = 16 << 20;
+/// A broadcast copies straight from the root's buffer from this many times the single-copy
+/// threshold on (256 KiB by default): below it the FIFO chain is faster where the ranks
+/// outnumber the cores (4 ranks on 2 cores, 2026-12-07: 32 KiB in 31 µs against 89, 128 KiB
+/// 49 against 106), since it lets the root go on before the others have copied.
+pub const BROADCAST_SINGLE_COPY_FACTOR: usize = 8;
 /// The most data bytes of one call on the board (a slot of its ring).
 pub const BOARD_MAX_BYTES: usize = crate::exec::host::board::MAX_BYTES;
 
@@ -196,7 +201,11 @@ pub(crate) fn route(task: &Task, caps: &Caps, place: &mut dyn Placement, tuner: 
     if let Some(board) = caps.board.filter(|_| !settings.algo_forced && !settings.shm_disabled) {
         let (send, _) = task.kind.spec().extents(task.count, caps.nranks as usize, 0, 0);
         let Some(bytes) = send.checked_mul(task.dtype.size()) else { return Ok(planned) };
-        let single = board.single_copy && settings.single_copy_min > 0 && bytes >= settings.single_copy_min;
+        let single_min = match task.kind {
+            CollKind::Broadcast { .. } => settings.single_copy_min.saturating_mul(BROADCAST_SINGLE_COPY_FACTOR),
+            _ => settings.single_copy_min,
+        };
+        let single = board.single_copy && single_min > 0 && bytes >= single_min;
         if single && matches!(task.kind, CollKind::AllGather) {
             return Ok(Route::SingleCopy);
         }
@@ -365,8 +374,9 @@ mod tests {
         // A silent tuner: rustccl's ways stand, and the choice goes along where it plans.
         let silent = choice(ChosenBy::Rustccl);
         assert_eq!(go(&t, &HOST, &mut on_windows, Some(silent), &s), Route::Symmetric(SymWay::Cpu));
-        let big = task(CollKind::AllReduce, 1 << 20);
+        let big = task(CollKind::Reduce { root: 0 }, 1 << 20);
         assert_eq!(go(&big, &HOST, &mut Place::default(), Some(silent), &s), Route::Planned(Some(silent)));
+        assert_eq!(go(&task(CollKind::AllReduce, 1 << 20), &HOST, &mut Place::default(), Some(silent), &s), Route::SingleCopy);
     }
 
     #[test]
@@ -451,11 +461,16 @@ mod tests {
         assert_eq!(go(&task(CollKind::ReduceScatter, BOARD_MAX_BYTES / 16), &HOST, &mut Place::default(), None, &s), Route::Board);
         assert_eq!(go(&task(CollKind::ReduceScatter, BOARD_MAX_BYTES / 16 + 1), &HOST, &mut Place::default(), None, &s), Route::Planned(None));
         let ag = task(CollKind::AllGather, 64 << 10);
+        assert_eq!(go(&task(CollKind::AllGather, 8 << 10), &HOST, &mut Place::default(), None, &Settings { single_copy_min: 32 << 10, ..s }), Route::SingleCopy);
         assert_eq!(go(&ag, &HOST, &mut Place::default(), None, &s), Route::SingleCopy);
         let no_read = Caps { board: Some(BoardCaps { single_copy: false }), ..HOST };
         assert_eq!(go(&ag, &no_read, &mut Place::default(), None, &s), Route::Planned(None));
         // The other large collectives too, from the same size of a rank's send buffer.
-        for kind in [CollKind::AllReduce, CollKind::Broadcast { root: 1 }] {
+        let bcast = task(CollKind::Broadcast { root: 1 }, 2 << 20);
+        assert_eq!(go(&bcast, &HOST, &mut Place::default(), None, &Settings { single_copy_min: (1 << 20) + 1, ..s }), Route::Planned(None), "broadcast from 8 times the threshold");
+        assert_eq!(go(&bcast, &HOST, &mut Place::default(), None, &Settings { single_copy_min: 1 << 20, ..s }), Route::SingleCopy);
+        assert_eq!(go(&bcast, &no_read, &mut Place::default(), None, &Settings { single_copy_min: 1 << 20, ..s }), Route::Planned(None));
+        for kind in [CollKind::AllReduce] {
             assert_eq!(go(&task(kind.clone(), 64 << 10), &HOST, &mut Place::default(), None, &s), Route::SingleCopy, "{kind:?}");
             assert_eq!(go(&task(kind.clone(), (64 << 10) - 1), &HOST, &mut Place::default(), None, &s), Route::Planned(None), "{kind:?}");
             assert_eq!(go(&task(kind.clone(), 64 << 10), &no_read, &mut Place::default(), None, &s), Route::Planned(None), "{kind:?}");

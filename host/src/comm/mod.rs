@@ -708,7 +708,7 @@ impl Communicator {
         self.inner.board.get()
     }
 
-    /// Host backend: single all_gather calls that copied straight from the peers' buffers
+    /// Host backend: calls that copied straight between the ranks' buffers
     /// (`exec::host::single_copy`) so far. For tests and logs.
     pub fn single_copy_calls(&self) -> u64 {
         self.board().map_or(0, |b| b.single_copies())

@@ -126,7 +126,7 @@ pub static PARAMS: &[Param] = &[
     p("RUSTCCL_SIMPLE_STEPS", Int, Some("4"), false, "rustccl: slots the Simple buffer of a device connection is cut into (2, 4 or 8); a step posts one slot"),
     p("RUSTCCL_HOST_SPIN", Int, Some("64"), false, "rustccl: rounds the host executor spins while waiting before it yields the core (at most 16 when ranks outnumber cores)"),
     p("RUSTCCL_HOST_SMALL_BYTES", Int, None, false, "rustccl: host backend: single collectives putting at most this many bytes per rank (up to 32768) on the board of small collectives (shared memory, one shot) take it; 0: never; unset: 32 KiB for reductions, 4 KiB for copies"),
-    p("RUSTCCL_HOST_SINGLE_COPY_BYTES", Int, Some("262144"), false, "rustccl: host backend: single all_gather calls of at least this many bytes per rank copy straight from the peers' buffers (process_vm_readv, one copy) where every rank may; 0: never"),
+    p("RUSTCCL_HOST_SINGLE_COPY_BYTES", Int, Some("32768"), false, "rustccl: host backend: all_gather, all_reduce and reduce_scatter calls of at least this many bytes per rank (broadcast: 8 times as many) copy straight between the ranks' buffers (process_vm_readv/process_vm_writev, one copy) where every rank may; 0: never"),
     p("RUSTCCL_HOST_DEVICES", Int, Some("64"), false, "rustccl: number of virtual devices of the host backend"),
     p("RUSTCCL_BOOTSTRAP_TIMEOUT", Str, Some("120"), false, "rustccl: seconds bootstrap waits (rendezvous, each bootstrap operation, connection setup)"),
     p("RUSTCCL_HANG_REPORT_S", Str, Some("60"), false, "rustccl: seconds an operation may wait before a hang report is logged"),

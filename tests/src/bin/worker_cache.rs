@@ -106,8 +106,9 @@ pub fn plan_cache(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
                 comm.reduce_scatter(s, r, count, DataType::Float32, ReduceOp::Sum, S)
             })?;
         }
-        // In place, and large enough for the host backend's single copies (`coll::single_copy`)
-        // at their default threshold.
+        // In place, and large enough for the host backend's single copies
+        // (`exec::host::single_copy`) at their default thresholds; broadcasts from a root that
+        // moves each round, out of place and in place.
         for count in [3usize, 70_000, 70_000 / 4] {
             let at = b.offset((me * count * 4) as _);
             check("AllGather in place", DataType::Float32, at, count, b, &|c, i| Some(input(c, i / count, i % count)), count * n, &|s, r| {
@@ -116,8 +117,13 @@ pub fn plan_cache(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error>
             check("AllGather", DataType::Float32, a, count, b, &|c, i| Some(input(c, i / count, i % count)), count * n, &|s, r| {
                 comm.all_gather(s, r, count, DataType::Float32, S)
             })?;
+            let root = round % n;
+            for (send, recv) in [(a, b), (b, b)] {
+                check("Broadcast large", DataType::Float32, send, count, recv, &|c, i| Some(input(c, root, i)), count, &|s, r| {
+                    comm.broadcast(s, r, count, DataType::Float32, root as i32, S)
+                })?;
+            }
         }
-        let _ = round;
     }
     let single_copies = comm.single_copy_calls();
     comm.destroy()?;

@@ -218,7 +218,7 @@ impl Board {
         self.single_copy && self.has_ring()
     }
 
-    /// Single all_gather calls that copied straight from the peers' buffers so far.
+    /// Calls that copied straight between the ranks' buffers (`single_copy`) so far.
     pub fn single_copies(&self) -> u64 {
         self.single_copies.load(Ordering::Relaxed)
     }
@@ -296,7 +296,7 @@ impl Board {
         let cpu = current_cpu();
         let shares_cpu = cpu != u64::MAX && self.word(rank, CPU).load(Ordering::Relaxed) == cpu;
         let spin = if shares_cpu { 0 } else { crate::exec::backoff::spin_for(self.nranks(), 2048) };
-        Wait { spin, naps: false }
+        Wait { spin, naps: crate::exec::backoff::oversubscribed(self.nranks()) }
     }
 
     // ---- the route ring ----

@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 
 pub use fifo::{HostRun, Prepared};
 
-use super::backoff::{spin_for, Backoff};
+use super::backoff::{oversubscribed, spin_for, Backoff};
 use super::CommSide;
 use crate::error::Result;
 use crate::spec::Collective;
@@ -178,7 +178,7 @@ pub fn drive(queues: &mut [Queue<'_>]) -> Result<()> {
     if fifo_pending {
         // How the FIFO runs wait, once per group (it asks each communicator of its ranks).
         let local = queues.iter().map(|q| q.comm.local_ranks()).max().unwrap_or(1) as usize;
-        let fifo_wait = Wait { spin: spin_for(local, fifo::spin_rounds()), naps: false };
+        let fifo_wait = Wait { spin: spin_for(local, fifo::spin_rounds()), naps: oversubscribed(local) };
         fifo::with_scratch(|scratch| poll_all(queues, fifo_wait, scratch))
     } else {
         poll_all(queues, Wait { spin: 0, naps: false }, &mut [])

@@ -29,9 +29,13 @@
 //! Taken (coll decides: `coll::route`) where the board is and every rank found at the board's
 //! making that it may reach every peer's memory (same user, no ptrace rule against it:
 //! `Board::single_copy`), for calls of at least [`threshold`] bytes
-//! (`RUSTCCL_HOST_SINGLE_COPY_BYTES`, 256 KiB: on the 2-core development machine a 256 KiB
-//! `process_vm_readv` takes about 30 µs against 48 for the FIFO path's two copies, and 4 MiB
-//! 0.65 ms against 1.7). Everything the choice depends on is the same on every rank.
+//! (`RUSTCCL_HOST_SINGLE_COPY_BYTES`, 32 KiB; broadcasts from 8 times that,
+//! `coll::route::BROADCAST_SINGLE_COPY_FACTOR`). On the 2-core development machine
+//! (`rustccl-bench`, host backend, 2 ranks, 2026-12-07), from 64 KiB on (per rank) these are
+//! faster than the FIFO path: all_reduce of 128 KiB 16 µs against 24, all_gather of 2 × 128 KiB
+//! 9 against 15; all_reduce of 256 MiB in place 53 ms against 60, of 8 MiB 1.05 ms against
+//! 1.8, broadcast of 8 MiB in place 0.5 ms against 1.0. Everything the choice depends on is
+//! the same on every rank.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -60,7 +64,7 @@ const SCALAR_WORD: usize = 4;
 /// copies straight between the ranks' buffers (0: never).
 pub fn threshold() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| crate::params::env_int("RUSTCCL_HOST_SINGLE_COPY_BYTES").ok().flatten().map_or(256 << 10, |v| v.max(0) as usize))
+    *N.get_or_init(|| crate::params::env_int("RUSTCCL_HOST_SINGLE_COPY_BYTES").ok().flatten().map_or(32 << 10, |v| v.max(0) as usize))
 }
 
 /// Copies `bytes` between `remote` in process `pid` and `local` in this one, all of it or an
