@@ -213,13 +213,15 @@ fn new_id_suffix() -> u64 {
 fn a_profiler_asking_for_coll_and_p2p_gets_them_under_api_events_and_completes_each_on_its_kernel_channels() {
     let lib = c_profiler("coll_p2p_only", &["-DPROFILER_COLL_P2P_ONLY"]);
     // Over the network; over shared memory; over shared memory with a small all-reduce last
-    // (the host backend's board of small collectives).
-    let runs: [(&str, &[(&str, &str)], u64); 3] = [
-        ("network", &[("NCCL_SHM_DISABLE", "1")], 5),
-        ("shared memory", &[("NCCL_SHM_DISABLE", "0")], 5),
-        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6),
+    // (the host backend's board of small collectives); copied straight between the ranks'
+    // buffers (the host backend's single copies, on by default).
+    let runs: [(&str, &[(&str, &str)], u64, u64); 4] = [
+        ("network", &[("NCCL_SHM_DISABLE", "1")], 5, 0),
+        ("shared memory", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")], 5, 0),
+        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6, 1),
+        ("single copies between the ranks' buffers", &[("NCCL_SHM_DISABLE", "0")], 5, 3),
     ];
-    for (what, env, ops) in runs {
+    for (what, env, ops, unplanned) in runs {
         for (rank, c) in coll_p2p_only(&lib, env).iter().enumerate() {
             let at = |k: &str, i: usize| c.get(k).and_then(|v| v.get(i).copied()).unwrap_or_else(|| panic!("{what}: no {k}: {c:?}"));
             // Three all-reduces and a broadcast (the last all-reduce only with the board), a
@@ -232,7 +234,7 @@ fn a_profiler_asking_for_coll_and_p2p_gets_them_under_api_events_and_completes_e
             assert_eq!(at("channels", 1), at("channels", 0), "{what}, rank {rank}: each with its timers: {c:?}");
             assert_eq!(at("channels", 2), 0, "{what}, rank {rank}: no KernelCh without a parent or timers: {c:?}");
             assert_eq!(at("bad", 0), 0, "{what}, rank {rank}: every handle stopped once: {c:?}");
-            assert_eq!(at("unplanned", 0), ops - 5, "{what}, rank {rank}: the small all-reduce took the board: {c:?}");
+            assert_eq!(at("unplanned", 0), unplanned, "{what}, rank {rank}: the small all-reduce took the board, the large all-reduces and broadcast single copies: {c:?}");
             for t in ["Group", "Coll", "P2p", "KernelCh", "CollApi", "P2pApi", "GroupApi"] {
                 assert_eq!(at(t, 0), at(t, 1), "{what}, rank {rank}: {t} started and stopped: {c:?}");
             }
@@ -245,12 +247,13 @@ fn a_profiler_completing_operations_on_proxy_op_stops_sees_every_operation_compl
     // Google's CoMMA ends an operation only when a ProxyOp under it stops: whatever way the
     // data moves, each Coll / P2p must get one (transport of no network included).
     let lib = c_profiler("proxy_ops", &["-DPROFILER_PROXY_OPS"]);
-    let runs: [(&str, &[(&str, &str)], u64); 3] = [
-        ("network", &[("NCCL_SHM_DISABLE", "1")], 5),
-        ("shared memory", &[("NCCL_SHM_DISABLE", "0")], 5),
-        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6),
+    let runs: [(&str, &[(&str, &str)], u64, u64); 4] = [
+        ("network", &[("NCCL_SHM_DISABLE", "1")], 5, 0),
+        ("shared memory", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")], 5, 0),
+        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6, 1),
+        ("single copies between the ranks' buffers", &[("NCCL_SHM_DISABLE", "0")], 5, 3),
     ];
-    for (what, env, ops) in runs {
+    for (what, env, ops, unplanned) in runs {
         for (rank, c) in coll_p2p_only(&lib, env).iter().enumerate() {
             let at = |k: &str, i: usize| c.get(k).and_then(|v| v.get(i).copied()).unwrap_or_else(|| panic!("{what}: no {k}: {c:?}"));
             assert_eq!(at("ops", 0), ops, "{what}, rank {rank}: Coll and P2p events: {c:?}");
@@ -258,7 +261,7 @@ fn a_profiler_completing_operations_on_proxy_op_stops_sees_every_operation_compl
             assert_eq!(at("proxyops", 1), at("proxyops", 0), "{what}, rank {rank}: every ProxyOp counts: {c:?}");
             assert_eq!(at("proxyops", 2), 0, "{what}, rank {rank}: no ProxyOp with a wrong parent, pid, channel or steps: {c:?}");
             assert_eq!(at("parents", 1), 0, "{what}, rank {rank}: each Coll / P2p under its API event: {c:?}");
-            assert_eq!(at("unplanned", 0), ops - 5, "{what}, rank {rank}: the small all-reduce took the board: {c:?}");
+            assert_eq!(at("unplanned", 0), unplanned, "{what}, rank {rank}: the small all-reduce took the board, the large all-reduces and broadcast single copies: {c:?}");
             assert_eq!(at("bad", 0), 0, "{what}, rank {rank}: every handle stopped once: {c:?}");
             for t in ["Group", "Coll", "P2p", "ProxyOp", "ProxyStep"] {
                 assert_eq!(at(t, 0), at(t, 1), "{what}, rank {rank}: {t} started and stopped: {c:?}");

@@ -164,12 +164,16 @@ static uint64_t stat(ncclComm_t comm, ncclCommMemStat_t s) {
 }
 
 static void test_suspend(ncclComm_t comm) {
-  /* 256 KiB: above the host backend's board of small collectives, so the FIFOs are made. */
+  /* Reduces of 256 KiB to each rank in turn: above the host backend's board of small
+     collectives and never a single copy between the ranks' buffers, so every rank makes the
+     FIFOs it receives on. */
   const size_t n = 65536;
   float* a = (float*)calloc(n, sizeof(float));
-  for (size_t i = 0; i < n; i++) a[i] = (float)(rank + 1);
-  OK(ncclAllReduce(a, a, n, ncclFloat, ncclSum, comm, NULL));
-  CHECK(a[n - 1] == (float)(nranks * (nranks + 1) / 2), "all-reduce before suspend %f", a[n - 1]);
+  for (int root = 0; root < nranks; root++) {
+    for (size_t i = 0; i < n; i++) a[i] = (float)(rank + 1);
+    OK(ncclReduce(a, a, n, ncclFloat, ncclSum, root, comm, NULL));
+    CHECK(rank != root || a[n - 1] == (float)(nranks * (nranks + 1) / 2), "reduce to %d before suspend %f", root, a[n - 1]);
+  }
 
   uint64_t v;
   INVALID(ncclCommMemStats(comm, ncclStatGpuMemTotal, NULL));

@@ -6,9 +6,10 @@
 //!
 //! - `routes-group`: a blocking communicator; three times, one group of: a small all_reduce
 //!   (the board), a small broadcast (the board), an all_reduce on symmetric windows (the CPU
-//!   twin), a 4 MiB all_reduce (the planner) and a send/receive ring. `RESULT routes-group ok`.
-//!   On GPUs (tests/gpu/issue32.sh) the small calls take the planner and the call on windows
-//!   a symmetric kernel.
+//!   twin), a 4 MiB all_reduce (a single copy between the ranks' buffers) and a send/receive
+//!   ring (the planner). `RESULT routes-group ok`. On GPUs (tests/gpu/issue32.sh) the small
+//!   calls and the 4 MiB all_reduce take the planner and the call on windows a symmetric
+//!   kernel.
 //! - `routes-nonblocking`: a non-blocking communicator: a small all_reduce alone (the board),
 //!   one on windows alone (the CPU twin), then the group above; each returns `InProgress`
 //!   and is polled to the end. `RESULT routes-nonblocking ok`.
@@ -89,13 +90,14 @@ fn setup(nranks: i32, rank: i32, ids: &[UniqueId], blocking: bool) -> Result<Set
     Ok(Setup { comm, be, dev, win, windows })
 }
 
-/// The ways a small call and a call on windows take: the board and the CPU twin on the host
-/// backend, the planner and a symmetric kernel on GPUs (no board there; its route rings only).
-fn expected_ways(be: &dyn DeviceBackend) -> (Way, Way) {
+/// The ways a small call, a call on windows and the 4 MiB all_reduce take: the board, the CPU
+/// twin and a single copy between the ranks' buffers on the host backend; the planner, a
+/// symmetric kernel and the planner on GPUs (no board there; its route rings only).
+fn expected_ways(be: &dyn DeviceBackend) -> (Way, Way, Way) {
     if be.capabilities().host_addressable {
-        (Way::Board, Way::SymmetricCpu)
+        (Way::Board, Way::SymmetricCpu, Way::SingleCopy)
     } else {
-        (Way::Planned, Way::SymmetricKernel)
+        (Way::Planned, Way::SymmetricKernel, Way::Planned)
     }
 }
 
@@ -142,13 +144,13 @@ fn mixed_group(s: &Setup, nranks: usize, me: usize, iter: usize) -> Result<(), E
     expect_eq(&download(be, b, SMALL)?, &summed(nranks, iter, SMALL), "all_reduce (board)")?;
     expect_eq(&download(be, d, SMALL)?, &input(root, iter + 1, SMALL), "broadcast (board)")?;
     expect_eq(&download(be, s.win[1], WIN)?, &summed(nranks, iter + 2, WIN), "all_reduce (windows)")?;
-    expect_eq(&download(be, f, BIG)?, &summed(nranks, iter + 3, BIG), "all_reduce (planner)")?;
+    expect_eq(&download(be, f, BIG)?, &summed(nranks, iter + 3, BIG), "all_reduce (4 MiB)")?;
     expect_eq(&download(be, h, RING)?, &input(prev, iter + 4, RING), "recv")?;
-    let (small, win) = expected_ways(be);
+    let (small, win, big) = expected_ways(be);
     took(comm, seqs[0], small, "the small all_reduce")?;
     took(comm, seqs[1], small, "the small broadcast")?;
     took(comm, seqs[2], win, "the all_reduce on windows")?;
-    took(comm, seqs[3], Way::Planned, "the 4 MiB all_reduce")?;
+    took(comm, seqs[3], big, "the 4 MiB all_reduce")?;
     for p in [a, b, c, d, e, f, g, h] {
         be.free(p)?;
     }
@@ -180,7 +182,7 @@ pub fn nonblocking(nranks: i32, rank: i32, ids: &[UniqueId]) -> Result<(), Error
     let ai = DataType::Int32;
     // Alone: the board, then the CPU twin.
     let (a, b) = (upload(be, dev, &input(me, 9, SMALL))?, be.alloc(dev, SMALL * 4)?);
-    let (small, win) = expected_ways(be);
+    let (small, win, _) = expected_ways(be);
     let r = comm.all_reduce(a, b, SMALL, ai, ReduceOp::Sum, S);
     check(matches!(&r, Err(e) if e.code == ResultCode::InProgress), || format!("a small all_reduce returned {r:?}, expected InProgress"))?;
     done(comm, r, "the small all_reduce")?;
