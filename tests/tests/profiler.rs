@@ -209,19 +209,22 @@ fn new_id_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The ways the Coll/P2p profiler scenario runs (`coll_p2p_only`), with its Coll and P2p
+/// operations and how many of them go around the planner: over the network; over shared
+/// memory; over shared memory with a small all-reduce last (the host backend's board of small
+/// collectives); copied straight between the ranks' buffers (the host backend's single
+/// copies, on by default: the two large all-reduces and the broadcast).
+const PATHS: [(&str, &[(&str, &str)], u64, u64); 4] = [
+    ("network", &[("NCCL_SHM_DISABLE", "1")], 5, 0),
+    ("shared memory", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")], 5, 0),
+    ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6, 1),
+    ("single copies between the ranks' buffers", &[("NCCL_SHM_DISABLE", "0")], 5, 3),
+];
+
 #[test]
 fn a_profiler_asking_for_coll_and_p2p_gets_them_under_api_events_and_completes_each_on_its_kernel_channels() {
     let lib = c_profiler("coll_p2p_only", &["-DPROFILER_COLL_P2P_ONLY"]);
-    // Over the network; over shared memory; over shared memory with a small all-reduce last
-    // (the host backend's board of small collectives); copied straight between the ranks'
-    // buffers (the host backend's single copies, on by default).
-    let runs: [(&str, &[(&str, &str)], u64, u64); 4] = [
-        ("network", &[("NCCL_SHM_DISABLE", "1")], 5, 0),
-        ("shared memory", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")], 5, 0),
-        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6, 1),
-        ("single copies between the ranks' buffers", &[("NCCL_SHM_DISABLE", "0")], 5, 3),
-    ];
-    for (what, env, ops, unplanned) in runs {
+    for (what, env, ops, unplanned) in PATHS {
         for (rank, c) in coll_p2p_only(&lib, env).iter().enumerate() {
             let at = |k: &str, i: usize| c.get(k).and_then(|v| v.get(i).copied()).unwrap_or_else(|| panic!("{what}: no {k}: {c:?}"));
             // Three all-reduces and a broadcast (the last all-reduce only with the board), a
@@ -247,13 +250,7 @@ fn a_profiler_completing_operations_on_proxy_op_stops_sees_every_operation_compl
     // Google's CoMMA ends an operation only when a ProxyOp under it stops: whatever way the
     // data moves, each Coll / P2p must get one (transport of no network included).
     let lib = c_profiler("proxy_ops", &["-DPROFILER_PROXY_OPS"]);
-    let runs: [(&str, &[(&str, &str)], u64, u64); 4] = [
-        ("network", &[("NCCL_SHM_DISABLE", "1")], 5, 0),
-        ("shared memory", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0")], 5, 0),
-        ("shared memory and the board", &[("NCCL_SHM_DISABLE", "0"), ("RUSTCCL_HOST_SINGLE_COPY_BYTES", "0"), ("RUSTCCL_TEST_PROFILED_SMALL", "1")], 6, 1),
-        ("single copies between the ranks' buffers", &[("NCCL_SHM_DISABLE", "0")], 5, 3),
-    ];
-    for (what, env, ops, unplanned) in runs {
+    for (what, env, ops, unplanned) in PATHS {
         for (rank, c) in coll_p2p_only(&lib, env).iter().enumerate() {
             let at = |k: &str, i: usize| c.get(k).and_then(|v| v.get(i).copied()).unwrap_or_else(|| panic!("{what}: no {k}: {c:?}"));
             assert_eq!(at("ops", 0), ops, "{what}, rank {rank}: Coll and P2p events: {c:?}");

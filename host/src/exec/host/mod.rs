@@ -347,6 +347,17 @@ mod tests {
         HostCall { coll, root: 0, count, dtype: DataType::Float32, seq, ctx }
     }
 
+    /// Runs each rank's ops in order, one queue per rank, all on this thread.
+    fn drive_queues<O: HostOp>(sides: &[Side], ops: &mut [Vec<O>]) -> Result<()> {
+        let mut queues: Vec<Queue<'_>> = Vec::new();
+        for (side, rank_ops) in sides.iter().zip(ops.iter_mut()) {
+            let mut q = Queue::new(side);
+            q.ops.extend(rank_ops.iter_mut().map(|o| o as &mut dyn HostOp));
+            queues.push(q);
+        }
+        drive(&mut queues)
+    }
+
     /// Runs one op per rank, all on this thread.
     fn drive_all(sides: &[Side], ops: &mut [&mut dyn HostOp]) -> Result<()> {
         let mut queues: Vec<Queue<'_>> = Vec::new();
@@ -374,14 +385,7 @@ mod tests {
             let ag = call(Collective::AllGather, 2, 3, ctx(&send[r], &mut gather[r], OpSig(3)));
             ops.push([ar, bc, ag].into_iter().map(|c| BoardOp::new(&b[r], c)).collect());
         }
-        let mut queues: Vec<Queue<'_>> = Vec::new();
-        for (side, rank_ops) in sides.iter().zip(ops.iter_mut()) {
-            let mut q = Queue::new(side);
-            q.ops.extend(rank_ops.iter_mut().map(|o| o as &mut dyn HostOp));
-            queues.push(q);
-        }
-        drive(&mut queues).unwrap();
-        drop(queues);
+        drive_queues(&sides, &mut ops).unwrap();
         for r in 0..3 {
             assert_eq!(sum[r], [6.0, 60.0], "rank {r}");
             assert_eq!(bcast[r], send[0], "rank {r}");
@@ -469,14 +473,7 @@ mod tests {
             let bc_out = HostCall { root: 2, ..call(Collective::Broadcast, count, 5, ctx(&send[r], bcast_out_it.next().unwrap(), OpSig(5))) };
             ops.push([ar, ar_in_place, rs, bc, bc_out].into_iter().map(|c| SingleCopyOp::new(&b[r], c)).collect());
         }
-        let mut queues: Vec<Queue<'_>> = Vec::new();
-        for (side, rank_ops) in sides.iter().zip(ops.iter_mut()) {
-            let mut q = Queue::new(side);
-            q.ops.extend(rank_ops.iter_mut().map(|o| o as &mut dyn HostOp));
-            queues.push(q);
-        }
-        drive(&mut queues).unwrap();
-        drop(queues);
+        drive_queues(&sides, &mut ops).unwrap();
         drop(ops);
         for r in 0..n {
             assert!(out[r] == expect, "rank {r}: all_reduce out of place");
