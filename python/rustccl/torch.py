@@ -166,7 +166,24 @@ class _P2PWork(dist._Work):
         return self._issued().get_future()
 
 
-class RustcclBackend(_C10dBackend):
+def _backend_base():
+    """The C++ class the backend subclasses: c10d's Backend where Python may construct it (as
+    PyTorch documents for Python backends), else ProcessGroup (PyTorch 2.11's Backend has no
+    Python constructor: "No constructor defined"). A ProcessGroup subclass replaces the whole
+    group, so there the device mapping ("cpu:rustccl,cuda:nccl") takes rustccl for every
+    device. RUSTCCL_TORCH_BASE=processgroup forces the second (to test it on a newer torch)."""
+    import os
+
+    if os.environ.get("RUSTCCL_TORCH_BASE", "").lower() != "processgroup":
+        try:
+            _C10dBackend(0, 1)
+            return _C10dBackend
+        except TypeError:
+            pass
+    return dist.ProcessGroup
+
+
+class RustcclBackend(_backend_base()):
     """One process group's rustccl communicators (see the module doc)."""
 
     def __init__(self, store, rank, size, timeout):
