@@ -29,6 +29,7 @@ that its peer posts only after its own send (the usual isend-then-irecv exchange
 
 # Absolute imports only: this module is rustccl.torch, and `import torch` must reach PyTorch.
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -172,8 +173,6 @@ def _backend_base():
     Python constructor: "No constructor defined"). A ProcessGroup subclass replaces the whole
     group, so there the device mapping ("cpu:rustccl,cuda:nccl") takes rustccl for every
     device. RUSTCCL_TORCH_BASE=processgroup forces the second (to test it on a newer torch)."""
-    import os
-
     if os.environ.get("RUSTCCL_TORCH_BASE", "").lower() != "processgroup":
         try:
             _C10dBackend(0, 1)

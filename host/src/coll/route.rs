@@ -470,10 +470,9 @@ mod tests {
         assert_eq!(go(&bcast, &HOST, &mut Place::default(), None, &Settings { single_copy_min: (1 << 20) + 1, ..s }), Route::Planned(None), "broadcast from 8 times the threshold");
         assert_eq!(go(&bcast, &HOST, &mut Place::default(), None, &Settings { single_copy_min: 1 << 20, ..s }), Route::SingleCopy);
         assert_eq!(go(&bcast, &no_read, &mut Place::default(), None, &Settings { single_copy_min: 1 << 20, ..s }), Route::Planned(None));
-        let ar_big = |n| task(CollKind::AllReduce, n);
-        assert_eq!(go(&ar_big(64 << 10), &HOST, &mut Place::default(), None, &s), Route::SingleCopy);
-        assert_eq!(go(&ar_big((64 << 10) - 1), &HOST, &mut Place::default(), None, &s), Route::Planned(None));
-        assert_eq!(go(&ar_big(64 << 10), &no_read, &mut Place::default(), None, &s), Route::Planned(None));
+        assert_eq!(go(&ar(64 << 10), &HOST, &mut Place::default(), None, &s), Route::SingleCopy);
+        assert_eq!(go(&ar((64 << 10) - 1), &HOST, &mut Place::default(), None, &s), Route::Planned(None));
+        assert_eq!(go(&ar(64 << 10), &no_read, &mut Place::default(), None, &s), Route::Planned(None));
         assert_eq!(go(&task(CollKind::ReduceScatter, 16 << 10), &HOST, &mut Place::default(), None, &s), Route::SingleCopy, "4 ranks × 64 KiB sent");
         assert_eq!(go(&task(CollKind::Reduce { root: 0 }, 64 << 10), &HOST, &mut Place::default(), None, &s), Route::Planned(None), "reduce never single-copies");
         // What keeps a task off it: no board, NCCL_ALGO/PROTO, NCCL_SHM_DISABLE, the size setting.

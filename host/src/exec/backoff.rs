@@ -89,9 +89,10 @@ pub(crate) fn spin_for(local_ranks: usize, spin: u32) -> u32 {
 /// Whether `local_ranks` ranks outnumber this host's cores: then the host executor's waits
 /// nap after their spin instead of yielding ([`Backoff::napping`]). A yield hands the core to
 /// any runnable process for its time slice, and with more ranks than cores the rank whose
-/// data this one waits for may then wait behind several others. Measured with 4 and 8 ranks
-/// on 2 cores (torch.distributed, 2026-12-07): 8-rank all_reduces of 256 B–8 KiB 3–6x faster,
-/// all_gathers of 8 B–256 KiB 2–6x. (Shorter naps, with the thread's timer slack at 1 µs
+/// data this one waits for may then wait behind several others. Measured with 8 ranks on 2
+/// cores (torch.distributed, 2026-12-07, one run each): all_reduce of 256 B 3,109 µs with
+/// yields against 452 with naps, of 8 KiB 1,440 against 565; all_gather of 8 B–256 KiB
+/// 1.7–5.6x faster. (Shorter naps, with the thread's timer slack at 1 µs
 /// instead of Linux's 50, made every size 2–20x slower: the ranks then wake each other far
 /// more often than they can run.)
 pub(crate) fn oversubscribed(local_ranks: usize) -> bool {

@@ -436,8 +436,8 @@ mod tests {
     }
 
     /// all_reduce (in and out of place, PreMulSum with each rank's own scalar), reduce_scatter
-    /// and broadcast (in place from rank 1, out of place from rank 2) by single copies of three ranks, at sizes that
-    /// take several chunks and uneven slices.
+    /// and broadcast (in place from rank 1, out of place from rank 2) by single copies of three
+    /// ranks, at sizes that take several chunks and uneven slices.
     #[test]
     fn single_copies_of_three_ranks_reduce_scatter_and_broadcast_straight_between_buffers() {
         let n = 3;

@@ -40,6 +40,8 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
+use smallvec::SmallVec;
+
 use super::board::{Board, Entry, Route, ARRIVE, DONE};
 use super::{HostCall, HostOp, Progress, Wait};
 use crate::error::{Error, Result};
@@ -327,12 +329,18 @@ impl<'a> SingleCopyOp<'a> {
     /// the same offset while it is still in this core's cache (`push`).
     fn reduce_slice(&self, off: usize, out: usize, len: usize, push: bool) -> Result<()> {
         let (n, me, ctx) = (self.board.nranks(), self.board.rank(), self.call.ctx);
-        let premul = matches!(self.reducer.op, DevOp::PreMulSum { .. });
-        let reducer_of = |p: usize| match premul {
-            true => Reducer::new(self.reducer.dtype, DevOp::PreMulSum { scalar: self.buffers_of(p).scalar }),
-            false => self.reducer,
-        };
-        let peers: Vec<(usize, PeerBuffers)> = (0..n).filter(|&p| p != me).map(|p| (p, self.buffers_of(p))).collect();
+        // Each peer's buffers and reducer (its own PreMulSum scalar), read once per call.
+        let peers: SmallVec<[(usize, PeerBuffers, Reducer); 8]> = (0..n)
+            .filter(|&p| p != me)
+            .map(|p| {
+                let theirs = self.buffers_of(p);
+                let reducer = match self.reducer.op {
+                    DevOp::PreMulSum { .. } => Reducer::new(self.reducer.dtype, DevOp::PreMulSum { scalar: theirs.scalar }),
+                    _ => self.reducer,
+                };
+                (p, theirs, reducer)
+            })
+            .collect();
         with_scratch(|scratch| {
             let mut done = 0;
             while done < len {
@@ -342,19 +350,18 @@ impl<'a> SingleCopyOp<'a> {
                 // offset of this rank's slice, both resolved by the backend; in place they are
                 // the same bytes (then only `acc` is used), else they do not overlap.
                 let acc = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, l) };
-                for (k, &(p, theirs)) in peers.iter().enumerate() {
+                for (k, &(p, theirs, reducer)) in peers.iter().enumerate() {
                     // SAFETY: the scratch holds CHUNK ≥ `l` bytes; the peer's send buffer stays
                     // put until this rank stores DONE.
                     unsafe { read_remote(self.board.pid(p), theirs.src + (off + done) as u64, scratch.as_mut_ptr(), l)? };
                     let incoming = &mut scratch[..l];
                     if k > 0 {
-                        reducer_of(p).pre_combine_into(acc, incoming);
+                        reducer.pre_combine_into(acc, incoming);
                         continue;
                     }
-                    // The first peer: acc = pre(own) ⊕ pre_p(incoming).
-                    if premul {
-                        reducer_of(p).pre_in_place(incoming);
-                    }
+                    // The first peer: acc = pre(own) ⊕ pre_p(incoming) (`pre` scales only for
+                    // PreMulSum).
+                    reducer.pre_in_place(incoming);
                     if own == at {
                         self.reducer.pre_in_place(acc);
                         self.reducer.combine_into(acc, incoming);
@@ -365,7 +372,7 @@ impl<'a> SingleCopyOp<'a> {
                     }
                 }
                 self.reducer.post(acc);
-                for &(p, theirs) in peers.iter().filter(|_| push) {
+                for &(p, theirs, _) in peers.iter().filter(|_| push) {
                     // SAFETY: the chunk just reduced (`l` bytes of this rank's receive buffer);
                     // the peer keeps its receive buffer until this rank stores DONE, and
                     // nobody else reads or writes this slice of it meanwhile.
